@@ -1,0 +1,95 @@
+"""Norms and the series' deep MLP, each with TransformerLens hook points.
+
+Parameter names follow the series' code (`gamma`, `net.0.weight`, ...), so its state dicts load
+unchanged; hook names follow TransformerLens (`hook_scale`, `hook_normalized`, `hook_pre`, ...).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformer_lens.hook_points import HookPoint
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}
+
+
+class RMSNorm(nn.Module):
+    """The series' RMSNorm: gamma * x / sqrt(mean(x^2) + eps), same operations in the same order."""
+
+    def __init__(self, d: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.gamma = nn.Parameter(torch.ones(d))
+        self.hook_scale = HookPoint()  # [batch pos 1]
+        self.hook_normalized = HookPoint()  # [batch pos d], before gamma as in TransformerLens
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rms = self.hook_scale(torch.sqrt(torch.mean(x ** 2, dim=-1, keepdim=True) + self.eps))
+        return self.gamma * self.hook_normalized(x / rms)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm written out so its scale is observable, like TransformerLens' LayerNorm."""
+
+    def __init__(self, d: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.gamma = nn.Parameter(torch.ones(d))
+        self.beta = nn.Parameter(torch.zeros(d))
+        self.hook_scale = HookPoint()  # [batch pos 1]
+        self.hook_normalized = HookPoint()  # [batch pos d]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x - x.mean(dim=-1, keepdim=True)
+        scale = self.hook_scale(torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps))
+        return self.hook_normalized(x / scale) * self.gamma + self.beta
+
+
+def make_norm(kind: str, d: int, eps: float) -> nn.Module:
+    if kind == "rms":
+        return RMSNorm(d, eps)
+    if kind == "layer":
+        return LayerNorm(d, eps)
+    raise ValueError(f"no norm module for norm={kind!r}")
+
+
+def norm_attr(kind: str, index: int) -> str:
+    """Attribute name of a block's norm: the series calls its RMSNorms rms1/rms2."""
+    return f"rms{index}" if kind == "rms" else f"ln{index}"
+
+
+class MLP(nn.Module):
+    """The series' MLP: `depth` x (Linear, activation), then a Linear to d_out, in `net`.
+
+    Hidden layer 0 is observed by `hook_pre` / `hook_post`, hidden layer i >= 1 by
+    `hook_pre_{i}` / `hook_post_{i}`.
+    """
+
+    def __init__(self, d_in: int, d_hidden: int, d_out: int, depth: int, act_fn: str = "relu",
+                 bias: bool = True):
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = d_in
+        for _ in range(depth):
+            layers += [nn.Linear(width, d_hidden, bias=bias), ACTIVATIONS[act_fn]()]
+            width = d_hidden
+        layers.append(nn.Linear(width, d_out, bias=bias))
+        self.net = nn.Sequential(*layers)
+        self.depth = depth
+        for i in range(depth):
+            setattr(self, self.hook_name("pre", i), HookPoint())  # [batch pos d_hidden]
+            setattr(self, self.hook_name("post", i), HookPoint())  # [batch pos d_hidden]
+
+    @staticmethod
+    def hook_name(kind: str, layer: int) -> str:
+        return f"hook_{kind}" if layer == 0 else f"hook_{kind}_{layer}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i in range(self.depth):
+            x = getattr(self, self.hook_name("pre", i))(self.net[2 * i](x))
+            x = getattr(self, self.hook_name("post", i))(self.net[2 * i + 1](x))
+        return self.net[-1](x)
+
+    @property
+    def out_layer(self) -> nn.Linear:
+        return self.net[-1]

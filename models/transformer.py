@@ -1,0 +1,165 @@
+"""The `transformer` family: the series' attention nets and GPT-style models on one skeleton.
+
+Read top to bottom: Block (attention + MLP, residual and norm switches), Transformer (embedding,
+blocks, final norm, unembedding). Parameter names are the series' (`embedding.weight`, `W_pos`,
+`W_out`, `blocks.{i}.attention.heads.{j}.W_Q`, `blocks.{i}.mlp.net.0.weight`,
+`blocks.{i}.rms1.gamma`); hook names are TransformerLens' (`blocks.{i}.ln1.hook_scale`, ...).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from models.attention import ATTN_IMPLS, Attention
+from models.config import TransformerConfig
+from models.hooks import rename_hooks_to_tl
+from models.layers import MLP, make_norm, norm_attr
+from models.validation import check_tokens
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.attention = Attention(cfg)
+        d_out = cfg.d_vocab if cfg.unembed == "mlp" else cfg.d_model
+        d_in = cfg.d_model if cfg.attn_out_proj else cfg.d_attn
+        self.mlp = MLP(d_in, cfg.d_mlp, d_out, cfg.mlp_depth, cfg.act_fn, cfg.mlp_bias)
+        if cfg.norm != "none":
+            setattr(self, norm_attr(cfg.norm, 1), make_norm(cfg.norm, cfg.d_model, cfg.norm_eps))
+            setattr(self, norm_attr(cfg.norm, 2), make_norm(cfg.norm, cfg.d_model, cfg.norm_eps))
+        self.hook_resid_pre = HookPoint()  # [batch pos d_model]
+        self.hook_attn_out = HookPoint()  # [batch pos d_model]
+        self.hook_resid_mid = HookPoint()  # [batch pos d_model]
+        self.hook_mlp_out = HookPoint()  # [batch pos d_model], d_vocab when unembed="mlp"
+        self.hook_resid_post = HookPoint()  # [batch pos d_model], d_vocab when unembed="mlp"
+
+    def norm(self, index: int, x: torch.Tensor, placement: str) -> torch.Tensor:
+        if self.cfg.norm == "none" or self.cfg.norm_placement != placement:
+            return x
+        return getattr(self, norm_attr(self.cfg.norm, index))(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [batch pos d_model]
+        x = self.hook_resid_pre(x)
+        attn_out = self.hook_attn_out(
+            F.dropout(self.attention(self.norm(1, x, "pre")), self.cfg.dropout, self.training))
+        x = x + attn_out if self.cfg.residual else attn_out
+        x = self.hook_resid_mid(self.norm(1, x, "post"))
+        mlp_out = self.hook_mlp_out(
+            F.dropout(self.mlp(self.norm(2, x, "pre")), self.cfg.dropout, self.training))
+        x = x + mlp_out if self.cfg.residual else mlp_out
+        return self.hook_resid_post(self.norm(2, x, "post"))
+
+
+class Transformer(HookedRootModule):
+    """tokens [batch pos] -> logits [batch pos d_vocab]."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embedding = nn.Embedding(cfg.d_vocab, cfg.d_model)
+        if cfg.pos_embed == "learned":
+            self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model))
+        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layers)])
+        if cfg.final_norm:
+            self.ln_final = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
+        if cfg.unembed == "separate":
+            self.W_out = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
+        self.hook_embed = HookPoint()  # [batch pos d_model]
+        self.hook_pos_embed = HookPoint()  # [batch pos d_model]
+        init_weights(self)
+        self.register_load_state_dict_pre_hook(_rename_series_attnnet_keys)
+        self.setup()
+
+    def setup(self) -> None:
+        """TransformerLens setup, then TL hook names (attention -> attn, rms1 -> ln1)."""
+        super().setup()
+        rename_hooks_to_tl(self)
+
+    @property
+    def W_U(self) -> torch.Tensor:
+        """Unembedding [d_model d_vocab] (the embedding transposed when tied)."""
+        if self.cfg.unembed == "separate":
+            return self.W_out
+        if self.cfg.unembed == "tied":
+            return self.embedding.weight.T
+        raise ValueError("this model has no unembedding matrix: its last MLP maps to the vocabulary")
+
+    def set_attn_impl(self, impl: str) -> None:
+        """'auto' (fused unless scores/pattern are hooked), 'explicit' or 'fused'."""
+        if impl not in ATTN_IMPLS:
+            raise ValueError(f"attention impl must be one of {ATTN_IMPLS}, got {impl!r}")
+        for block in self.blocks:
+            block.attention.impl = impl
+
+    def set_use_attn_result(self, on: bool) -> None:
+        for block in self.blocks:
+            block.attention.use_attn_result = on
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.hook_embed(self.embedding(tokens))  # [batch pos d_model]
+        if self.cfg.pos_embed == "learned":
+            x = x + self.hook_pos_embed(self.W_pos[: tokens.shape[1]].expand_as(x))
+        return F.dropout(x, self.cfg.dropout, self.training)
+
+    def unembed(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cfg.final_norm:
+            x = self.ln_final(x)
+        if self.cfg.unembed == "mlp":
+            return x  # the last MLP already produced [batch pos d_vocab]
+        return x @ self.W_U
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        tokens = check_tokens(tokens, self.cfg.d_vocab, self.cfg.n_ctx)  # [batch pos]
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.unembed(x)  # [batch pos d_vocab]
+
+
+def init_weights(model: Transformer) -> None:
+    """Series init (N(0,1) embeddings, W_Q/K/V / sqrt(d)) or GPT-2 init (0.02, scaled residual)."""
+    cfg = model.cfg
+    gpt2 = cfg.init == "gpt2"
+    resid_std = 0.02 / math.sqrt(2 * cfg.n_layers)
+    with torch.no_grad():
+        if gpt2:
+            nn.init.normal_(model.embedding.weight, std=0.02)
+        if cfg.pos_embed == "learned":
+            nn.init.normal_(model.W_pos, std=0.02 if gpt2 else 1.0)
+        if cfg.unembed == "separate":
+            nn.init.normal_(model.W_out, std=0.02 if gpt2 else 1 / math.sqrt(cfg.d_model))
+        qkv_std = {"gpt2": 0.02, "series": 1 / math.sqrt(cfg.d_model), "series_unscaled": 1.0}[cfg.init]
+        for block in model.blocks:
+            for head in block.attention.heads:
+                for W in (head.W_Q, head.W_K, head.W_V):
+                    nn.init.normal_(W, std=qkv_std)
+            if cfg.attn_out_proj:
+                nn.init.normal_(block.attention.W_O,
+                                std=resid_std if gpt2 else 1 / math.sqrt(cfg.d_attn))
+            if gpt2:
+                for i, layer in enumerate(block.mlp.net):
+                    if isinstance(layer, nn.Linear):
+                        last = i == len(block.mlp.net) - 1
+                        nn.init.normal_(layer.weight, std=resid_std if last else 0.02)
+                        if layer.bias is not None:
+                            nn.init.zeros_(layer.bias)
+
+
+def _rename_series_attnnet_keys(module, state_dict, prefix, *_args) -> None:
+    """Accept the series' single-block AttnNet names (`attention.W_Q`, `mlp.net.0.weight`)."""
+    for key in list(state_dict):
+        if not key.startswith(prefix):
+            continue
+        local = key[len(prefix):]
+        if local.startswith("attention.W_") and local[-1] in "QKV":
+            state_dict[f"{prefix}blocks.0.attention.heads.0.{local.split('.')[-1]}"] = state_dict.pop(key)
+        elif local.startswith(("attention.", "mlp.")):
+            state_dict[f"{prefix}blocks.0.{local}"] = state_dict.pop(key)

@@ -1,0 +1,29 @@
+"""Input checks shared by the models: one-line ValueErrors that name the problem."""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_tokens(tokens: torch.Tensor, d_vocab: int, n_ctx: int | None = None,
+                 min_len: int = 1) -> torch.Tensor:
+    """Validate a token batch and return it as [batch pos] int64 (a 1-D input gains a batch axis)."""
+    if not isinstance(tokens, torch.Tensor):
+        raise ValueError(f"tokens must be a torch.Tensor of ids, got {type(tokens).__name__}")
+    if tokens.dtype.is_floating_point or tokens.dtype == torch.bool or tokens.is_complex():
+        raise ValueError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+    if tokens.dim() == 1:
+        tokens = tokens.unsqueeze(0)
+    if tokens.dim() != 2:
+        raise ValueError(f"tokens must have shape [batch pos], got {tuple(tokens.shape)}")
+    if tokens.shape[1] < min_len:
+        raise ValueError(f"need at least {min_len} token(s) per row, got {tokens.shape[1]}")
+    if n_ctx is not None and tokens.shape[1] > n_ctx:
+        raise ValueError(f"sequence of {tokens.shape[1]} tokens is longer than the model's "
+                         f"context of {n_ctx}; window it (probes do this for you)")
+    if tokens.numel():
+        low, high = int(tokens.min()), int(tokens.max())
+        if low < 0 or high >= d_vocab:
+            bad = low if low < 0 else high
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {d_vocab})")
+    return tokens.long()
