@@ -1,0 +1,6 @@
+"""Probes: one module per diagnostic (attention entropy, degenerate attention, logit lens,
+embedding neighbours, g/w/u update ratios).
+
+Each module has pure tensor functions, a model-level ``run(model, tokens, **options)``
+runner and a ``main(argv=None)`` CLI for ``python -m probes.<name>``; see DESIGN.md.
+"""

@@ -1,0 +1,42 @@
+"""Shared pytest fixtures.
+
+Works with an editable install (``pip install -e ".[dev]"``) or from the checkout with
+``PYTHONPATH=.``. Nothing heavy is imported at collection time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TINY_SHAKESPEARE = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _torch_threads() -> None:
+    """Use 2 threads, like the CI machine, so local runs behave like CI."""
+    try:
+        import torch
+    except ImportError:  # torch-free tests (e.g. packaging) still run
+        return
+    torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """Path to ``shared/data/tinyshakespeare.txt`` beside the checkout; skips if absent."""
+    if not TINY_SHAKESPEARE.is_file():
+        pytest.skip(f"shared data absent: {TINY_SHAKESPEARE} not found (shared/ must sit beside the repo)")
+    return TINY_SHAKESPEARE
+
+
+@pytest.fixture
+def seed() -> int:
+    """Seed torch's global RNG deterministically; returns the seed used."""
+    import torch
+
+    value = 0
+    torch.manual_seed(value)
+    return value
