@@ -1,0 +1,174 @@
+"""What every probe shares: model dimensions for ours or a TransformerBridge, turning text into
+context-sized windows, the probes' CLI arguments, and the one-line-error-and-exit-2 convention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+log = logging.getLogger(__name__)
+
+EXIT_BAD_INPUT = 2
+
+
+class ProbeInputError(ValueError):
+    """Bad input to a probe: the message is one line that names the problem."""
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    n_layers: int
+    n_heads: int
+    n_ctx: int
+    d_vocab: int
+
+
+def model_dims(model: Any) -> ModelDims:
+    """Dimensions of our models or of any TransformerLens model with a `cfg`."""
+    cfg = getattr(model, "cfg", None)
+    if cfg is None:
+        raise ProbeInputError(f"{type(model).__name__} has no cfg; pass one of our models or a TransformerBridge")
+    n_layers = getattr(cfg, "n_layers", 0) or 0
+    n_heads = getattr(cfg, "n_heads", 0) or 0
+    return ModelDims(int(n_layers), int(n_heads), int(cfg.n_ctx), int(cfg.d_vocab))
+
+
+def hook_names(model: Any) -> set[str]:
+    return set(getattr(model, "hook_dict", {}))
+
+
+def require_attention(model: Any) -> ModelDims:
+    """The model's dims, or a clear error if it has no attention heads to probe."""
+    dims = model_dims(model)
+    if dims.n_layers < 1 or dims.n_heads < 1 or "blocks.0.attn.hook_pattern" not in hook_names(model):
+        raise ProbeInputError(f"{type(model).__name__} has no attention layers to probe "
+                              f"(an MLP-family model has no attention heads)")
+    return dims
+
+
+def check_layer_head(dims: ModelDims, layer: int | None, head: int | None) -> None:
+    if layer is not None and not 0 <= layer < dims.n_layers:
+        raise ProbeInputError(f"layer {layer} is out of range: the model has layers 0..{dims.n_layers - 1}")
+    if head is not None and not 0 <= head < dims.n_heads:
+        raise ProbeInputError(f"head {head} is out of range: the model has heads 0..{dims.n_heads - 1}")
+
+
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    if tokenizer is None:
+        raise ProbeInputError("this checkpoint has no tokenizer, so text cannot be encoded; "
+                              "put the series' vocab.json beside the .pt file")
+    if not text:
+        raise ProbeInputError("the text is empty: give at least one character")
+    ids = tokenizer.encode(text)  # raises UnknownTokenError (a ValueError) with the character
+    if not ids:
+        raise ProbeInputError("the text encodes to zero tokens")
+    return list(ids)
+
+
+def windows(ids: Sequence[int], n_ctx: int) -> list[torch.Tensor]:
+    """Split a long id sequence into consecutive windows of n_ctx (the last may be shorter).
+
+    Returns [1 pos] tensors; `batches_of_windows` groups equal lengths for batching.
+    """
+    if n_ctx < 1:
+        raise ProbeInputError(f"context length must be >= 1, got {n_ctx}")
+    return [torch.tensor(ids[i:i + n_ctx], dtype=torch.long).unsqueeze(0)
+            for i in range(0, len(ids), n_ctx)]
+
+
+def batches_of_windows(chunks: list[torch.Tensor], batch_size: int) -> Iterator[torch.Tensor]:
+    """Stack equal-length [1 pos] windows into [batch pos] batches of at most batch_size."""
+    by_len: dict[int, list[torch.Tensor]] = {}
+    for chunk in chunks:
+        by_len.setdefault(chunk.shape[1], []).append(chunk)
+    for group in by_len.values():
+        for i in range(0, len(group), batch_size):
+            yield torch.cat(group[i:i + batch_size])
+
+
+def sample_windows(ids: Sequence[int], n_ctx: int, samples: int, seed: int = 0) -> torch.Tensor:
+    """`samples` random windows of exactly n_ctx tokens from a long id sequence: [samples n_ctx]."""
+    if samples < 1:
+        raise ProbeInputError(f"--samples must be >= 1, got {samples}")
+    if len(ids) < n_ctx:
+        raise ProbeInputError(f"the data has {len(ids)} tokens, fewer than one context of {n_ctx}")
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(ids) - n_ctx + 1, (samples,), generator=gen)
+    data = torch.tensor(ids, dtype=torch.long)
+    return torch.stack([data[s:s + n_ctx] for s in starts.tolist()])
+
+
+def add_input_arguments(parser: argparse.ArgumentParser, default_samples: int = 64) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--text", help="text to run the model on (windowed to the model's context)")
+    group.add_argument("--text-file", type=Path, help="read the text from this file")
+    group.add_argument("--data", type=Path, help="a corpus file to sample --samples random windows from")
+    parser.add_argument("--samples", type=int, default=default_samples,
+                        help=f"windows sampled from --data (default {default_samples})")
+    parser.add_argument("--seed", type=int, default=0, help="seed for sampling --data windows")
+    parser.add_argument("--batch-size", type=int, default=16, help="windows per forward pass")
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON to stdout")
+
+
+def read_text_file(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProbeInputError(f"text file {path} does not exist") from None
+    except UnicodeDecodeError as err:
+        raise ProbeInputError(f"text file {path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+
+
+def token_batches(args: argparse.Namespace, tokenizer: Any, n_ctx: int) -> tuple[list[torch.Tensor], str]:
+    """The [batch pos] batches a CLI run should see, and a description of where they came from."""
+    if args.data is not None:
+        ids = encode_text(tokenizer, read_text_file(args.data))
+        sample = sample_windows(ids, n_ctx, args.samples, args.seed)
+        batches = list(torch.split(sample, max(1, args.batch_size)))
+        return batches, f"{args.samples} random windows of {n_ctx} from {args.data}"
+    if args.text_file is not None:
+        text, source = read_text_file(args.text_file), str(args.text_file)
+    elif args.text is not None:
+        text, source = args.text, "--text"
+    else:
+        raise ProbeInputError("give the input with --text, --text-file or --data")
+    chunks = windows(encode_text(tokenizer, text), n_ctx)
+    return list(batches_of_windows(chunks, max(1, args.batch_size))), f"{source} in {len(chunks)} window(s)"
+
+
+def to_jsonable(value: Any) -> Any:
+    """Tensors -> nested lists, non-finite floats -> None (JSON has no NaN)."""
+    if isinstance(value, torch.Tensor):
+        return to_jsonable(value.tolist())
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(to_jsonable(data), indent=None))
+
+
+def run_cli(body: Callable[[], int | None]) -> int:
+    """Run a CLI body; bad input (any ValueError) becomes one line on stderr and exit code 2."""
+    try:
+        return body() or 0
+    except (ValueError, FileNotFoundError) as err:
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"error: {message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
