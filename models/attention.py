@@ -114,14 +114,20 @@ class Attention(nn.Module):
 
     def output(self, z: torch.Tensor) -> torch.Tensor:
         batch, pos = z.shape[:2]
-        if not self.cfg.attn_out_proj:
-            return z.reshape(batch, pos, self.cfg.d_attn)
         if self.use_attn_result:
-            W_O = self.W_O.view(self.cfg.n_heads, self.cfg.d_head, self.cfg.d_model)
-            result = self.hook_result(torch.einsum("bphe,hed->bphd", z, W_O))
-            out = result.sum(dim=2)
-        else:
+            result = self.hook_result(torch.einsum("bphe,hed->bphd", z, self.per_head_W_O()))
+            out = result.sum(dim=2)  # [batch pos d_model]
+        elif self.cfg.attn_out_proj:
             out = z.reshape(batch, pos, self.cfg.d_attn) @ self.W_O
-        if self.cfg.attn_bias:
+        else:
+            return z.reshape(batch, pos, self.cfg.d_attn)  # the series' single head: no W_O
+        if self.cfg.attn_bias and self.cfg.attn_out_proj:
             out = out + self.b_O
         return out  # [batch pos d_model]
+
+    def per_head_W_O(self) -> torch.Tensor:
+        """W_O split by head: [head d_head d_model]; without W_O, each head writes its own slice."""
+        cfg = self.cfg
+        W_O = self.W_O if cfg.attn_out_proj else torch.eye(
+            cfg.d_attn, dtype=self.heads[0].W_Q.dtype, device=self.heads[0].W_Q.device)
+        return W_O.view(cfg.n_heads, cfg.d_head, -1)

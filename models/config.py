@@ -33,6 +33,13 @@ def _check_choice(cfg: Any, name: str, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{type(cfg).__name__}.{name} must be one of {choices}, got {value!r}")
 
 
+def _check_bool(cfg: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        if not isinstance(value, bool):
+            raise ValueError(f"{type(cfg).__name__}.{name} must be true or false, got {value!r}")
+
+
 def _check_fraction(cfg: Any, name: str) -> None:
     value = getattr(cfg, name)
     if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
@@ -91,6 +98,7 @@ class TransformerConfig(_ConfigBase):
                               ("norm_placement", NORM_PLACEMENTS), ("pos_embed", POS_EMBEDS),
                               ("unembed", UNEMBEDS), ("init", INITS)):
             _check_choice(self, name, choices)
+        _check_bool(self, "residual", "final_norm", "attn_out_proj", "attn_bias", "mlp_bias")
         _check_fraction(self, "dropout")
         if not isinstance(self.norm_eps, (int, float)) or not self.norm_eps > 0:
             raise ValueError(f"TransformerConfig.norm_eps must be > 0, got {self.norm_eps!r}")
@@ -104,6 +112,10 @@ class TransformerConfig(_ConfigBase):
             raise ValueError("TransformerConfig.unembed='mlp' (the MLP maps to the vocabulary) needs "
                              f"residual=False and n_layers=1, got residual={self.residual}, "
                              f"n_layers={self.n_layers}")
+        if self.unembed == "mlp" and (self.final_norm or
+                                      (self.norm != "none" and self.norm_placement == "post")):
+            raise ValueError("TransformerConfig.unembed='mlp' leaves d_vocab-wide activations, which a "
+                             "final norm or a post-placed norm (d_model wide) cannot take")
 
     @property
     def d_attn(self) -> int:

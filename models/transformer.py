@@ -153,13 +153,21 @@ def init_weights(model: Transformer) -> None:
                             nn.init.zeros_(layer.bias)
 
 
+def series_key(key: str) -> str:
+    """Our name for a series parameter name: the single-block AttnNet's `attention.W_Q` becomes
+    `blocks.0.attention.heads.0.W_Q` and its `mlp.net.0.weight` `blocks.0.mlp.net.0.weight`;
+    the multi-block Transformer's names are already ours and come back unchanged."""
+    if key.startswith("attention.W_") and key[-1] in "QKV":
+        return f"blocks.0.attention.heads.0.{key.split('.')[-1]}"
+    if key.startswith(("attention.", "mlp.")):
+        return f"blocks.0.{key}"
+    return key
+
+
 def _rename_series_attnnet_keys(module, state_dict, prefix, *_args) -> None:
-    """Accept the series' single-block AttnNet names (`attention.W_Q`, `mlp.net.0.weight`)."""
+    """load_state_dict pre-hook: accept the series' single-block AttnNet names."""
     for key in list(state_dict):
-        if not key.startswith(prefix):
-            continue
-        local = key[len(prefix):]
-        if local.startswith("attention.W_") and local[-1] in "QKV":
-            state_dict[f"{prefix}blocks.0.attention.heads.0.{local.split('.')[-1]}"] = state_dict.pop(key)
-        elif local.startswith(("attention.", "mlp.")):
-            state_dict[f"{prefix}blocks.0.{local}"] = state_dict.pop(key)
+        if key.startswith(prefix):
+            ours = prefix + series_key(key[len(prefix):])
+            if ours != key:
+                state_dict[ours] = state_dict.pop(key)
