@@ -72,7 +72,7 @@ _FULL: list[Preset] = [
 
 
 def _small(preset: Preset) -> Preset:
-    """Same switches, CPU-sized: d 32, ctx <= 16, vocab <= 96, MLP hidden 64."""
+    """Same switches, CPU-sized: d 32, ctx <= 16, vocab <= 96, MLP hidden 64, at most 4 layers."""
     cfg = preset.config
     vocab = min(cfg.d_vocab, 96)
     if isinstance(cfg, MLPConfig):
@@ -82,7 +82,7 @@ def _small(preset: Preset) -> Preset:
         n_heads = min(cfg.n_heads, 4)
         d_head = 32 if cfg.d_head == cfg.d_model else 32 // n_heads
         small = cfg.replace(d_vocab=vocab, n_ctx=16, d_model=32, n_heads=n_heads, d_head=d_head,
-                            d_mlp=64, n_layers=min(cfg.n_layers, 2))
+                            d_mlp=64, n_layers=cfg.n_layers if cfg.n_layers <= 4 else 2)
     train = {**preset.train, "batch_size": 32}
     return Preset(preset.name + "_small", f"CPU-sized twin of {preset.name}", small, train)
 

@@ -142,8 +142,9 @@ def init_weights(model: Transformer) -> None:
                 for W in (head.W_Q, head.W_K, head.W_V):
                     nn.init.normal_(W, std=qkv_std)
             if cfg.attn_out_proj:
-                nn.init.normal_(block.attention.W_O,
-                                std=resid_std if gpt2 else 1 / math.sqrt(cfg.d_attn))
+                # the series: randn(d*h, d)/sqrt(d) for full-rank heads, /sqrt(d_k*h) for d_k = d/h
+                fan_in = cfg.d_model if cfg.d_head == cfg.d_model else cfg.d_attn
+                nn.init.normal_(block.attention.W_O, std=resid_std if gpt2 else 1 / math.sqrt(fan_in))
             if gpt2:
                 for i, layer in enumerate(block.mlp.net):
                     if isinstance(layer, nn.Linear):

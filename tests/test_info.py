@@ -31,12 +31,12 @@ def test_preset_json_lists_hooks_with_shapes(capsys):
     assert hooks["blocks.0.ln1.hook_scale"] == [1, n, 1]
     assert hooks["blocks.0.mlp.hook_pre"] == [1, n, 64]
     assert hooks["blocks.0.mlp.hook_pre_1"] == [1, n, 64]  # series MLP depth 2
-    assert hooks["blocks.1.hook_resid_post"] == [1, n, 32]
+    assert hooks["blocks.3.hook_resid_post"] == [1, n, 32]  # the twin keeps the 4 blocks
     assert "ln_final.hook_scale" not in hooks  # the series has no final norm
     # 96*32 embed + 16*32 pos + 32*96 unembed; per block: 4 heads * 3 * 32*8 + 32*32 W_O
     # + MLP 32*64+64 + 64*64+64 + 64*32+32 + 2 RMSNorm gammas of 32
     per_block = 4 * 3 * 32 * 8 + 32 * 32 + (32 * 64 + 64) + (64 * 64 + 64) + (64 * 32 + 32) + 64
-    assert info["n_params"] == 96 * 32 + 16 * 32 + 32 * 96 + 2 * per_block
+    assert info["n_params"] == 96 * 32 + 16 * 32 + 32 * 96 + 4 * per_block
 
 
 def test_mlp_preset_uses_a_full_window(capsys):

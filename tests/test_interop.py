@@ -58,10 +58,10 @@ def bridge():
 
 @pytest.fixture(scope="module")
 def ours():
-    # our tiny_shakespeare_gpt twin already has the bridge's d_model/heads/d_head/d_mlp/n_ctx/
-    # layers; vocab and activation are set to the bridge's so that every shape can be compared
+    # our tiny_shakespeare_gpt twin already has the bridge's d_model/heads/d_head/d_mlp/n_ctx;
+    # vocab, activation and layer count are set to the bridge's so that every shape can be compared
     cfg = get_preset("tiny_shakespeare_gpt_small", d_vocab=BRIDGE_CFG["d_vocab"],
-                     act_fn=BRIDGE_CFG["act_fn"])
+                     act_fn=BRIDGE_CFG["act_fn"], n_layers=BRIDGE_CFG["n_layers"])
     for key in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "n_ctx"):
         assert getattr(cfg, key) == BRIDGE_CFG[key], key
     torch.manual_seed(0)
@@ -106,7 +106,8 @@ def test_bridge_exposes_every_probe_hook_with_our_layout(caches):
 def test_probe_hook_names_are_a_subset_of_ours(bridge):
     names = set(probe_hooks(BRIDGE_CFG["n_layers"]))
     assert names <= set(bridge.hook_dict)
-    ours = build_model(get_preset("tiny_shakespeare_gpt_small"))  # the preset itself, unmodified
+    # the preset itself, at the bridge's depth
+    ours = build_model(get_preset("tiny_shakespeare_gpt_small", n_layers=BRIDGE_CFG["n_layers"]))
     assert names <= set(ours.hook_dict)
     # everything our model offers is spelled the TransformerLens way, so the bridge has it too
     assert set(ours.hook_dict) <= set(bridge.hook_dict)

@@ -429,12 +429,7 @@ def test_unscaled_attention_collapses_like_the_series():
     assert collapsed < 0.1 < scaled
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=(
-        "BUG models/transformer.py init_weights: W_O gets std 1/sqrt(n_heads*d_head) "
-        "(the dimension-reduced post's init), but the series' full-rank MultiHeadAttention "
-        "initialises W_O = randn(d*h, d) / sqrt(d): std 1/sqrt(d_model), twice as large at h=4")))
-    if n == "mha4_fullrank" else n for n in SERIES_PRESETS])
+@pytest.mark.parametrize("name", SERIES_PRESETS)
 def test_init_distribution_matches_the_series(name):
     """A fresh model of each preset starts from the series' init (same std per parameter)."""
     series, ours = pair(name)
