@@ -1,0 +1,175 @@
+"""Training data and evaluation for `models.train`: one text file, encoded once, split in two.
+
+The whole text is encoded once; the last `val_fraction` of the tokens is the validation split.
+Batches are random windows ("blocks") of `block_len(cfg)` tokens:
+
+- transformer: n_ctx + 1 tokens; inputs block[:, :-1], targets block[:, 1:] (every position);
+- mlp: 2 * n_ctx tokens; the model slides its n_ctx window along the inputs and returns
+  [batch n_ctx vocab], one prediction per window, whose targets are block[:, n_ctx:].
+
+Both cases are one rule: `targets = block[:, -P:]` where P = logits.shape[1].
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from models.config import ModelConfig, TransformerConfig
+from models.tokenizers import BPETokenizer, CharTokenizer, Tokenizer
+from probes.entropy import series_entropy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A text file encoded with one tokenizer and split into train / val token ids."""
+
+    path: Path
+    sha256: str
+    size_bytes: int
+    tokenizer: Tokenizer
+    train: torch.Tensor  # [n_train] long
+    val: torch.Tensor  # [n_val] long
+    chars_per_token: float  # over the val split (1.0 for a char tokenizer)
+
+    def summary(self) -> str:
+        return (f"data {self.path}: {self.size_bytes} bytes, {self.train.numel() + self.val.numel()} "
+                f"tokens ({self.tokenizer.kind}, vocab {self.tokenizer.vocab_size}): "
+                f"{self.train.numel()} train / {self.val.numel()} val, "
+                f"{self.chars_per_token:.3f} chars/token")
+
+    def describe(self) -> dict[str, Any]:
+        return {"path": str(self.path), "sha256": self.sha256, "size_bytes": self.size_bytes,
+                "train_tokens": int(self.train.numel()), "val_tokens": int(self.val.numel()),
+                "chars_per_token": self.chars_per_token}
+
+
+def read_text(path: Path) -> tuple[str, bytes]:
+    """The file's text and raw bytes; ValueError naming the problem."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"data file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"data file {path} is a directory, not a text file") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"data file {path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    if not text:
+        raise ValueError(f"data file {path} is empty")
+    return text, raw
+
+
+def build_tokenizer(kind: str, path: Path, text: str, bpe_vocab: int) -> Tokenizer:
+    """A char tokenizer of the text's characters, or SentencePiece BPE trained on the file."""
+    if kind == "char":
+        return CharTokenizer.from_text(text)
+    if kind == "bpe":
+        return BPETokenizer.train(path, bpe_vocab)
+    raise ValueError(f"unknown tokenizer kind {kind!r}; use char or bpe")
+
+
+def load_corpus(path: Path, tokenizer_kind: str, val_fraction: float, *, bpe_vocab: int = 2048,
+                tokenizer: Tokenizer | None = None) -> Corpus:
+    """Read, hash, tokenize (with `tokenizer` if given, e.g. a resumed run's) and split."""
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    text, raw = read_text(path)
+    tokenizer = tokenizer or build_tokenizer(tokenizer_kind, path, text, bpe_vocab)
+    ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)  # [n_tokens]
+    n_val = int(round(len(ids) * val_fraction))
+    train, val = ids[: len(ids) - n_val], ids[len(ids) - n_val:]
+    val_chars = len(tokenizer.decode(val.tolist())) if n_val else len(text)
+    chars_per_token = 1.0 if tokenizer.kind == "char" else val_chars / max(1, n_val or len(ids))
+    return Corpus(Path(path), hashlib.sha256(raw).hexdigest(), len(raw), tokenizer, train, val,
+                  chars_per_token)
+
+
+def block_len(cfg: ModelConfig) -> int:
+    """Tokens per sampled window: n_ctx + 1 (transformer) or 2 * n_ctx (mlp: n_ctx predictions)."""
+    return cfg.n_ctx + 1 if isinstance(cfg, TransformerConfig) else 2 * cfg.n_ctx
+
+
+def predictions_per_block(cfg: ModelConfig) -> int:
+    """Loss terms (target tokens) per block: what `tokens` in metrics.jsonl counts."""
+    return cfg.n_ctx
+
+
+def check_length(corpus: Corpus, cfg: ModelConfig) -> None:
+    need = block_len(cfg)
+    splits = [("train", corpus.train)] + ([("val", corpus.val)] if corpus.val.numel() else [])
+    for name, ids in splits:
+        if ids.numel() < need:
+            raise ValueError(
+                f"the {name} split of {corpus.path} has {ids.numel()} tokens, fewer than one "
+                f"context window of {need} (n_ctx={cfg.n_ctx}); use a longer text or a smaller "
+                f"--val-fraction")
+
+
+def sample_blocks(ids: torch.Tensor, batch_size: int, length: int,
+                  generator: torch.Generator) -> torch.Tensor:
+    """`batch_size` random windows of `length` consecutive ids: [batch length]."""
+    starts = torch.randint(0, ids.numel() - length + 1, (batch_size,), generator=generator)
+    offsets = torch.arange(length)
+    return ids[starts[:, None] + offsets[None, :]]
+
+
+def lm_loss(model: torch.nn.Module, block: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats) of a [batch length] block, either family."""
+    logits = model(block[:, :-1])  # [batch P vocab]
+    targets = block[:, -logits.shape[1]:]  # [batch P]
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def attention_entropy_by_layer(model: Any, block: torch.Tensor) -> dict[str, list[float]]:
+    """{"0": [per-head series entropy, nats], ...} on the inputs of `block`, reduced in the hooks.
+
+    The formula is `probes.entropy.series_entropy`: -(p * (p + 1e-10).log()).sum(-1), averaged
+    over the batch and all query rows (row 0 included), as the series logged it.
+    """
+    out: dict[str, list[float]] = {}
+
+    def hook(pattern: torch.Tensor, hook: Any) -> None:  # pattern [batch head q k]
+        layer = hook.name.split(".")[1]
+        out[layer] = [round(float(h), 6) for h in series_entropy(pattern.float())]
+
+    model.run_with_hooks(block[:, :-1], fwd_hooks=[(lambda n: n.endswith("attn.hook_pattern"), hook)])
+    return out
+
+
+@torch.no_grad()
+def evaluate(model: Any, blocks: torch.Tensor, batch_size: int, chars_per_token: float,
+             autocast: Any) -> dict[str, Any]:
+    """val_loss / val_ppl / bpc over fixed val `blocks` [n length]; attn_entropy on the first batch.
+
+    bpc = log2(ppl) / chars_per_token (bits per token over characters per token).
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        total, count = 0.0, 0
+        with autocast():
+            for chunk in torch.split(blocks, batch_size):
+                total += float(lm_loss(model, chunk)) * chunk.shape[0]
+                count += chunk.shape[0]
+            entropy = (attention_entropy_by_layer(model, blocks[:batch_size])
+                       if isinstance(model.cfg, TransformerConfig) else None)
+    finally:
+        model.train(was_training)
+    val_loss = total / count  # nats per token
+    ppl = math.inf if val_loss > 709 else math.exp(val_loss)
+    bpc = val_loss / math.log(2) / chars_per_token  # = log2(ppl) / chars_per_token
+    result = {"val_loss": val_loss, "val_ppl": ppl, "bpc": bpc}
+    if entropy is not None:
+        result["attn_entropy"] = entropy
+    return result

@@ -1,0 +1,204 @@
+"""What a `models.train` run is set up from: hyperparameters, optimizer, LR schedule, processes.
+
+A hyperparameter comes from, in order: its flag, the resumed run's saved train config, the preset's
+recorded recipe (`PRESETS[name].train`), the built-in default below. Weight decay applies only
+to parameters with 2+ dims and the schedule is linear warmup then constant or cosine down to
+10% (the GPT-2 recipe of the blog feed); the series itself trained with a constant lr.
+Under torchrun (RANK / WORLD_SIZE / LOCAL_RANK set) `init_distributed` joins the process group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import math
+import os
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from models.presets import PRESETS
+
+log = logging.getLogger("models.train")
+
+
+# Built-in defaults, used when neither a flag, a resumed run nor the preset's recipe gives one.
+TRAIN_DEFAULTS: dict[str, Any] = {
+    "optimizer": "adamw", "lr": 3e-4, "momentum": 0.0, "nesterov": False, "betas": [0.9, 0.999],
+    "weight_decay": 0.0, "batch_size": 32, "grad_accum": 1, "steps": 1000, "warmup": 0, "schedule": None,
+    "min_lr_ratio": 0.1, "grad_clip": 0.0, "log_every": 10, "eval_every": 100, "eval_batches": 4,
+    "save_every": 500, "val_fraction": 0.1, "seed": 1337, "dtype": "fp32"}
+PRESET_KEY_NAMES = {"warmup_steps": "warmup"}  # PRESETS[name].train key -> our key
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+def _betas(text: str) -> list[float]:
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"expected two numbers like 0.9,0.95, got {text!r}")
+    return [float(x) for x in parts]
+
+
+def train_config_flags(p: argparse.ArgumentParser) -> None:
+    """Hyperparameter flags; None means: the resumed run's value, else the preset's, else built-in."""
+    d = TRAIN_DEFAULTS
+    flag = p.add_argument
+    flag("--steps", type=int, help=f"total optimizer steps (default {d['steps']})")
+    flag("--batch-size", type=int, help="windows per micro-batch and rank (default: the preset's)")
+    flag("--grad-accum", type=int, help="micro-batches per optimizer step: windows per step = "
+                                        "batch-size x grad-accum x ranks (default 1)")
+    flag("--lr", type=float, help="peak learning rate (default: the preset's)")
+    flag("--optimizer", choices=OPTIMIZERS, help="default: the preset's (series: sgd, GPT: adamw)")
+    flag("--momentum", type=float, help="SGD momentum (default: the preset's, else 0)")
+    flag("--nesterov", action=argparse.BooleanOptionalAction,
+         help="SGD Nesterov momentum (default: the preset's, else off)")
+    flag("--betas", type=_betas, help="Adam/AdamW betas as B1,B2 (default: the preset's, else 0.9,0.999)")
+    flag("--weight-decay", type=float,
+         help="decay on parameters with 2+ dims only (the GPT-2 recipe; default: the preset's, else 0)")
+    flag("--warmup", type=int, help="linear warmup steps (default: the preset's, else 0)")
+    flag("--schedule", choices=("constant", "cosine"),
+         help="after warmup: constant, or cosine down to --min-lr-ratio * lr at the last step "
+              "(default: cosine when there is a warmup, else constant as in the series)")
+    flag("--min-lr-ratio", type=float, help=f"cosine floor as a fraction of lr (default {d['min_lr_ratio']})")
+    flag("--grad-clip", type=float, help="clip the global grad norm to this; 0 = off (default: the preset's)")
+    flag("--log-every", type=int, help=f"steps between metrics records (default {d['log_every']})")
+    flag("--eval-every", type=int, help=f"steps between val loss / entropy evals (default {d['eval_every']})")
+    flag("--eval-batches", type=int, help=f"fixed val batches per eval (default {d['eval_batches']})")
+    flag("--save-every", type=int, help=f"steps between snapshots; 0 = end only (default {d['save_every']})")
+    flag("--val-fraction", type=float, help="last fraction of the tokens held out for val (default 0.1)")
+    flag("--seed", type=int, help=f"seed for init and batch sampling (default {d['seed']})")
+
+
+def resolve_train_config(args: argparse.Namespace, preset_train: dict[str, Any],
+                         saved: dict[str, Any]) -> dict[str, Any]:
+    """Flag > resumed run's saved value > preset recipe > built-in default, then validated."""
+    recipe = {PRESET_KEY_NAMES.get(k, k): v for k, v in preset_train.items()}
+    tc: dict[str, Any] = {}
+    for key, default in TRAIN_DEFAULTS.items():
+        flag = getattr(args, key, None)
+        tc[key] = flag if flag is not None else saved.get(key, recipe.get(key, default))
+    tc["betas"] = list(tc["betas"])
+    if tc["schedule"] is None:
+        tc["schedule"] = "cosine" if tc["warmup"] > 0 else "constant"
+    for key in ("steps", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches"):
+        if not isinstance(tc[key], int) or tc[key] < 1:
+            raise ValueError(f"--{key.replace('_', '-')} must be a positive integer, got {tc[key]!r}")
+    for key in ("warmup", "save_every"):
+        if tc[key] < 0:
+            raise ValueError(f"--{key.replace('_', '-')} must be >= 0, got {tc[key]}")
+    if not tc["lr"] > 0:
+        raise ValueError(f"--lr must be > 0, got {tc['lr']}")
+    if tc["optimizer"] not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {tc['optimizer']!r}")
+    return tc
+
+
+def parse_sets(cfg: Any, items: list[str]) -> dict[str, Any]:
+    """--set key=value pairs typed by the config's field annotations."""
+    hints = typing.get_type_hints(type(cfg))
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or key not in fields:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY one of {sorted(fields)}")
+        kind = hints[key]
+        try:
+            if kind is bool:
+                if text.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(text)
+                out[key] = text.lower() in ("true", "1")
+            else:
+                out[key] = kind(text) if kind in (int, float) else text
+        except ValueError:
+            raise ValueError(f"--set {item!r}: {key} must be {kind.__name__}") from None
+    return out
+
+
+def model_config(preset: str, sets: list[str], vocab_size: int) -> Any:
+    """The preset's config with --set overrides; d_vocab follows the tokenizer unless set."""
+    cfg = PRESETS[preset].config
+    overrides = parse_sets(cfg, sets)
+    if "d_vocab" in overrides:
+        if overrides["d_vocab"] < vocab_size:
+            raise ValueError(f"--set d_vocab={overrides['d_vocab']} is smaller than the tokenizer's "
+                             f"{vocab_size} tokens")
+    elif cfg.d_vocab != vocab_size:
+        overrides["d_vocab"] = vocab_size  # setup() logs it once the input is known to be good
+    return cfg.replace(**overrides)
+
+
+def build_optimizer(model: torch.nn.Module, tc: dict[str, Any], device: torch.device):
+    """SGD / Adam / AdamW; weight decay only on parameters with 2+ dims (matrices, embeddings)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": tc["weight_decay"]},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
+    if tc["optimizer"] == "sgd":
+        return torch.optim.SGD(groups, lr=tc["lr"], momentum=tc["momentum"],
+                               nesterov=bool(tc["nesterov"]) and tc["momentum"] > 0)
+    cls = torch.optim.Adam if tc["optimizer"] == "adam" else torch.optim.AdamW
+    fused = {"fused": True} if device.type == "cuda" else {}
+    return cls(groups, lr=tc["lr"], betas=tuple(tc["betas"]), **fused)
+
+
+def lr_at(step: int, tc: dict[str, Any]) -> float:
+    """Learning rate of update number `step` (0-based): linear warmup, then constant or cosine."""
+    lr, warmup = tc["lr"], tc["warmup"]
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    if tc["schedule"] == "constant":
+        return lr
+    progress = min(1.0, (step - warmup) / max(1, tc["steps"] - 1 - warmup))
+    floor = lr * tc["min_lr_ratio"]
+    return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - floor)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+@dataclass
+class DistInfo:
+    """This process's place in a torchrun launch (rank 0 of 1 when not launched by torchrun)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def mean(self, value: float) -> float:
+        """The average of `value` over ranks (itself without DDP)."""
+        if not self.enabled:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(t)
+        return float(t) / self.world_size
+
+    def close(self) -> None:
+        if self.enabled and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def init_distributed(device_name: str) -> DistInfo:
+    """Join the process group torchrun describes in RANK / WORLD_SIZE / LOCAL_RANK (nccl or gloo)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo()
+    dist = DistInfo(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+    cuda = device_name != "cpu" and torch.cuda.is_available()
+    if cuda:
+        dist.device = torch.device("cuda", dist.local_rank)
+        torch.cuda.set_device(dist.device)
+    torch.distributed.init_process_group(backend="nccl" if cuda else "gloo")
+    return dist
