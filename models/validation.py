@@ -21,7 +21,7 @@ def check_tokens(tokens: torch.Tensor, d_vocab: int, n_ctx: int | None = None,
     if n_ctx is not None and tokens.shape[1] > n_ctx:
         raise ValueError(f"sequence of {tokens.shape[1]} tokens is longer than the model's "
                          f"context of {n_ctx}; window it (probes do this for you)")
-    if tokens.numel():
+    if tokens.numel() and not torch.compiler.is_compiling():  # min/max would break the graph
         low, high = int(tokens.min()), int(tokens.max())
         if low < 0 or high >= d_vocab:
             bad = low if low < 0 else high
