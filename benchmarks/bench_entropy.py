@@ -1,0 +1,195 @@
+"""Entropy probe vs a plain forward pass vs caching every pattern, side by side in one run.
+
+    python benchmarks/bench_entropy.py                      # tiny_shakespeare_gpt, its ctx 128, batch 64
+    python benchmarks/bench_entropy.py --n-ctx 512 --batch 16   # a long-context variant
+    python benchmarks/bench_entropy.py --threads 1 --clock cpu  # steadier on a busy shared machine
+
+Same model, seed and tokens everywhere. Time: one process calls the three variants round-robin
+(one warm-up round, then up to --repeats rounds within --budget-s) so that load from other processes hits all of them
+alike; median and min per call. Peak memory: each variant once in its own fresh process, on CPU
+the growth of the max RSS over what the process held before the call, on CUDA
+`torch.cuda.max_memory_allocated` over the allocation before it.
+
+  forward  model(tokens) under inference_mode: the fused (SDPA) attention path
+  explicit the same with attention forced onto its explicit path (scores, softmax, pattern) and
+           no hooks: what any pattern probe pays before it reduces anything
+  probe    probes.entropy.run(model, tokens): explicit attention path + per-layer reduction in hooks
+  cache    run_with_cache(every hook_pattern), then entropy and normalised entropy from the cache
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+VARIANTS = ("forward", "explicit", "probe", "cache")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="tiny_shakespeare_gpt", help="model preset (default tiny_shakespeare_gpt)")
+    parser.add_argument("--n-ctx", type=int, default=128, help="context length (default 128, the preset's own)")
+    parser.add_argument("--batch", type=int, default=64, help="windows per forward pass (default 64, the blog's)")
+    parser.add_argument("--repeats", type=int, default=7, help="most timed rounds of all variants (default 7)")
+    parser.add_argument("--budget-s", type=float, default=45.0,
+                        help="stop timing after the round that passes this many seconds, at least 3 rounds "
+                             "(default 45, keeps the whole script under 2 minutes on 2 busy cores)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall-clock time, or this process' CPU time (steadier when other jobs share "
+                             "the cores; use with --threads 1, as idle threads spin)")
+    parser.add_argument("--worker", choices=VARIANTS + ("timing",), help=argparse.SUPPRESS)
+    return parser
+
+
+def max_rss_bytes() -> int:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024  # Linux reports KiB
+
+
+def variant_fn(name: str, model, tokens):
+    import torch
+
+    from probes import entropy
+    if name in ("forward", "explicit"):
+        def fn():
+            model.set_attn_impl("explicit" if name == "explicit" else "auto")
+            try:
+                with torch.inference_mode():
+                    model(tokens)
+            finally:
+                model.set_attn_impl("auto")
+    elif name == "probe":
+        def fn():
+            entropy.run(model, tokens, batch_size=tokens.shape[0], progress=False)
+    else:
+        names = [f"blocks.{l}.attn.hook_pattern" for l in range(model.cfg.n_layers)]
+
+        def fn():
+            with torch.inference_mode():
+                _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
+                for n in names:
+                    entropy.series_entropy(cache[n]).tolist()
+                    entropy.normalized_entropy(cache[n]).mean(dim=(0, 2)).tolist()
+    return fn
+
+
+def setup(args: argparse.Namespace):
+    """The model and tokens every variant sees (same seed in every process)."""
+    sys.path.insert(0, str(REPO))
+    import torch
+
+    from models import build_model, get_preset
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    device = torch.device(args.device)
+    cfg = get_preset(args.preset, n_ctx=args.n_ctx, dropout=0.0)
+    model = build_model(cfg).to(device).eval()
+    tokens = torch.randint(0, cfg.d_vocab, (args.batch, cfg.n_ctx), device=device)
+    return torch, device, model, tokens
+
+
+def memory_worker(args: argparse.Namespace) -> dict:
+    """Peak memory of one call of one variant, in this fresh process."""
+    torch, device, model, tokens = setup(args)
+    fn = variant_fn(args.worker, model, tokens)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return {"peak_bytes": torch.cuda.max_memory_allocated() - base}
+    base = max_rss_bytes()
+    fn()
+    return {"peak_bytes": max_rss_bytes() - base}
+
+
+def timing_worker(args: argparse.Namespace) -> dict:
+    """Seconds per call of every variant, interleaved round-robin so load drifts hit all alike."""
+    torch, device, model, tokens = setup(args)
+    fns = {name: variant_fn(name, model, tokens) for name in VARIANTS}
+    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    began = time.perf_counter()
+    for round_ in range(args.repeats + 1):  # round 0 is the warm-up
+        if round_ > 3 and time.perf_counter() - began > args.budget_s:
+            break
+        for name, fn in fns.items():
+            start = clock()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if round_:
+                times[name].append(clock() - start)
+    return {name: {"median_s": statistics.median(t), "min_s": min(t), "rounds": len(t)} for name, t in times.items()}
+
+
+def worker_argv(args: argparse.Namespace, worker: str) -> list[str]:
+    return [sys.executable, __file__, "--worker", worker, "--preset", args.preset, "--n-ctx", str(args.n_ctx),
+            "--batch", str(args.batch), "--repeats", str(args.repeats), "--device", args.device,
+            "--threads", str(args.threads), "--budget-s", str(args.budget_s), "--clock", args.clock]
+
+
+def collect(proc: subprocess.Popen, worker: str) -> dict:
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"{worker} worker failed:\n{err}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def measure(args: argparse.Namespace) -> dict[str, dict]:
+    """Timing in one process; then the memory workers side by side (peak memory is per process,
+    so running them at once changes nothing but the wall-clock time of this script)."""
+    # glibc: a fixed mmap threshold returns every large tensor to the OS when it is freed, so the
+    # max RSS follows the live tensors instead of whatever the allocator kept cached
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    # (timing runs with the default allocator: unmapping every temporary would slow it down)
+    spawn = lambda w, env=None: subprocess.Popen(worker_argv(args, w), stdout=subprocess.PIPE,  # noqa: E731
+                                                 stderr=subprocess.PIPE, text=True, env=env)
+    rows = collect(spawn("timing"), "timing")
+    procs = {name: spawn(name, env) for name in VARIANTS}
+    for name, proc in procs.items():
+        rows[name].update(collect(proc, name))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.worker:
+        result = timing_worker(args) if args.worker == "timing" else memory_worker(args)
+        print(json.dumps(result))
+        return 0
+    print(f"{args.preset} n_ctx={args.n_ctx} batch={args.batch} device={args.device} threads={args.threads} "
+          f"clock={args.clock}")
+    rows = measure(args)
+    print(f"timed rounds: {rows['forward']['rounds']} after one warm-up, variants interleaved")
+    print(f"{'variant':<10}{'median ms':>12}{'min ms':>10}{'peak MiB':>12}")
+    for name, row in rows.items():
+        print(f"{name:<10}{row['median_s'] * 1e3:>12.1f}{row['min_s'] * 1e3:>10.1f}"
+              f"{row['peak_bytes'] / 2**20:>12.1f}")
+    f, e, p, c = (rows[name] for name in VARIANTS)
+    ratio = lambda a, b, key: a[key] / max(b[key], 1e-12)  # noqa: E731
+    print(f"probe / forward time:    {ratio(p, f, 'median_s'):.2f}x median, {ratio(p, f, 'min_s'):.2f}x min "
+          f"(goal <= 1.3x)")
+    print(f"explicit / forward time: {ratio(e, f, 'median_s'):.2f}x median, {ratio(e, f, 'min_s'):.2f}x min "
+          f"(the explicit attention path alone)")
+    print(f"probe / explicit time:   {ratio(p, e, 'median_s'):.2f}x median, {ratio(p, e, 'min_s'):.2f}x min "
+          f"(the probe's own reduction)")
+    print(f"cache / forward time:    {ratio(c, f, 'median_s'):.2f}x median, {ratio(c, f, 'min_s'):.2f}x min")
+    print(f"probe / cache memory:    {ratio(p, c, 'peak_bytes'):.2f}x")
+    print(f"probe / forward memory:  {ratio(p, f, 'peak_bytes'):.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

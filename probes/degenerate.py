@@ -1,0 +1,380 @@
+"""Degenerate attention: a verdict per head with the numbers behind it, and, for a training run,
+when each head's entropy collapsed, went uniform or went NaN.
+
+    from probes import degenerate
+    result = degenerate.run(model, tokens)       # ours or a TransformerBridge
+    result.verdicts[layer][head]                 # 'healthy', 'previous', 'sink', ...
+    degenerate.entropy_timeline(read_metrics(run_dir), n_ctx=128)
+
+Verdicts, first match wins (most specific first; the evidence numbers are means over rows with
+two or more visible keys, since row 0 of a causal head is always one-hot on itself):
+`diverged` NaN/inf in the head's pattern or weights; `sink` most mass on the first position;
+`self` / `previous` one-hot onto the diagonal / sub-diagonal; `collapsed` one-hot onto anything
+else; `uniform` normalised entropy near 1 (the head averages and does nothing); else `healthy`.
+
+Evidence per head: `entropy` (series mean, nats), `normalized_entropy`, `max_prob` (mean of each
+row's largest probability), `first_mass` / `diag_mass` / `subdiag_mass` (mean p[i, 0], p[i, i],
+p[i, i-1]), `sink_score` (Gu et al. 2024: mean p[i, 0] over *all* rows, row 0 included as in the
+paper, so short windows inflate it: uniform attention over T rows scores H_T / T, 0.34 at T = 8),
+`nonfinite_rows`, `weights_finite` (None when the model's per-head weights cannot be read).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+
+from probes.common import (ProbeInputError, add_input_arguments, check_layer_head, print_json,
+                           require_attention, run_cli, to_jsonable, token_batches)
+from probes.entropy import (PatternStats, add_report_arguments, collect_stats, describe_model, format_table,
+                            uniform_series_entropy)
+
+log = logging.getLogger(__name__)
+
+VERDICTS = ("diverged", "sink", "self", "previous", "collapsed", "uniform", "healthy")
+ONE_HOT_VERDICTS = ("sink", "self", "previous", "collapsed")
+EVIDENCE = ("entropy", "normalized_entropy", "max_prob", "first_mass", "diag_mass", "subdiag_mass",
+            "sink_score", "nonfinite_rows", "weights_finite")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a head earns each verdict. All are fractions in [0, 1].
+
+    collapse_entropy=0.1, collapse_max_prob=0.9: one-hot. A head whose rows keep 90% of their mass
+    on one key, or whose entropy is a tenth of uniform, passes almost nothing but one token; the
+    series' collapsed head logged 0.003 nats, far below either.
+    uniform_entropy=0.97: rows within 3% of the uniform entropy ln(k) (score spread of about 0.4
+    at k=16); such a head averages its context, the state of every head at a small-std init.
+    sink_mass=0.5: "most mass on the first position" (DESIGN.md), the attention-sink pattern.
+    one_hot_mass=0.9: `self` / `previous` need 90% of each row's mass on the diagonal / previous
+    token, the same bar as collapse_max_prob.
+    sink_score=0.3: the attention-sink literature's epsilon (Gu et al. 2024, "When Attention Sink
+    Emerges"): a head is a sink head when its mean attention to the first token exceeds 0.3. It is
+    reported as evidence (`sink_score`, `sink_rate`), not used for the verdict.
+    """
+
+    collapse_entropy: float = 0.1
+    collapse_max_prob: float = 0.9
+    uniform_entropy: float = 0.97
+    sink_mass: float = 0.5
+    one_hot_mass: float = 0.9
+    sink_score: float = 0.3
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"threshold {f.name} must be in [0, 1], got {value!r}")
+
+
+# ---------------------------------------------------------------- pure functions
+
+def is_one_hot(ev: dict[str, float], t: Thresholds) -> bool:
+    return ev["normalized_entropy"] < t.collapse_entropy or ev["max_prob"] > t.collapse_max_prob
+
+
+def verdict(ev: dict[str, Any], t: Thresholds = Thresholds()) -> str:
+    """One head's verdict from its evidence (keys as in EVIDENCE); the most specific wins."""
+    if ev["nonfinite_rows"] > 0 or ev["weights_finite"] is False or not all(
+            math.isfinite(ev[k]) for k in ("normalized_entropy", "max_prob", "first_mass")):
+        return "diverged"
+    if ev["first_mass"] > t.sink_mass:
+        return "sink"
+    if ev["diag_mass"] > t.one_hot_mass:
+        return "self"
+    if ev["subdiag_mass"] > t.one_hot_mass:
+        return "previous"
+    if is_one_hot(ev, t):
+        return "collapsed"
+    if ev["normalized_entropy"] > t.uniform_entropy:
+        return "uniform"
+    return "healthy"
+
+
+def evidence_grids(stats: PatternStats, weights_finite: torch.Tensor | None) -> dict[str, list[list[Any]]]:
+    """Every evidence number as a [layer][head] grid over the hooked layers and all heads."""
+    grids = {"entropy": stats.mean("entropy"), "normalized_entropy": stats.mean("normalized"),
+             "max_prob": stats.mean("max_prob"), "first_mass": stats.mean("first"),
+             "diag_mass": stats.mean("diag"), "subdiag_mass": stats.mean("subdiag"),
+             "sink_score": stats.mean("first_all")}
+    out: dict[str, list[list[Any]]] = {k: v.tolist() for k, v in grids.items()}
+    out["nonfinite_rows"] = stats.count("nonfinite").long().tolist()
+    shape = (len(stats.layers), stats.n_heads)
+    out["weights_finite"] = (weights_finite.tolist() if weights_finite is not None
+                             else [[None] * shape[1] for _ in range(shape[0])])
+    return out
+
+
+def head_evidence(grids: dict[str, list[list[Any]]], i: int, h: int) -> dict[str, Any]:
+    return {name: grids[name][i][h] for name in EVIDENCE}
+
+
+def head_weights_finite(model: Any, layers: list[int], n_heads: int) -> torch.Tensor | None:
+    """[layer head] bool: are W_Q, W_K, W_V, W_O (and biases) of each head finite? None if unknown.
+
+    Ours keep per-head parameters (`blocks[l].attention.heads[h].W_Q`); TransformerLens models
+    expose stacked `W_Q` [head d_model d_head] and `W_O` [head d_head d_model] on `blocks[l].attn`.
+    """
+    try:
+        rows = []
+        for layer in layers:
+            block = model.blocks[layer]
+            attn = getattr(block, "attention", None) or getattr(block, "attn")
+            if hasattr(attn, "stacked"):  # ours
+                names = [n for n in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V") if hasattr(attn.heads[0], n)]
+                tensors = [attn.stacked(n) for n in names]
+                if getattr(attn, "W_O", None) is not None:
+                    tensors.append(attn.W_O.reshape(n_heads, -1, attn.W_O.shape[-1]))
+            else:
+                tensors = [getattr(attn, n) for n in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V")
+                           if isinstance(getattr(attn, n, None), torch.Tensor)]
+                tensors = [t for t in tensors if t.shape[0] == n_heads]
+            if not tensors:
+                return None
+            rows.append(torch.stack([torch.isfinite(t.detach().reshape(n_heads, -1)).all(-1).cpu()
+                                     for t in tensors]).all(0))
+        return torch.stack(rows)  # [layer head]
+    except (AttributeError, IndexError, TypeError, RuntimeError) as err:
+        log.debug("cannot read per-head attention weights: %s", err)
+        return None
+
+
+# ---------------------------------------------------------------- training timeline
+
+def attn_entropy_grid(record: dict[str, Any]) -> list[list[float]] | None:
+    """A metrics record's attn_entropy as [layer][head] floats (NaN for null/'nan'), or None."""
+    raw = record.get("attn_entropy")
+    if raw is None:
+        return None
+    if isinstance(raw, dict):
+        try:
+            raw = [row for _, row in sorted(raw.items(), key=lambda kv: int(kv[0]))]
+        except ValueError:
+            raise ProbeInputError(f"attn_entropy keys must be layer numbers, got {sorted(raw)}") from None
+    if not isinstance(raw, list) or not all(isinstance(row, list) for row in raw):
+        raise ProbeInputError(f"attn_entropy must map layers to lists over heads, got {str(raw)[:60]}")
+    return [[float("nan") if v is None else float(v) for v in row] for row in raw]
+
+
+@dataclass
+class Timeline:
+    """Per head, the first logged step from which the entropy stayed collapsed / uniform / NaN.
+
+    `None` means it never did (or recovered before the last logged step). Entropies are compared
+    to that of uniform attention over the training context, ln(n_ctx!)/n_ctx (`uniform_nats`).
+    """
+
+    steps: int
+    first_step: int | None
+    last_step: int | None
+    uniform_nats: float
+    thresholds: dict[str, float]
+    collapsed: list[list[int | None]]
+    uniform: list[list[int | None]]
+    diverged: list[list[int | None]]
+    final_entropy: list[list[float]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_jsonable(dataclasses.asdict(self))
+
+    def format(self) -> str:
+        if not self.steps:
+            return "training timeline: metrics.jsonl has no attn_entropy records"
+        lines = [f"training timeline over {self.steps} logged steps ({self.first_step}..{self.last_step}):"]
+        for kind in ("collapsed", "uniform", "diverged"):
+            for l, row in enumerate(getattr(self, kind)):
+                lines += [f"  L{l}H{h} {kind} from step {s} (last entropy "
+                          f"{self.final_entropy[l][h]:.3f} nats)" for h, s in enumerate(row) if s is not None]
+        if len(lines) == 1:
+            lines.append("  no head collapsed, went uniform or diverged and stayed so")
+        return "\n".join(lines)
+
+
+def stayed_from(steps: list[int], flags: list[bool]) -> int | None:
+    """The step where the final run of True flags begins, or None if the last flag is False."""
+    start = None
+    for step, flag in zip(steps, flags):
+        start = (step if start is None else start) if flag else None
+    return start
+
+
+def entropy_timeline(records: Iterable[dict[str, Any]], n_ctx: int, collapse: float = 0.1,
+                     uniform: float = 0.97) -> Timeline:
+    """When each head's logged entropy collapsed (< collapse * uniform), went uniform
+    (> uniform * uniform) or non-finite, and stayed so to the last logged step."""
+    if n_ctx < 2:
+        raise ProbeInputError(f"the timeline needs a training context of 2+ tokens, got {n_ctx}")
+    logged = sorted(((int(r.get("step", i)), g) for i, r in enumerate(records)
+                     if (g := attn_entropy_grid(r)) is not None), key=lambda sg: sg[0])
+    h_max = uniform_series_entropy(n_ctx)
+    thresholds = {"collapse": collapse, "uniform": uniform}
+    if not logged:
+        return Timeline(0, None, None, h_max, thresholds, [], [], [], [])
+    steps = [s for s, _ in logged]
+    shape = [len(row) for row in logged[-1][1]]
+    grids = [g for _, g in logged]
+
+    def when(test) -> list[list[int | None]]:
+        def head(l: int, h: int) -> int | None:
+            seen = [(s, test(g[l][h])) for s, g in zip(steps, grids) if l < len(g) and h < len(g[l])]
+            return stayed_from([s for s, _ in seen], [f for _, f in seen])
+        return [[head(l, h) for h in range(n_heads)] for l, n_heads in enumerate(shape)]
+
+    return Timeline(len(steps), steps[0], steps[-1], h_max, thresholds,
+                    collapsed=when(lambda v: v < collapse * h_max),
+                    uniform=when(lambda v: v > uniform * h_max),
+                    diverged=when(lambda v: not math.isfinite(v)), final_entropy=grids[-1])
+
+
+# ---------------------------------------------------------------- the runner
+
+@dataclass
+class DegenerateResult:
+    """Verdicts and evidence over the reported layers and heads (`layers`, `heads`)."""
+
+    model: str
+    layers: list[int]
+    heads: list[int]
+    verdicts: list[list[str]]  # [layer][head]
+    evidence: dict[str, list[list[Any]]]  # name -> [layer][head]
+    collapsed_layers: list[bool]  # per reported layer: every head one-hot
+    sink_rate: float  # fraction of the measured heads with sink_score > thresholds.sink_score
+    thresholds: dict[str, float]
+    tokens: int
+    windows: int
+    source: str | None = None
+    timeline: Timeline | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k != "timeline"}
+        if self.source is None:
+            out.pop("source")
+        if self.timeline is not None:
+            out["timeline"] = self.timeline.to_dict()
+        return to_jsonable(out)
+
+    def format(self) -> str:
+        lines = [f"model: {self.model}", f"measured on {self.tokens} tokens in {self.windows} window(s)"
+                 + (f" ({self.source})" if self.source else ""), "verdicts:",
+                 format_table(self.layers, self.heads, self.verdicts, width=10)]
+        for name in ("normalized_entropy", "max_prob", "first_mass", "diag_mass", "subdiag_mass", "sink_score"):
+            lines += [f"{name}:", format_table(self.layers, self.heads, self.evidence[name], width=10)]
+        collapsed = [l for l, c in zip(self.layers, self.collapsed_layers) if c]
+        lines.append(f"whole-layer collapse: {', '.join(map(str, collapsed)) if collapsed else 'none'}")
+        lines.append(f"sink rate (heads with sink_score > {self.thresholds['sink_score']}): {self.sink_rate:.2f}")
+        if self.timeline is not None:
+            lines.append(self.timeline.format())
+        return "\n".join(lines)
+
+
+def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, thresholds: Thresholds | None = None,
+        layer: int | None = None, head: int | None = None, batch_size: int = 16,
+        progress: bool | None = None, name: str | None = None, source: str | None = None) -> DegenerateResult:
+    """Verdict per head of `model` (ours or a TransformerBridge) on [batch pos] tokens.
+
+    Every head of the chosen layers is measured (whole-layer collapse needs them all);
+    `layer` / `head` restrict what is reported.
+    """
+    t = thresholds or Thresholds()
+    dims = require_attention(model)
+    check_layer_head(dims, layer, head)
+    layers = list(range(dims.n_layers)) if layer is None else [layer]
+    heads = list(range(dims.n_heads)) if head is None else [head]
+    stats = collect_stats(model, tokens, layers=layers, batch_size=batch_size, progress=progress)
+    if stats.multi_rows == 0:
+        raise ProbeInputError("every window is one token long: a verdict needs rows with 2+ keys")
+    grids = evidence_grids(stats, head_weights_finite(model, layers, dims.n_heads))
+    all_verdicts = [[verdict(head_evidence(grids, i, h), t) for h in range(dims.n_heads)]
+                    for i in range(len(layers))]
+    collapsed_layers = [all(v in ONE_HOT_VERDICTS and is_one_hot(head_evidence(grids, i, h), t)
+                            for h, v in enumerate(row)) for i, row in enumerate(all_verdicts)]
+    sinks = [s > t.sink_score for row in grids["sink_score"] for s in row]
+    return DegenerateResult(
+        model=name or describe_model(model), layers=layers, heads=heads,
+        verdicts=[[row[h] for h in heads] for row in all_verdicts],
+        evidence={k: [[row[h] for h in heads] for row in grid] for k, grid in grids.items()},
+        collapsed_layers=collapsed_layers, sink_rate=sum(sinks) / len(sinks),
+        thresholds=dataclasses.asdict(t), tokens=stats.tokens, windows=stats.windows, source=source)
+
+
+# ---------------------------------------------------------------- CLI
+
+def add_threshold_arguments(parser: argparse.ArgumentParser) -> None:
+    d = Thresholds()
+    group = parser.add_argument_group("thresholds (fractions in [0, 1]; see Thresholds)")
+    group.add_argument("--collapse-entropy", type=float, default=d.collapse_entropy,
+                       help=f"normalised entropy below this is one-hot (default {d.collapse_entropy})")
+    group.add_argument("--collapse-max-prob", type=float, default=d.collapse_max_prob,
+                       help=f"mean max probability above this is one-hot (default {d.collapse_max_prob})")
+    group.add_argument("--uniform-entropy", type=float, default=d.uniform_entropy,
+                       help=f"normalised entropy above this is uniform (default {d.uniform_entropy})")
+    group.add_argument("--sink-mass", type=float, default=d.sink_mass,
+                       help=f"mean mass on the first position above this is a sink (default {d.sink_mass})")
+    group.add_argument("--one-hot-mass", type=float, default=d.one_hot_mass,
+                       help=f"diagonal / sub-diagonal mass above this is self / previous (default {d.one_hot_mass})")
+    group.add_argument("--sink-score", type=float, default=d.sink_score,
+                       help=f"sink_score above this counts toward the sink rate (default {d.sink_score}, Gu et al.)")
+    group.add_argument("--timeline-collapse", type=float, default=0.1,
+                       help="training timeline: logged entropy below this fraction of uniform is collapsed (default 0.1)")
+    group.add_argument("--timeline-uniform", type=float, default=0.97,
+                       help="training timeline: logged entropy above this fraction of uniform is uniform (default 0.97)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from models.checkpoint import add_ckpt_arguments
+    parser = argparse.ArgumentParser(prog="python -m probes.degenerate", description=__doc__.splitlines()[0])
+    add_ckpt_arguments(parser)
+    add_input_arguments(parser)
+    add_report_arguments(parser)
+    add_threshold_arguments(parser)
+    return parser
+
+
+def has_input(args: argparse.Namespace) -> bool:
+    return any(getattr(args, k) is not None for k in ("text", "text_file", "data"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+
+    def body() -> int:
+        from models.checkpoint import is_run_dir, load_from_args, read_metrics
+        t = Thresholds(args.collapse_entropy, args.collapse_max_prob, args.uniform_entropy,
+                       args.sink_mass, args.one_hot_mass, args.sink_score)
+        run_dir = args.ckpt is not None and is_run_dir(args.ckpt)
+        if not has_input(args) and not run_dir:
+            raise ProbeInputError("give the input with --text, --text-file or --data "
+                                  "(or a run directory for its training timeline)")
+        snap = load_from_args(args)
+        dims = require_attention(snap.model)
+        check_layer_head(dims, args.layer, args.head)
+        timeline = (entropy_timeline(read_metrics(args.ckpt), dims.n_ctx, args.timeline_collapse,
+                                     args.timeline_uniform) if run_dir else None)
+        if has_input(args):
+            batches, source = token_batches(args, snap.tokenizer, dims.n_ctx)
+            result = run(snap.model, batches, thresholds=t, layer=args.layer, head=args.head,
+                         batch_size=args.batch_size, progress=args.progress, name=str(snap.name), source=source)
+            result.timeline = timeline
+            output, text = result.to_dict(), result.format()
+        else:
+            output = {"model": str(snap.name), "timeline": timeline.to_dict()}
+            text = f"model: {snap.name}\n{timeline.format()}"
+        if args.json:
+            print_json(output)
+        else:
+            print(text)
+        return 0
+
+    return run_cli(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
