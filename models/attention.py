@@ -100,8 +100,9 @@ class Attention(nn.Module):
 
     def explicit(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         n = q.shape[1]
-        scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / self.scale
-        scores = self.hook_attn_scores(scores.masked_fill(self.causal_mask[:n, :n], float("-inf")))
+        # scale q, not the [b h q k] scores, and mask in place: one full-size tensor, not three
+        scores = torch.einsum("bqhe,bkhe->bhqk", q / self.scale, k)
+        scores = self.hook_attn_scores(scores.masked_fill_(self.causal_mask[:n, :n], float("-inf")))
         pattern = self.hook_pattern(scores.softmax(dim=-1))
         pattern = F.dropout(pattern, self.cfg.dropout, self.training)
         return torch.einsum("bhqk,bkhe->bqhe", pattern, v)
