@@ -1,0 +1,396 @@
+"""Logit lens: what each layer's residual stream would predict if the model stopped there.
+
+    from probes import logit_lens
+    result = logit_lens.run(model, tokens, k=5, tokenizer=tok)   # ours or a TransformerBridge
+    result.kl_to_final, result.cross_entropy, result.target_rank   # one number per layer
+    print(result.format())                                         # layer x position grid
+
+Definition (DESIGN.md, "Probes"): the residual stream after the embedding
+(`blocks.0.hook_resid_pre`), optionally mid-block (`blocks.{l}.hook_resid_mid`) and after every
+block (`blocks.{l}.hook_resid_post`) is decoded exactly as the model decodes its last one: its own
+final norm, recomputed on that vector (not the final layer's cached scale), then W_U (+ b_U where
+the model has one). The series' models have no final norm, so there it is `resid @ W_out`. Per
+layer and position: top-k tokens with probabilities, cross-entropy to the true next token
+(targets tokens[:, 1:]; the last position has none: null), KL(final || layer) =
+sum p_final (log p_final - log p_layer) in nats, and the target's rank (tokens with a strictly
+higher logit; 0 = top-1). Per-layer numbers average over positions (KL over all, CE and rank over
+positions with a target).
+
+Memory: one forward; its hooks keep only each point's residual [batch pos d_model], which is
+d_model/d_vocab of one layer's distribution (1/65 for GPT-2), so the L+1 residuals cost less than
+one [batch pos d_vocab] layer whenever (L+1) d_model < d_vocab. Running the model first for the
+final logits and reducing inside the hooks would need a second forward for the same memory.
+After the forward, layers are decoded one at a time against the final distribution (kept as
+probabilities [batch pos d_vocab]): peak is the model's logits, the final probabilities and one
+layer's logits.
+
+`LogitLens.decode(resid, layer_index)` is the one method a tuned lens overrides (e.g. a learned
+per-layer affine translator applied before `super().decode`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+
+from probes.common import (ProbeInputError, add_input_arguments, batches_of_windows, hook_names,
+                           print_json, run_cli, to_jsonable, token_batches, windows)
+from probes.neighbours import token_piece
+
+log = logging.getLogger(__name__)
+
+READOUT_TOLERANCE = 1e-4  # the last layer must reproduce the model's logits; warn past this
+
+
+# ---------------------------------------------------------------- pure functions on logits
+
+@dataclass
+class FinalDistribution:
+    """The model's output distribution, kept as probabilities: p [batch pos d_vocab] and
+    sum p log p [batch pos], which is all KL(final || layer) needs."""
+
+    probs: torch.Tensor
+    neg_entropy: torch.Tensor
+
+    @classmethod
+    def from_logits(cls, logits: torch.Tensor) -> FinalDistribution:
+        log_probs = logits.float().log_softmax(-1)  # [batch pos d_vocab]
+        probs = log_probs.exp()
+        neg_entropy = dot(probs, log_probs)  # [batch pos]
+        return cls(probs, neg_entropy)
+
+
+def dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Sum over the last axis of a * b without a [..., d_vocab] temporary: [... v] -> [...]."""
+    return (a.unsqueeze(-2) @ b.unsqueeze(-1)).squeeze(-1).squeeze(-1)
+
+
+@dataclass
+class LayerStats:
+    kl: torch.Tensor  # [batch pos] KL(final || layer), nats
+    cross_entropy: torch.Tensor  # [batch pos-1] -log p_layer(next token)
+    rank: torch.Tensor  # [batch pos-1] tokens with a strictly higher logit than the next token
+    top_probs: torch.Tensor  # [batch pos k]
+    top_ids: torch.Tensor  # [batch pos k]
+
+
+def layer_stats(logits: torch.Tensor, final: FinalDistribution, tokens: torch.Tensor, k: int) -> LayerStats:
+    """One layer's lens statistics from its logits [batch pos d_vocab] and tokens [batch pos]."""
+    logits = logits.float()
+    lse = logits.logsumexp(-1)  # [batch pos]
+    kl = final.neg_entropy - (dot(final.probs, logits) - lse)  # sum p_f log p_f - sum p_f log p_l
+    targets = tokens[:, 1:].unsqueeze(-1)  # [batch pos-1 1]
+    target_logit = logits[:, :-1].gather(-1, targets)  # [batch pos-1 1]
+    cross_entropy = lse[:, :-1] - target_logit.squeeze(-1)
+    rank = (logits[:, :-1] > target_logit).sum(-1)
+    top_logits, top_ids = logits.topk(min(k, logits.shape[-1]), dim=-1)  # [batch pos k]
+    return LayerStats(kl.clamp_min(0.0), cross_entropy, rank, (top_logits - lse.unsqueeze(-1)).exp(), top_ids)
+
+
+# ---------------------------------------------------------------- the lens
+
+@dataclass(frozen=True)
+class LensPoint:
+    label: str  # "embed", "0_mid", "0_post", ...
+    hook: str  # "blocks.0.hook_resid_pre", ...
+
+
+def lens_points(n_layers: int, include_mid: bool = False) -> list[LensPoint]:
+    points = [LensPoint("embed", "blocks.0.hook_resid_pre")]
+    for l in range(n_layers):
+        if include_mid:
+            points.append(LensPoint(f"{l}_mid", f"blocks.{l}.hook_resid_mid"))
+        points.append(LensPoint(f"{l}_post", f"blocks.{l}.hook_resid_post"))
+    return points
+
+
+class LogitLens:
+    """Decodes residual vectors through the model's own final norm and unembedding.
+
+    `points` are the residual hook points read, in order; `decode(resid, i)` decodes a residual
+    read at `points[i]`. A tuned lens subclasses this and overrides `decode` only.
+    """
+
+    def __init__(self, model: Any, include_mid: bool = False):
+        n_layers = int(getattr(getattr(model, "cfg", None), "n_layers", 0) or 0)
+        if n_layers < 1 or "blocks.0.hook_resid_pre" not in hook_names(model):
+            raise ProbeInputError(f"{type(model).__name__} has no residual stream to read (an MLP-family "
+                                  f"model has no blocks): the logit lens needs a transformer")
+        try:
+            self.W_U = model.W_U.detach()  # [d_model d_vocab]
+        except (AttributeError, ValueError) as err:
+            raise ProbeInputError(f"cannot decode the residual stream: {err}") from None
+        b_U = getattr(model, "b_U", None)
+        self.b_U = None if b_U is None else b_U.detach()  # [d_vocab]
+        self.final_norm = getattr(model, "ln_final", None)  # ours: present iff cfg.final_norm
+        self.model = model
+        self.points = lens_points(n_layers, include_mid)
+        missing = [p.hook for p in self.points if p.hook not in hook_names(model)]
+        if missing:
+            raise ProbeInputError(f"{type(model).__name__} has no hook point {missing[0]}")
+
+    @property
+    def labels(self) -> list[str]:
+        return [p.label for p in self.points]
+
+    def decode(self, resid: torch.Tensor, layer_index: int) -> torch.Tensor:
+        """Logits of a residual read at points[layer_index]: [... d_model] -> [... d_vocab]."""
+        x = resid if self.final_norm is None else self.final_norm(resid)  # norm recomputed on x
+        logits = x @ self.W_U
+        return logits if self.b_U is None else logits + self.b_U
+
+
+# ---------------------------------------------------------------- the runner
+
+def model_device(model: Any) -> torch.device:
+    param = next(iter(model.parameters()), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+def as_batches(tokens: torch.Tensor | Iterable[torch.Tensor], n_ctx: int, d_vocab: int,
+               batch_size: int) -> list[torch.Tensor]:
+    """[batch pos] tokens (or a list of such batches) as batches of windows of at most n_ctx."""
+    parts = [tokens] if isinstance(tokens, torch.Tensor) else list(tokens)
+    out: list[torch.Tensor] = []
+    for part in parts:
+        part = part.unsqueeze(0) if part.dim() == 1 else part
+        if part.dim() != 2 or part.dtype.is_floating_point or part.dtype == torch.bool:
+            raise ProbeInputError(f"tokens must be integer ids [batch pos], got {part.dtype} "
+                                  f"{tuple(part.shape)}")
+        if part.numel() == 0:
+            raise ProbeInputError("no tokens: give at least one token")
+        low, high = int(part.min()), int(part.max())
+        if low < 0 or high >= d_vocab:
+            raise ProbeInputError(f"token id {low if low < 0 else high} is outside the vocabulary "
+                                  f"[0, {d_vocab})")
+        chunks = [w for row in part.long().tolist() for w in windows(row, n_ctx)]
+        out.extend(batches_of_windows(chunks, max(1, batch_size)))
+    if not out:
+        raise ProbeInputError("no tokens: give at least one batch")
+    return out
+
+
+def lens_batch(model: Any, lens: LogitLens, tokens: torch.Tensor,
+               k: int) -> tuple[list[LayerStats], float]:
+    """One forward with residual-keeping hooks, then each point decoded against the final
+    distribution. Returns per-point stats and max |lens(last point) - model logits|."""
+    resid: dict[int, torch.Tensor] = {}
+
+    def keep(index: int):
+        def hook(x: torch.Tensor, hook: Any) -> None:  # x: [batch pos d_model]
+            resid[index] = x.detach().clone()
+        return hook
+
+    fwd_hooks = [(p.hook, keep(i)) for i, p in enumerate(lens.points)]
+    with torch.inference_mode():
+        with model.hooks(fwd_hooks=fwd_hooks):
+            logits = model(tokens)  # [batch pos d_vocab]
+        final = FinalDistribution.from_logits(logits)
+        last = len(lens.points) - 1
+        last_logits = lens.decode(resid.pop(last), last)
+        readout_error = float((last_logits.float() - logits.float()).abs().max())
+        del logits
+        stats: dict[int, LayerStats] = {last: layer_stats(last_logits, final, tokens, k)}
+        del last_logits
+        for i in range(last):
+            stats[i] = layer_stats(lens.decode(resid.pop(i), i), final, tokens, k)
+    return [stats[i] for i in range(last + 1)], readout_error
+
+
+def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, k: int = 5,
+        include_mid: bool = False, tokenizer: Any = None, lens: LogitLens | None = None,
+        batch_size: int = 16, progress: bool | None = None,
+        source: str | None = None) -> LogitLensResult:
+    """The logit lens of `model` (ours or a TransformerBridge) on [batch pos] tokens.
+
+    Long rows are windowed to the model's context. The model runs in eval mode (restored after).
+    `lens` defaults to `LogitLens(model, include_mid)`; pass a subclass for a tuned lens.
+    """
+    lens = lens or LogitLens(model, include_mid)
+    if not isinstance(k, int) or k < 1:
+        raise ProbeInputError(f"k must be a positive int, got {k!r}")
+    batches = as_batches(tokens, int(model.cfg.n_ctx), int(model.cfg.d_vocab), batch_size)
+    device, was_training = model_device(model), model.training
+    per_batch, errors = [], []
+    model.eval()
+    try:
+        for batch in progress_bar(batches, progress):
+            stats, err = lens_batch(model, lens, batch.to(device), k)
+            per_batch.append((batch.cpu(), [_to_cpu(s) for s in stats]))
+            errors.append(err)
+    finally:
+        model.train(was_training)
+    if tokenizer is None:
+        tokenizer = getattr(model, "tokenizer", None)  # a TransformerBridge's HuggingFace tokenizer
+    result = LogitLensResult(lens.labels, per_batch, max(errors), tokenizer, source)
+    if type(lens) is LogitLens and result.readout_error > READOUT_TOLERANCE:
+        log.warning("the lens at the last layer differs from the model's logits by %.3g: this model's "
+                    "readout is not final norm + unembedding", result.readout_error)
+    return result
+
+
+def _to_cpu(s: LayerStats) -> LayerStats:
+    return LayerStats(*(t.cpu() for t in (s.kl, s.cross_entropy, s.rank, s.top_probs, s.top_ids)))
+
+
+def progress_bar(batches: list[torch.Tensor], progress: bool | None) -> Iterable[torch.Tensor]:
+    show = progress if progress is not None else (len(batches) > 1 and sys.stderr.isatty())
+    if not show:
+        return batches
+    from tqdm.auto import tqdm
+    return tqdm(batches, desc="logit lens", unit="batch", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- the result
+
+def _mean(parts: list[torch.Tensor]) -> float:
+    count = sum(p.numel() for p in parts)
+    return float(sum(p.double().sum() for p in parts) / count) if count else float("nan")
+
+
+@dataclass
+class LogitLensResult:
+    """Per-layer averages as properties; per-position detail and top-k built on demand.
+
+    `batches` holds (tokens [batch pos], [LayerStats per layer]) per forward pass; sequences are
+    the rows of all batches in order.
+    """
+
+    layers: list[str]
+    batches: list[tuple[torch.Tensor, list[LayerStats]]]
+    readout_error: float  # max |lens at the last layer - model logits|
+    tokenizer: Any = None
+    source: str | None = None
+
+    def _field(self, layer: int, name: str) -> list[torch.Tensor]:
+        return [getattr(stats[layer], name) for _, stats in self.batches]
+
+    @property
+    def kl_to_final(self) -> list[float]:
+        return [_mean(self._field(l, "kl")) for l in range(len(self.layers))]
+
+    @property
+    def cross_entropy(self) -> list[float]:
+        return [_mean(self._field(l, "cross_entropy")) for l in range(len(self.layers))]
+
+    @property
+    def target_rank(self) -> list[float]:
+        return [_mean(self._field(l, "rank")) for l in range(len(self.layers))]
+
+    def per_position(self, name: str) -> list[list[list[Any]]]:
+        """[layer][sequence][pos]; cross_entropy and rank hold None at each sequence's last position."""
+        pad = [] if name == "kl" else [None]
+        return [[row + pad for part in self._field(l, name) for row in part.tolist()]
+                for l in range(len(self.layers))]
+
+    @property
+    def tokens(self) -> list[list[int]]:
+        return [row for toks, _ in self.batches for row in toks.tolist()]
+
+    def piece(self, i: int) -> str | None:
+        return token_piece(self.tokenizer, i)
+
+    def top_k(self) -> list[list[list[list[dict[str, Any]]]]]:
+        """[layer][sequence][pos] -> [{id, piece, prob}] best first."""
+        out = []
+        for l in range(len(self.layers)):
+            seqs = []
+            for probs, ids in zip(self._field(l, "top_probs"), self._field(l, "top_ids")):
+                for p_row, i_row in zip(probs.tolist(), ids.tolist()):
+                    seqs.append([[{"id": i, "piece": self.piece(i), "prob": p} for p, i in zip(ps, is_)]
+                                 for ps, is_ in zip(p_row, i_row)])
+            out.append(seqs)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_jsonable({
+            "layers": self.layers, "tokens": self.tokens,
+            "pieces": [[self.piece(i) for i in row] for row in self.tokens],
+            "kl_to_final": self.kl_to_final, "kl_to_final_per_position": self.per_position("kl"),
+            "cross_entropy": self.cross_entropy,
+            "cross_entropy_per_position": self.per_position("cross_entropy"),
+            "target_rank": self.target_rank, "target_rank_per_position": self.per_position("rank"),
+            "top_k": self.top_k(), "readout_error": self.readout_error, "source": self.source})
+
+    def format(self, columns: int = 8, max_sequences: int = 4) -> str:
+        """Per-layer table, then a layer x position grid of top-1 tokens (`*` = the true next
+        token) per sequence, `columns` positions per block, then the top-k at the last position."""
+        source = f" ({self.source})" if self.source else ""
+        lines = [f"logit lens on {len(self.tokens)} sequence(s){source}",
+                 f"{'layer':<8}{'KL(final||layer)':>18}{'CE(next)':>10}{'rank(next)':>12}"]
+        for row in zip(self.layers, self.kl_to_final, self.cross_entropy, self.target_rank):
+            lines.append(f"{row[0]:<8}" + "".join(f"{v:>{w}.3f}" for v, w in zip(row[1:], (18, 10, 12))))
+        top = self.top_k()
+        for s, toks in enumerate(self.tokens[:max_sequences]):
+            for start in range(0, len(toks), columns):
+                lines += ["", f"sequence {s}, positions {start}..{min(start + columns, len(toks)) - 1}"]
+                lines += self._grid_block(top, s, toks, range(start, min(start + columns, len(toks))))
+            lines.append(f"top-{len(top[0][s][-1])} at the last position:")
+            for label, layer in zip(self.layers, top):
+                lines.append(f"{label:<8}" + "  ".join(f"{self._show(e['id'])} {e['prob']:.2f}"
+                                                       for e in layer[s][-1]))
+        if len(self.tokens) > max_sequences:
+            lines.append(f"({len(self.tokens) - max_sequences} more sequence(s) in --json)")
+        return "\n".join(lines)
+
+    def _show(self, i: int, width: int = 8) -> str:
+        piece = self.piece(i)
+        return (repr(piece) if piece is not None else f"#{i}")[:width]
+
+    def _grid_block(self, top: list, s: int, toks: list[int], positions: range) -> list[str]:
+        cell = 14
+        nxt = [toks[p + 1] if p + 1 < len(toks) else None for p in positions]
+        lines = [f"{'input':<8}" + "".join(f"{self._show(toks[p]):<{cell}}" for p in positions),
+                 f"{'next':<8}" + "".join(f"{self._show(n) if n is not None else '-':<{cell}}" for n in nxt)]
+        for label, layer in zip(self.layers, top):
+            cells = []
+            for p, n in zip(positions, nxt):
+                best = layer[s][p][0]
+                mark = "*" if best["id"] == n else " "
+                cells.append(f"{self._show(best['id'])} {best['prob']:.2f}{mark}".ljust(cell))
+            lines.append((f"{label:<8}" + "".join(cells)).rstrip())
+        return [line.rstrip() for line in lines]
+
+
+# ---------------------------------------------------------------- CLI
+
+def build_parser() -> argparse.ArgumentParser:
+    from models.checkpoint import add_ckpt_arguments
+    parser = argparse.ArgumentParser(prog="python -m probes.logit_lens", description=__doc__.splitlines()[0])
+    add_ckpt_arguments(parser)
+    add_input_arguments(parser, default_samples=8)
+    parser.add_argument("-k", type=int, default=5, help="top tokens per layer and position (default 5)")
+    parser.add_argument("--mid", action="store_true", help="also decode mid-block (after attention)")
+    parser.add_argument("--columns", type=int, default=8,
+                        help="positions per row block of the grid (default 8)")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bar over batches (default: on a terminal with 2+ batches)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+
+    def body() -> int:
+        from models.checkpoint import load_from_args
+        snap = load_from_args(args)
+        lens = LogitLens(snap.model, args.mid)  # refuses models without a residual stream first
+        batches, source = token_batches(args, snap.tokenizer, int(snap.model.cfg.n_ctx))
+        result = run(snap.model, batches, k=args.k, tokenizer=snap.tokenizer, lens=lens,
+                     batch_size=args.batch_size, progress=args.progress, source=source)
+        if args.json:
+            print_json(result.to_dict())
+        else:
+            print(result.format(max(1, args.columns)))
+        return 0
+
+    return run_cli(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

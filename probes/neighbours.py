@@ -1,0 +1,387 @@
+"""Embedding nearest neighbours by cosine similarity, one token or the whole vocabulary.
+
+    from probes import neighbours
+    neighbours.run(model, " the", k=10, table="input", tokenizer=tok).to_dict()
+    neighbours.run(model, analogy=("king", "man", "woman"), tokenizer=tok)   # a - b + c
+    neighbours.run_all(model, k=10, table="output")                         # every token
+
+Tables (DESIGN.md, "Probes"): `input` is the input embedding, one row per token [d_vocab d_model];
+`output` is the unembedding, one column of W_U per token (W_U.T, [d_vocab d_model]); `cross`
+takes the query from the input table and searches the output table: "which tokens' output
+vectors point where this token's input vector points" (the blog feed's C++ -> Python tables are
+two different embedding tables searched the same way; `all_neighbours` takes any two tables).
+The query's own id is always excluded, in `cross` too (there `self_cosine` reports the cosine
+between the token's own input and output vectors instead). Analogies exclude a, b and c.
+
+Cosine is the dot product of unit rows; a zero row has cosine 0 with everything. The
+all-vocabulary mode never builds the [n n] matrix: it multiplies a chunk of unit query rows with
+the unit key table (transposed once, contiguous), masks the excluded ids and keeps the top k of
+each row, so memory is O(chunk x vocab) besides the transposed copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from probes.common import ProbeInputError, print_json, run_cli, to_jsonable
+
+log = logging.getLogger(__name__)
+
+TABLES = ("input", "output", "cross")
+TABLE_NAMES = {"input": "input embedding", "output": "unembedding",
+               "cross": "input embedding against the unembedding"}
+GROUP = 128  # columns per group in the two-stage top-k
+CHUNK_BYTES = 128 << 20  # similarity chunk budget of the all-vocabulary mode (128 MiB)
+SLICE = 2048  # rows per slice when normalising a whole key table (small temporaries)
+
+
+# ---------------------------------------------------------------- pure functions on tables
+
+def unit_rows(table: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """Rows scaled to unit length (float32, or float64 if given): [n d] -> [n d]; zero rows stay 0."""
+    table = table.detach()
+    if table.dtype != torch.float64:
+        table = table.float()
+    return table / table.norm(dim=-1, keepdim=True).clamp_min(eps)
+
+
+def check_table(table: torch.Tensor, name: str) -> None:
+    if table.dim() != 2 or table.shape[0] < 2:
+        raise ProbeInputError(f"the {name} table must be [d_vocab d] with d_vocab >= 2, "
+                              f"got {tuple(table.shape)}")
+
+
+def check_finite(cosines: torch.Tensor, *tables: torch.Tensor) -> None:
+    """A NaN/inf anywhere in a table turns up in the top-k (topk ranks NaN first), so checking the
+    small result replaces a pass over the tables (isfinite would copy a whole table)."""
+    if bool(torch.isfinite(cosines).all()):
+        return
+    bad = sum(int((~torch.isfinite(t.detach())).sum()) for t in {id(t): t for t in tables}.values())
+    raise ProbeInputError(f"the embedding table holds {bad} NaN/inf values (a diverged run?): "
+                          f"cosines are undefined")
+
+
+def prepare_keys(keys: torch.Tensor) -> torch.Tensor:
+    """Unit key rows transposed and contiguous, padded with zero columns to a multiple of GROUP
+    when the two-stage top-k applies: [n d] -> [d n_pad] (q @ this is ~2x faster than q @ k.T)."""
+    n, d = keys.shape
+    n_pad = math.ceil(n / GROUP) * GROUP if n >= 4 * GROUP else n
+    dtype = torch.float64 if keys.dtype == torch.float64 else torch.float32
+    keys_t = torch.zeros(d, n_pad, dtype=dtype, device=keys.device)
+    for start in range(0, n, SLICE):  # normalised a slice at a time: no second full-size copy
+        stop = min(start + SLICE, n)
+        keys_t[:, start:stop] = unit_rows(keys[start:stop]).T
+    return keys_t
+
+
+def top_k_columns(sims: torch.Tensor, k: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top k of each row over the first n columns: [rows n_pad] -> values, ids [rows k].
+
+    Padded columns must hold -inf. With GROUP-wide column groups it is exact and ~3x faster than
+    one topk over the row: the k largest values all lie in the k groups with the largest maxima.
+    """
+    rows, n_pad = sims.shape
+    if n_pad % GROUP or n_pad // GROUP <= k:
+        return sims[:, :n].topk(k, dim=1)
+    grouped = sims.view(rows, n_pad // GROUP, GROUP)  # [rows groups GROUP]
+    best_groups = grouped.amax(-1).topk(k, dim=1).indices  # [rows k]
+    cand = grouped.gather(1, best_groups.unsqueeze(-1).expand(rows, k, GROUP))  # [rows k GROUP]
+    values, idx = cand.reshape(rows, k * GROUP).topk(k, dim=1)
+    ids = best_groups.gather(1, idx // GROUP) * GROUP + idx % GROUP
+    return values, ids
+
+
+def search(queries: torch.Tensor, keys_t: torch.Tensor, n: int, k: int,
+           exclude: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cosine top-k of unit query rows [q d] against prepared keys [d n_pad]; `exclude[i]` lists
+    the key ids row i may not return. Returns cosines, ids [q k]."""
+    sims = queries.to(keys_t.dtype) @ keys_t  # [q n_pad]
+    sims[:, n:] = -math.inf
+    rows = [i for i, ids in enumerate(exclude) for _ in ids]
+    cols = [j for ids in exclude for j in ids]
+    if rows:
+        sims[rows, cols] = -math.inf
+    return top_k_columns(sims, k, n)
+
+
+def all_neighbours(queries: torch.Tensor, keys: torch.Tensor | None = None, k: int = 10, *,
+                   exclude_self: bool = True, chunk_size: int | None = None,
+                   progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every query row's top-k keys by cosine, in chunks: [n d], [m d] -> cosines, ids [n k].
+
+    `keys=None` searches the query table itself. `exclude_self` drops key id i from row i.
+    `chunk_size` rows at a time (default: as many as fit in CHUNK_BYTES of similarities).
+    """
+    keys = queries if keys is None else keys
+    check_table(queries, "query")
+    check_table(keys, "key")
+    if queries.shape[1] != keys.shape[1]:
+        raise ProbeInputError(f"query rows have width {queries.shape[1]} but key rows {keys.shape[1]}")
+    n_keys = keys.shape[0]
+    check_k(k, n_keys - (1 if exclude_self else 0))
+    keys_t = prepare_keys(keys)  # [d n_pad]
+    chunk = chunk_size or max(1, CHUNK_BYTES // (4 * keys_t.shape[1]))
+    starts = range(0, queries.shape[0], chunk)
+    if progress:
+        from tqdm.auto import tqdm
+        starts = tqdm(starts, desc="neighbours", unit="chunk", file=sys.stderr)
+    values, ids = [], []
+    for start in starts:
+        q = unit_rows(queries[start:start + chunk])  # [chunk d]
+        own = range(start, start + q.shape[0])
+        exclude = [[i] if exclude_self and i < n_keys else [] for i in own]
+        v, i = search(q, keys_t, n_keys, k, exclude)
+        check_finite(v, queries, keys)
+        values.append(v)
+        ids.append(i)
+    return torch.cat(values), torch.cat(ids)
+
+
+def check_k(k: int, available: int) -> None:
+    if not isinstance(k, int) or not 1 <= k <= available:
+        raise ProbeInputError(f"k must be between 1 and {available} (the other tokens), got {k!r}")
+
+
+def analogy_vector(table: torch.Tensor, a: int, b: int, c: int) -> torch.Tensor:
+    """unit(a) - unit(b) + unit(c) from a [n d] table: [d] (rows normalised first, as word2vec)."""
+    unit = unit_rows(table[[a, b, c]])  # [3 d]
+    return unit[0] - unit[1] + unit[2]
+
+
+# ---------------------------------------------------------------- model tables and tokens
+
+def input_table(model: Any) -> torch.Tensor:
+    """The input embedding [d_vocab d]: ours (`embedding.weight`) or a TransformerLens `W_E`."""
+    embedding = getattr(model, "embedding", None)
+    if isinstance(embedding, torch.nn.Embedding):
+        return embedding.weight.detach()
+    if getattr(model, "W_E", None) is not None:
+        return model.W_E.detach()
+    raise ProbeInputError(f"{type(model).__name__} has no input embedding table")
+
+
+def output_table(model: Any) -> torch.Tensor:
+    """The unembedding as one row per token: W_U.T [d_vocab d_model]."""
+    if getattr(getattr(model, "cfg", None), "family", None) == "mlp":
+        raise ProbeInputError("an MLP-family model has no output embedding table (its MLP maps the "
+                              "concatenated context straight to the vocabulary): use --table input")
+    try:
+        W_U = model.W_U  # [d_model d_vocab]
+    except (AttributeError, ValueError) as err:
+        raise ProbeInputError(f"{type(model).__name__} has no unembedding matrix ({err}): "
+                              f"use --table input") from None
+    return W_U.detach().T
+
+
+def tables_for(model: Any, table: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(query table, key table) for input | output | cross."""
+    if table not in TABLES:
+        raise ProbeInputError(f"table must be one of {', '.join(TABLES)}, got {table!r}")
+    if table == "input":
+        t = input_table(model)
+        return t, t
+    if table == "output":
+        t = output_table(model)
+        return t, t
+    return input_table(model), output_table(model)
+
+
+def token_piece(tokenizer: Any, i: int) -> str | None:
+    """The vocabulary entry of id i through our tokenizers or a HuggingFace one; None without."""
+    if tokenizer is None:
+        return None
+    try:
+        if hasattr(tokenizer, "id_to_piece"):
+            return tokenizer.id_to_piece(i)
+        if hasattr(tokenizer, "convert_ids_to_tokens"):
+            return tokenizer.convert_ids_to_tokens(i)
+        return tokenizer.decode([i])
+    except (ValueError, IndexError, KeyError):
+        return None  # e.g. a padded vocabulary slot (50257..50303) the tokenizer never emits
+
+
+def resolve_token(token: int | str, tokenizer: Any, d_vocab: int) -> int:
+    """An id from an int id or a str piece (which needs a tokenizer); ProbeInputError otherwise."""
+    if isinstance(token, bool) or not isinstance(token, (int, str)):
+        raise ProbeInputError(f"a token is an int id or a str piece, got {token!r}")
+    if isinstance(token, int):
+        if not 0 <= token < d_vocab:
+            raise ProbeInputError(f"token id {token} is outside the vocabulary [0, {d_vocab})")
+        return token
+    if token == "":
+        raise ProbeInputError("the token piece is empty")
+    if tokenizer is None:
+        raise ProbeInputError(f"no tokenizer to look up the piece {token!r}: give an id (--id)")
+    if hasattr(tokenizer, "piece_to_id"):
+        i = tokenizer.piece_to_id(token)  # UnknownTokenError (a ValueError) names the piece
+    else:
+        vocab = tokenizer.get_vocab()
+        if token not in vocab:
+            raise ProbeInputError(f"piece {token!r} is not in the vocabulary")
+        i = vocab[token]
+    return resolve_token(int(i), None, d_vocab)
+
+
+# ---------------------------------------------------------------- runners
+
+@dataclass
+class NeighboursResult:
+    """The top-k neighbours of one query (a token or an analogy a - b + c)."""
+
+    table: str
+    query: dict[str, Any]  # {"id", "piece"} or {"analogy": [{id, piece} x 3]}
+    neighbours: list[dict[str, Any]]  # [{id, piece, cosine}], best first
+    self_cosine: float | None = None  # cross table: cosine of the token's own input and output
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"table": self.table, "query": self.query, "neighbours": self.neighbours}
+        if self.self_cosine is not None:
+            out["self_cosine"] = self.self_cosine
+        return to_jsonable(out)
+
+    def format(self) -> str:
+        q = self.query
+        what = (" - ".join(show(t) for t in q["analogy"][:2]) + " + " + show(q["analogy"][2])
+                if "analogy" in q else show(q))
+        lines = [f"nearest neighbours of {what} in the {TABLE_NAMES[self.table]} "
+                 f"(cosine; {'a, b, c' if 'analogy' in q else 'itself'} excluded)"]
+        if self.self_cosine is not None:
+            lines.append(f"its own input . output cosine: {self.self_cosine:.4f}")
+        lines += [f"{r:>4}  {show(n):<24} {n['cosine']:8.4f}" for r, n in enumerate(self.neighbours, 1)]
+        return "\n".join(lines)
+
+
+def show(entry: dict[str, Any]) -> str:
+    """`' the' (id 17)`, or `#17` without a tokenizer."""
+    return f"{entry['piece']!r} (id {entry['id']})" if entry.get("piece") is not None else f"#{entry['id']}"
+
+
+def entry(tokenizer: Any, i: int, cosine: float | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": int(i), "piece": token_piece(tokenizer, int(i))}
+    if cosine is not None:
+        out["cosine"] = float(cosine)
+    return out
+
+
+def run(model: Any, token: int | str | None = None, *, k: int = 10, table: str = "input",
+        tokenizer: Any = None, analogy: Sequence[int | str] | None = None) -> NeighboursResult:
+    """Top-k cosine neighbours of `token` (id or piece), or of `a - b + c` for analogy=(a, b, c)."""
+    queries, keys = tables_for(model, table)
+    check_table(queries, "query")
+    check_table(keys, "key")
+    if (token is None) == (analogy is None):
+        raise ProbeInputError("give either a token or an analogy (a, b, c)")
+    d_vocab = queries.shape[0]
+    if analogy is not None:
+        if len(analogy) != 3:
+            raise ProbeInputError(f"an analogy is three tokens a - b + c, got {len(analogy)}")
+        ids = [resolve_token(t, tokenizer, d_vocab) for t in analogy]
+        vector, exclude = analogy_vector(queries, *ids), sorted(set(ids))
+        query: dict[str, Any] = {"analogy": [entry(tokenizer, i) for i in ids]}
+    else:
+        tid = resolve_token(token, tokenizer, d_vocab)
+        vector, exclude, query = unit_rows(queries[tid]), [tid], entry(tokenizer, tid)
+    exclude = [i for i in exclude if i < keys.shape[0]]
+    check_k(k, keys.shape[0] - len(exclude))
+    values, ids = search(unit_rows(vector[None]), prepare_keys(keys), keys.shape[0], k, [exclude])
+    check_finite(values, queries, keys)
+    found = [entry(tokenizer, i, v) for v, i in zip(values[0].tolist(), ids[0].tolist())]
+    self_cos = None
+    if table == "cross" and analogy is None and query["id"] < keys.shape[0]:
+        self_cos = float(unit_rows(queries[query["id"]]) @ unit_rows(keys[query["id"]]))
+    return NeighboursResult(table, query, found, self_cos)
+
+
+@dataclass
+class AllNeighboursResult:
+    """Every token's top-k neighbours: ids and cosines [d_vocab k]."""
+
+    table: str
+    ids: torch.Tensor  # [n k]
+    cosines: torch.Tensor  # [n k]
+    tokenizer: Any = None
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [{**entry(self.tokenizer, q),
+                 "neighbours": [entry(self.tokenizer, i, c) for i, c in zip(ids, cos)]}
+                for q, (ids, cos) in enumerate(zip(self.ids.tolist(), self.cosines.tolist()))]
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_jsonable({"table": self.table, "k": int(self.ids.shape[1]), "tokens": self.rows()})
+
+    def format(self) -> str:
+        lines = [f"nearest neighbours of every token in the {TABLE_NAMES[self.table]} "
+                 f"(cosine, self excluded)"]
+        for row in self.rows():
+            lines.append(f"{show(row):<24} -> " + ", ".join(f"{show(n)} {n['cosine']:.3f}"
+                                                            for n in row["neighbours"]))
+        return "\n".join(lines)
+
+
+def run_all(model: Any, *, k: int = 10, table: str = "input", tokenizer: Any = None,
+            chunk_size: int | None = None, progress: bool = False) -> AllNeighboursResult:
+    """Every token's top-k neighbours in the chosen table (chunked; see `all_neighbours`)."""
+    queries, keys = tables_for(model, table)
+    values, ids = all_neighbours(queries, keys, k, chunk_size=chunk_size, progress=progress)
+    return AllNeighboursResult(table, ids.cpu(), values.cpu(), tokenizer)
+
+
+# ---------------------------------------------------------------- CLI
+
+def build_parser() -> argparse.ArgumentParser:
+    from models.checkpoint import add_ckpt_arguments
+    parser = argparse.ArgumentParser(prog="python -m probes.neighbours", description=__doc__.splitlines()[0])
+    add_ckpt_arguments(parser)
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--token", metavar="PIECE", help="the token as a vocabulary piece, e.g. ' the' or 'e'")
+    what.add_argument("--id", type=int, metavar="N", help="the token as an integer id")
+    what.add_argument("--analogy", nargs=3, metavar=("A", "B", "C"),
+                      help="neighbours of A - B + C (pieces); A, B, C are excluded")
+    what.add_argument("--analogy-ids", nargs=3, type=int, metavar=("A", "B", "C"),
+                      help="the same analogy given as integer ids")
+    what.add_argument("--all", action="store_true",
+                      help="every token's neighbours (chunked; a progress bar on stderr)")
+    parser.add_argument("-k", type=int, default=10, help="neighbours per token (default 10)")
+    parser.add_argument("--table", choices=TABLES, default="input",
+                        help="input embedding, output (unembedding), or cross: the input row searched "
+                             "among the unembedding columns (default input)")
+    parser.add_argument("--chunk-size", type=int,
+                        help="rows per chunk in --all (default: as many as fit in 128 MiB of similarities)")
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON to stdout")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+
+    def body() -> int:
+        from models.checkpoint import load_from_args
+        snap = load_from_args(args)
+        if args.chunk_size is not None and args.chunk_size < 1:
+            raise ProbeInputError(f"--chunk-size must be >= 1, got {args.chunk_size}")
+        if args.all:
+            result: Any = run_all(snap.model, k=args.k, table=args.table, tokenizer=snap.tokenizer,
+                                  chunk_size=args.chunk_size, progress=sys.stderr.isatty())
+        else:
+            token = args.token if args.token is not None else args.id
+            analogy = args.analogy or args.analogy_ids
+            result = run(snap.model, token, k=args.k, table=args.table, tokenizer=snap.tokenizer,
+                         analogy=analogy)
+        if args.json:
+            print_json(result.to_dict())
+        else:
+            print(result.format())
+        return 0
+
+    return run_cli(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
