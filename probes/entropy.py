@@ -28,8 +28,9 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from probes.common import (ProbeInputError, add_input_arguments, batches_of_windows, check_layer_head,
-                           print_json, require_attention, run_cli, to_jsonable, token_batches, windows)
+from probes.common import (ProbeInputError, add_input_arguments, as_batches, check_layer_head,
+                           model_device, print_json, progress_bar, require_attention, run_cli,
+                           to_jsonable, token_batches)
 
 log = logging.getLogger(__name__)
 
@@ -186,45 +187,6 @@ class PatternStats:
 
 
 # ---------------------------------------------------------------- the runner
-
-def as_batches(tokens: torch.Tensor | Iterable[torch.Tensor], n_ctx: int, d_vocab: int,
-               batch_size: int = 16) -> list[torch.Tensor]:
-    """[batch pos] tokens (or a list of such batches) as batches of windows of at most n_ctx."""
-    parts = [tokens] if isinstance(tokens, torch.Tensor) else list(tokens)
-    out: list[torch.Tensor] = []
-    for part in parts:
-        part = part.unsqueeze(0) if part.dim() == 1 else part
-        if part.dim() != 2 or part.dtype.is_floating_point or part.dtype == torch.bool:
-            raise ProbeInputError(f"tokens must be integer ids of shape [batch pos], got "
-                                  f"{part.dtype} {tuple(part.shape)}")
-        if part.numel() == 0:
-            raise ProbeInputError("no tokens: give at least one token per window")
-        low, high = int(part.min()), int(part.max())
-        if low < 0 or high >= d_vocab:
-            raise ProbeInputError(f"token id {low if low < 0 else high} is outside the vocabulary [0, {d_vocab})")
-        if part.shape[1] > n_ctx:
-            chunks = [w for row in part.tolist() for w in windows(row, n_ctx)]
-            out.extend(batches_of_windows(chunks, max(1, batch_size)))
-        else:
-            out.extend(torch.split(part.long(), max(1, batch_size)))
-    if not out:
-        raise ProbeInputError("no tokens: give at least one batch")
-    return out
-
-
-def model_device(model: Any) -> torch.device:
-    param = next(iter(model.parameters()), None)
-    return param.device if param is not None else torch.device("cpu")
-
-
-def progress_bar(batches: Sequence[torch.Tensor], progress: bool | None, desc: str) -> Iterable[torch.Tensor]:
-    """tqdm over batches on stderr; by default only for 2+ batches on a terminal."""
-    show = progress if progress is not None else (len(batches) > 1 and sys.stderr.isatty())
-    if not show:
-        return batches
-    from tqdm.auto import tqdm
-    return tqdm(batches, desc=desc, unit="batch", file=sys.stderr)
-
 
 def collect_stats(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *,
                   layers: Sequence[int] | None = None, batch_size: int = 16,

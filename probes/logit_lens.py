@@ -38,8 +38,9 @@ from typing import Any, Iterable
 
 import torch
 
-from probes.common import (ProbeInputError, add_input_arguments, batches_of_windows, hook_names,
-                           print_json, run_cli, to_jsonable, token_batches, windows)
+from probes.common import (ProbeInputError, add_input_arguments, as_batches, hook_names,
+                           model_device, print_json, progress_bar, run_cli, to_jsonable,
+                           token_batches)
 from probes.neighbours import token_piece
 
 log = logging.getLogger(__name__)
@@ -147,34 +148,6 @@ class LogitLens:
 
 # ---------------------------------------------------------------- the runner
 
-def model_device(model: Any) -> torch.device:
-    param = next(iter(model.parameters()), None)
-    return param.device if param is not None else torch.device("cpu")
-
-
-def as_batches(tokens: torch.Tensor | Iterable[torch.Tensor], n_ctx: int, d_vocab: int,
-               batch_size: int) -> list[torch.Tensor]:
-    """[batch pos] tokens (or a list of such batches) as batches of windows of at most n_ctx."""
-    parts = [tokens] if isinstance(tokens, torch.Tensor) else list(tokens)
-    out: list[torch.Tensor] = []
-    for part in parts:
-        part = part.unsqueeze(0) if part.dim() == 1 else part
-        if part.dim() != 2 or part.dtype.is_floating_point or part.dtype == torch.bool:
-            raise ProbeInputError(f"tokens must be integer ids [batch pos], got {part.dtype} "
-                                  f"{tuple(part.shape)}")
-        if part.numel() == 0:
-            raise ProbeInputError("no tokens: give at least one token")
-        low, high = int(part.min()), int(part.max())
-        if low < 0 or high >= d_vocab:
-            raise ProbeInputError(f"token id {low if low < 0 else high} is outside the vocabulary "
-                                  f"[0, {d_vocab})")
-        chunks = [w for row in part.long().tolist() for w in windows(row, n_ctx)]
-        out.extend(batches_of_windows(chunks, max(1, batch_size)))
-    if not out:
-        raise ProbeInputError("no tokens: give at least one batch")
-    return out
-
-
 def lens_batch(model: Any, lens: LogitLens, tokens: torch.Tensor,
                k: int) -> tuple[list[LayerStats], float]:
     """One forward with residual-keeping hooks, then each point decoded against the final
@@ -219,7 +192,7 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, k: int = 5
     per_batch, errors = [], []
     model.eval()
     try:
-        for batch in progress_bar(batches, progress):
+        for batch in progress_bar(batches, progress, "logit lens"):
             stats, err = lens_batch(model, lens, batch.to(device), k)
             per_batch.append((batch.cpu(), [_to_cpu(s) for s in stats]))
             errors.append(err)
@@ -236,14 +209,6 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, k: int = 5
 
 def _to_cpu(s: LayerStats) -> LayerStats:
     return LayerStats(*(t.cpu() for t in (s.kl, s.cross_entropy, s.rank, s.top_probs, s.top_ids)))
-
-
-def progress_bar(batches: list[torch.Tensor], progress: bool | None) -> Iterable[torch.Tensor]:
-    show = progress if progress is not None else (len(batches) > 1 and sys.stderr.isatty())
-    if not show:
-        return batches
-    from tqdm.auto import tqdm
-    return tqdm(batches, desc="logit lens", unit="batch", file=sys.stderr)
 
 
 # ---------------------------------------------------------------- the result
