@@ -15,7 +15,6 @@ Every sampled batch is a function of (seed, rank, step), so a resumed run contin
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -25,7 +24,6 @@ import threading
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -33,20 +31,28 @@ import torch
 
 from models import PRESETS, build_model
 from models.checkpoint import (latest_snapshot, list_snapshots, load_optimizer_state,
-                               load_snapshot, read_metrics, read_run_json, resolve_device,
-                               save_snapshot, snapshot_name, write_run_json)
-from models.data import (Corpus, block_len, check_length, evaluate, lm_loss, load_corpus,
+                               load_snapshot, resolve_device, save_snapshot, snapshot_name)
+from models.data import (Corpus, block_len, check_length, lm_loss, load_corpus,
                          predictions_per_block, sample_blocks)
-from models.gwu import format_gwu, gwu_table, snapshot_params
-from models.runs import METRICS_FILE, append_metrics, write_bytes_atomic
+from models.gwu import gwu_table, snapshot_params
+from models.runs import METRICS_FILE
+from models.train_log import (run_description, series_line, to_json_line, trim_metrics,
+                              write_record, write_run_json_for)
 from models.train_setup import (DistInfo, build_optimizer, init_distributed, lr_at,
                                 model_config, resolve_train_config, train_config_flags)
-from probes.common import run_cli, to_jsonable
+from probes.common import run_cli
 
 log = logging.getLogger("models.train")
 
 EXIT_INTERRUPTED = 130
 RANK_DUMP_ENV = "SCRATCHSCOPE_RANK_STATE_DIR"  # tests: every rank saves its final weights here
+
+# the run records (run.json, metrics.jsonl, log line) live in models.train_log, re-exported here
+__all__ = ["EXIT_INTERRUPTED", "RANK_DUMP_ENV", "TrainState", "backward_micro_batches", "batch_seed",
+           "build_parser", "dump_rank_state", "is_due", "main", "prepare_run_dir", "recipe",
+           "restore", "run_description", "run_steps", "save", "series_line", "setup",
+           "to_json_line", "train", "train_step", "trim_metrics", "wrap_model", "write_record",
+           "write_run_json_for"]
 
 
 # --------------------------------------------------------------------------- state
@@ -146,30 +152,6 @@ def prepare_run_dir(out: Path, resume: bool) -> Path | None:
     return None
 
 
-def trim_metrics(run_dir: Path, step: int) -> None:
-    """On resume, drop records logged after the snapshot we continue from (they will be redone)."""
-    records = read_metrics(run_dir)
-    kept = [r for r in records if r.get("step", 0) <= step]
-    if len(kept) != len(records):
-        log.info("resume: dropping %d metrics record(s) after step %d", len(records) - len(kept), step)
-        text = "".join(to_json_line(r) for r in kept)
-        write_bytes_atomic(run_dir / METRICS_FILE, text.encode("utf-8"))
-
-
-def to_json_line(record: dict[str, Any]) -> str:
-    return json.dumps(to_jsonable(record)) + "\n"
-
-
-def run_description(args: argparse.Namespace, cfg: Any, tc: dict[str, Any], corpus: Corpus,
-                    device: torch.device, dist: DistInfo, preset: str | None) -> dict[str, Any]:
-    return {"preset": preset, "model": cfg.to_dict(), "overrides": args.set, "train": tc,
-            "data": corpus.describe(),
-            "tokenizer": {"kind": corpus.tokenizer.kind, "vocab_size": corpus.tokenizer.vocab_size},
-            "torch": torch.__version__, "device": str(device), "world_size": dist.world_size,
-            "compile": args.compile, "argv": sys.argv[1:] if args.argv is None else args.argv,
-            "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-
-
 def recipe(args: argparse.Namespace, snap: Any) -> tuple[str, dict[str, Any]]:
     """The preset name and resolved hyperparameters (a resumed run keeps its own preset)."""
     saved = (snap.meta.get("train_config") or {}) if snap else {}
@@ -225,18 +207,6 @@ def setup(args: argparse.Namespace, dist: DistInfo) -> TrainState:
     return TrainState(args=args, tc=tc, cfg=cfg, corpus=corpus, device=device, dist=dist,
                       raw_model=model, model=model, optimizer=optimizer, step=step, tokens=tokens,
                       resumed_from=resume_from)
-
-
-def write_run_json_for(state: TrainState) -> None:
-    desc = run_description(state.args, state.cfg, state.tc, state.corpus, state.device, state.dist,
-                           state.tc["preset"])
-    old = read_run_json(state.args.out) if state.resumed_from else None
-    if old:
-        if old.get("data", {}).get("sha256") != desc["data"]["sha256"]:
-            log.warning("resume: %s differs from the data the run started on", state.args.data)
-        old.setdefault("resumes", []).append({"from_step": state.step, **desc})
-        desc = old
-    write_run_json(state.args.out, to_jsonable(desc))
 
 
 def wrap_model(state: TrainState) -> None:
@@ -298,33 +268,6 @@ def train_step(state: TrainState, measure: bool) -> tuple[torch.Tensor, dict | N
 
 # --------------------------------------------------------------------------- records
 
-
-def series_line(record: dict[str, Any], steps: int) -> dict[str, Any]:
-    """The human log line in the series' style (rounded, entropy keyed by int layer)."""
-    tokens = record["tokens"]
-    seen = f"{tokens / 1e6:.1f}M" if tokens >= 1e5 else f"{tokens / 1e3:.1f}K"
-    line: dict[str, Any] = {"step": f"{record['step']}/{steps}", "tokens_seen": seen,
-                            "lr": float(f"{record['lr']:.3g}")}
-    if "attn_entropy" in record:
-        line["attn_entropy"] = {int(k): [round(h, 3) for h in v]
-                                for k, v in record["attn_entropy"].items()}
-    if isinstance(record.get("train_loss"), float):
-        record = {**record, "train_ppl": math.exp(min(record["train_loss"], 709))}
-    for key in ("step_time_ms", "train_loss", "train_ppl", "val_loss", "val_ppl", "bpc"):
-        if isinstance(record.get(key), float):
-            line[key] = round(record[key], 3)
-    return line
-
-
-def write_record(state: TrainState, record: dict[str, Any], do_eval: bool) -> None:
-    """Rank 0: add eval numbers, append to metrics.jsonl, log the human line (+ g/w/u table)."""
-    if do_eval and state.val_blocks is not None:
-        record.update(evaluate(state.raw_model, state.val_blocks, state.tc["batch_size"],
-                               state.corpus.chars_per_token, state.autocast))
-    append_metrics(state.args.out, to_jsonable(record))
-    log.info("%s", series_line(record, state.tc["steps"]))
-    if do_eval and record.get("gwu"):
-        log.info("gradient info:\n%s", format_gwu(record["gwu"]))
 
 
 def save(state: TrainState) -> None:

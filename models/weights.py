@@ -1,0 +1,116 @@
+"""What every checkpoint loader shares: the :class:`Snapshot` it returns and guarded loading.
+
+``torch_load`` only ever unpickles with ``weights_only=True`` and turns any failure into one
+:class:`~models.runs.CheckpointError` line; ``load_weights`` does a strict ``load_state_dict``
+that names the first offending tensor; ``parse_config`` validates a model config. Used by
+:mod:`models.checkpoint` (snapshots) and :mod:`models.series_ckpt` (series ``.pt`` files).
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from models import config_from_dict
+from models.config import ModelConfig
+from models.runs import CheckpointError, snapshot_step
+from models.tokenizers import Tokenizer
+
+__all__ = ["Snapshot", "load_weights", "parse_config", "torch_load"]
+
+
+@dataclass(frozen=True, eq=False)
+class Snapshot:
+    """A loaded model (eval mode) with its tokenizer (None for a bare .pt), config and metadata."""
+
+    model: torch.nn.Module
+    tokenizer: Tokenizer | None
+    config: ModelConfig
+    meta: dict[str, Any]  # the parsed config.json (synthesised for a .pt)
+    path: Path
+
+    @property
+    def name(self) -> str:
+        """``run/step_000500`` for a snapshot of a run, otherwise the directory or file name."""
+        if snapshot_step(self.path) is not None and self.path.parent.name:
+            return f"{self.path.parent.name}/{self.path.name}"
+        return self.path.name
+
+    @property
+    def step(self) -> int | None:
+        return self.meta.get("step")
+
+    @property
+    def tokens_seen(self) -> int | None:
+        return self.meta.get("tokens_seen")
+
+    def nonfinite_params(self) -> list[str]:
+        """Names of parameters/buffers holding NaN or inf (a diverged run loads; probes report it)."""
+        return [name for name, t in self.model.state_dict().items()
+                if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+
+
+def parse_config(data: Any, source: Path) -> ModelConfig:
+    """``config_from_dict``; an invalid config becomes a CheckpointError naming ``source``."""
+    try:
+        return config_from_dict(data)
+    except (ValueError, TypeError) as exc:
+        raise CheckpointError(f"{source}: invalid model config: {exc}") from None
+
+
+def load_weights(model: torch.nn.Module, state: dict[str, Any], source: Path, *,
+                 exact_names: bool) -> None:
+    """strict=True load; a mismatch names the first offending tensor (and both shapes)."""
+    expected = model.state_dict()
+    for name, tensor in state.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise CheckpointError(f"{source}: entry {name!r} is a {type(tensor).__name__}, not a tensor")
+    for name, want in expected.items():  # in the model's state_dict order
+        if name in state and state[name].shape != want.shape:
+            raise CheckpointError(f"{source}: tensor {name!r} has shape {list(state[name].shape)} "
+                                  f"but the config expects {list(want.shape)}")
+    if exact_names:
+        missing = [k for k in expected if k not in state]
+        unexpected = [k for k in state if k not in expected]
+        if missing:
+            name = missing[0]
+            raise CheckpointError(f"{source}: tensor {name!r} (shape {list(expected[name].shape)}) is "
+                                  f"missing; the config expects {len(expected)} tensors, the file "
+                                  f"has {len(state)}")
+        if unexpected:
+            name = unexpected[0]
+            raise CheckpointError(f"{source}: unexpected tensor {name!r} (shape "
+                                  f"{list(state[name].shape)}) that the config has no place for")
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        detail = lines[1] if len(lines) > 1 else (lines[0] if lines else type(exc).__name__)
+        raise CheckpointError(f"{source}: state dict does not match the config: "
+                              f"{detail[:400]}") from None
+
+
+def torch_load(path: Path, device: str | torch.device = "cpu") -> Any:
+    """``torch.load(weights_only=True)``; any failure becomes one CheckpointError line."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - untrusted file: every failure becomes one message
+        why = (" (only tensors and plain containers are accepted; pickled objects are refused)"
+               if isinstance(exc, pickle.UnpicklingError) else "")
+        raise CheckpointError(f"{path}: cannot load with torch.load(weights_only=True): "
+                              f"{_torch_error_summary(exc)}{why}") from None
+
+
+def _torch_error_summary(exc: BaseException) -> str:
+    """The informative sentence of torch.load's long, multi-line error."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1]
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
+    return line.split(". ")[0].rstrip(".")[:300]
+
