@@ -16,12 +16,14 @@ TINY_SHAKESPEARE = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 @pytest.fixture(scope="session", autouse=True)
 def _torch_threads() -> None:
-    """Use 2 threads, like the CI machine, so local runs behave like CI."""
+    """One intra-op thread: the test models are tiny, so threads only add overhead, and on a
+    shared 2-core machine OpenMP spin-waits made each op take milliseconds. (Benchmarks, not
+    tests, measure threaded speed.)"""
     try:
         import torch
     except ImportError:  # torch-free tests (e.g. packaging) still run
         return
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

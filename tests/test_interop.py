@@ -28,16 +28,6 @@ BRIDGE_CFG = {"n_layers": 2, "d_model": 32, "n_heads": 4, "d_head": 8, "d_mlp": 
 BATCH, POS = 2, 12
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """These tensors are tiny: intra-op threading only adds overhead (and, on a shared 2-core
-    machine, OpenMP spin-waits that make each op take milliseconds). Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def probe_hooks(n_layers: int) -> list[str]:
     """The hook names the probes read."""
     names = ["hook_embed", "ln_final.hook_scale", "ln_final.hook_normalized"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 
 import pytest
 import torch
@@ -32,16 +31,6 @@ SMALL_MLP = [n for n in SMALL if isinstance(get_preset(n), MLPConfig)]
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MODEL_PROPERTY = settings(max_examples=15, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow])
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """These tensors are tiny: intra-op threading only adds overhead (and, on a shared 2-core
-    machine, OpenMP spin-waits that make each op take milliseconds). Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def build(cfg_or_name, seed: int = 0, **overrides):

@@ -23,16 +23,6 @@ from models.transformer import series_key
 VOCAB, N, D, H, D_K, MLP_DH, MLP_DEPTH = 50, 8, 32, 4, 8, 64, 2
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """These tensors are tiny: intra-op threading only adds overhead (and, on a shared 2-core
-    machine, OpenMP spin-waits that make each op take milliseconds). Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 class Tokenizer:
     """Stand-in for the series' tokenizer: the models only read `.vocab_size`."""
 

@@ -40,16 +40,6 @@ def tiny_text(n_chars: int = 4000, seed: int = 0) -> str:
     return "".join(lines)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """These models are tiny (d_model 32): one intra-op thread is faster, and much faster when
-    other processes share the two CI cores (threads then wait on each other at every op)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def text_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("data") / "tiny.txt"
