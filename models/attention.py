@@ -59,7 +59,7 @@ class Attention(nn.Module):
             [AttentionHead(cfg.d_model, cfg.d_head, cfg.attn_bias) for _ in range(cfg.n_heads)])
         if cfg.attn_out_proj:
             self.W_O = nn.Parameter(torch.empty(cfg.d_attn, cfg.d_model))
-            if cfg.attn_bias:
+            if cfg.has_out_bias:
                 self.b_O = nn.Parameter(torch.zeros(cfg.d_model))
         self.register_buffer("causal_mask", torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool)
                              .triu(diagonal=1), persistent=False)  # [q_pos k_pos], True = hidden
@@ -122,7 +122,7 @@ class Attention(nn.Module):
             out = z.reshape(batch, pos, self.cfg.d_attn) @ self.W_O
         else:
             return z.reshape(batch, pos, self.cfg.d_attn)  # the series' single head: no W_O
-        if self.cfg.attn_bias and self.cfg.attn_out_proj:
+        if self.cfg.has_out_bias:
             out = out + self.b_O
         return out  # [batch pos d_model]
 

@@ -17,7 +17,7 @@ NORM_PLACEMENTS = ("pre", "post")
 ACT_FNS = ("relu", "gelu", "tanh")
 POS_EMBEDS = ("learned", "none")
 UNEMBEDS = ("separate", "tied", "mlp")
-INITS = ("series_unscaled", "series", "gpt2")
+INITS = ("series_unscaled", "series", "gpt", "gpt2")
 
 
 def _check_positive(cfg: Any, *names: str) -> None:
@@ -84,10 +84,12 @@ class TransformerConfig(_ConfigBase):
     norm_eps: float = 1e-6
     final_norm: bool = False
     attn_out_proj: bool = True  # W_O; the series' single-head nets have none
-    attn_bias: bool = False
+    attn_bias: bool = False  # biases on Q, K, V and W_O
+    attn_out_bias: bool = False  # a bias on W_O alone (nanoGPT's attention projection)
     mlp_bias: bool = True
     pos_embed: str = "learned"
     unembed: str = "separate"
+    unembed_bias: bool = False  # logits = resid @ W_out + b_out, like an nn.Linear lm_head
     dropout: float = 0.0
     init: str = "series"
 
@@ -98,7 +100,8 @@ class TransformerConfig(_ConfigBase):
                               ("norm_placement", NORM_PLACEMENTS), ("pos_embed", POS_EMBEDS),
                               ("unembed", UNEMBEDS), ("init", INITS)):
             _check_choice(self, name, choices)
-        _check_bool(self, "residual", "final_norm", "attn_out_proj", "attn_bias", "mlp_bias")
+        _check_bool(self, "residual", "final_norm", "attn_out_proj", "attn_bias", "attn_out_bias",
+                    "mlp_bias", "unembed_bias")
         _check_fraction(self, "dropout")
         if not isinstance(self.norm_eps, (int, float)) or not self.norm_eps > 0:
             raise ValueError(f"TransformerConfig.norm_eps must be > 0, got {self.norm_eps!r}")
@@ -112,10 +115,20 @@ class TransformerConfig(_ConfigBase):
             raise ValueError("TransformerConfig.unembed='mlp' (the MLP maps to the vocabulary) needs "
                              f"residual=False and n_layers=1, got residual={self.residual}, "
                              f"n_layers={self.n_layers}")
+        if self.unembed == "mlp" and self.unembed_bias:
+            raise ValueError("TransformerConfig.unembed_bias=True needs an unembedding matrix, "
+                             "got unembed='mlp' (the MLP's own bias plays that role)")
+        if self.attn_out_bias and not self.attn_out_proj:
+            raise ValueError("TransformerConfig.attn_out_bias=True needs attn_out_proj=True")
         if self.unembed == "mlp" and (self.final_norm or
                                       (self.norm != "none" and self.norm_placement == "post")):
             raise ValueError("TransformerConfig.unembed='mlp' leaves d_vocab-wide activations, which a "
                              "final norm or a post-placed norm (d_model wide) cannot take")
+
+    @property
+    def has_out_bias(self) -> bool:
+        """Whether W_O carries a bias b_O."""
+        return self.attn_out_proj and (self.attn_bias or self.attn_out_bias)
 
     @property
     def d_attn(self) -> int:

@@ -72,6 +72,8 @@ class Transformer(HookedRootModule):
             self.ln_final = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         if cfg.unembed == "separate":
             self.W_out = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
+        if cfg.unembed_bias:
+            self.b_out = nn.Parameter(torch.zeros(cfg.d_vocab))
         self.hook_embed = HookPoint()  # [batch pos d_model]
         self.hook_pos_embed = HookPoint()  # [batch pos d_model]
         init_weights(self)
@@ -91,6 +93,11 @@ class Transformer(HookedRootModule):
         if self.cfg.unembed == "tied":
             return self.embedding.weight.T
         raise ValueError("this model has no unembedding matrix: its last MLP maps to the vocabulary")
+
+    @property
+    def b_U(self) -> torch.Tensor | None:
+        """Unembedding bias [d_vocab], or None (the series and GPT-2 have none)."""
+        return self.b_out if self.cfg.unembed_bias else None
 
     def set_attn_impl(self, impl: str) -> None:
         """'auto' (fused unless scores/pattern are hooked), 'explicit' or 'fused'."""
@@ -114,7 +121,8 @@ class Transformer(HookedRootModule):
             x = self.ln_final(x)
         if self.cfg.unembed == "mlp":
             return x  # the last MLP already produced [batch pos d_vocab]
-        return x @ self.W_U
+        logits = x @ self.W_U
+        return logits + self.b_out if self.cfg.unembed_bias else logits
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         tokens = check_tokens(tokens, self.cfg.d_vocab, self.cfg.n_ctx)  # [batch pos]
@@ -125,18 +133,19 @@ class Transformer(HookedRootModule):
 
 
 def init_weights(model: Transformer) -> None:
-    """Series init (N(0,1) embeddings, W_Q/K/V / sqrt(d)) or GPT-2 init (0.02, scaled residual)."""
+    """Series init (N(0,1) embeddings, W_Q/K/V / sqrt(d)), GPT init (all 0.02, as nanoGPT's
+    Tiny Shakespeare model) or GPT-2 init (0.02, residual projections / sqrt(2 n_layers))."""
     cfg = model.cfg
-    gpt2 = cfg.init == "gpt2"
-    resid_std = 0.02 / math.sqrt(2 * cfg.n_layers)
+    gpt_like = cfg.init in ("gpt", "gpt2")
+    resid_std = 0.02 / math.sqrt(2 * cfg.n_layers) if cfg.init == "gpt2" else 0.02
     with torch.no_grad():
-        if gpt2:
+        if gpt_like:
             nn.init.normal_(model.embedding.weight, std=0.02)
         if cfg.pos_embed == "learned":
-            nn.init.normal_(model.W_pos, std=0.02 if gpt2 else 1.0)
+            nn.init.normal_(model.W_pos, std=0.02 if gpt_like else 1.0)
         if cfg.unembed == "separate":
-            nn.init.normal_(model.W_out, std=0.02 if gpt2 else 1 / math.sqrt(cfg.d_model))
-        qkv_std = {"gpt2": 0.02, "series": 1 / math.sqrt(cfg.d_model), "series_unscaled": 1.0}[cfg.init]
+            nn.init.normal_(model.W_out, std=0.02 if gpt_like else 1 / math.sqrt(cfg.d_model))
+        qkv_std = {"series": 1 / math.sqrt(cfg.d_model), "series_unscaled": 1.0}.get(cfg.init, 0.02)
         for block in model.blocks:
             for head in block.attention.heads:
                 for W in (head.W_Q, head.W_K, head.W_V):
@@ -144,8 +153,8 @@ def init_weights(model: Transformer) -> None:
             if cfg.attn_out_proj:
                 # the series: randn(d*h, d)/sqrt(d) for full-rank heads, /sqrt(d_k*h) for d_k = d/h
                 fan_in = cfg.d_model if cfg.d_head == cfg.d_model else cfg.d_attn
-                nn.init.normal_(block.attention.W_O, std=resid_std if gpt2 else 1 / math.sqrt(fan_in))
-            if gpt2:
+                nn.init.normal_(block.attention.W_O, std=resid_std if gpt_like else 1 / math.sqrt(fan_in))
+            if gpt_like:
                 for i, layer in enumerate(block.mlp.net):
                     if isinstance(layer, nn.Linear):
                         last = i == len(block.mlp.net) - 1

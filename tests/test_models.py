@@ -101,7 +101,7 @@ def expected_params(cfg) -> int:
     norm = {"none": 0, "rms": d, "layer": 2 * d}[cfg.norm]
     attn = 3 * h * d * dh + (3 * h * dh if cfg.attn_bias else 0)
     if cfg.attn_out_proj:
-        attn += h * dh * d + (d if cfg.attn_bias else 0)
+        attn += h * dh * d + (d if cfg.attn_bias or cfg.attn_out_bias else 0)
     d_out = V if cfg.unembed == "mlp" else d
     mlp = d * dm + (depth - 1) * dm * dm + dm * d_out
     if cfg.mlp_bias:
@@ -109,6 +109,7 @@ def expected_params(cfg) -> int:
     total = V * d + L * (attn + mlp + 2 * norm)
     total += n * d if cfg.pos_embed == "learned" else 0
     total += d * V if cfg.unembed == "separate" else 0
+    total += V if cfg.unembed_bias else 0
     total += norm if cfg.final_norm else 0
     return total
 
@@ -132,9 +133,9 @@ def test_small_preset_param_count(name):
     ("transformer4_rms", 23_096_320, "23.1M"),
     # series attention post: "Our model has 6.5M params"
     ("attn1_residual", 6_500_608, "6.5M"),
-    # blog feed: "A 1.83M-parameter decoder-only transformer". The blog's own model has 833
-    # more (bias on the attention out-projection, 4*192, and on lm_head, 65); same at 3 digits.
-    ("tiny_shakespeare_gpt", 1_826_304, "1.83M"),
+    # blog feed: "A 1.83M-parameter decoder-only transformer", with biases on the attention
+    # out-projection (4 * 192) and on lm_head (65) as in nanoGPT's Tiny Shakespeare model
+    ("tiny_shakespeare_gpt", 1_827_137, "1.83M"),
     # GPT-2 124M with the vocabulary padded to 50304: 124,439,808 (vocab 50257) + 47 * 768
     ("gpt2_124m", 124_439_808 + 47 * 768, "124M"),
 ])
@@ -857,3 +858,24 @@ def test_mlp_lm_hooks_and_dims():
     # the MLP family has no layers of attention: no n_layers / n_heads (probes treat that as 0)
     assert not hasattr(cfg, "n_layers") and not hasattr(cfg, "n_heads")
     assert model.cfg.n_ctx == cfg.n_ctx and model.cfg.d_vocab == cfg.d_vocab
+
+
+def test_unembed_and_out_biases_are_added_where_configured():
+    """tiny_shakespeare_gpt carries nanoGPT's lm_head bias and attention-projection bias."""
+    cfg = get_preset("tiny_shakespeare_gpt_small")
+    assert cfg.unembed_bias and cfg.attn_out_bias and not cfg.attn_bias
+    model = build(cfg).eval()
+    with torch.no_grad():
+        model.b_out.copy_(torch.arange(cfg.d_vocab, dtype=torch.float32))
+        model.blocks[0].attention.b_O.fill_(0.5)
+    tokens = torch.randint(0, cfg.d_vocab, (2, 8))
+    logits, cache = model.run_with_cache(tokens)
+    resid = cache["ln_final.hook_normalized"] * model.ln_final.gamma + model.ln_final.beta
+    assert torch.allclose(logits, resid @ model.W_U + model.b_out, atol=1e-5)
+    assert model.b_U is model.b_out
+    assert build(get_preset("gpt2_124m_small")).b_U is None
+    for bad in ({"unembed": "mlp", "residual": False, "n_layers": 1, "final_norm": False,
+                 "unembed_bias": True, "attn_out_bias": False},
+                {"attn_out_proj": False, "n_heads": 1, "d_head": 32}):
+        with pytest.raises(ValueError, match="unembed_bias|attn_out_bias"):
+            cfg.replace(**bad)
