@@ -879,3 +879,17 @@ def test_unembed_and_out_biases_are_added_where_configured():
                 {"attn_out_proj": False, "n_heads": 1, "d_head": 32}):
         with pytest.raises(ValueError, match="unembed_bias|attn_out_bias"):
             cfg.replace(**bad)
+
+
+@pytest.mark.parametrize("impl", ["explicit", "fused"])
+def test_nan_in_a_head_shows_on_both_attention_paths(impl):
+    """PyTorch's CPU SDPA returns zeros for NaN scores; the fused path must not hide divergence."""
+    model = build("transformer4_rms_small").eval()
+    with torch.no_grad():
+        model.blocks[0].attention.heads[2].W_K[0, 0] = float("nan")
+    model.set_attn_impl(impl)
+    tokens = torch.randint(0, model.cfg.d_vocab, (2, 8))
+    _, cache = model.run_with_cache(tokens, names_filter="blocks.0.attn.hook_z")
+    z = cache["blocks.0.attn.hook_z"]  # [batch pos head d_head]
+    assert not torch.isfinite(z[:, :, 2]).any()
+    assert torch.isfinite(z[:, :, [0, 1, 3]]).all()
