@@ -8,6 +8,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,6 +208,9 @@ def run_cli(body: Callable[[], int | None]) -> int:
     """Run a CLI body; bad input (any ValueError) becomes one line on stderr and exit code 2."""
     try:
         return body() or 0
+    except BrokenPipeError:  # `... | head` closed stdout: stop quietly, as Python's docs advise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (ValueError, FileNotFoundError) as err:
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"error: {message}", file=sys.stderr)
