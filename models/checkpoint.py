@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -31,8 +30,8 @@ from safetensors.torch import load_file, save_file
 from models import build_model
 from models.config import ModelConfig
 from models.runs import (CheckpointError, append_metrics, dumps_json, fsync_dir, fsync_file,
-                         is_run_dir, is_snapshot_dir, latest_snapshot, list_snapshots, read_metrics,
-                         read_run_json, snapshot_name, snapshot_step, write_bytes_atomic,
+                         is_run_dir, is_snapshot_dir, latest_snapshot, list_snapshots,
+                         read_json_object, read_metrics, read_run_json, snapshot_name, snapshot_step, write_bytes_atomic,
                          write_run_json)
 from models.series_ckpt import (SERIES_SUFFIXES, VOCAB_FILE, load_series_checkpoint,
                                 load_series_state_dict)
@@ -159,12 +158,7 @@ def _read_meta(directory: Path) -> dict[str, Any]:
     path = directory / CONFIG_FILE
     if not path.is_file():
         raise CheckpointError(f"{path}: missing; a snapshot directory needs {CONFIG_FILE}")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(meta, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(meta).__name__}")
+    meta = read_json_object(path)
     missing = [key for key in REQUIRED_KEYS if key not in meta]
     if missing:
         raise CheckpointError(f"{path}: missing key(s) {missing}")

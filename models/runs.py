@@ -147,8 +147,11 @@ def write_run_json(run_dir: str | Path, data: dict[str, Any]) -> Path:
 def read_run_json(run_dir: str | Path) -> dict[str, Any] | None:
     """The run's ``run.json`` as a dict, or None if there is none."""
     path = Path(run_dir) / RUN_FILE
-    if not path.is_file():
-        return None
+    return read_json_object(path) if path.is_file() else None
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file holding one object; anything else is a CheckpointError naming the file."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
