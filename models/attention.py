@@ -61,8 +61,6 @@ class Attention(nn.Module):
             self.W_O = nn.Parameter(torch.empty(cfg.d_attn, cfg.d_model))
             if cfg.has_out_bias:
                 self.b_O = nn.Parameter(torch.zeros(cfg.d_model))
-        self.register_buffer("causal_mask", torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool)
-                             .triu(diagonal=1), persistent=False)  # [q_pos k_pos], True = hidden
         self.hook_q = HookPoint()  # [batch pos head d_head]
         self.hook_k = HookPoint()  # [batch pos head d_head]
         self.hook_v = HookPoint()  # [batch pos head d_head]
@@ -102,7 +100,8 @@ class Attention(nn.Module):
         n = q.shape[1]
         # scale q, not the [b h q k] scores, and mask in place: one full-size tensor, not three
         scores = torch.einsum("bqhe,bkhe->bhqk", q / self.scale, k)
-        scores = self.hook_attn_scores(scores.masked_fill_(self.causal_mask[:n, :n], float("-inf")))
+        hidden = torch.ones(n, n, dtype=torch.bool, device=q.device).triu_(1)  # [q_pos k_pos]
+        scores = self.hook_attn_scores(scores.masked_fill_(hidden, float("-inf")))
         pattern = self.hook_pattern(scores.softmax(dim=-1))
         pattern = F.dropout(pattern, self.cfg.dropout, self.training)
         return torch.einsum("bhqk,bkhe->bqhe", pattern, v)
@@ -115,8 +114,9 @@ class Attention(nn.Module):
         # SDPA's CPU kernel turns NaN scores into zero output, hiding a diverged head that the
         # explicit path shows as NaN; x * 0 is NaN exactly when x is, so this re-poisons
         # the affected (batch, head) without a host sync.
-        nan_guard = (q.sum(dim=(2, 3)) + k.sum(dim=(2, 3))) * 0  # [batch head]
-        return (z + nan_guard[..., None, None]).transpose(1, 2)  # [batch pos head d_head]
+        # (summed in fp32: an fp16 sum of healthy activations can overflow to inf)
+        nan_guard = (q.float().sum(dim=(2, 3)) + k.float().sum(dim=(2, 3))) * 0  # [batch head]
+        return (z + nan_guard[..., None, None].to(z.dtype)).transpose(1, 2)  # [batch pos head d_head]
 
     def output(self, z: torch.Tensor) -> torch.Tensor:
         batch, pos = z.shape[:2]

@@ -171,7 +171,10 @@ class BPETokenizer(Tokenizer):
         return self._sp.id_to_piece(i)
 
     def piece_to_id(self, piece: str) -> int:
+        """Id of a piece; a space may be written as itself (" the") or as SentencePiece's "▁the"."""
         i = self._sp.piece_to_id(piece)
+        if i == self._unk_id and " " in piece:
+            i = self._sp.piece_to_id(piece.replace(" ", "\u2581"))
         if i == self._unk_id and piece != self._sp.id_to_piece(i):
             raise UnknownTokenError(f"piece {piece!r} is not in the vocabulary ({self.vocab_size} pieces)")
         return i

@@ -190,7 +190,11 @@ def load_snapshot(directory: str | Path, device: str | torch.device = "cpu") -> 
                               f"{CONFIG_FILE} records {str(meta['tensors_sha256'])[:16]}... "
                               "(the file was modified or corrupted)")
     tokenizer = _load_snapshot_tokenizer(directory, meta["tokenizer"], config)
-    model = build_model(config)
+    try:
+        model = build_model(config)
+    except (RuntimeError, MemoryError) as exc:  # e.g. an absurd n_ctx or d_vocab in config.json
+        raise CheckpointError(f"{directory / CONFIG_FILE}: cannot build the model it describes "
+                              f"({' '.join(str(exc).split())[:200]})") from None
     load_weights(model, state, weights, exact_names=True)
     return Snapshot(model.to(device).eval(), tokenizer, config, meta, directory)
 

@@ -99,6 +99,7 @@ def batches_of_windows(chunks: list[torch.Tensor], batch_size: int) -> Iterator[
 def as_batches(tokens: torch.Tensor | Iterable[torch.Tensor], n_ctx: int, d_vocab: int,
                batch_size: int = 16) -> list[torch.Tensor]:
     """[batch pos] tokens (or a list of such batches) as batches of windows of at most n_ctx."""
+    check_batch_size(batch_size)
     parts = [tokens] if isinstance(tokens, torch.Tensor) else list(tokens)
     out: list[torch.Tensor] = []
     for part in parts:
@@ -135,6 +136,11 @@ def progress_bar(batches: Sequence[torch.Tensor], progress: bool | None, desc: s
     return tqdm(batches, desc=desc, unit="batch", file=sys.stderr)
 
 
+def check_batch_size(batch_size: int) -> None:
+    if batch_size < 1:
+        raise ProbeInputError(f"batch size must be >= 1, got {batch_size}")
+
+
 def sample_windows(ids: Sequence[int], n_ctx: int, samples: int, seed: int = 0) -> torch.Tensor:
     """`samples` random windows of exactly n_ctx tokens from a long id sequence: [samples n_ctx]."""
     if samples < 1:
@@ -166,10 +172,13 @@ def read_text_file(path: Path) -> str:
         raise ProbeInputError(f"text file {path} does not exist") from None
     except UnicodeDecodeError as err:
         raise ProbeInputError(f"text file {path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except OSError as err:  # a directory, no permission, ...
+        raise ProbeInputError(f"cannot read text file {path}: {err.strerror}") from None
 
 
 def token_batches(args: argparse.Namespace, tokenizer: Any, n_ctx: int) -> tuple[list[torch.Tensor], str]:
     """The [batch pos] batches a CLI run should see, and a description of where they came from."""
+    check_batch_size(args.batch_size)
     if args.data is not None:
         ids = encode_text(tokenizer, read_text_file(args.data))
         sample = sample_windows(ids, n_ctx, args.samples, args.seed)
@@ -211,7 +220,7 @@ def run_cli(body: Callable[[], int | None]) -> int:
     except BrokenPipeError:  # `... | head` closed stdout: stop quietly, as Python's docs advise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"error: {message}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -212,6 +212,9 @@ def entropy_timeline(records: Iterable[dict[str, Any]], n_ctx: int, collapse: fl
     (> uniform * uniform) or non-finite, and stayed so to the last logged step."""
     if n_ctx < 2:
         raise ProbeInputError(f"the timeline needs a training context of 2+ tokens, got {n_ctx}")
+    if not 0.0 <= collapse < uniform <= 1.0:
+        raise ProbeInputError(f"timeline thresholds need 0 <= collapse < uniform <= 1, got "
+                              f"collapse={collapse}, uniform={uniform}")
     logged = sorted(((int(r.get("step", i)), g) for i, r in enumerate(records)
                      if (g := attn_entropy_grid(r)) is not None), key=lambda sg: sg[0])
     h_max = uniform_series_entropy(n_ctx)

@@ -123,11 +123,9 @@ class LogitLens:
             raise ProbeInputError(f"{type(model).__name__} has no residual stream to read (an MLP-family "
                                   f"model has no blocks): the logit lens needs a transformer")
         try:
-            self.W_U = model.W_U.detach()  # [d_model d_vocab]
+            model.W_U  # read again in decode, so a lens follows the model across devices
         except (AttributeError, ValueError) as err:
             raise ProbeInputError(f"cannot decode the residual stream: {err}") from None
-        b_U = getattr(model, "b_U", None)
-        self.b_U = None if b_U is None else b_U.detach()  # [d_vocab]
         self.final_norm = getattr(model, "ln_final", None)  # ours: present iff cfg.final_norm
         self.model = model
         self.points = lens_points(n_layers, include_mid)
@@ -142,8 +140,9 @@ class LogitLens:
     def decode(self, resid: torch.Tensor, layer_index: int) -> torch.Tensor:
         """Logits of a residual read at points[layer_index]: [... d_model] -> [... d_vocab]."""
         x = resid if self.final_norm is None else self.final_norm(resid)  # norm recomputed on x
-        logits = x @ self.W_U
-        return logits if self.b_U is None else logits + self.b_U
+        logits = x @ self.model.W_U  # [... d_vocab]
+        b_U = getattr(self.model, "b_U", None)
+        return logits if b_U is None else logits + b_U
 
 
 # ---------------------------------------------------------------- the runner

@@ -458,3 +458,15 @@ def test_garbage_and_truncated_pt_files(tmp_path, model):
         message = str(info.value)
         assert f"{name}: cannot load with torch.load(weights_only=True): " in message
         assert "\n" not in message and "\x1b" not in message
+
+
+def test_config_that_cannot_be_built_is_a_checkpoint_error(snap_dir, monkeypatch):
+    """config.json is not covered by the weights' hash: an absurd size must not be a traceback."""
+    import models.checkpoint as checkpoint
+
+    def too_big(config):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: not enough memory")
+
+    monkeypatch.setattr(checkpoint, "build_model", too_big)
+    with pytest.raises(CheckpointError, match=r"config\.json: cannot build the model it describes"):
+        load_snapshot(snap_dir)

@@ -264,3 +264,9 @@ def test_cli_bad_input_is_one_line_and_exit_2(run_dir, capsys, extra, message):
 def test_cli_snapshot_without_input_is_an_error(run_dir, capsys):
     assert degenerate.main(["--ckpt", str(run_dir / "step_000300")]) == 2
     assert "--text" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("collapse, uniform", [(5.0, 0.97), (0.5, 0.4), (-0.1, 0.9), (0.1, 1.5)])
+def test_timeline_thresholds_out_of_range_are_refused(collapse, uniform):
+    with pytest.raises(ProbeInputError, match="timeline thresholds"):
+        degenerate.entropy_timeline([], 8, collapse=collapse, uniform=uniform)

@@ -893,3 +893,11 @@ def test_nan_in_a_head_shows_on_both_attention_paths(impl):
     z = cache["blocks.0.attn.hook_z"]  # [batch pos head d_head]
     assert not torch.isfinite(z[:, :, 2]).any()
     assert torch.isfinite(z[:, :, [0, 1, 3]]).all()
+
+
+def test_fused_nan_guard_does_not_overflow_in_fp16():
+    """The guard sums q and k; in fp16 healthy activations could overflow to inf, and inf * 0 = NaN."""
+    attn = build("transformer4_rms_small").blocks[0].attention
+    q = torch.full((1, 128, 4, 8), 60.0, dtype=torch.half)  # [batch pos head d_head]: sum 61440, q + k > fp16 max
+    z = attn.fused(q, q.clone(), torch.ones_like(q))
+    assert torch.isfinite(z).all()

@@ -88,3 +88,10 @@ def test_run_cli_turns_value_errors_into_one_line_and_exit_2(capsys):
     err = capsys.readouterr().err
     assert err == "error: token id 99 is outside the vocabulary [0, 65)\n"
     assert common.run_cli(lambda: None) == 0
+
+
+def test_unreadable_text_file_and_bad_batch_size_are_input_errors(tmp_path):
+    with pytest.raises(common.ProbeInputError, match="cannot read text file"):
+        common.read_text_file(tmp_path)  # a directory
+    with pytest.raises(common.ProbeInputError, match="batch size must be >= 1, got 0"):
+        common.as_batches(torch.tensor([[1, 2]]), n_ctx=4, d_vocab=8, batch_size=0)

@@ -328,3 +328,9 @@ def test_unknown_kind() -> None:
         tokenizer_kind_files("wordpiece")
     with pytest.raises(TokenizerError, match="unknown tokenizer kind"):
         load_tokenizer(".", "wordpiece")
+
+
+def test_bpe_piece_with_a_space_is_found_as_sentencepiece_spells_it(bpe: BPETokenizer):
+    """`--token " the"` must work on BPE checkpoints, where the piece is stored as '▁the'."""
+    assert bpe.piece_to_id(" the") == bpe.piece_to_id("\u2581the")
+    assert bpe.decode([bpe.piece_to_id(" the")]) == " the"
