@@ -22,8 +22,9 @@ from typing import Any
 import torch
 
 from models import PRESETS, build_model, get_preset
-from models.checkpoint import CheckpointError, add_ckpt_arguments, load_from_args, save_snapshot
-from models.tokenizers import CharTokenizer, TokenizerError
+from models.checkpoint import add_ckpt_arguments, load_from_args, save_snapshot
+from models.tokenizers import CharTokenizer
+from probes.common import run_cli
 
 # Tiny Shakespeare's 65 characters first (so d_vocab=65 gives exactly its vocabulary), then the
 # rest of printable ASCII: 96 characters in all.
@@ -151,11 +152,10 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    try:
-        result = _run(args)
-    except (CheckpointError, TokenizerError, ValueError) as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
+    return run_cli(lambda: _print(args, _run(args)))
+
+
+def _print(args: argparse.Namespace, result: dict[str, Any] | list[dict[str, Any]]) -> int:
     if args.json:
         text = json.dumps(result, indent=2)
     elif isinstance(result, list):
@@ -163,10 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         text = "\n".join(f"{p['name']:<{width}}  {p['family']:<11}  {p['description']}" for p in result)
     else:
         text = format_text(result)
-    try:
-        print(text)
-    except BrokenPipeError:  # e.g. piped into `head`: not an error
-        sys.stdout = None  # type: ignore[assignment]
+    print(text)
     return 0
 
 

@@ -162,6 +162,8 @@ def add_input_arguments(parser: argparse.ArgumentParser, default_samples: int = 
                         help=f"windows sampled from --data (default {default_samples})")
     parser.add_argument("--seed", type=int, default=0, help="seed for sampling --data windows")
     parser.add_argument("--batch-size", type=int, default=16, help="windows per forward pass")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="show a progress bar over batches (default: on a terminal with 2+ batches)")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON to stdout")
 
 

@@ -307,8 +307,6 @@ def describe_model(model: Any) -> str:
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layer", type=int, help="report only this layer (0-based)")
     parser.add_argument("--head", type=int, help="report only this head (0-based)")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="show a progress bar over batches (default: on a terminal with 2+ batches)")
 
 
 def build_parser() -> argparse.ArgumentParser:

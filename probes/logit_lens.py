@@ -332,8 +332,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mid", action="store_true", help="also decode mid-block (after attention)")
     parser.add_argument("--columns", type=int, default=8,
                         help="positions per row block of the grid (default 8)")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="progress bar over batches (default: on a terminal with 2+ batches)")
     return parser
 
 
