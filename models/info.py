@@ -24,7 +24,7 @@ import torch
 from models import PRESETS, build_model, get_preset
 from models.checkpoint import add_ckpt_arguments, load_from_args, save_snapshot
 from models.tokenizers import CharTokenizer
-from probes.common import run_cli
+from models.cli import run_cli
 
 # Tiny Shakespeare's 65 characters first (so d_vocab=65 gives exactly its vocabulary), then the
 # rest of printable ASCII: 96 characters in all.

@@ -2,7 +2,7 @@
 
 `get_preset(name, **overrides)` returns a validated config; `PRESETS[name].train` holds the
 training hyperparameters the source used (optimizer, lr, batch size, context), for
-`models.train` and for the record. The `_small` twins keep every architectural switch and shrink
+`train` and for the record. The `_small` twins keep every architectural switch and shrink
 only widths, context and vocabulary so they build and run in milliseconds on a CPU.
 """
 

@@ -7,18 +7,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
+from models.cli import EXIT_BAD_INPUT, run_cli, to_jsonable  # noqa: F401  (re-exported for probes)
+
 log = logging.getLogger(__name__)
 
-EXIT_BAD_INPUT = 2
 
 
 class ProbeInputError(ValueError):
@@ -196,33 +195,5 @@ def token_batches(args: argparse.Namespace, tokenizer: Any, n_ctx: int) -> tuple
     return list(batches_of_windows(chunks, max(1, args.batch_size))), f"{source} in {len(chunks)} window(s)"
 
 
-def to_jsonable(value: Any) -> Any:
-    """Tensors -> nested lists, non-finite floats -> None (JSON has no NaN)."""
-    if isinstance(value, torch.Tensor):
-        return to_jsonable(value.tolist())
-    if isinstance(value, dict):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
 def print_json(data: Any) -> None:
     print(json.dumps(to_jsonable(data), indent=None))
-
-
-def run_cli(body: Callable[[], int | None]) -> int:
-    """Run a CLI body; bad input (any ValueError) becomes one line on stderr and exit code 2."""
-    try:
-        return body() or 0
-    except BrokenPipeError:  # `... | head` closed stdout: stop quietly, as Python's docs advise
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except (ValueError, OSError) as err:
-        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        print(f"error: {message}", file=sys.stderr)
-        return EXIT_BAD_INPUT

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,8 +40,8 @@ def test_distribution_metadata(pyproject: dict) -> None:
     assert project["requires-python"] == ">=3.10"
 
 
-def test_packages_models_and_probes(pyproject: dict) -> None:
-    assert sorted(pyproject["tool"]["setuptools"]["packages"]) == ["models", "probes"]
+def test_packages_models_probes_and_train(pyproject: dict) -> None:
+    assert sorted(pyproject["tool"]["setuptools"]["packages"]) == ["models", "probes", "train"]
 
 
 def test_torch_has_no_upper_cap(pyproject: dict) -> None:
@@ -89,3 +91,32 @@ def test_readme_quick_start_commands() -> None:
     assert 'pip install -e ".[dev]"' in setup
     assert main_job.startswith("python -m ")
     assert tests == "python -m pytest"
+
+
+# Imports run one way (DESIGN.md): train -> probes -> models. Each check runs in a fresh
+# interpreter, since this test process has long since imported everything.
+LAYER_CHECK = """
+import sys, importlib, pkgutil
+import {package}
+for info in pkgutil.iter_modules({package}.__path__):
+    if info.name not in ("__main__",):
+        importlib.import_module("{package}." + info.name)
+print(sorted({{m.split(".")[0] for m in sys.modules}} & {{"models", "probes", "train", "app"}}))
+"""
+
+
+@pytest.mark.parametrize("package, allowed", [
+    ("models", ["models"]),
+    ("probes", ["models", "probes"]),
+])
+def test_imports_run_one_way(package: str, allowed: list[str]) -> None:
+    out = subprocess.run([sys.executable, "-c", LAYER_CHECK.format(package=package)],
+                         capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert out.strip() == str(allowed), f"importing all of {package}/ pulled in {out.strip()}"
+
+
+def test_old_training_entry_point_says_where_training_went() -> None:
+    proc = subprocess.run([sys.executable, "-m", "models.train", "--preset", "x"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2
+    assert "python -m train" in proc.stderr

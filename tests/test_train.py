@@ -1,4 +1,4 @@
-"""`python -m models.train` end to end on a few KB of text written into tmp_path."""
+"""`python -m train` end to end on a few KB of text written into tmp_path."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from safetensors.torch import load_file
 from models.checkpoint import (list_snapshots, load_checkpoint, load_optimizer_state,
                                load_snapshot, read_metrics)
 from models import build_model, get_preset
-from models.train import RANK_DUMP_ENV, build_parser, main
-from models.train_setup import build_optimizer, lr_at, resolve_train_config
+from train.loop import RANK_DUMP_ENV, build_parser, main
+from train.config import build_optimizer, lr_at, resolve_train_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORDS = "the king queen lord my good sir shall not be what is this that thou art and".split()
@@ -278,7 +278,7 @@ def test_bad_input_is_one_line_and_exit_2(case, text_file, tmp_path, capsys):
 def test_too_short_text_from_a_real_process(tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("To be, or not", encoding="utf-8")  # 13 chars: 12 train + 1 val tokens
-    proc = subprocess.run([sys.executable, "-m", "models.train", "--preset", "transformer4_rms_small",
+    proc = subprocess.run([sys.executable, "-m", "train", "--preset", "transformer4_rms_small",
                            "--data", str(short), "--out", str(tmp_path / "run")],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
@@ -297,7 +297,7 @@ def test_ddp_two_ranks_on_cpu(text_file, tmp_path):
     env = {**os.environ, RANK_DUMP_ENV: str(dumps), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "models.train", "--preset", "transformer4_rms_small", "--data", str(text_file),
+         "-m", "train", "--preset", "transformer4_rms_small", "--data", str(text_file),
          "--out", str(out), "--steps", "4", "--log-every", "2", "--eval-every", "4",
          "--device", "cpu", "--optimizer", "adamw", "--lr", "3e-3", "--batch-size", "8"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)

@@ -1,4 +1,4 @@
-"""What a `models.train` run records besides snapshots: run.json, metrics.jsonl, the log line.
+"""What a `train` run records besides snapshots: run.json, metrics.jsonl, the log line.
 
 run.json describes what produced the run (a resumed run appends to its ``resumes`` list);
 metrics.jsonl gets one JSON record per logged step (on resume, records after the snapshot
@@ -18,17 +18,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from models.data import Corpus, evaluate
-from models.gwu import format_gwu
+from train.data import Corpus, evaluate
+from probes.updates import format_gwu
 from models.runs import (METRICS_FILE, append_metrics, read_metrics, read_run_json,
                          write_bytes_atomic, write_run_json)
-from models.train_setup import DistInfo
-from probes.common import to_jsonable
+from train.config import DistInfo
+from models.cli import to_jsonable
 
 if TYPE_CHECKING:
-    from models.train import TrainState
+    from train.loop import TrainState
 
-log = logging.getLogger("models.train")
+log = logging.getLogger("train")
 
 __all__ = ["run_description", "series_line", "to_json_line", "trim_metrics", "write_record",
            "write_run_json_for"]

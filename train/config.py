@@ -1,4 +1,4 @@
-"""What a `models.train` run is set up from: hyperparameters, optimizer, LR schedule, processes.
+"""What a `train` run is set up from: hyperparameters, optimizer, LR schedule, processes.
 
 A hyperparameter comes from, in order: its flag, the resumed run's saved train config, the preset's
 recorded recipe (`PRESETS[name].train`), the built-in default below. Weight decay applies only
@@ -22,7 +22,7 @@ import torch
 
 from models.presets import PRESETS
 
-log = logging.getLogger("models.train")
+log = logging.getLogger("train")
 
 
 # Built-in defaults, used when neither a flag, a resumed run nor the preset's recipe gives one.

@@ -1,4 +1,4 @@
-"""Training data and evaluation for `models.train`: one text file, encoded once, split in two.
+"""Training data and evaluation for `python -m train`: one text file, encoded once, split in two.
 
 The whole text is encoded once; the last `val_fraction` of the tokens is the validation split.
 Batches are random windows ("blocks") of `block_len(cfg)` tokens:
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from models.config import ModelConfig, TransformerConfig
+from models.loss import lm_loss
 from models.tokenizers import BPETokenizer, CharTokenizer, Tokenizer
 from probes.entropy import series_entropy
 
@@ -122,13 +122,6 @@ def sample_blocks(ids: torch.Tensor, batch_size: int, length: int,
     starts = torch.randint(0, ids.numel() - length + 1, (batch_size,), generator=generator)
     offsets = torch.arange(length)
     return ids[starts[:, None] + offsets[None, :]]
-
-
-def lm_loss(model: torch.nn.Module, block: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy (nats) of a [batch length] block, either family."""
-    logits = model(block[:, :-1])  # [batch P vocab]
-    targets = block[:, -logits.shape[1]:]  # [batch P]
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
 def attention_entropy_by_layer(model: Any, block: torch.Tensor) -> dict[str, list[float]]:

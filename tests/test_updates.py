@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from models import build_model, get_preset
-from models.gwu import (format_gwu, gwu_from_snapshots, gwu_table, rms, snapshot_params,
+from probes.updates import (format_gwu, gwu_from_snapshots, gwu_table, rms, snapshot_params,
                         strip_wrapper_prefix)
 
 # One row of the series' own training log (series-blog.txt, the SGD transformer run).
