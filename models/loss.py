@@ -15,4 +15,13 @@ def lm_loss(model: torch.nn.Module, block: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy (nats) over every predicted position of a [batch length] block."""
     logits = model(block[:, :-1])  # [batch P vocab]
     targets = block[:, -logits.shape[1]:]  # [batch P]
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()  # the softmax of autocast logits in fp32; a float64 model stays float64
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def lm_loss_terms(model: torch.nn.Module, block: torch.Tensor) -> int:
+    """How many predictions `lm_loss` averages over for a [batch length] block."""
+    cfg = model.cfg
+    predictions = block.shape[1] - 1 if cfg.family == "transformer" else block.shape[1] - cfg.n_ctx
+    return block.shape[0] * predictions

@@ -121,6 +121,24 @@ def as_batches(tokens: torch.Tensor | Iterable[torch.Tensor], n_ctx: int, d_voca
     return out
 
 
+def lm_windows(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], batch_size: int = 16,
+               targets: bool = True) -> list[torch.Tensor]:
+    """`tokens` cut into the windows a model reads, as [batch pos] batches.
+
+    With `targets`, a window is a training block (n_ctx + 1 tokens for a transformer, 2 * n_ctx
+    for the MLP family, whose n_ctx-token window slides); windows too short to predict anything
+    are left out. Without, n_ctx tokens (transformer) or up to 2 * n_ctx - 1 (MLP) per window.
+    """
+    cfg = model.cfg
+    transformer = getattr(cfg, "family", "transformer") == "transformer"
+    length = (cfg.n_ctx + 1 if transformer else 2 * cfg.n_ctx) - (0 if targets else 1)
+    shortest = (2 if transformer else cfg.n_ctx + 1) - (0 if targets else 1)
+    batches = [b for b in as_batches(tokens, length, cfg.d_vocab, batch_size) if b.shape[1] >= shortest]
+    if not batches:
+        raise ProbeInputError(f"too few tokens: a window of this model needs at least {shortest}")
+    return batches
+
+
 def model_device(model: Any) -> torch.device:
     param = next(iter(model.parameters()), None)
     return param.device if param is not None else torch.device("cpu")

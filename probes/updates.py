@@ -1,5 +1,11 @@
 """g / w / u per named parameter: gradient size, weight size and relative update size.
 
+    from probes import updates
+    updates.from_run("checkpoints/shakespeare_rms4", step=3000)   # what training logged
+    updates.from_run("checkpoints/shakespeare_rms4")              # every logged step (history)
+    updates.between("run/step_000100", "run/step_000101", tokens)   # from two snapshots
+    updates.run(model, tokens, optimizer="adam", lr=1e-3)         # one step taken on a copy
+
 The series' table (`W_pos  g=2.4e-04 w=9.9e-01 u=1.2e-05`) and makemore's update:data ratio:
 
     g = rms(grad)                          how big the gradient entries are
@@ -10,24 +16,38 @@ The series' table (`W_pos  g=2.4e-04 w=9.9e-01 u=1.2e-05`) and makemore's update
 
 `u` is measured from the actual step, so it is right for SGD with momentum, Adam and AdamW
 alike (Adam moves every entry by about lr whatever g is, so there u ~ lr / w, not lr * g / w).
-makemore's healthy band is log10(u) around -3.
+makemore's healthy band is log10(u) around -3. When w == 0 `u` is None; a parameter without a
+gradient has g = None. The pure functions below take tensors and modules: no hooks, no I/O.
 
-Undefined ratios: when w == 0 (e.g. a zero-initialised bias that did not move) `u` and
-`u_nominal` are None (JSON null, shown as `-` in the table); a parameter without a gradient
-has g = None and u_nominal = None. Everything here is a pure function of tensors/modules:
-no hooks, no optimizer, no I/O.
+    python -m probes.updates --ckpt checkpoints/shakespeare_rms4
+    python -m probes.updates --ckpt checkpoints/shakespeare_rms4 --history
 """
 
 from __future__ import annotations
 
+import argparse
+import copy
+import logging
 import math
-from typing import Any, Mapping
+import sys
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
 
+from models.loss import lm_loss, lm_loss_terms
+from probes.common import (ProbeInputError, add_input_arguments, lm_windows, model_device, print_json,
+                           run_cli, token_batches)
+from probes.update_report import GROUPS, TARGET_BAND, UpdateHistory, UpdateReport, parameter_group
+
+log = logging.getLogger(__name__)
+
+__all__ = ["GROUPS", "TARGET_BAND", "UpdateHistory", "UpdateReport", "between", "format_gwu",
+           "from_run", "gwu_from_snapshots", "gwu_table", "main", "parameter_group", "rms", "run",
+           "snapshot_params", "strip_wrapper_prefix"]
+
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DistributedDataParallel, torch.compile
-TARGET_BAND = (-4.0, -2.0)  # log10(u) outside this is flagged slow / fast (makemore: ~ -3)
 
 Table = dict[str, dict[str, float | None]]
 
@@ -111,28 +131,198 @@ def gwu_from_snapshots(state_a: Mapping[str, Any], state_b: Mapping[str, Any]) -
     return table
 
 
-def _sci(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1e}"
-
-
-def _log10(value: float | None) -> float | None:
-    return math.log10(value) if value is not None and value > 0 else None
-
-
 def format_gwu(table: Table, band: tuple[float, float] = TARGET_BAND, name_width: int = 36) -> str:
-    """The series' aligned table, one row per parameter, plus log10(u) and a band flag:
+    """The series' aligned table of a raw g/w/u table, one row per parameter (no group summary)."""
+    return "\n".join(UpdateReport.from_table(table, band=band).table_lines(name_width))
 
-        W_pos                               g=2.4e-04 w=9.9e-01 u=1.2e-05 log10(u)=-4.9 u_nom=1.2e-05 slow
 
-    `slow` / `fast` mark log10(u) below / above `band`. Rows from `gwu_from_snapshots` (no g)
-    show `g=-`.
+# --------------------------------------------------------------------------- sources
+
+
+def _gwu_records(run_dir: Path) -> list[dict[str, Any]]:
+    from models.checkpoint import is_run_dir, read_metrics
+
+    if not is_run_dir(run_dir):
+        raise ProbeInputError(f"{run_dir} is not a run directory (no step_NNNNNN snapshots)")
+    records = read_metrics(run_dir)
+    if not records:
+        raise ProbeInputError(f"{run_dir} has no metrics.jsonl records to read g/w/u from")
+    logged = [r for r in records if isinstance(r.get("gwu"), dict) and r["gwu"]]
+    if not logged:
+        raise ProbeInputError(f"{run_dir}: training logged no g/w/u (records at {len(records)} steps, "
+                              "none with a 'gwu' table)")
+    return logged
+
+
+def from_run(run_dir: str | Path, step: int | None = None, *,
+             band: tuple[float, float] = TARGET_BAND) -> UpdateReport | UpdateHistory:
+    """What training logged: the report at `step`, or (step None) the history of every logged step."""
+    history = UpdateHistory([UpdateReport.from_table(r["gwu"], band=band, step=int(r["step"]),
+                                                     source="run", lr=r.get("lr"))
+                             for r in _gwu_records(Path(run_dir))])
+    return history if step is None else history.at(step)
+
+
+def _load(snapshot: Any) -> Any:
+    from models.checkpoint import load_checkpoint
+
+    return snapshot if hasattr(snapshot, "model") else load_checkpoint(snapshot)
+
+
+def _logged_lr(run_dir: Path, step: int | None) -> float | None:
+    """The lr training logged for the update that produced `step` (None if not logged)."""
+    from models.checkpoint import read_metrics
+
+    if step is None or not (run_dir / "metrics.jsonl").is_file():
+        return None
+    return next((r.get("lr") for r in read_metrics(run_dir) if r.get("step") == step), None)
+
+
+def between(snapshot_a: Any, snapshot_b: Any, tokens: torch.Tensor | None = None, *,
+            band: tuple[float, float] = TARGET_BAND) -> UpdateReport:
+    """u from the difference of two snapshots of one run (paths or loaded Snapshots).
+
+    Over k optimizer steps u = rms(b - a) / rms(b) is the accumulated relative update; with
+    k = 1 it equals what training logged for that step. With `tokens` [batch pos], g comes from
+    a fresh backward pass on snapshot a (the weights the update started from), and u_nominal
+    uses the lr logged for that step when the snapshots are one step apart.
     """
-    lines = []
-    for name, row in table.items():
-        u = row.get("u")
-        lu = _log10(u)
-        flag = "" if lu is None else " slow" if lu < band[0] else " fast" if lu > band[1] else ""
-        lu_text = "-" if lu is None else f"{lu:+.1f}"
-        lines.append(f"    {name:<{name_width}}g={_sci(row.get('g'))} w={_sci(row.get('w'))} "
-                     f"u={_sci(u)} log10(u)={lu_text} u_nom={_sci(row.get('u_nominal'))}{flag}")
-    return "\n".join(lines)
+    a, b = _load(snapshot_a), _load(snapshot_b)
+    if a.config != b.config:
+        raise ProbeInputError(f"{a.name} and {b.name} are snapshots of different models "
+                              "(their configs differ); compare two snapshots of one run")
+    if a.step is not None and b.step is not None and a.step > b.step:
+        a, b = b, a
+    if a.path.resolve() == b.path.resolve():
+        raise ProbeInputError(f"both snapshots are {a.name}: give two different steps")
+    table = gwu_from_snapshots(a.model.state_dict(), b.model.state_dict())
+    lr = None
+    if tokens is not None:
+        grads = _gradients(a.model, tokens)
+        one_step = a.step is not None and b.step == a.step + 1
+        lr = _logged_lr(b.path.parent, b.step) if one_step else None
+        for name, row in table.items():
+            g = rms(grads[name]) if name in grads else None
+            row["g"] = g
+            row["u_nominal"] = lr * g / row["w"] if None not in (lr, g) and row["w"] else None
+    return UpdateReport.from_table(table, band=band, step=b.step, source="between", lr=lr)
+
+
+def _gradients(model: nn.Module, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Gradients of the mean next-token cross-entropy on a copy (the model is left untouched)."""
+    work = _fresh_copy(model)
+    mean_loss(work, tokens).backward()
+    return {name: p.grad for name, p in named_trainable(work).items() if p.grad is not None}
+
+
+def _fresh_copy(model: nn.Module) -> nn.Module:
+    work = copy.deepcopy(model)
+    work.zero_grad(set_to_none=True)
+    work.train(model.training)
+    return work
+
+
+def mean_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over every predicted position of `tokens` [batch pos].
+
+    Rows longer than a training window are cut into windows (`probes.common.lm_windows`).
+    """
+    device = model_device(model)
+    batches = lm_windows(model, tokens, batch_size=64)
+    losses = [(lm_loss(model, b.to(device)), lm_loss_terms(model, b)) for b in batches]
+    total = sum(n for _, n in losses)
+    return sum(loss * (n / total) for loss, n in losses)
+
+
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+
+
+def run(model: nn.Module, tokens: torch.Tensor, optimizer: str | Callable[..., Any] = "sgd", *,
+        lr: float = 1e-3, band: tuple[float, float] = TARGET_BAND, **kwargs: Any) -> UpdateReport:
+    """One optimizer step taken on a copy of `model`: the caller's model and gradients stay as they are.
+
+    g is the gradient of the mean next-token cross-entropy over every position of `tokens`
+    [batch pos]; `optimizer` is "sgd" | "adam" | "adamw" or a callable(params, lr=lr, **kwargs)
+    returning a torch optimizer (fresh: Adam's first step moves every entry by about lr).
+    """
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise ProbeInputError(f"lr must be a positive finite number, got {lr!r}")
+    make = OPTIMIZERS.get(optimizer) if isinstance(optimizer, str) else optimizer
+    if make is None:
+        raise ProbeInputError(f"unknown optimizer {optimizer!r}; use sgd, adam, adamw or a callable")
+    work = _fresh_copy(model)
+    mean_loss(work, tokens).backward()
+    opt = make([p for p in work.parameters() if p.requires_grad], lr=lr, **kwargs)
+    before = snapshot_params(work)
+    opt.step()
+    return UpdateReport.from_table(gwu_table(work, before, lr), band=band, source="step", lr=lr)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from models.checkpoint import add_ckpt_arguments
+
+    p = argparse.ArgumentParser(
+        prog="python -m probes.updates",
+        description="g / w / u per parameter: what training logged (a run), the difference of two "
+                    "snapshots (--between), or one optimizer step on a copy (give --text or --data).")
+    add_ckpt_arguments(p)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--step", type=int, help="a logged step of the run (default: the latest)")
+    mode.add_argument("--between", nargs=2, metavar=("A", "B"),
+                      help="two snapshots: step numbers of the --ckpt run or snapshot paths")
+    mode.add_argument("--history", action="store_true",
+                      help="median log10 u per group at every logged step")
+    add_input_arguments(p)
+    p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd",
+                   help="optimizer of the one step taken on a copy (default sgd)")
+    p.add_argument("--lr", type=float, default=1e-3, help="its learning rate (default 1e-3)")
+    p.add_argument("--band", nargs=2, type=float, metavar=("LO", "HI"), default=list(TARGET_BAND),
+                   help="healthy band of log10(u) (default -4 -2: makemore's target is -3)")
+    return p
+
+
+def _snapshot_arg(run_dir: Path, text: str) -> Path:
+    from models.checkpoint import snapshot_name
+
+    return run_dir / snapshot_name(int(text)) if text.isdigit() else Path(text)
+
+
+def _first_batch(args: argparse.Namespace, snap: Any) -> torch.Tensor:
+    return token_batches(args, snap.tokenizer, snap.config.n_ctx + 1)[0][0]  # [batch pos], re-windowed
+
+
+def _report(args: argparse.Namespace) -> UpdateReport | UpdateHistory:
+    from models.checkpoint import is_run_dir, load_from_args
+
+    ckpt, band = Path(args.ckpt), tuple(args.band)
+    has_input = any(x is not None for x in (args.text, args.text_file, args.data))
+    if args.between:
+        a, b = (_load(_snapshot_arg(ckpt, x)) for x in args.between)
+        return between(a, b, _first_batch(args, a) if has_input else None, band=band)
+    if has_input:
+        snap = load_from_args(args)
+        return run(snap.model, _first_batch(args, snap), args.optimizer, lr=args.lr, band=band)
+    if not is_run_dir(ckpt):
+        raise ProbeInputError(f"{ckpt} is not a run: give --text or --data to take one step on a "
+                              "copy, or --between A B")
+    history = from_run(ckpt, band=band)
+    return history if args.history else history.at(args.step) if args.step is not None else history.latest
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+
+    def body() -> int:
+        result = _report(args)
+        print_json(result.to_dict()) if args.json else print(result.format())
+        return 0
+
+    return run_cli(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

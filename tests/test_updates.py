@@ -147,3 +147,227 @@ def test_format_columns_band_flags_and_missing_values():
     assert lines[1].endswith(" fast")
     assert lines[2].endswith("u=- log10(u)=- u_nom=-")
     assert "g=- w=1.0e+00 u=1.0e-03" in lines[3]
+
+
+# --------------------------------------------------------------------------- probes.updates sources
+
+import copy  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from probes import updates  # noqa: E402
+from probes.update_report import parameter_group  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def double_model(preset: str = "transformer4_rms_small", seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return build_model(get_preset(preset)).double()
+
+
+def toy_tokens(batch: int = 3, pos: int = 9, vocab: int = 96, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, pos), generator=torch.Generator().manual_seed(seed))
+
+
+def my_grads(model: nn.Module, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The mean next-token cross-entropy over every position, differentiated by hand here."""
+    work = copy.deepcopy(model)
+    logits = work(tokens[:, :-1])  # [batch pos-1 vocab]
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    return {n: p.grad for n, p in work.named_parameters()}
+
+
+def test_run_sgd_u_equals_lr_g_over_w_and_g_is_my_gradient():
+    model, tokens, lr = double_model(), toy_tokens(), 0.05
+    report = updates.run(model, tokens, "sgd", lr=lr)
+    grads = my_grads(model, tokens)
+    assert set(report.parameters) == set(grads)
+    for name, row in report.parameters.items():
+        g = grads[name].pow(2).mean().sqrt().item()
+        assert row["g"] == pytest.approx(g, rel=1e-12)
+        after = model.get_parameter(name).detach() - lr * grads[name]
+        assert row["w"] == pytest.approx(after.pow(2).mean().sqrt().item(), rel=1e-12)
+        if row["u"] is not None:
+            assert row["u"] == pytest.approx(lr * row["g"] / row["w"], rel=1e-9)
+            assert row["u_nominal"] == pytest.approx(row["u"], rel=1e-9)
+            assert row["log10_u"] == pytest.approx(math.log10(row["u"]))
+
+
+def test_run_adam_matches_adams_formulas_by_hand():
+    model, tokens, lr, eps = double_model(), toy_tokens(), 1e-3, 1e-8
+    report = updates.run(model, tokens, "adam", lr=lr, betas=(0.9, 0.999), eps=eps)
+    for name, grad in my_grads(model, tokens).items():
+        m_hat = (1 - 0.9) * grad / (1 - 0.9)  # first step: bias correction undoes (1 - beta)
+        v_hat = (1 - 0.999) * grad ** 2 / (1 - 0.999)
+        before = model.get_parameter(name).detach()
+        after = before - lr * m_hat / (v_hat.sqrt() + eps)
+        w = after.pow(2).mean().sqrt().item()
+        expected_u = (after - before).pow(2).mean().sqrt().item() / w
+        assert report.parameters[name]["u"] == pytest.approx(expected_u, rel=1e-9), name
+
+
+def test_run_leaves_the_callers_model_and_gradients_bitwise_unchanged():
+    model, tokens = double_model(), toy_tokens()
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 0.25)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    updates.run(model, tokens, "adamw", lr=0.1)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, state[k]), k
+    for n, p in model.named_parameters():
+        assert torch.equal(p.grad, grads[n]), n
+
+
+def test_run_accepts_an_optimizer_factory_and_refuses_bad_settings():
+    model, tokens = double_model(), toy_tokens()
+    report = updates.run(model, tokens, lambda params, lr: torch.optim.SGD(params, lr=lr), lr=0.01)
+    assert report.source == "step" and report.lr == 0.01
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        updates.run(model, tokens, "lion")
+    with pytest.raises(ValueError, match="lr must be"):
+        updates.run(model, tokens, lr=float("inf"))
+    with pytest.raises(ValueError, match="too few tokens"):
+        updates.run(model, tokens[:, :1])  # nothing to predict
+
+
+def test_groups_spread_and_flags_by_hand():
+    table = {"embedding.weight": {"g": 1.0, "w": 1.0, "u": 1e-5, "u_nominal": None},
+             "blocks.0.attention.heads.0.W_Q": {"g": 1.0, "w": 1.0, "u": 1e-4, "u_nominal": None},
+             "blocks.0.attention.heads.1.W_K": {"g": 1.0, "w": 1.0, "u": 1e-6, "u_nominal": None},
+             "blocks.0.attention.W_O": {"g": 1.0, "w": 1.0, "u": 0.0, "u_nominal": None},
+             "blocks.0.mlp.net.0.weight": {"g": 1.0, "w": 1.0, "u": 1e-1, "u_nominal": None},
+             "blocks.0.rms1.gamma": {"g": None, "w": None, "u": None, "u_nominal": None},
+             "W_out": {"g": float("nan"), "w": 1.0, "u": 1e-3, "u_nominal": None}}
+    report = updates.UpdateReport.from_table(table, band=(-4.5, -2.0))
+    groups = report.groups
+    assert groups["attention Q/K"]["median_log10_u"] == pytest.approx(-5.0)  # median of -4 and -6
+    assert groups["MLP"]["median_log10_u"] == pytest.approx(-1.0)
+    assert groups["attention V/O"]["median_log10_u"] is None  # u = 0 has no log
+    assert report.spread == pytest.approx(-1.0 - (-5.0))
+    assert report.flags == {"embedding.weight": ["slow"], "blocks.0.attention.heads.1.W_K": ["slow"],
+                            "blocks.0.attention.W_O": ["frozen"], "blocks.0.mlp.net.0.weight": ["fast"],
+                            "blocks.0.rms1.gamma": ["non-finite"], "W_out": ["non-finite"]}
+    data = report.to_dict()
+    assert set(data["parameters"]["W_out"]) == {"g", "w", "u", "u_nominal", "log10_u"}
+    with pytest.raises(ValueError, match="band"):
+        updates.UpdateReport.from_table(table, band=(-2.0, -4.0))
+
+
+@pytest.mark.parametrize("name, group", [
+    ("W_pos", "embeddings"), ("embedding.weight", "embeddings"), ("embed.W_E", "embeddings"),
+    ("blocks.3.attention.heads.2.W_K", "attention Q/K"), ("blocks.0.attn.b_Q", "attention Q/K"),
+    ("blocks.1.attention.W_O", "attention V/O"), ("blocks.0.attn.W_V", "attention V/O"),
+    ("blocks.0.mlp.net.4.bias", "MLP"), ("mlp.net.0.weight", "MLP"), ("blocks.0.mlp.W_in", "MLP"),
+    ("blocks.2.rms2.gamma", "norms"), ("blocks.0.ln1.w", "norms"), ("ln_final.beta", "norms"),
+    ("W_out", "unembedding"), ("unembed.W_U", "unembedding")])
+def test_parameter_groups_for_our_names_and_transformer_lens_names(name, group):
+    assert parameter_group(name) == group
+
+
+@pytest.fixture(scope="module")
+def step_run(tmp_path_factory) -> Path:
+    """A run logged and saved at every step, so snapshots and log can be compared."""
+    from train.loop import main as train_main
+
+    data = tmp_path_factory.mktemp("data") / "t.txt"
+    data.write_text("the king and the queen shall not be what thou art.\n" * 60, encoding="utf-8")
+    out = tmp_path_factory.mktemp("runs") / "r"
+    assert train_main(["--preset", "transformer4_rms_small", "--data", str(data), "--out", str(out),
+                       "-q", "--steps", "4", "--batch-size", "4", "--log-every", "1",
+                       "--eval-every", "2", "--save-every", "1", "--optimizer", "sgd",
+                       "--lr", "0.05", "--momentum", "0"]) == 0
+    return out
+
+
+def test_from_run_history_and_one_step(step_run):
+    history = updates.from_run(step_run)
+    assert history.steps == [1, 2, 3, 4]
+    assert history.latest.step == 4 and history.at(2).step == 2
+    rows = history.records()
+    assert {r["step"] for r in rows} == {1, 2, 3, 4} and {"name", "group", "log10_u"} <= set(rows[0])
+    assert len(history.group_records()) == 4 * len(history.latest.groups)
+    with pytest.raises(ValueError, match="step 7 has no g/w/u record; logged steps: 1, 2, 3, 4"):
+        updates.from_run(step_run, step=7)
+
+
+def test_between_two_snapshots_equals_what_training_logged(step_run):
+    logged = updates.from_run(step_run, step=3)
+    offline = updates.between(step_run / "step_000002", step_run / "step_000003")
+    assert set(offline.parameters) == set(logged.parameters)
+    for name, row in offline.parameters.items():
+        assert row["u"] == pytest.approx(logged.parameters[name]["u"], rel=1e-12), name
+        assert row["w"] == pytest.approx(logged.parameters[name]["w"], rel=1e-12), name
+    reverse = updates.between(step_run / "step_000003", step_run / "step_000002")
+    assert reverse.parameters == offline.parameters  # the earlier snapshot is always `a`
+
+
+def test_between_with_tokens_gives_g_and_the_sgd_identity(step_run):
+    from models.checkpoint import load_checkpoint
+
+    a = load_checkpoint(step_run / "step_000002")
+    tokens = torch.tensor([a.tokenizer.encode("the king and the queen shall not be")])
+    report = updates.between(a, step_run / "step_000003", tokens)
+    assert report.lr == pytest.approx(0.05)
+    for name, row in report.parameters.items():
+        assert row["g"] is not None and row["g"] > 0, name
+
+
+def test_between_refuses_snapshots_of_different_models(step_run, tmp_path):
+    from models.checkpoint import save_snapshot
+    from models.tokenizers import CharTokenizer
+
+    other = tmp_path / "other"
+    cfg = get_preset("transformer4_rms_small").replace(d_model=16, d_head=4)
+    save_snapshot(other, build_model(cfg), CharTokenizer.from_text("abc"))
+    with pytest.raises(ValueError, match="different models"):
+        updates.between(step_run / "step_000001", other)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "probes.updates", *args], capture_output=True,
+                          text=True, cwd=REPO)
+
+
+def test_cli_table_json_history_and_between(step_run):
+    out = cli("--ckpt", str(step_run)).stdout
+    assert out.startswith("g / w / u at step 4 (run)")
+    assert re.search(r"^    blocks\.0\.attention\.heads\.0\.W_Q +g=\S+ w=\S+ u=\S+", out, re.M)
+    assert "groups (median log10 u):" in out and "attention Q/K" in out
+    data = json.loads(cli("--ckpt", str(step_run), "--step", "2", "--json").stdout)
+    assert data["step"] == 2 and data == json.loads(json.dumps(updates.from_run(step_run, 2).to_dict()))
+    hist = json.loads(cli("--ckpt", str(step_run), "--history", "--json").stdout)
+    assert hist["steps"] == [1, 2, 3, 4]
+    between = json.loads(cli("--ckpt", str(step_run), "--between", "1", "2", "--json").stdout)
+    assert between["source"] == "between" and between["step"] == 2
+    one = json.loads(cli("--ckpt", str(step_run / "step_000004"), "--text", "the king shall",
+                         "--optimizer", "adam", "--lr", "0.001", "--json").stdout)
+    assert one["source"] == "step" and one["lr"] == 0.001
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(step_run, tmp_path):
+    empty = tmp_path / "empty_run"
+    (empty / "step_000000").mkdir(parents=True)
+    truncated = tmp_path / "truncated"
+    import shutil
+
+    shutil.copytree(step_run, truncated)
+    with open(truncated / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "gwu": {"W_pos": {"g": 1')  # a crash mid-write
+    cases = [(("--ckpt", str(empty)), "no metrics.jsonl records"),
+             (("--ckpt", str(step_run), "--step", "9"), "step 9 has no g/w/u record"),
+             (("--ckpt", str(step_run / "step_000004")), "is not a run"),
+             (("--ckpt", str(step_run), "--band", "-2", "-4"), "band"),
+             (("--ckpt", str(tmp_path / "missing")), "")]
+    for args, message in cases:
+        proc = cli(*args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: "), proc.stderr
+        assert message in proc.stderr
+    proc = cli("--ckpt", str(truncated), "--history", "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["steps"] == [1, 2, 3, 4]
+    assert "truncated last line" in proc.stderr

@@ -1,0 +1,255 @@
+"""Activation health per MLP hidden layer: makemore's diagnostics for a trained or training net.
+
+    from probes import activations
+    result = activations.run(model, tokens)          # [batch pos] ids; ours or a TransformerBridge
+    result.layers[0]["dead_fraction"]                # units never active over the whole batch
+
+Per hidden layer (`blocks.{l}.mlp.hook_post`, `hook_post_{i}` for deeper MLPs, `mlp.hook_post`
+in the MLP family):
+
+- dead_fraction: units that are never active over every position of the batch. Active means
+  pre-activation > 0 for ReLU and GELU (a unit whose input is never positive passes no
+  gradient worth having), |tanh| <= `saturation` for tanh (a unit pinned at +-1 is dead too);
+- saturated_fraction: activations in the flat part of the non-linearity: |tanh| > 0.97
+  (makemore's threshold), GELU input below -3 (slope < 0.004), ReLU output exactly 0;
+- mean / std of the activations, and (with `grads=True`) of the gradient of the mean
+  next-token cross-entropy with respect to them, each with a histogram.
+
+    python -m probes.activations --ckpt checkpoints/shakespeare_rms4 --data ../shared/data/tinyshakespeare.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+
+from models.loss import lm_loss
+from probes.common import (ProbeInputError, add_input_arguments, lm_windows, model_device, print_json,
+                           run_cli, token_batches)
+
+SATURATION = 0.97  # makemore: |tanh| above this is in the flat tail
+GELU_FLAT = -3.0  # GELU'(x) < 0.004 below this input
+HIST_BINS = 40
+SAMPLE_CAP = 200_000  # values kept per layer for the histograms
+POST_HOOK = re.compile(r"(^|\.)mlp\.hook_post(_\d+)?$")
+
+
+# --------------------------------------------------------------------------- pure functions
+
+
+def active_mask(pre: torch.Tensor, post: torch.Tensor, act_fn: str,
+                saturation: float = SATURATION) -> torch.Tensor:
+    """Where a unit is active (passes gradient): pre > 0 (relu, gelu) or |post| <= saturation (tanh)."""
+    if act_fn == "tanh":
+        return post.abs() <= saturation
+    return pre > 0
+
+
+def saturated_mask(pre: torch.Tensor, post: torch.Tensor, act_fn: str,
+                   saturation: float = SATURATION) -> torch.Tensor:
+    """Activations in the flat part of the non-linearity (zero or vanishing slope)."""
+    if act_fn == "tanh":
+        return post.abs() > saturation
+    if act_fn == "gelu":
+        return pre < GELU_FLAT
+    return post == 0
+
+
+def histogram(values: torch.Tensor, bins: int = HIST_BINS) -> dict[str, list[float]]:
+    """Counts over `bins` equal bins spanning the values' range: {"edges": [bins+1], "counts": [bins]}."""
+    values = values.detach().float().flatten()
+    values = values[torch.isfinite(values)]
+    if values.numel() == 0:
+        return {"edges": [], "counts": []}
+    lo, hi = float(values.min()), float(values.max())
+    if hi <= lo:
+        hi = lo + 1e-12
+    counts = torch.histc(values, bins=bins, min=lo, max=hi)
+    edges = torch.linspace(lo, hi, bins + 1)
+    return {"edges": edges.tolist(), "counts": counts.long().tolist()}
+
+
+@dataclass
+class Moments:
+    """Count, sum and sum of squares in float64, plus a capped sample for a histogram."""
+
+    n: int = 0
+    total: float = 0.0
+    total_sq: float = 0.0
+    sample: list[torch.Tensor] = field(default_factory=list)
+
+    def add(self, values: torch.Tensor) -> None:
+        v = values.detach().double()
+        self.n += v.numel()
+        self.total += float(v.sum())
+        self.total_sq += float(v.pow(2).sum())
+        _keep_sample(self.sample, values)
+
+    def mean_std(self) -> tuple[float, float]:
+        mean = self.total / self.n
+        return mean, max(self.total_sq / self.n - mean ** 2, 0.0) ** 0.5
+
+
+@dataclass
+class LayerStats:
+    """Running sums over batches for one hidden layer (memory: one [d_hidden] mask + samples)."""
+
+    act_fn: str
+    saturation: float
+    ever_active: torch.Tensor | None = None  # [d_hidden] bool
+    saturated: int = 0
+    values: Moments = field(default_factory=Moments)
+    grad: Moments = field(default_factory=Moments)  # the loss gradient at the activations
+
+    def update(self, pre: torch.Tensor, post: torch.Tensor) -> None:  # [batch pos d_hidden] each
+        active = active_mask(pre, post, self.act_fn, self.saturation).flatten(0, -2).any(0)
+        self.ever_active = active if self.ever_active is None else self.ever_active | active
+        self.saturated += int(saturated_mask(pre, post, self.act_fn, self.saturation).sum())
+        self.values.add(post)
+
+    def summary(self, bins: int = HIST_BINS) -> dict[str, Any]:
+        mean, std = self.values.mean_std()
+        out = {"act_fn": self.act_fn, "units": int(self.ever_active.numel()),
+               "dead_fraction": float((~self.ever_active).float().mean()),
+               "saturated_fraction": self.saturated / self.values.n, "mean": mean, "std": std,
+               "hist": histogram(torch.cat(self.values.sample), bins)}
+        if self.grad.n:
+            grad_mean, grad_std = self.grad.mean_std()
+            out.update({"grad_mean": grad_mean, "grad_std": grad_std,
+                        "grad_hist": histogram(torch.cat(self.grad.sample), bins)})
+        return out
+
+
+def _keep_sample(sample: list[torch.Tensor], values: torch.Tensor) -> None:
+    kept = sum(s.numel() for s in sample)
+    if kept < SAMPLE_CAP:
+        sample.append(values.detach().flatten()[: SAMPLE_CAP - kept].float().cpu())
+
+
+# --------------------------------------------------------------------------- runner
+
+
+def mlp_layers(model: Any) -> list[str]:
+    """The hook_post names of every MLP hidden layer, in order."""
+    return [name for name in getattr(model, "hook_dict", {}) if POST_HOOK.search(name)]  # module order
+
+
+def _act_fn(model: Any) -> str:
+    act = str(getattr(model.cfg, "act_fn", "relu") or "relu").lower()
+    return "gelu" if act.startswith("gelu") else act
+
+
+@dataclass
+class ActivationsResult:
+    layers: list[dict[str, Any]]  # one per hidden layer: name, dead_fraction, ... (see module doc)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layers": self.layers}
+
+    def compact(self) -> dict[str, dict[str, float]]:
+        """What training logs at eval steps: {layer: {dead, saturated, mean, std}}."""
+        return {layer["name"]: {"dead": layer["dead_fraction"], "saturated": layer["saturated_fraction"],
+                                "mean": layer["mean"], "std": layer["std"]} for layer in self.layers}
+
+    def format(self) -> str:
+        lines = [f"{'layer':<28}{'act':>6}{'units':>7}{'dead':>8}{'saturated':>11}{'mean':>9}{'std':>8}"
+                 f"{'grad std':>10}"]
+        for layer in self.layers:
+            grad = layer.get("grad_std")
+            lines.append(f"{layer['name']:<28}{layer['act_fn']:>6}{layer['units']:>7}"
+                         f"{layer['dead_fraction']:>8.1%}{layer['saturated_fraction']:>11.1%}"
+                         f"{layer['mean']:>9.3f}{layer['std']:>8.3f}"
+                         f"{'-' if grad is None else f'{grad:.2e}':>10}")
+        return "\n".join(lines)
+
+
+def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, grads: bool = True,
+        saturation: float = SATURATION, batch_size: int = 16, bins: int = HIST_BINS) -> ActivationsResult:
+    """Activation health of every MLP hidden layer over `tokens` [batch pos].
+
+    With `grads`, each batch also runs backward from the mean next-token cross-entropy (so a
+    batch needs 2+ positions) and the gradients at the activations are summarised too; the
+    model's own .grad fields are restored afterwards.
+    """
+    names = mlp_layers(model)
+    if not names:
+        raise ProbeInputError(f"{type(model).__name__} has no MLP hidden layers with hook_post to probe")
+    if not 0 < saturation < 1:
+        raise ProbeInputError(f"saturation must be in (0, 1), got {saturation}")
+    act_fn = _act_fn(model)
+    stats = {name: LayerStats(act_fn, saturation) for name in names}
+    pres: dict[str, torch.Tensor] = {}
+    device = model_device(model)
+    saved_grads = {p: p.grad for p in model.parameters()}
+    try:
+        for batch in lm_windows(model, tokens, batch_size, targets=grads):
+            _one_batch(model, batch.to(device), stats, pres, grads)
+    finally:
+        for p, g in saved_grads.items():
+            p.grad = g
+    return ActivationsResult([{"name": name, **s.summary(bins)} for name, s in stats.items()])
+
+
+def _one_batch(model: Any, batch: torch.Tensor, stats: dict[str, LayerStats],
+               pres: dict[str, torch.Tensor], grads: bool) -> None:
+    def keep_pre(t: torch.Tensor, hook: Any) -> None:
+        pres[hook.name.replace("hook_pre", "hook_post")] = t.detach()
+
+    def reduce_post(t: torch.Tensor, hook: Any) -> None:
+        stats[hook.name].update(pres.pop(hook.name), t)
+
+    def keep_grad(g: torch.Tensor, hook: Any) -> None:
+        stats[hook.name].grad.add(g)
+
+    fwd = [(n.replace("hook_post", "hook_pre"), keep_pre) for n in stats] + [(n, reduce_post) for n in stats]
+    if not grads:
+        with torch.no_grad():
+            model.run_with_hooks(batch, fwd_hooks=fwd)
+        return
+    with model.hooks(fwd_hooks=fwd, bwd_hooks=[(n, keep_grad) for n in stats]):
+        lm_loss(model, batch).backward()
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from models.checkpoint import add_ckpt_arguments
+
+    p = argparse.ArgumentParser(prog="python -m probes.activations",
+                                description="Dead and saturated units, activation and gradient "
+                                            "statistics per MLP hidden layer.")
+    add_ckpt_arguments(p)
+    add_input_arguments(p, default_samples=32)
+    p.add_argument("--saturation", type=float, default=SATURATION,
+                   help=f"|tanh| above this counts as saturated (default {SATURATION})")
+    p.add_argument("--no-grads", action="store_true", help="forward only: skip the gradient statistics")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+
+    def body() -> int:
+        from models.checkpoint import load_from_args
+
+        snap = load_from_args(args)
+        batches, source = token_batches(args, snap.tokenizer, 2 * snap.config.n_ctx)  # re-windowed by run()
+        result = run(snap.model, batches, grads=not args.no_grads, saturation=args.saturation,
+                     batch_size=args.batch_size)
+        if args.json:
+            print_json(result.to_dict())
+        else:
+            print(f"{snap.name}: {source}\n{result.format()}")
+        return 0
+
+    return run_cli(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
