@@ -29,10 +29,10 @@ from safetensors.torch import load_file, save_file
 
 from models import build_model
 from models.config import ModelConfig
-from models.runs import (CheckpointError, append_metrics, dumps_json, fsync_dir, fsync_file,
-                         is_run_dir, is_snapshot_dir, latest_snapshot, list_snapshots,
-                         read_json_object, read_metrics, read_run_json, snapshot_name, snapshot_step, write_bytes_atomic,
-                         write_run_json)
+from models.runs import (CheckpointError, append_metrics, current_umask, dumps_json, fsync_dir,
+                         fsync_file, is_run_dir, is_snapshot_dir, latest_snapshot, list_snapshots,
+                         read_json_object, read_metrics, read_run_json, snapshot_name, snapshot_step,
+                         write_bytes_atomic, write_run_json)
 from models.series_ckpt import (SERIES_SUFFIXES, VOCAB_FILE, load_series_checkpoint,
                                 load_series_state_dict)
 from models.tokenizers import Tokenizer, TokenizerError, load_tokenizer
@@ -84,6 +84,7 @@ def _sha256(path: Path) -> str:
 def _write_snapshot_files(tmp: Path, model, tokenizer, meta: dict[str, Any], optimizer) -> None:
     model_path = tmp / MODEL_FILE
     save_file(_state_dict_for_saving(model), str(model_path), metadata={"format": "pt"})
+    os.chmod(model_path, 0o666 & ~current_umask())  # safetensors creates 0600 whatever the umask
     fsync_file(model_path)
     meta["tensors_sha256"] = _sha256(model_path)
     if tokenizer is not None:

@@ -55,11 +55,19 @@ def fsync_dir(path: str | Path) -> None:
         os.close(fd)
 
 
+def current_umask() -> int:
+    """The process umask (reading it means setting it, so it is put straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
     """Write ``data`` to a temporary file beside ``path``, fsync, rename over ``path``."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; a plain open() honours the umask
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

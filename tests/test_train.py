@@ -27,7 +27,7 @@ from train.config import build_optimizer, lr_at, resolve_train_config
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORDS = "the king queen lord my good sir shall not be what is this that thou art and".split()
 RECORD_KEYS = {"step", "tokens", "lr", "train_loss", "step_time_ms", "gwu"}
-EVAL_KEYS = {"val_loss", "val_ppl", "bpc"}
+EVAL_KEYS = {"val_loss", "val_ppl", "bpc", "activations"}
 
 
 def tiny_text(n_chars: int = 4000, seed: int = 0) -> str:
@@ -315,3 +315,80 @@ def test_ddp_two_ranks_on_cpu(text_file, tmp_path):
         assert torch.equal(rank0[name], rank1[name]), name  # DDP kept the replicas in sync
         assert torch.equal(rank0[name], tensor), name  # and rank 0 saved exactly that
     assert any(not torch.equal(final[n], start[n]) for n in final)  # and it did train
+
+
+# --------------------------------------------------------------------------- the console and divergence
+
+
+def test_diverged_run_saves_that_moment_names_parameters_and_exits_3(text_file, tmp_path, caplog):
+    out = tmp_path / "nan"
+    caplog.set_level("INFO", logger="train")
+    rc = main(["--data", str(text_file), "--out", str(out), "--preset", "transformer4_small",
+               "--steps", "40", "--batch-size", "8", "--log-every", "2", "--eval-every", "4",
+               "--save-every", "0", "--optimizer", "sgd", "--lr", "1e6"])
+    assert rc == 3
+    records = read_metrics(out)
+    bad = [r for r in records if r.get("diverged")]
+    assert len(bad) == 1 and bad[0] is records[-1]  # it stopped at the first diverged record
+    step = bad[0]["step"]
+    assert step < 40 and 1 <= bad[0]["diverged"]["first_nonfinite_loss_step"] <= step
+    assert list_snapshots(out)[-1].name == f"step_{step:06d}"  # the moment it diverged is kept
+    assert load_snapshot(list_snapshots(out)[-1]).nonfinite_params() == bad[0]["diverged"]["nonfinite_params"]
+    message = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"][-1]
+    assert f"training diverged at step {step}" in message and "--keep-going" in message
+
+
+def test_keep_going_trains_to_the_end_after_a_divergence(text_file, tmp_path):
+    out = tmp_path / "nan"
+    rc = train(text_file, out, "--preset", "transformer4_small", "--steps", "12", "--batch-size", "8",
+               "--log-every", "2", "--eval-every", "4", "--save-every", "0", "--optimizer", "sgd",
+               "--lr", "1e6", "--keep-going")
+    assert rc == 0 and read_metrics(out)[-1]["step"] == 12
+    assert any(r.get("diverged") for r in read_metrics(out))
+
+
+def test_console_is_one_line_per_record_with_group_summary_or_full_table(text_file, tmp_path, caplog):
+    caplog.set_level("INFO", logger="train")
+    main(["--data", str(text_file), "--out", str(tmp_path / "a"), "--preset", "transformer4_rms_small",
+          "--steps", "4", "--batch-size", "4", "--log-every", "2", "--eval-every", "4"])
+    lines = [r.getMessage() for r in caplog.records]
+    steps = [l for l in lines if l.startswith("step ")]
+    assert steps[-1].startswith("step 4/4 | loss ") and "H min " in steps[-1] and "{" not in steps[-1]
+    assert any(l.strip().startswith("log10 u: embeddings") for l in lines)
+    assert not any("blocks.0.attention.heads.0.W_Q" in l for l in lines)
+    caplog.clear()
+    main(["--data", str(text_file), "--out", str(tmp_path / "b"), "--preset", "transformer4_rms_small",
+          "--steps", "4", "--batch-size", "4", "--log-every", "2", "--eval-every", "4", "--gwu-table"])
+    assert any("blocks.0.attention.heads.0.W_Q" in r.getMessage() for r in caplog.records)
+
+
+def test_warmup_longer_than_the_run_and_a_flat_loss_are_warned_about(text_file, tmp_path, caplog):
+    caplog.set_level("INFO", logger="train")
+    main(["--data", str(text_file), "--out", str(tmp_path / "w"), "--preset", "transformer4_rms_small",
+          "--steps", "20", "--batch-size", "4", "--log-every", "2", "--eval-every", "10",
+          "--warmup", "715", "--lr", "1e-9", "-q"])
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("never reaches" in w for w in warnings)
+    assert any("has not moved" in w for w in warnings)
+
+
+def test_resume_needs_no_data_when_the_run_recorded_it(text_file, tmp_path):
+    out = tmp_path / "r"
+    assert train(text_file, out, "--preset", "transformer4_rms_small", "--steps", "4",
+                 "--batch-size", "4", "--save-every", "2") == 0
+    assert main(["--out", str(out), "--resume", "--steps", "6", "-q"]) == 0
+    assert read_metrics(out)[-1]["step"] == 6
+    fresh = tmp_path / "fresh"
+    assert main(["--out", str(fresh), "--preset", "transformer4_rms_small", "-q"]) == 2
+
+
+def test_snapshot_files_follow_the_umask(text_file, tmp_path):
+    old = os.umask(0o022)
+    try:
+        out = tmp_path / "u"
+        assert train(text_file, out, "--preset", "transformer4_rms_small", "--steps", "2",
+                     "--batch-size", "4") == 0
+    finally:
+        os.umask(old)
+    modes = {p.relative_to(out).as_posix(): p.stat().st_mode & 0o777 for p in out.rglob("*") if p.is_file()}
+    assert modes and all(mode == 0o644 for mode in modes.values()), modes

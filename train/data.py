@@ -24,6 +24,7 @@ import torch
 from models.config import ModelConfig, TransformerConfig
 from models.loss import lm_loss
 from models.tokenizers import BPETokenizer, CharTokenizer, Tokenizer
+from probes import activations
 from probes.entropy import series_entropy
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,8 @@ def attention_entropy_by_layer(model: Any, block: torch.Tensor) -> dict[str, lis
 @torch.no_grad()
 def evaluate(model: Any, blocks: torch.Tensor, batch_size: int, chars_per_token: float,
              autocast: Any) -> dict[str, Any]:
-    """val_loss / val_ppl / bpc over fixed val `blocks` [n length]; attn_entropy on the first batch.
+    """val_loss / val_ppl / bpc over fixed val `blocks` [n length]; attn_entropy and the compact
+    activation health (`probes.activations`) on the first batch.
 
     bpc = log2(ppl) / chars_per_token (bits per token over characters per token).
     """
@@ -157,12 +159,13 @@ def evaluate(model: Any, blocks: torch.Tensor, batch_size: int, chars_per_token:
                 count += chunk.shape[0]
             entropy = (attention_entropy_by_layer(model, blocks[:batch_size])
                        if isinstance(model.cfg, TransformerConfig) else None)
+            health = activations.run(model, blocks[:batch_size, :-1], grads=False).compact()
     finally:
         model.train(was_training)
     val_loss = total / count  # nats per token
     ppl = math.inf if val_loss > 709 else math.exp(val_loss)
     bpc = val_loss / math.log(2) / chars_per_token  # = log2(ppl) / chars_per_token
-    result = {"val_loss": val_loss, "val_ppl": ppl, "bpc": bpc}
+    result = {"val_loss": val_loss, "val_ppl": ppl, "bpc": bpc, "activations": health}
     if entropy is not None:
         result["attn_entropy"] = entropy
     return result

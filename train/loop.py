@@ -31,12 +31,13 @@ import torch
 
 from models import PRESETS, build_model
 from models.checkpoint import (latest_snapshot, list_snapshots, load_optimizer_state,
-                               load_snapshot, resolve_device, save_snapshot, snapshot_name)
+                               load_snapshot, read_metrics, resolve_device, save_snapshot,
+                               snapshot_name)
 from train.data import (Corpus, block_len, check_length, lm_loss, load_corpus,
                          predictions_per_block, sample_blocks)
 from probes.updates import gwu_table, snapshot_params
-from models.runs import METRICS_FILE
-from train.records import (run_description, series_line, to_json_line, trim_metrics,
+from models.runs import METRICS_FILE, read_run_json
+from train.records import (console_line, run_description, to_json_line, trim_metrics,
                               write_record, write_run_json_for)
 from train.config import (DistInfo, build_optimizer, init_distributed, lr_at,
                                 model_config, resolve_train_config, train_config_flags)
@@ -45,12 +46,13 @@ from models.cli import run_cli
 log = logging.getLogger("train")
 
 EXIT_INTERRUPTED = 130
+EXIT_DIVERGED = 3  # the loss or an attention entropy turned NaN/inf (see --keep-going)
 RANK_DUMP_ENV = "SCRATCHSCOPE_RANK_STATE_DIR"  # tests: every rank saves its final weights here
 
 # the run records (run.json, metrics.jsonl, log line) live in train.records, re-exported here
 __all__ = ["EXIT_INTERRUPTED", "RANK_DUMP_ENV", "TrainState", "backward_micro_batches", "batch_seed",
            "build_parser", "dump_rank_state", "is_due", "main", "prepare_run_dir", "recipe",
-           "restore", "run_description", "run_steps", "save", "series_line", "setup",
+           "restore", "run_description", "run_steps", "save", "console_line", "setup",
            "to_json_line", "train", "train_step", "trim_metrics", "wrap_model", "write_record",
            "write_run_json_for"]
 
@@ -76,6 +78,9 @@ class TrainState:
     val_blocks: torch.Tensor | None = None  # [n block_len], fixed for the whole run
     bf16: bool = False
     interrupted: bool = False
+    first_loss: float | None = None  # train loss of the first record, for the flat-loss warning
+    flat_checked: bool = False
+    diverged_at: int | None = None  # first step whose loss was non-finite (--keep-going: reported once)
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
@@ -117,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", metavar="NAME", help="model preset (required unless --resume)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a model config field, e.g. --set n_layers=2 (repeatable)")
-    p.add_argument("--data", type=Path, required=True, help="UTF-8 text file to train on")
+    p.add_argument("--data", type=Path,
+                   help="UTF-8 text file to train on (on --resume: default the file the run recorded)")
     p.add_argument("--tokenizer", choices=("char", "bpe"), default="char",
                    help="char: one token per character; bpe: SentencePiece BPE trained on --data")
     p.add_argument("--bpe-vocab", type=int, default=2048, help="BPE vocabulary size (default 2048)")
@@ -130,6 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("fp32", "bf16"), default=None,
                    help="fp32 (default) or bf16 autocast (CUDA; also allowed on CPU)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (off by default)")
+    p.add_argument("--gwu-table", action="store_true",
+                   help="print the full g/w/u table at every eval (default: a one-line group summary)")
+    p.add_argument("--keep-going", action="store_true",
+                   help="train on after the loss or an entropy turns NaN/inf (default: save a "
+                        "snapshot of that moment and stop with exit code 3)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar over steps (default: on when stderr is a terminal)")
     p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     return p
 
@@ -150,6 +163,21 @@ def prepare_run_dir(out: Path, resume: bool) -> Path | None:
         raise ValueError(f"{out} already holds a run ({len(snapshots)} snapshot(s), latest "
                          f"{snapshots[-1].name}); pass --resume to continue it or choose another --out")
     return None
+
+
+def data_path(args: argparse.Namespace) -> Path:
+    """--data, or on --resume the file the run recorded in run.json."""
+    if args.data is not None:
+        return args.data
+    recorded = (read_run_json(args.out) or {}).get("data", {}).get("path") if args.resume else None
+    if not recorded:
+        raise ValueError("--data is required" + (f" ({args.out}/run.json records no data file)"
+                                                  if args.resume else " for a new run"))
+    if not Path(recorded).is_file():
+        raise ValueError(f"--resume: the run's data file {recorded} (from run.json) is not there; "
+                         "pass --data")
+    log.info("resume: training on %s, the data file the run recorded", recorded)
+    return Path(recorded)
 
 
 def recipe(args: argparse.Namespace, snap: Any) -> tuple[str, dict[str, Any]]:
@@ -187,7 +215,12 @@ def setup(args: argparse.Namespace, dist: DistInfo) -> TrainState:
     """Everything a training loop needs: model, optimizer, data, config; resumed if asked."""
     resume_from = prepare_run_dir(args.out, args.resume)
     snap = load_snapshot(resume_from) if resume_from is not None else None
+    args.data = data_path(args)
     preset, tc = recipe(args, snap)
+    if tc["warmup"] >= tc["steps"]:
+        log.warning("--warmup %d is not shorter than the run (--steps %d): the learning rate never "
+                    "reaches %g; lower --warmup (the gpt2_124m recipe warms up for 715 steps)",
+                    tc["warmup"], tc["steps"], tc["lr"])
     corpus = load_corpus(args.data, args.tokenizer, tc["val_fraction"], bpe_vocab=args.bpe_vocab,
                          tokenizer=snap.tokenizer if snap else None)
     cfg = snap.config if snap else model_config(preset, args.set, corpus.tokenizer.vocab_size)
@@ -288,32 +321,85 @@ def is_due(step: int, every: int, last: int) -> bool:
 def run_steps(state: TrainState) -> None:
     """Train to tc["steps"]; a record every --log-every / --eval-every steps, snapshots on time.
 
-    The loss stays on the device between records (no per-step host sync); step_time_ms is the
-    wall time since the previous record divided by the steps taken, evals and saves excluded.
+    The loss stays on the device between records (no per-step host sync), and so does the
+    first step whose loss was non-finite; step_time_ms is the wall time since the previous
+    record divided by the steps taken, evals and saves excluded.
     """
     tc, dist = state.tc, state.dist
     per_step = tc["batch_size"] * tc["grad_accum"] * predictions_per_block(state.cfg) * dist.world_size
     loss_sum, n, t0, last = torch.zeros((), device=state.device), 0, time.perf_counter(), tc["steps"]
-    while state.step < last and not state.stop_requested():
-        log_now = is_due(state.step + 1, tc["log_every"], last)
-        eval_now = is_due(state.step + 1, tc["eval_every"], last)
-        loss, table, grad_norm = train_step(state, measure=(log_now or eval_now) and dist.is_main)
-        state.step, state.tokens, n = state.step + 1, state.tokens + per_step, n + 1
-        loss_sum += loss.float()
-        if log_now or eval_now:
-            mean_loss = float(loss_sum) / n  # syncs the device
-            record = {"step": state.step, "tokens": state.tokens, "lr": lr_at(state.step - 1, tc),
-                      "train_loss": dist.mean(mean_loss),
-                      "step_time_ms": 1000 * (time.perf_counter() - t0) / n}
-            if dist.is_main:
-                record.update({"grad_norm": grad_norm, "gwu": table})
-                write_record(state, record, eval_now)
-            loss_sum.zero_()
-            n = 0
-        if is_due(state.step, tc["save_every"], last):
-            save(state)
-        if n == 0:
-            t0 = time.perf_counter()
+    first_bad = torch.full((), -1, dtype=torch.long, device=state.device)  # step of the first NaN loss
+    with progress(state) as bar:
+        while state.step < last and not state.stop_requested():
+            log_now = is_due(state.step + 1, tc["log_every"], last)
+            eval_now = is_due(state.step + 1, tc["eval_every"], last)
+            loss, table, grad_norm = train_step(state, measure=(log_now or eval_now) and dist.is_main)
+            state.step, state.tokens, n = state.step + 1, state.tokens + per_step, n + 1
+            first_bad = torch.where((first_bad < 0) & ~torch.isfinite(loss), state.step, first_bad)
+            loss_sum += loss.float()
+            bar.update(1)
+            if log_now or eval_now:
+                mean_loss = float(loss_sum) / n  # syncs the device
+                record = {"step": state.step, "tokens": state.tokens, "lr": lr_at(state.step - 1, tc),
+                          "train_loss": dist.mean(mean_loss),
+                          "step_time_ms": 1000 * (time.perf_counter() - t0) / n}
+                if dist.is_main:
+                    record.update({"grad_norm": grad_norm, "gwu": table})
+                    write_record(state, record, eval_now, first_bad=int(first_bad))
+                loss_sum.zero_()
+                n = 0
+                if dist.mean(float("diverged" in record)) > 0 and on_divergence(state, record):
+                    break
+            if is_due(state.step, tc["save_every"], last):
+                save(state)
+            if n == 0:
+                t0 = time.perf_counter()
+
+
+@contextmanager
+def progress(state: TrainState) -> Iterator[Any]:
+    """A tqdm bar over steps on stderr (log lines print above it), or a stand-in that does nothing."""
+    show = state.args.progress
+    if show is None:
+        show = sys.stderr.isatty() and not state.args.quiet
+    if not (show and state.dist.is_main):
+        yield _NoBar()
+        return
+    from tqdm.auto import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    with tqdm(total=state.tc["steps"], initial=state.step, unit="step", file=sys.stderr,
+              dynamic_ncols=True) as bar, logging_redirect_tqdm():
+        yield bar
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+
+def on_divergence(state: TrainState, record: dict[str, Any]) -> bool:
+    """Save the moment the run diverged and say what went non-finite; True if training stops."""
+    first = state.diverged_at is None
+    if first:
+        state.diverged_at = state.step
+        save(state)
+    if state.args.keep_going:
+        if first:
+            log.warning("training diverged at step %d (%s); --keep-going: training on. Saved %s",
+                        state.step, describe_divergence(record), snapshot_name(state.step))
+        return False
+    return True
+
+
+def describe_divergence(record: dict[str, Any]) -> str:
+    info = record.get("diverged") or {}
+    params = info.get("nonfinite_params") or []
+    shown = ", ".join(params[:5]) + (f" and {len(params) - 5} more" if len(params) > 5 else "")
+    first = info.get("first_nonfinite_loss_step")
+    when = f"; the loss was first non-finite at step {first}" if first else ""
+    return (f"{info.get('reason', 'non-finite values')}{when}; non-finite parameters: "
+            f"{shown or 'none (the activations overflowed)'}")
 
 
 def train(args: argparse.Namespace) -> int:
@@ -339,6 +425,12 @@ def train(args: argparse.Namespace) -> int:
             run_steps(state)
         save(state)
         dump_rank_state(state)
+        if state.diverged_at is not None and not state.args.keep_going:
+            record = next((r for r in reversed(read_metrics(args.out)) if r.get("diverged")), {})
+            log.error("training diverged at step %d: %s. Saved %s; lower --lr, add a norm "
+                      "(--set norm=rms) or pass --keep-going", state.diverged_at,
+                      describe_divergence(record), snapshot_name(state.diverged_at))
+            return EXIT_DIVERGED
         if state.interrupted:
             log.warning("interrupted at step %d: saved %s", state.step, snapshot_name(state.step))
             return EXIT_INTERRUPTED

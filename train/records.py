@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from train.data import Corpus, evaluate
-from probes.updates import format_gwu
+from probes.update_report import UpdateReport
+from probes.updates import named_trainable
 from models.runs import (METRICS_FILE, append_metrics, read_metrics, read_run_json,
                          write_bytes_atomic, write_run_json)
 from train.config import DistInfo
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("train")
 
-__all__ = ["run_description", "series_line", "to_json_line", "trim_metrics", "write_record",
+__all__ = ["console_line", "run_description", "to_json_line", "trim_metrics", "write_record",
            "write_run_json_for"]
 
 
@@ -77,30 +78,97 @@ def write_run_json_for(state: TrainState) -> None:
 # --------------------------------------------------------------------------- records
 
 
-def series_line(record: dict[str, Any], steps: int) -> dict[str, Any]:
-    """The human log line in the series' style (rounded, entropy keyed by int layer)."""
-    tokens = record["tokens"]
-    seen = f"{tokens / 1e6:.1f}M" if tokens >= 1e5 else f"{tokens / 1e3:.1f}K"
-    line: dict[str, Any] = {"step": f"{record['step']}/{steps}", "tokens_seen": seen,
-                            "lr": float(f"{record['lr']:.3g}")}
-    if "attn_entropy" in record:
-        line["attn_entropy"] = {int(k): [round(h, 3) for h in v]
-                                for k, v in record["attn_entropy"].items()}
+def tokens_text(tokens: int) -> str:
+    """3 significant digits, so the count visibly moves between log lines (0.104M, 0.108M...)."""
+    return f"{tokens / 1e6:.3g}M" if tokens >= 1e5 else f"{tokens / 1e3:.3g}K"
+
+
+def entropy_text(attn_entropy: dict[str, list[float | None]]) -> str:
+    """Per layer the lowest head entropy (nats): a collapsing head shows as a number near 0."""
+    parts = []
+    for layer, heads in attn_entropy.items():
+        finite = [h for h in heads if isinstance(h, float) and math.isfinite(h)]
+        parts.append("nan" if len(finite) < len(heads) else f"{min(finite):.2f}")
+    return "H min " + " ".join(parts)
+
+
+def console_line(record: dict[str, Any], steps: int) -> str:
+    """One compact line per log step: step, losses, lr, tokens, speed, lowest head entropies."""
+    width = len(str(steps))
+    parts = [f"step {record['step']:>{width}}/{steps}"]
     if isinstance(record.get("train_loss"), float):
-        record = {**record, "train_ppl": math.exp(min(record["train_loss"], 709))}
-    for key in ("step_time_ms", "train_loss", "train_ppl", "val_loss", "val_ppl", "bpc"):
-        if isinstance(record.get(key), float):
-            line[key] = round(record[key], 3)
-    return line
+        parts.append(f"loss {record['train_loss']:.3f}")
+    if isinstance(record.get("val_loss"), float):
+        parts.append(f"val {record['val_loss']:.3f} ppl {record['val_ppl']:.2f} bpc {record['bpc']:.3f}")
+    parts.append(f"lr {record['lr']:.2e}")
+    parts.append(f"{tokens_text(record['tokens'])} tok")
+    if isinstance(record.get("step_time_ms"), float):
+        parts.append(f"{record['step_time_ms']:.0f} ms/step")
+    if record.get("attn_entropy"):
+        parts.append(entropy_text(record["attn_entropy"]))
+    return " | ".join(parts)
 
 
-def write_record(state: TrainState, record: dict[str, Any], do_eval: bool) -> None:
-    """Rank 0: add eval numbers, append to metrics.jsonl, log the human line (+ g/w/u table)."""
+def write_record(state: TrainState, record: dict[str, Any], do_eval: bool, first_bad: int = -1) -> None:
+    """Rank 0: add eval numbers, mark a divergence, append to metrics.jsonl, log one line
+    (+ the g/w/u group summary, or the whole table with --gwu-table)."""
     if do_eval and state.val_blocks is not None:
         record.update(evaluate(state.raw_model, state.val_blocks, state.tc["batch_size"],
                                state.corpus.chars_per_token, state.autocast))
+    reason = divergence_reason(record)
+    if reason:
+        record["diverged"] = {"reason": reason, "first_nonfinite_loss_step": first_bad if first_bad >= 0 else None,
+                              "nonfinite_params": nonfinite_parameters(state.raw_model)}
     append_metrics(state.args.out, to_jsonable(record))
-    log.info("%s", series_line(record, state.tc["steps"]))
+    log.info("%s", console_line(record, state.tc["steps"]))
     if do_eval and record.get("gwu"):
-        log.info("gradient info:\n%s", format_gwu(record["gwu"]))
+        report = UpdateReport.from_table(record["gwu"], step=record["step"], lr=record["lr"])
+        if state.args.gwu_table:
+            log.info("g / w / u at step %d:\n%s", record["step"], "\n".join(report.table_lines()))
+        log.info("    %s", report.summary())
+    if do_eval and record.get("activations"):
+        worst = max(record["activations"].values(), key=lambda a: a["dead"])
+        log.info("    MLP units: up to %.0f%% dead, %.0f%% of activations saturated", 100 * worst["dead"],
+                 100 * max(a["saturated"] for a in record["activations"].values()))
+    warn_if_flat(state, record)
 
+
+def divergence_reason(record: dict[str, Any]) -> str | None:
+    """Why a record shows a diverged run (a non-finite train loss or attention entropy), or None."""
+    loss = record.get("train_loss")
+    if isinstance(loss, float) and not math.isfinite(loss):
+        return f"the train loss is {loss}"
+    for layer, heads in (record.get("attn_entropy") or {}).items():
+        if any(h is None or not math.isfinite(h) for h in heads):
+            return f"an attention entropy of layer {layer} is not finite"
+    return None
+
+
+def nonfinite_parameters(model: torch.nn.Module) -> list[str]:
+    """Parameters holding NaN or inf, in module order."""
+    return [name for name, p in named_trainable(model).items() if not bool(torch.isfinite(p).all())]
+
+
+FLAT_TOLERANCE = 0.01  # relative change of the train loss below which it counts as flat
+
+
+def warn_if_flat(state: TrainState, record: dict[str, Any]) -> None:
+    """Once, a tenth into the run: warn if the loss has not moved (lr too small, warmup too long).
+
+    Compares the val loss with the one at the start (the val batches are fixed, so only the
+    weights can move it); the train loss, noisier, stands in where there is no val split.
+    """
+    key = "val_loss" if state.val_blocks is not None else "train_loss"
+    loss = record.get(key)
+    if not isinstance(loss, float) or state.flat_checked:
+        return
+    if state.first_loss is None:
+        state.first_loss = loss
+        return
+    if record["step"] < max(state.tc["steps"] // 10, 5 * state.tc["log_every"]):
+        return
+    state.flat_checked = True
+    if abs(loss - state.first_loss) < FLAT_TOLERANCE * abs(state.first_loss):
+        log.warning("the %s has not moved in %d steps (%.4f -> %.4f): the learning rate "
+                    "(now %.2e) may be too small or still warming up", key.replace("_", " "),
+                    record["step"], state.first_loss, loss, record["lr"])
