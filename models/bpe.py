@@ -131,7 +131,7 @@ class BPETokenizer(Tokenizer):
     def save(self, directory: str | Path) -> list[Path]:
         path = Path(directory) / self.files[0]
         write_file(path, self.model_proto)
-        logger.info("saved BPE tokenizer (vocab_size=%d) to %s", self.vocab_size, path)
+        logger.debug("saved BPE tokenizer (vocab_size=%d) to %s", self.vocab_size, path)
         return [path]
 
     @property

@@ -132,7 +132,7 @@ def save_snapshot(directory: str | Path, model, tokenizer: Tokenizer | None, *, 
         _swap_into_place(tmp, target, aside)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    logger.info("saved snapshot %s (step %d)", target, step)
+    logger.info("saved snapshot %s", target)
     return target
 
 

@@ -87,7 +87,7 @@ class CharTokenizer(Tokenizer):
     def save(self, directory: str | Path) -> list[Path]:
         path = Path(directory) / self.files[0]
         write_file(path, self.to_vocab_json().encode("utf-8"))
-        logger.info("saved character vocabulary (%d characters) to %s", self.vocab_size, path)
+        logger.debug("saved character vocabulary (%d characters) to %s", self.vocab_size, path)
         return [path]
 
     @property

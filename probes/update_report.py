@@ -83,6 +83,7 @@ class UpdateReport:
     step: int | None = None
     source: str = "run"  # run | between | step
     lr: float | None = None
+    span: int | None = None  # optimizer steps between the two snapshots (source "between")
     group_of: dict[str, str] = field(init=False)
     flags: dict[str, list[str]] = field(init=False)
 
@@ -120,7 +121,8 @@ class UpdateReport:
         return max(medians) - min(medians) if len(medians) > 1 else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "source": self.source, "lr": self.lr, "band": list(self.band),
+        return {"step": self.step, "source": self.source, "lr": self.lr, "span": self.span,
+                "band": list(self.band),
                 "parameters": self.parameters, "groups": self.groups, "spread": self.spread,
                 "flags": self.flags}
 
@@ -128,6 +130,8 @@ class UpdateReport:
         """The series' table (`W_Q  g=5.5e-05 w=5.8e-02 u=4.8e-05`) with flags, then the groups."""
         title = f"g / w / u at step {self.step}" if self.step is not None else "g / w / u"
         lines = [f"{title} ({self.source}); band log10(u) in [{self.band[0]:g}, {self.band[1]:g}]"]
+        if self.span and self.span > 1:
+            lines.append(f"u accumulated over {self.span} steps: the band is for one step")
         lines += self.table_lines(name_width)
         lines.append("groups (median log10 u):")
         for group, info in self.groups.items():

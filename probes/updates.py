@@ -205,7 +205,8 @@ def between(snapshot_a: Any, snapshot_b: Any, tokens: torch.Tensor | None = None
             g = rms(grads[name]) if name in grads else None
             row["g"] = g
             row["u_nominal"] = lr * g / row["w"] if None not in (lr, g) and row["w"] else None
-    return UpdateReport.from_table(table, band=band, step=b.step, source="between", lr=lr)
+    span = b.step - a.step if a.step is not None and b.step is not None else None
+    return UpdateReport.from_table(table, band=band, step=b.step, source="between", lr=lr, span=span)
 
 
 def _gradients(model: nn.Module, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
