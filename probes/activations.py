@@ -103,6 +103,7 @@ class LayerStats:
     saturation: float
     ever_active: torch.Tensor | None = None  # [d_hidden] bool
     saturated: int = 0
+    nonfinite: int = 0  # NaN/inf activations: a diverged layer, whose units are not "dead"
     values: Moments = field(default_factory=Moments)
     grad: Moments = field(default_factory=Moments)  # the loss gradient at the activations
 
@@ -110,13 +111,16 @@ class LayerStats:
         active = active_mask(pre, post, self.act_fn, self.saturation).flatten(0, -2).any(0)
         self.ever_active = active if self.ever_active is None else self.ever_active | active
         self.saturated += int(saturated_mask(pre, post, self.act_fn, self.saturation).sum())
+        self.nonfinite += int((~torch.isfinite(post)).sum())
         self.values.add(post)
 
     def summary(self, bins: int = HIST_BINS) -> dict[str, Any]:
         mean, std = self.values.mean_std()
+        broken = self.nonfinite > 0  # then "dead" and "saturated" would be artefacts of NaN
         out = {"act_fn": self.act_fn, "units": int(self.ever_active.numel()),
-               "dead_fraction": float((~self.ever_active).float().mean()),
-               "saturated_fraction": self.saturated / self.values.n, "mean": mean, "std": std,
+               "dead_fraction": None if broken else float((~self.ever_active).float().mean()),
+               "saturated_fraction": None if broken else self.saturated / self.values.n,
+               "nonfinite_fraction": self.nonfinite / self.values.n, "mean": mean, "std": std,
                "hist": histogram(torch.cat(self.values.sample), bins)}
         if self.grad.n:
             grad_mean, grad_std = self.grad.mean_std()
@@ -154,18 +158,27 @@ class ActivationsResult:
     def compact(self) -> dict[str, dict[str, float]]:
         """What training logs at eval steps: {layer: {dead, saturated, mean, std}}."""
         return {layer["name"]: {"dead": layer["dead_fraction"], "saturated": layer["saturated_fraction"],
+                                "nonfinite": layer["nonfinite_fraction"],
                                 "mean": layer["mean"], "std": layer["std"]} for layer in self.layers}
 
+    def warnings(self) -> list[str]:
+        return [f"{layer['name']}: {layer['nonfinite_fraction']:.0%} of activations are NaN or inf"
+                for layer in self.layers if layer["nonfinite_fraction"]]
+
     def format(self) -> str:
-        lines = [f"{'layer':<28}{'act':>6}{'units':>7}{'dead':>8}{'saturated':>11}{'mean':>9}{'std':>8}"
-                 f"{'grad std':>10}"]
+        lines = [f"{'layer':<28}{'act':>6}{'units':>7}{'dead':>8}{'saturated':>11}{'mean':>11}{'std':>11}"
+                 f"{'grad std':>11}"]
         for layer in self.layers:
             grad = layer.get("grad_std")
             lines.append(f"{layer['name']:<28}{layer['act_fn']:>6}{layer['units']:>7}"
-                         f"{layer['dead_fraction']:>8.1%}{layer['saturated_fraction']:>11.1%}"
-                         f"{layer['mean']:>9.3f}{layer['std']:>8.3f}"
-                         f"{'-' if grad is None else f'{grad:.2e}':>10}")
-        return "\n".join(lines)
+                         f"{_pct(layer['dead_fraction']):>8}{_pct(layer['saturated_fraction']):>11}"
+                         f"{layer['mean']:>11.4g}{layer['std']:>11.4g}"
+                         f"{'-' if grad is None else f'{grad:.2e}':>11}")
+        return "\n".join(lines + self.warnings())
+
+
+def _pct(value: float | None) -> str:
+    return "nan" if value is None else f"{value:.1%}"
 
 
 def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, grads: bool = True,

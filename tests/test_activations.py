@@ -89,7 +89,7 @@ def test_compact_form_and_json():
     result = activations.run(char_mlp(), tokens(), grads=False)
     compact = result.compact()
     assert set(compact) == {"mlp.hook_post", "mlp.hook_post_1"}
-    assert set(compact["mlp.hook_post"]) == {"dead", "saturated", "mean", "std"}
+    assert set(compact["mlp.hook_post"]) == {"dead", "saturated", "nonfinite", "mean", "std"}
     json.dumps(result.to_dict())
 
 
@@ -110,3 +110,13 @@ def test_cli_and_bad_input(tmp_path):
     for args, message in [(("--text", "abcz"), "z"), (("--text", "abcde", "--saturation", "2"), "saturation")]:
         proc = run(*args)
         assert proc.returncode == 2 and proc.stderr.startswith("error:") and message in proc.stderr, proc.stderr
+
+
+def test_nan_activations_are_reported_as_such_not_as_dead_units():
+    model = char_mlp("relu")
+    with torch.no_grad():
+        model.mlp.net[0].bias[:4] = float("nan")  # four units diverged
+    layer = activations.run(model, tokens(), grads=False).layers[0]
+    assert layer["dead_fraction"] is None and layer["saturated_fraction"] is None
+    assert layer["nonfinite_fraction"] == pytest.approx(4 / 16)
+    assert "25% of activations are NaN or inf" in activations.ActivationsResult([layer]).format()

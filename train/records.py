@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import math
+import shlex
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -54,11 +55,13 @@ def to_json_line(record: dict[str, Any]) -> str:
 
 def run_description(args: argparse.Namespace, cfg: Any, tc: dict[str, Any], corpus: Corpus,
                     device: torch.device, dist: DistInfo, preset: str | None) -> dict[str, Any]:
+    argv = sys.argv[1:] if args.argv is None else list(args.argv)
     return {"preset": preset, "model": cfg.to_dict(), "overrides": args.set, "train": tc,
             "data": corpus.describe(),
             "tokenizer": {"kind": corpus.tokenizer.kind, "vocab_size": corpus.tokenizer.vocab_size},
             "torch": torch.__version__, "device": str(device), "world_size": dist.world_size,
-            "compile": args.compile, "argv": sys.argv[1:] if args.argv is None else args.argv,
+            "compile": args.compile, "argv": argv,
+            "command": "python -m train " + shlex.join(argv),
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
@@ -126,10 +129,10 @@ def write_record(state: TrainState, record: dict[str, Any], do_eval: bool, first
         if state.args.gwu_table:
             log.info("g / w / u at step %d:\n%s", record["step"], "\n".join(report.table_lines()))
         log.info("    %s", report.summary())
-    if do_eval and record.get("activations"):
-        worst = max(record["activations"].values(), key=lambda a: a["dead"])
-        log.info("    MLP units: up to %.0f%% dead, %.0f%% of activations saturated", 100 * worst["dead"],
-                 100 * max(a["saturated"] for a in record["activations"].values()))
+    layers = [a for a in (record.get("activations") or {}).values() if a["dead"] is not None]
+    if do_eval and layers:
+        log.info("    MLP units: up to %.0f%% dead, %.0f%% of activations saturated",
+                 100 * max(a["dead"] for a in layers), 100 * max(a["saturated"] for a in layers))
     warn_if_flat(state, record)
 
 
