@@ -130,10 +130,18 @@ def save_snapshot(directory: str | Path, model, tokenizer: Tokenizer | None, *, 
     try:
         _write_snapshot_files(tmp, model, tokenizer, meta, optimizer)
         _swap_into_place(tmp, target, aside)
+    except (OSError, RuntimeError, SafetensorError) as exc:  # disk full, quota, I/O error
+        raise CheckpointError(f"cannot save snapshot {target}: {_first_line(exc)}; any earlier "
+                              "snapshot is intact") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     logger.info("saved snapshot %s", target)
     return target
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _swap_into_place(tmp: Path, target: Path, aside: Path) -> None:
@@ -166,6 +174,10 @@ def _read_meta(directory: Path) -> dict[str, Any]:
     if meta["format_version"] != FORMAT_VERSION:
         raise CheckpointError(f"{path}: unknown format_version {meta['format_version']!r} "
                               f"(this version of scratchscope reads {FORMAT_VERSION})")
+    for key in ("step", "tokens_seen"):
+        value = meta.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise CheckpointError(f"{path}: '{key}' must be a non-negative integer, got {value!r}")
     return meta
 
 
@@ -206,7 +218,13 @@ def _load_snapshot_tokenizer(directory: Path, info: Any, config: ModelConfig) ->
     source = directory / CONFIG_FILE
     if not isinstance(info, dict) or "kind" not in info:
         raise CheckpointError(f"{source}: 'tokenizer' must be an object with a 'kind', got {info!r}")
-    for name in info.get("files") or []:
+    files = info.get("files") or []
+    if not isinstance(files, list) or not all(isinstance(n, str) for n in files):
+        raise CheckpointError(f"{source}: 'tokenizer.files' must be a list of file names, got {files!r}")
+    for name in files:
+        if Path(name).name != name or name in (".", ".."):  # no paths: nothing outside the snapshot
+            raise CheckpointError(f"{source}: tokenizer file {name!r} must be a plain file name "
+                                  "inside the snapshot directory")
         if not (directory / name).is_file():
             raise CheckpointError(f"{directory / name}: missing {info['kind']} tokenizer file")
     try:

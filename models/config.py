@@ -103,8 +103,8 @@ class TransformerConfig(_ConfigBase):
         _check_bool(self, "residual", "final_norm", "attn_out_proj", "attn_bias", "attn_out_bias",
                     "mlp_bias", "unembed_bias")
         _check_fraction(self, "dropout")
-        if not isinstance(self.norm_eps, (int, float)) or not self.norm_eps > 0:
-            raise ValueError(f"TransformerConfig.norm_eps must be > 0, got {self.norm_eps!r}")
+        if not isinstance(self.norm_eps, (int, float)) or not 0 < self.norm_eps < float("inf"):
+            raise ValueError(f"TransformerConfig.norm_eps must be a finite number > 0, got {self.norm_eps!r}")
         if self.final_norm and self.norm == "none":
             raise ValueError("TransformerConfig.final_norm=True needs norm 'rms' or 'layer', got norm='none'")
         if not self.attn_out_proj and self.n_heads * self.d_head != self.d_model:

@@ -180,8 +180,9 @@ def _metrics_path(run_dir: str | Path) -> Path:
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """The records of ``metrics.jsonl`` (a run directory or the file itself).
 
-    A broken last line (a write interrupted by a crash) is skipped with a warning; a broken line
-    anywhere else raises CheckpointError naming its line number. No file yet means no records.
+    A line that is not a JSON object, or whose ``step`` is not a non-negative integer (a crash
+    mid-write, a hand edit), is skipped with a warning naming the file and the line; the rest of
+    the history stays readable. No file yet means no records.
     """
     path = _metrics_path(run_dir)
     if not path.parent.is_dir():
@@ -192,8 +193,6 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read ({exc})") from None
-    while lines and not lines[-1].strip():
-        lines.pop()
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -202,11 +201,14 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
             record = json.loads(line)
             if not isinstance(record, dict):
                 raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+            step = record.get("step")
+            if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+                raise ValueError(f"'step' must be a non-negative integer, got {step!r}")
         except ValueError as exc:
-            if number == len(lines):
-                logger.warning("%s: skipping truncated last line %d (%s)", path, number, exc)
-                break
-            raise CheckpointError(f"{path}: line {number} is not a JSON object ({exc})") from None
+            last = number == len(lines)
+            logger.warning("%s: skipping %sline %d (%s)", path, "truncated last " if last else "", number,
+                           str(exc)[:120])
+            continue
         records.append(record)
     return records
 

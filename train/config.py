@@ -33,6 +33,12 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "save_every": 500, "val_fraction": 0.1, "seed": 1337, "dtype": "fp32"}
 PRESET_KEY_NAMES = {"warmup_steps": "warmup"}  # PRESETS[name].train key -> our key
 OPTIMIZERS = ("sgd", "adam", "adamw")
+NUMBER_RULES = [  # (key, test on a finite value, what the message asks for)
+    ("lr", lambda v: v > 0, "a finite number > 0"),
+    ("momentum", lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    ("weight_decay", lambda v: v >= 0, "a finite number >= 0"),
+    ("min_lr_ratio", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    ("grad_clip", lambda v: v >= 0, "a finite number >= 0 (0 = off)")]
 
 
 def _betas(text: str) -> list[float]:
@@ -89,8 +95,12 @@ def resolve_train_config(args: argparse.Namespace, preset_train: dict[str, Any],
     for key in ("warmup", "save_every"):
         if tc[key] < 0:
             raise ValueError(f"--{key.replace('_', '-')} must be >= 0, got {tc[key]}")
-    if not tc["lr"] > 0:
-        raise ValueError(f"--lr must be > 0, got {tc['lr']}")
+    for key, test, wanted in NUMBER_RULES:
+        value = tc[key]
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and test(value)):
+            raise ValueError(f"--{key.replace('_', '-')} must be {wanted}, got {value!r}")
+    if not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in tc["betas"]):
+        raise ValueError(f"--betas must be two numbers in [0, 1), got {tc['betas']}")
     if tc["optimizer"] not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {tc['optimizer']!r}")
     return tc

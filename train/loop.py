@@ -39,6 +39,7 @@ from probes.updates import gwu_table, snapshot_params
 from models.runs import METRICS_FILE, read_run_json
 from train.records import (console_line, run_description, to_json_line, trim_metrics,
                               write_record, write_run_json_for)
+from train.guard import RunLock, check_optimizer_state, clean_leftovers
 from train.config import (DistInfo, build_optimizer, init_distributed, lr_at,
                                 model_config, resolve_train_config, train_config_flags)
 from models.cli import run_cli
@@ -131,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run directory to create (an existing run is refused unless --resume)")
     p.add_argument("--resume", action="store_true",
                    help="continue RUN_DIR from its latest snapshot, optimizer state included")
+    p.add_argument("--new-schedule", action="store_true",
+                   help="on --resume, accept a --steps that changes a cosine schedule's horizon "
+                        "(and so the learning rate from the resumed step on)")
     train_config_flags(p)
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default=None,
@@ -152,8 +156,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def prepare_run_dir(out: Path, resume: bool) -> Path | None:
     """The snapshot to resume from, or None for a fresh run; refuses to clobber an old run."""
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory")
     snapshots = list_snapshots(out) if out.is_dir() else []
     if resume:
         if not snapshots:
@@ -194,7 +196,21 @@ def recipe(args: argparse.Namespace, snap: Any) -> tuple[str, dict[str, Any]]:
     if snap is None and preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
     tc = resolve_train_config(args, PRESETS[preset].train if preset in PRESETS else {}, saved)
+    if snap and saved.get("steps") not in (None, tc["steps"]) and tc["schedule"] == "cosine":
+        check_new_horizon(args, saved, tc, int(snap.step or 0))
     return preset, {**tc, "preset": preset}
+
+
+def check_new_horizon(args: argparse.Namespace, saved: dict[str, Any], tc: dict[str, Any],
+                      step: int) -> None:
+    """A cosine schedule decays over --steps: changing it on --resume moves the lr mid-run."""
+    before, after = lr_at(step, {**tc, "steps": saved["steps"]}), lr_at(step, tc)
+    if not args.new_schedule:
+        raise ValueError(f"--resume: the run's cosine schedule decays over {saved['steps']} steps; "
+                         f"--steps {tc['steps']} would move the lr at step {step} from {before:.3g} "
+                         f"to {after:.3g}. Pass --new-schedule to accept that")
+    log.warning("--new-schedule: the cosine now decays over %d steps (lr at step %d: %.3g -> %.3g)",
+                tc["steps"], step, before, after)
 
 
 def restore(snap: Any, resume_from: Path, optimizer: torch.optim.Optimizer, tc: dict[str, Any],
@@ -203,6 +219,7 @@ def restore(snap: Any, resume_from: Path, optimizer: torch.optim.Optimizer, tc: 
     state = load_optimizer_state(resume_from, device)  # torch.load(weights_only=True)
     if state is None:
         raise ValueError(f"--resume: {resume_from} has no optimizer state to continue from")
+    check_optimizer_state(state, optimizer, resume_from / "optimizer.pt")
     optimizer.load_state_dict(state)
     step = int(snap.step or 0)
     if step >= tc["steps"]:
@@ -402,18 +419,36 @@ def describe_divergence(record: dict[str, Any]) -> str:
             f"{shown or 'none (the activations overflowed)'}")
 
 
+def lock_run_dir(args: argparse.Namespace, dist: DistInfo) -> RunLock | None:
+    """Rank 0 locks --out for the whole training (a second writer is refused), then cleans up
+    what killed saves left there."""
+    if not dist.is_main:
+        return None
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out} exists and is not a directory")
+    created = not args.out.exists()
+    args.out.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(args.out)
+    lock.created_dir = created
+    lock.acquire()
+    clean_leftovers(args.out)
+    return lock
+
+
 def train(args: argparse.Namespace) -> int:
     dist = init_distributed(args.device)
+    lock = None
     try:
+        lock = lock_run_dir(args, dist)
         state = setup(args, dist)
-        args.out.mkdir(parents=True, exist_ok=True)
         state.bf16 = state.tc["dtype"] == "bf16"
         state.make_val_blocks()
         wrap_model(state)
         if dist.is_main:
-            write_run_json_for(state)
             if state.resumed_from is not None:
                 trim_metrics(args.out, state.step)
+            write_run_json_for(state)  # after every check: a failed --resume appends nothing
+            if state.resumed_from is not None:
                 state.last_saved = state.step
             else:
                 (args.out / METRICS_FILE).unlink(missing_ok=True)  # stale, from a run with no snapshot
@@ -437,6 +472,8 @@ def train(args: argparse.Namespace) -> int:
         log.info("training finished at step %d", state.step)
         return 0
     finally:
+        if lock is not None:
+            lock.release()
         dist.close()
 
 

@@ -1,0 +1,200 @@
+"""Runs that cannot be mixed or lost: two writers, a full disk, killed saves, changed schedules,
+foreign optimizer state. Each case checks that nothing already on disk is lost."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.checkpoint import list_snapshots, load_snapshot, read_metrics
+from train.guard import LOCK_FILE
+from train.loop import main
+
+REPO = Path(__file__).resolve().parent.parent
+TEXT = "".join(f"the king {w} shall not be what thou art and my good lord.\n"
+               for w in ("and", "queen", "sir", "is", "this") * 40)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "t.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    return path
+
+
+def train(data: Path, out: Path, *extra: str) -> int:
+    return main(["--preset", "transformer4_rms_small", "--data", str(data), "--out", str(out), "-q",
+                 "--batch-size", "4", "--log-every", "2", "--eval-every", "4", *extra])
+
+
+def error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def test_a_second_writer_is_refused_naming_the_holder(data, tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "train", "--preset", "transformer4_rms_small", "--data", str(data),
+           "--out", str(out), "--batch-size", "4", "--log-every", "5", "--eval-every", "50",
+           "--steps", "100000", "--save-every", "0", "-q"]
+    first = subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.time() + 60
+        while not (out / "step_000000").is_dir() and time.time() < deadline:
+            time.sleep(0.1)
+        assert (out / "step_000000").is_dir(), "the first trainer never started"
+        second = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+        resumed = subprocess.run(cmd + ["--resume"], cwd=REPO, capture_output=True, text=True, timeout=120)
+        for proc in (second, resumed):
+            assert proc.returncode == 2, proc.stderr
+            assert f"is being trained by another process (pid {first.pid})" in proc.stderr
+            assert proc.stderr.count("\n") == 1
+    finally:
+        first.send_signal(signal.SIGINT)  # saves a snapshot and exits 130
+        assert first.wait(timeout=120) == 130, first.stderr.read()
+    steps = [r["step"] for r in read_metrics(out)]
+    assert steps == sorted(set(steps))  # one writer: no duplicated or interleaved records
+    seeds = {load_snapshot(p).meta["train_config"]["seed"] for p in list_snapshots(out)}
+    assert len(seeds) == 1
+    last = load_snapshot(list_snapshots(out)[-1]).step
+    assert train(data, out, "--resume", "--steps", str(last + 2)) == 0  # the lock went with it
+
+
+def test_disk_full_mid_save_is_one_line_and_keeps_the_previous_snapshot(data, tmp_path, capsys,
+                                                                         monkeypatch):
+    out = tmp_path / "run"
+    assert train(data, out, "--steps", "2", "--save-every", "2") == 0
+    before = {p.name: (p / "model.safetensors").read_bytes() for p in list_snapshots(out)}
+    import models.checkpoint as checkpoint
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "save_file", full_disk)
+    capsys.readouterr()
+    assert train(data, out, "--resume", "--steps", "4", "--save-every", "2") == 2
+    assert "cannot save snapshot" in error_line(capsys)
+    assert {p.name: (p / "model.safetensors").read_bytes() for p in list_snapshots(out)} == before
+    assert not [p.name for p in out.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+
+
+def test_leftovers_of_a_killed_save_are_cleaned_by_the_next_training(data, tmp_path, caplog):
+    out = tmp_path / "run"
+    assert train(data, out, "--steps", "4", "--save-every", "2") == 0
+    dead = 4_000_000  # above pid_max: no such process
+    (out / f".step_000006.tmp-{dead}").mkdir()
+    (out / f".step_000006.tmp-{dead}" / "model.safetensors").write_bytes(b"partial")
+    os.rename(out / "step_000004", out / f".step_000004.old-{dead}")  # killed mid-swap
+    assert [p.name for p in list_snapshots(out)] == ["step_000000", "step_000002"]  # readers ignore them
+    caplog.set_level("WARNING", logger="train")
+    assert train(data, out, "--resume", "--steps", "6") == 0
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert f".step_000006.tmp-{dead}" in messages and "restored step_000004" in messages
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".step_")]
+    assert [p.name for p in list_snapshots(out)][-2:] == ["step_000004", "step_000006"]
+
+
+def test_resume_refuses_a_changed_cosine_horizon_unless_asked(data, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train(data, out, "--steps", "4", "--warmup", "1", "--save-every", "2",
+                 "--optimizer", "adamw", "--lr", "1e-3") == 0
+    (out / "step_000004").rename(out / "moved")  # resume from step 2, as after a kill
+    capsys.readouterr()
+    assert train(data, out, "--resume", "--steps", "8") == 2
+    assert "cosine schedule decays over 4 steps" in error_line(capsys)
+    assert "resumes" not in json.loads((out / "run.json").read_text())  # a failed resume adds nothing
+    assert train(data, out, "--resume", "--steps", "8", "--new-schedule") == 0
+    assert len(json.loads((out / "run.json").read_text())["resumes"]) == 1
+
+
+@pytest.mark.parametrize("case", ["a_list", "other_shapes"])
+def test_foreign_optimizer_state_is_refused_naming_the_file(case, data, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train(data, out, "--steps", "2", "--save-every", "2", "--optimizer", "adam",
+                 "--lr", "1e-3") == 0
+    path = out / "step_000002" / "optimizer.pt"
+    state = torch.load(path, weights_only=True)
+    if case == "a_list":
+        state = [1, 2, 3]
+    else:
+        first = next(iter(state["state"]))
+        state["state"][first]["exp_avg"] = torch.zeros(3, 3)
+    torch.save(state, path)
+    capsys.readouterr()
+    assert train(data, out, "--resume", "--steps", "4") == 2
+    line = error_line(capsys)
+    assert "optimizer.pt: optimizer state does not fit this model" in line
+    assert "resumes" not in json.loads((out / "run.json").read_text())
+
+
+def test_garbage_metrics_line_does_not_block_resume(data, tmp_path, caplog):
+    out = tmp_path / "run"
+    assert train(data, out, "--steps", "4", "--save-every", "2") == 0
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    lines.insert(2, "this is not json")
+    (out / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert train(data, out, "--resume", "--steps", "6") == 0
+    assert [r["step"] for r in read_metrics(out)] == [0, 2, 4, 6]
+    assert any("metrics.jsonl: skipping line 3" in r.getMessage() for r in caplog.records)
+
+
+def test_lock_file_is_not_a_snapshot_and_a_failed_fresh_run_leaves_nothing(data, tmp_path):
+    out = tmp_path / "run"
+    assert main(["--preset", "no_such_preset", "--data", str(data), "--out", str(out), "-q"]) == 2
+    assert not out.exists()
+    assert train(data, out, "--steps", "2") == 0
+    assert (out / LOCK_FILE).is_file() and LOCK_FILE not in [p.name for p in list_snapshots(out)]
+
+
+# --------------------------------------------------------------------------- bad settings and files
+
+
+@pytest.mark.parametrize("flag, message", [
+    (("--lr", "inf"), "--lr must be a finite number > 0"),
+    (("--momentum", "nan"), "--momentum must be a number in [0, 1)"),
+    (("--min-lr-ratio", "-3"), "--min-lr-ratio must be a number in [0, 1]"),
+    (("--weight-decay", "-1"), "--weight-decay must be a finite number >= 0"),
+    (("--betas", "0.9,1.5"), "--betas must be two numbers in [0, 1)")])
+def test_bad_settings_are_refused(flag, message, data, tmp_path, capsys):
+    assert train(data, tmp_path / "run", *flag) == 2
+    assert message in error_line(capsys)
+    assert not (tmp_path / "run").exists()
+
+
+def saved(tmp_path: Path) -> Path:
+    from models import build_model, get_preset
+    from models.checkpoint import save_snapshot
+    from models.tokenizers import CharTokenizer
+
+    snap = tmp_path / "snap"
+    save_snapshot(snap, build_model(get_preset("transformer4_rms_small", d_vocab=5)),
+                  CharTokenizer.from_text("abcde"), step=3)
+    return snap
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m["model"].update(norm_eps=float("inf")), "norm_eps must be a finite number"),
+    (lambda m: m.update(step="many"), "'step' must be a non-negative integer, got 'many'"),
+    (lambda m: m.update(step=-5), "'step' must be a non-negative integer, got -5"),
+    (lambda m: m["tokenizer"].update(files=5), "'tokenizer.files' must be a list of file names"),
+    (lambda m: m["tokenizer"].update(files=["../../../../etc/passwd"]), "must be a plain file name")])
+def test_bad_config_json_is_refused_in_one_line(edit, message, tmp_path):
+    snap = saved(tmp_path)
+    meta = json.loads((snap / "config.json").read_text())
+    edit(meta)
+    (snap / "config.json").write_text(json.dumps(meta))  # inf is written as Infinity
+    proc = subprocess.run([sys.executable, "-m", "probes.entropy", "--ckpt", str(snap), "--text", "abc"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert message in proc.stderr
