@@ -297,6 +297,27 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, layer: int
         per_position=select(stats.per_position(), heads) if per_position else None)
 
 
+def head_pattern(model: Any, tokens: torch.Tensor, layer: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One head's attention pattern on one window and each query row's entropy.
+
+    tokens: [1 pos] (pos <= n_ctx). Returns (pattern [q k], row entropy [q] in nats), float64
+    on the CPU: what a heatmap of the head shows.
+    """
+    dims = require_attention(model)
+    check_layer_head(dims, layer, head)
+    (window,) = as_batches(tokens[:1], dims.n_ctx, dims.d_vocab)[:1]  # [1 pos]
+    kept: dict[str, torch.Tensor] = {}
+
+    def keep(pattern: torch.Tensor, hook: Any) -> None:  # [batch head q k]
+        kept["p"] = pattern[0, head].detach().double().cpu()
+
+    with torch.no_grad():
+        model.run_with_hooks(window.to(model_device(model)),
+                             fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", keep)])
+    pattern = kept["p"]  # [q k]
+    return pattern, attention_entropy(pattern)
+
+
 def describe_model(model: Any) -> str:
     d = require_attention(model)
     return f"{type(model).__name__}(n_layers={d.n_layers}, n_heads={d.n_heads}, n_ctx={d.n_ctx})"

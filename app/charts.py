@@ -1,0 +1,144 @@
+"""Altair charts of probe results: pure functions from plain data to a chart, no Streamlit.
+
+Colour scales are fixed to what the numbers mean (normalised entropy 0 = one-hot .. 1 =
+uniform; the g/w/u band around 1e-3) so that two runs look alike when they behave alike, and
+every mark carries a tooltip with the exact numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import altair as alt
+import pandas as pd
+
+ENTROPY_SCALE = alt.Scale(scheme="viridis", domain=[0, 1])
+BAND = (1e-4, 1e-2)  # the default g/w/u band; makemore's target is 1e-3
+
+
+def entropy_grid(normalized: list[list[float]], verdicts: list[list[str]],
+                 evidence: dict[str, list[list[Any]]], title: str = "") -> alt.Chart:
+    """Layer x head cells coloured by normalised entropy, each marked with its verdict."""
+    rows = []
+    for layer, (values, marks) in enumerate(zip(normalized, verdicts)):
+        for h, (value, verdict) in enumerate(zip(values, marks)):
+            row = {"layer": layer, "head": h, "normalised entropy": _finite(value), "verdict": verdict}
+            row.update({k: _finite(v[layer][h]) for k, v in evidence.items()
+                        if isinstance(v, list) and len(v) > layer and len(v[layer]) > h})
+            rows.append(row)
+    data = pd.DataFrame(rows)
+    base = alt.Chart(data, title=title).encode(
+        x=alt.X("head:O", title="head"), y=alt.Y("layer:O", title="layer"))
+    cells = base.mark_rect(stroke="white").encode(
+        color=alt.Color("normalised entropy:Q", scale=ENTROPY_SCALE,
+                        legend=alt.Legend(title="normalised entropy: 0 one-hot, 1 uniform",
+                                          orient="bottom", gradientLength=220, titleLimit=400)),
+        tooltip=list(data.columns))
+    text = base.mark_text(fontSize=11).encode(
+        text="verdict:N",
+        color=alt.condition("datum['normalised entropy'] > 0.5", alt.value("black"), alt.value("white")))
+    return (cells + text).properties(width=max(320, 90 * len(normalized[0])), height=44 * len(normalized))
+
+
+def difference_grid(a: list[list[float]], b: list[list[float]], title: str) -> alt.Chart:
+    rows = [{"layer": l, "head": h, "difference": _finite(y - x) if _ok(x) and _ok(y) else None}
+            for l, (ra, rb) in enumerate(zip(a, b)) for h, (x, y) in enumerate(zip(ra, rb))]
+    return alt.Chart(pd.DataFrame(rows), title=title).mark_rect(stroke="white").encode(
+        x="head:O", y="layer:O",
+        color=alt.Color("difference:Q", scale=alt.Scale(scheme="redblue", domain=[-1, 1]),
+                        legend=alt.Legend(orient="bottom")),
+        tooltip=["layer", "head", alt.Tooltip("difference:Q", format="+.3f")],
+    ).properties(width=max(320, 90 * len(a[0])), height=44 * len(a))
+
+
+def pattern_heatmap(pattern: list[list[float]], labels: list[str], pieces: list[str], title: str) -> alt.Chart:
+    """A head's attention: query rows against key columns, token labels on both axes."""
+    rows = [{"query": labels[q], "key": labels[k], "q": q, "k": k, "p": p,
+             "query token": repr(pieces[q]), "key token": repr(pieces[k])}
+            for q, row in enumerate(pattern) for k, p in enumerate(row) if k <= q]
+    order = labels
+    size = max(240, min(640, 16 * len(labels)))
+    return alt.Chart(pd.DataFrame(rows), title=title).mark_rect().encode(
+        x=alt.X("key:N", sort=order, title="key (position: token)"),
+        y=alt.Y("query:N", sort=order, title="query (position: token)"),
+        color=alt.Color("p:Q", scale=alt.Scale(scheme="blues", domain=[0, 1]), title="attention"),
+        tooltip=["q", "query token", "k", "key token", alt.Tooltip("p:Q", format=".3f")],
+    ).properties(width=size, height=size)
+
+
+def row_entropy_line(values: list[float], labels: list[str]) -> alt.Chart:
+    data = pd.DataFrame({"position": list(range(len(values))), "token": labels,
+                         "entropy (nats)": [_finite(v) for v in values],
+                         "uniform": [math.log(i + 1) for i in range(len(values))]})
+    line = alt.Chart(data).mark_line(point=True).encode(
+        x=alt.X("position:Q"), y=alt.Y("entropy (nats):Q"), tooltip=["position", "token", "entropy (nats)"])
+    uniform = alt.Chart(data).mark_line(strokeDash=[4, 4], color="gray").encode(
+        x="position:Q", y="uniform:Q", tooltip=[alt.Tooltip("uniform:Q", title="ln(keys): uniform", format=".3f")])
+    return (line + uniform).properties(height=180, title="entropy of each query row (dashed: uniform)")
+
+
+def lines_over_steps(data: pd.DataFrame, y: str, color: str, title: str, log: bool = False,
+                     height: int = 200) -> alt.Chart:
+    scale = alt.Scale(type="log") if log else alt.Scale(zero=False)
+    return alt.Chart(data, title=title).mark_line(point=len(data) < 80).encode(
+        x=alt.X("step:Q"), y=alt.Y(f"{y}:Q", scale=scale, title=y),
+        color=alt.Color(f"{color}:N", legend=alt.Legend(orient="bottom", title=None, columns=4)),
+        tooltip=list(data.columns),
+    ).properties(height=height)
+
+
+def nan_marks(steps: list[int], title: str = "NaN") -> alt.Chart:
+    """Red rules where values turned non-finite."""
+    return alt.Chart(pd.DataFrame({"step": steps, "what": [title] * len(steps)})).mark_rule(
+        color="red", strokeWidth=2).encode(x="step:Q", tooltip=["step", "what"])
+
+
+def band_layer(lo: float = BAND[0], hi: float = BAND[1]) -> alt.Chart:
+    """The healthy g/w/u band as a shaded area, with makemore's 1e-3 as a dashed line."""
+    band = alt.Chart(pd.DataFrame({"lo": [lo], "hi": [hi]})).mark_rect(opacity=0.12, color="green").encode(
+        y=alt.Y("lo:Q", title=None), y2="hi:Q")
+    target = alt.Chart(pd.DataFrame({"u": [1e-3]})).mark_rule(strokeDash=[6, 4], color="green").encode(
+        y=alt.Y("u:Q", title=None))
+    return band + target
+
+
+def lens_grid(cells: pd.DataFrame, color: str, title: str) -> alt.Chart:
+    """Layer x position: the top-1 token as text, coloured by the chosen measure."""
+    scales = {"top-1 probability": alt.Scale(scheme="greens", domain=[0, 1]),
+              "KL to final (nats)": alt.Scale(scheme="orangered"),
+              "rank of the true next token": alt.Scale(scheme="purples", type="symlog")}
+    base = alt.Chart(cells, title=title).encode(
+        x=alt.X("label:N", sort=list(dict.fromkeys(cells["label"])), title="position: input token"),
+        y=alt.Y("layer:N", sort=list(dict.fromkeys(cells["layer"])), title="layer"))
+    rect = base.mark_rect(stroke="white").encode(
+        color=alt.Color(f"{color}:Q", scale=scales[color]), tooltip=["layer", "label", "top-k", color])
+    text = base.mark_text(fontSize=11).encode(text="top-1:N")
+    n = cells["label"].nunique()
+    return (rect + text).properties(width=max(14, min(38, 820 // n)) * n, height=30 * cells["layer"].nunique())
+
+
+def per_layer_line(data: pd.DataFrame, y: str, color: str, title: str) -> alt.Chart:
+    """A measure per layer (embed, 0_post, 1_post, ...) in the model's order, one line per `color`."""
+    return alt.Chart(data, title=title).mark_line(point=True).encode(
+        x=alt.X("layer:N", sort=list(dict.fromkeys(data["layer"]))), y=alt.Y(f"{y}:Q", title=y),
+        color=alt.Color(f"{color}:N", legend=alt.Legend(orient="bottom", title=None)),
+        tooltip=list(data.columns)).properties(height=220)
+
+
+def scatter_map(data: pd.DataFrame, title: str) -> alt.Chart:
+    base = alt.Chart(data, title=title).encode(x=alt.X("x:Q", title="PC 1"), y=alt.Y("y:Q", title="PC 2"),
+                                               tooltip=["token", "id", "role", "cosine"])
+    points = base.mark_circle(size=60).encode(
+        color=alt.Color("role:N", scale=alt.Scale(domain=["chosen", "neighbour", "other"],
+                                                  range=["#d62728", "#ff7f0e", "#9aa5b1"])))
+    labels = base.mark_text(dx=7, align="left", fontSize=11).encode(text="token:N")
+    return (points + labels).properties(height=460).interactive()
+
+
+def _ok(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _finite(value: Any) -> Any:
+    return value if not isinstance(value, float) or math.isfinite(value) else None

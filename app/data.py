@@ -1,0 +1,200 @@
+"""What the app reads, cached: runs on disk, loaded models, and probe results as plain values.
+
+Models are `st.cache_resource` keyed by path and modification time (a retrained snapshot is
+reloaded); probe results are `st.cache_data` keyed by plain values. Every number comes from a
+probe (`probes.*`) or a run reader (`models.*`); this module only reshapes them for charts.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+import torch
+
+from models.checkpoint import is_run_dir, is_snapshot_dir, list_snapshots, load_checkpoint, read_metrics
+from models.runs import read_run_json, snapshot_step
+from models.sample import continue_text
+from probes import degenerate, entropy, logit_lens, neighbours, projection, updates
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun."
+
+
+@dataclass(frozen=True)
+class Source:
+    """A run directory (with its snapshots) or a single snapshot / series .pt file."""
+
+    path: Path
+    preset: str | None = None  # for a bare .pt state dict
+
+    @property
+    def is_run(self) -> bool:
+        return is_run_dir(self.path)
+
+    @property
+    def label(self) -> str:
+        return self.path.name
+
+    def snapshots(self) -> list[Path]:
+        return list_snapshots(self.path) if self.is_run else [self.path]
+
+
+def discover(roots: list[Path]) -> list[Source]:
+    """Run directories under each root (or the root itself when it is a run or snapshot)."""
+    found: list[Source] = []
+    for root in roots:
+        if is_run_dir(root) or is_snapshot_dir(root):
+            found.append(Source(root))
+        elif root.is_dir():
+            found += [Source(p) for p in sorted(root.iterdir()) if p.is_dir() and is_run_dir(p)]
+    unique: dict[Path, Source] = {}
+    for source in found:  # a run named twice (--runs and checkpoints/) is listed once, first place
+        unique.setdefault(source.path.resolve(), source)
+    return list(unique.values())
+
+
+def mtime(path: Path) -> float:
+    """Newest modification time of a snapshot's files (cache key: retrained means reloaded)."""
+    files = [path] if path.is_file() else list(path.iterdir()) if path.is_dir() else []
+    return max((f.stat().st_mtime for f in files), default=0.0)
+
+
+@st.cache_resource(max_entries=8, show_spinner="Loading the model...")
+def load(path: str, modified: float, preset: str | None = None) -> Any:
+    """A Snapshot (model in eval mode, tokenizer, config, meta); `modified` keys the cache."""
+    torch.set_grad_enabled(True)
+    return load_checkpoint(path, preset=preset)
+
+
+def snapshot(path: Path, preset: str | None = None) -> Any:
+    return load(str(path), mtime(path), preset)
+
+
+def encode(snap: Any, text: str) -> torch.Tensor:
+    """[1 pos] ids of `text` cut to the model's context (the app shows one window)."""
+    if not text:
+        raise ValueError("the text is empty: type some text in the sidebar")
+    if snap.tokenizer is None:
+        raise ValueError("this checkpoint has no tokenizer: put the series' vocab.json beside the .pt file")
+    ids = snap.tokenizer.encode(text)
+    return torch.tensor([ids[: snap.config.n_ctx]])
+
+
+def pieces(snap: Any, ids: list[int]) -> list[str]:
+    return [neighbours.token_piece(snap.tokenizer, i) or str(i) for i in ids]
+
+
+def shown(piece: str) -> str:
+    """Whitespace made visible for axis labels."""
+    return piece.replace("\n", "⏎").replace(" ", "␣").replace("\t", "⇥") or "∅"
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def metrics(run: Path) -> list[dict[str, Any]]:
+    """The run's records (tolerates a half-written last line: the reader skips it)."""
+    return read_metrics(run) if run.is_dir() else []
+
+
+def data_file(run: Path) -> Path | None:
+    """The text file a run was trained on, if it is still where run.json says (or beside us)."""
+    info = (read_run_json(run) or {}).get("data") or {} if is_run_dir(run) else {}
+    recorded = info.get("path")
+    if not recorded:
+        return None
+    for candidate in (Path(recorded), REPO / recorded, REPO.parent / "shared" / "data" / Path(recorded).name):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def random_passage(path: Path, length: int, seed: int) -> str:
+    """A random slice of the data file, starting at a line."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    rng = random.Random(seed)
+    start = rng.randrange(0, max(1, len(text) - length))
+    start = text.find("\n", start) + 1 or start
+    return text[start:start + length]
+
+
+# --------------------------------------------------------------------------- probes (cached)
+
+
+@st.cache_data(max_entries=64, show_spinner="Measuring attention...")
+def attention(path: str, modified: float, text: str, preset: str | None = None) -> dict[str, Any]:
+    snap = load(path, modified, preset)
+    ids = encode(snap, text)
+    result = degenerate.run(snap.model, ids)
+    ent = entropy.run(snap.model, ids)
+    return {"verdicts": result.verdicts, "evidence": result.evidence, "entropy": ent.entropy,
+            "normalized": ent.entropy_normalized, "rows": ids.shape[1], "tokens": ids[0].tolist()}
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def head(path: str, modified: float, text: str, layer: int, head_index: int,
+         preset: str | None = None) -> dict[str, Any]:
+    snap = load(path, modified, preset)
+    ids = encode(snap, text)
+    pattern, row_entropy = entropy.head_pattern(snap.model, ids, layer, head_index)
+    return {"pattern": pattern.tolist(), "row_entropy": row_entropy.tolist(),
+            "pieces": pieces(snap, ids[0].tolist())}
+
+
+@st.cache_data(max_entries=64, show_spinner="Running the logit lens...")
+def lens(path: str, modified: float, text: str, k: int = 5, preset: str | None = None) -> dict[str, Any]:
+    snap = load(path, modified, preset)
+    ids = encode(snap, text)
+    result = logit_lens.run(snap.model, ids, k=k, tokenizer=snap.tokenizer)
+    data = result.to_dict()
+    return {key: data[key] for key in ("layers", "pieces", "kl_to_final", "kl_to_final_per_position",
+                                       "target_rank_per_position", "top_k", "cross_entropy")}
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def nearest(path: str, modified: float, token: str, k: int, table: str,
+            preset: str | None = None) -> dict[str, Any]:
+    snap = load(path, modified, preset)
+    return neighbours.run(snap.model, token, k=k, table=table, tokenizer=snap.tokenizer).to_dict()
+
+
+@st.cache_data(max_entries=16, show_spinner="Projecting the embedding table...")
+def embedding_map(path: str, modified: float, table: str, preset: str | None = None) -> dict[str, Any]:
+    snap = load(path, modified, preset)
+    coords, explained = projection.run(snap.model, table)
+    return {"x": coords[:, 0].tolist(), "y": coords[:, 1].tolist(), "explained": explained.tolist(),
+            "pieces": pieces(snap, list(range(coords.shape[0])))}
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def sample(path: str, modified: float, prompt: str, n: int, greedy: bool, temperature: float,
+           seed: int, preset: str | None = None) -> str:
+    snap = load(path, modified, preset)
+    return continue_text(snap, prompt, n, greedy=greedy, temperature=temperature, seed=seed)
+
+
+def update_history(run: Path, modified: float) -> updates.UpdateHistory:
+    return _update_history(str(run), modified)
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def _update_history(run: str, modified: float) -> updates.UpdateHistory:
+    return updates.from_run(run)
+
+
+def metrics_mtime(run: Path) -> float:
+    path = run / "metrics.jsonl"
+    return path.stat().st_mtime if path.is_file() else 0.0
+
+
+def is_training(run: Path, within_s: float = 120.0) -> bool:
+    """A run whose metrics were written in the last two minutes is probably still training."""
+    import time
+
+    return run.is_dir() and (time.time() - metrics_mtime(run)) < within_s and \
+        os.path.exists(run / ".train.lock")

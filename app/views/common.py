@@ -1,0 +1,68 @@
+"""What every page shares: the sidebar's selection and the error box that replaces a traceback."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import streamlit as st
+
+from app import data
+
+
+@dataclass
+class Selection:
+    run: data.Source  # the run (or lone snapshot) picked in the sidebar
+    snapshot: Path  # the snapshot picked in the sidebar
+    text: str  # the text to probe
+    sources: list[data.Source]  # every run the app knows, for Compare
+
+    @property
+    def key(self) -> tuple[str, float, str | None]:
+        """(path, mtime, preset): what the cached probe calls are keyed by."""
+        return str(self.snapshot), data.mtime(self.snapshot), self.run.preset
+
+
+def current() -> Selection | None:
+    """The selection app/main.py made from the sidebar in this script run."""
+    return st.session_state.get("selection")
+
+
+def page(title: str, question: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A page body: title and question, nothing without a selection, and an error box (never a
+    traceback) for bad input: a missing or corrupt checkpoint, a model without attention, an
+    empty text, a character the vocabulary lacks."""
+    def wrap(body: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(body)
+        def render(selection: Selection | None, *args: Any) -> None:
+            st.title(title)
+            st.caption(question)
+            if selection is None:
+                st.info("Choose a run in the sidebar.")
+                return
+            try:
+                body(selection, *args)
+            except Exception as exc:  # noqa: BLE001 - the page shows it; the app keeps working
+                st.error(f"{type(exc).__name__}: {first_line(exc)}")
+        return render
+    return wrap
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def show(chart: Any, where: Any = None, stretch: bool = False) -> None:
+    """Draw an Altair chart whose width/height mean the plot area (legends and titles come on top),
+    stretched to the column for line charts, at its own size for grids and heatmaps."""
+    import altair as alt
+
+    autosize = alt.AutoSizeParams(type="fit-x" if stretch else "pad", contains="padding")
+    (where or st).altair_chart(chart.properties(autosize=autosize), width="stretch" if stretch else "content")
+
+
+def has_attention(snap: Any) -> bool:
+    return getattr(snap.config, "family", "") == "transformer"

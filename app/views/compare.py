@@ -1,0 +1,61 @@
+"""Compare: how do two snapshots of a run, or two runs, differ on the same text?"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app import charts, data
+from app.views.common import Selection, first_line, has_attention, page, show
+
+
+@page("Compare", "How do two snapshots of a run, or two runs, differ on the same text?")
+def render(sel: Selection) -> None:
+    options = {f"{sel.run.label} / {p.name}": (sel.run, p) for p in sel.run.snapshots()}
+    for source in sel.sources:
+        if source.path != sel.run.path:
+            options.update({f"{source.label} / {p.name}": (source, p) for p in source.snapshots()[-1:]})
+    labels = list(options)
+    here = f"{sel.run.label} / {sel.snapshot.name}"
+    other_default = next((l for l in labels if l != here), here)
+    c1, c2 = st.columns(2)
+    a = options[c1.selectbox("A", labels, index=labels.index(here), key="cmp_a")]
+    b = options[c2.selectbox("B", labels, index=labels.index(other_default), key="cmp_b")]
+    results = [probe(run, path, sel.text) for run, path in (a, b)]
+    for column, (run, path), result in zip((c1, c2), (a, b), results):
+        with column:
+            st.markdown(f"**{run.label} / {path.name}**: val loss {result['val_loss']}")
+            if "error" in result:
+                st.error(result["error"])
+            elif result["attention"]:
+                att = result["attention"]
+                show(charts.entropy_grid(att["normalized"], att["verdicts"], {}, "normalised entropy"))
+    attn = [r["attention"] for r in results]
+    if all(attn) and [len(x["normalized"]) for x in attn] == [len(attn[1]["normalized"])] * 2 \
+            and len(attn[0]["normalized"][0]) == len(attn[1]["normalized"][0]):
+        show(charts.difference_grid(attn[0]["normalized"], attn[1]["normalized"],
+                                               "B - A: normalised entropy (red: B more focused)"))
+    kl = [{"layer": layer, "run": name, "KL(final || layer)": value}
+          for name, r in zip(("A", "B"), results) if r.get("lens")
+          for layer, value in zip(r["lens"]["layers"], r["lens"]["kl_to_final"])]
+    if kl:
+        show(charts.per_layer_line(pd.DataFrame(kl), "KL(final || layer)", "run", "logit-lens KL per layer"),
+             stretch=True)
+
+
+def probe(run: data.Source, path, text: str) -> dict:
+    out: dict = {"attention": None, "lens": None, "val_loss": "-"}
+    records = [r for r in data.metrics(run.path) if r.get("step") == data.snapshot_step(path)] \
+        if run.is_run else []
+    if records and isinstance(records[0].get("val_loss"), float):
+        out["val_loss"] = f"{records[0]['val_loss']:.3f}"
+    try:
+        snap = data.snapshot(path, run.preset)
+        key = (str(path), data.mtime(path))
+        if has_attention(snap):
+            out["attention"] = data.attention(*key, text, run.preset)
+            if snap.config.unembed != "mlp":
+                out["lens"] = data.lens(*key, text, 5, run.preset)
+    except Exception as exc:  # noqa: BLE001 - shown beside the other side, which keeps working
+        out["error"] = f"{type(exc).__name__}: {first_line(exc)}"
+    return out

@@ -1,0 +1,69 @@
+"""Overview: what is this model, how did its training go, and what does it write?"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app import charts, data
+from app.views.common import Selection, first_line, page, show
+
+
+@page("Overview", "What is this model, how did training go, and what does it write?")
+def render(sel: Selection) -> None:
+    snap = data.snapshot(sel.snapshot, sel.run.preset)
+    cfg = snap.config
+    n_params = sum(p.numel() for p in snap.model.parameters())
+    cols = st.columns(4)
+    cols[0].metric("parameters", f"{n_params:,}")
+    cols[1].metric("step", "-" if snap.step is None else f"{snap.step:,}")
+    cols[2].metric("tokens seen", "-" if snap.tokens_seen is None else f"{snap.tokens_seen / 1e6:.2f}M")
+    tok = snap.tokenizer
+    cols[3].metric("tokenizer", "none" if tok is None else f"{tok.kind} ({tok.vocab_size})")
+    if snap.nonfinite_params():
+        st.error(f"{len(snap.nonfinite_params())} parameters hold NaN or inf: this snapshot diverged")
+    with st.expander("model config"):
+        st.json(cfg.to_dict())
+    if sel.run.is_run:
+        curves(sel)
+    samples(sel, cfg)
+
+
+def curves(sel: Selection) -> None:
+    records = data.metrics(sel.run.path)
+    rows = [{"step": r["step"], "curve": name, "value": r.get(key)}
+            for r in records for name, key in (("train loss", "train_loss"), ("val loss", "val_loss"))
+            if isinstance(r.get(key), (int, float))]
+    if not rows:
+        st.info("This run logged no losses yet.")
+        return
+    left, right = st.columns(2)
+    show(charts.lines_over_steps(pd.DataFrame(rows), "value", "curve", "loss (nats per token)"), left, stretch=True)
+    bpc = pd.DataFrame([{"step": r["step"], "curve": "val BPC", "BPC": r["bpc"]}
+                        for r in records if isinstance(r.get("bpc"), (int, float))])
+    if len(bpc):
+        show(charts.lines_over_steps(bpc, "BPC", "curve", "bits per character"), right, stretch=True)
+    diverged = [r for r in records if r.get("diverged")]
+    if diverged:
+        d = diverged[0]["diverged"]
+        st.error(f"Training diverged at step {diverged[0]['step']}: {d.get('reason')}")
+
+
+def samples(sel: Selection, cfg) -> None:
+    st.subheader("What it writes")
+    mlp = cfg.family == "mlp"  # its window is fixed: the prompt must fill it
+    default = (sel.text or "ROMEO: But soft, what light")[: cfg.n_ctx] if mlp else "ROMEO:"
+    prompt = st.text_input("prompt" + (f" (at least {cfg.n_ctx} characters)" if mlp else ""),
+                           value=default, key=f"prompt:{cfg.family}")
+    c1, c2, c3 = st.columns(3)
+    n = c1.slider("new tokens", 20, 400, 160, step=20)
+    temperature = c2.slider("temperature", 0.1, 2.0, 0.8, step=0.1)
+    seed = c3.number_input("seed", 0, 10_000, 0)
+    left, right = st.columns(2)
+    for column, greedy, title in ((left, True, "greedy"), (right, False, f"sampled (T = {temperature})")):
+        try:
+            text = data.sample(*sel.key[:2], prompt, n, greedy, temperature, int(seed), sel.run.preset)
+            column.markdown(f"**{title}**")
+            column.code(prompt + text, language=None)
+        except ValueError as exc:
+            column.error(first_line(exc))

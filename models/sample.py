@@ -1,0 +1,106 @@
+"""Continue a prompt with a model: greedy or sampled, the way the series judged every model.
+
+    python -m models.sample --ckpt checkpoints/shakespeare_rms4 --prompt "ROMEO:" --tokens 200
+    python -m models.sample --ckpt checkpoints/shakespeare_gpt --prompt "ROMEO:" --greedy
+
+Notebook: `generate(model, tokens, max_new_tokens=100, temperature=0.8, seed=0)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import torch
+
+
+@torch.no_grad()
+def generate(model: Any, tokens: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+             top_k: int | None = None, greedy: bool = False, seed: int | None = None) -> torch.Tensor:
+    """tokens [1 pos] -> [1 pos + max_new_tokens]: each step reads the last n_ctx tokens.
+
+    Greedy takes the most likely token; otherwise it samples from softmax(logits / temperature),
+    restricted to the `top_k` most likely tokens when given; `seed` makes the draw repeatable.
+    The MLP family needs at least n_ctx prompt tokens (its window is fixed).
+    """
+    cfg = model.cfg
+    if tokens.dim() != 2 or tokens.shape[0] != 1 or tokens.shape[1] < 1:
+        raise ValueError(f"tokens must be [1 pos] with pos >= 1, got {tuple(tokens.shape)}")
+    if cfg.family == "mlp" and tokens.shape[1] < cfg.n_ctx:
+        raise ValueError(f"this MLP model reads windows of {cfg.n_ctx} tokens: give a prompt of at "
+                         f"least {cfg.n_ctx}, got {tokens.shape[1]}")
+    if not greedy and not (temperature > 0 and temperature < float("inf")):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if max_new_tokens < 0:
+        raise ValueError(f"the number of new tokens must be >= 0, got {max_new_tokens}")
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    device = next(model.parameters()).device
+    out = tokens.to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        for _ in range(max_new_tokens):
+            logits = model(out[:, -cfg.n_ctx:])[0, -1].float().cpu()  # [vocab]
+            out = torch.cat([out, _pick(logits, temperature, top_k, greedy, gen).to(device).view(1, 1)], 1)
+    finally:
+        model.train(was_training)
+    return out
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, greedy: bool,
+          gen: torch.Generator | None) -> torch.Tensor:
+    if not bool(torch.isfinite(logits).all()):
+        raise ValueError("the model's logits are NaN or inf (a diverged model): nothing to sample")
+    if greedy:
+        return logits.argmax()
+    if top_k is not None and top_k < logits.numel():
+        cutoff = logits.topk(top_k).values[-1]
+        logits = logits.masked_fill(logits < cutoff, float("-inf"))
+    probs = torch.softmax(logits.double() / temperature, dim=-1)  # [vocab]
+    return torch.multinomial(probs, 1, generator=gen)[0]
+
+
+def continue_text(snap: Any, prompt: str, max_new_tokens: int, **kwargs: Any) -> str:
+    """The prompt's continuation as text (the prompt itself left out)."""
+    if snap.tokenizer is None:
+        raise ValueError("this checkpoint has no tokenizer, so a text prompt cannot be encoded")
+    if not prompt:
+        raise ValueError("the prompt is empty: give at least one character")
+    ids = torch.tensor([snap.tokenizer.encode(prompt)])  # [1 pos]; unknown characters raise
+    out = generate(snap.model, ids, max_new_tokens, **kwargs)
+    return snap.tokenizer.decode(out[0, ids.shape[1]:].tolist())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from models.checkpoint import add_ckpt_arguments
+
+    p = argparse.ArgumentParser(prog="python -m models.sample", description=__doc__.split("\n\n")[0])
+    add_ckpt_arguments(p)
+    p.add_argument("--prompt", required=True, help="text to continue (every character must be in the vocabulary)")
+    p.add_argument("--tokens", type=int, default=200, help="how many tokens to generate (default 200)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens only")
+    p.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    p.add_argument("--seed", type=int, default=0, help="seed of the draw (default 0)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from models.checkpoint import load_from_args
+    from models.cli import run_cli
+
+    def body() -> int:
+        snap = load_from_args(args)
+        print(args.prompt + continue_text(snap, args.prompt, args.tokens, temperature=args.temperature,
+                                          top_k=args.top_k, greedy=args.greedy, seed=args.seed))
+        return 0
+
+    return run_cli(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
