@@ -18,7 +18,7 @@ def pca_2d(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of `table` [n d] projected on its first two principal axes: ([n 2], explained [2]).
 
     The columns are centred; `explained` is each axis's fraction of the total variance. Signs
-    are fixed so that each axis's largest-magnitude coordinate is positive (SVD signs are
+    are fixed so that the first row off the origin is positive on each axis (SVD signs are
     arbitrary), which keeps the picture stable between calls.
     """
     if table.dim() != 2 or table.shape[0] < 2:
@@ -31,8 +31,11 @@ def pca_2d(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     coords = u[:, :2] * s[:2]  # [n 2]
     if coords.shape[1] < 2:
         coords = torch.cat([coords, torch.zeros(coords.shape[0], 2 - coords.shape[1], dtype=coords.dtype)], 1)
-    signs = torch.sign(coords.gather(0, coords.abs().argmax(0, keepdim=True)))
-    coords = coords * torch.where(signs == 0, torch.ones_like(signs), signs)
+    for axis in range(2):  # the first row off the origin gets a positive coordinate
+        column = coords[:, axis]
+        off = (column.abs() > 1e-9 * column.abs().max()).nonzero()
+        if len(off) and column[off[0, 0]] < 0:
+            coords[:, axis] = -column
     total = s.pow(2).sum()
     explained = torch.zeros(2, dtype=torch.float64)
     explained[: min(2, len(s))] = s[:2].pow(2) / total if total > 0 else 0.0
