@@ -78,19 +78,19 @@ def test_ci_run_is_executable_and_runs_pytest() -> None:
     assert "/tmp/venv" not in text
 
 
-def _first_code_block(markdown: str) -> list[str]:
-    match = re.search(r"^```[^\n]*\n(.*?)^```", markdown, flags=re.S | re.M)
-    assert match, "README.md has no code block"
-    return [line.strip() for line in match.group(1).splitlines() if line.strip()]
+def _code_blocks(markdown: str) -> list[list[str]]:
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", markdown, flags=re.S | re.M)
+    assert blocks, "README.md has no code block"
+    return [[line.strip() for line in b.splitlines() if line.strip()] for b in blocks]
 
 
 def test_readme_quick_start_commands() -> None:
-    commands = _first_code_block((ROOT / "README.md").read_text())
-    assert len(commands) == 3, commands
-    setup, main_job, tests = commands
-    assert 'pip install -e ".[dev]"' in setup
-    assert main_job.startswith("python -m ")
-    assert tests == "python -m pytest"
+    setup, run = _code_blocks((ROOT / "README.md").read_text())[:2]
+    assert setup[0].startswith("python3 -m venv .venv")
+    assert "--index-url https://download.pytorch.org/whl/cpu" in setup[1]  # the CPU choice first
+    assert setup[-1] == 'pip install -e ".[dev]"'
+    assert run == ["streamlit run app/main.py", "python -m pytest"]  # the main job, then the tests
+    assert 'pip install -e ".[dev]"' in (ROOT / ".ci" / "run").read_text()
 
 
 # Imports run one way (DESIGN.md): train -> probes -> models. Each check runs in a fresh
