@@ -243,6 +243,10 @@ class EntropyResult:
             out["source"] = self.source
         return to_jsonable(out)
 
+    def nonfinite_layers(self) -> list[int]:
+        """Layers with a head whose entropy is NaN or inf (a diverged model)."""
+        return [l for l, row in zip(self.layers, self.entropy) if not all(math.isfinite(h) for h in row)]
+
     def series_display(self, grid: list[list[float]] | None = None) -> str:
         """The series' log shape: {0: [0.69, 0.158, 1.011, 0.861], 1: [...]}."""
         grid = self.entropy if grid is None else grid
@@ -357,6 +361,10 @@ def main(argv: list[str] | None = None) -> int:
             print_json(result.to_dict())
         else:
             print(result.format())
+        bad = result.nonfinite_layers()
+        if bad:
+            print(f"warning: attention in layer(s) {', '.join(map(str, bad))} is NaN or inf: the "
+                  "model diverged there (JSON shows null)", file=sys.stderr)
         return 0
 
     return run_cli(body)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -88,7 +89,8 @@ def layer_stats(logits: torch.Tensor, final: FinalDistribution, tokens: torch.Te
     targets = tokens[:, 1:].unsqueeze(-1)  # [batch pos-1 1]
     target_logit = logits[:, :-1].gather(-1, targets)  # [batch pos-1 1]
     cross_entropy = lse[:, :-1] - target_logit.squeeze(-1)
-    rank = (logits[:, :-1] > target_logit).sum(-1)
+    rank = (logits[:, :-1] > target_logit).sum(-1).float()
+    rank[~torch.isfinite(logits[:, :-1]).all(-1)] = float("nan")  # NaN logits rank nothing first
     top_logits, top_ids = logits.topk(min(k, logits.shape[-1]), dim=-1)  # [batch pos k]
     return LayerStats(kl.clamp_min(0.0), cross_entropy, rank, (top_logits - lse.unsqueeze(-1)).exp(), top_ids)
 
@@ -349,6 +351,10 @@ def main(argv: list[str] | None = None) -> int:
             print_json(result.to_dict())
         else:
             print(result.format(max(1, args.columns)))
+        bad = [label for label, kl in zip(result.layers, result.kl_to_final) if not math.isfinite(kl)]
+        if bad:
+            print(f"warning: the lens at {', '.join(bad)} is NaN or inf (a diverged model): KL, "
+                  "cross-entropy and rank are not numbers there (JSON shows null)", file=sys.stderr)
         return 0
 
     return run_cli(body)

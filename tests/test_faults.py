@@ -198,3 +198,27 @@ def test_bad_config_json_is_refused_in_one_line(edit, message, tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert message in proc.stderr
+
+
+def test_nan_weights_are_reported_as_non_finite_not_as_healthy_numbers(tmp_path):
+    """The logit lens used to report rank 0 (top-1) for NaN logits; entropy printed nan silently."""
+    from models import build_model, get_preset
+    from models.checkpoint import save_snapshot
+    from models.tokenizers import CharTokenizer
+
+    model = build_model(get_preset("transformer4_rms_small", d_vocab=5))
+    with torch.no_grad():
+        model.blocks[2].attention.heads[0].W_Q.fill_(float("nan"))
+    snap = tmp_path / "nan"
+    save_snapshot(snap, model, CharTokenizer.from_text("abcde"))
+    run = lambda probe, *a: subprocess.run([sys.executable, "-m", f"probes.{probe}", "--ckpt", str(snap),
+                                            "--text", "abcdeabcde", *a], cwd=REPO, capture_output=True,
+                                           text=True, timeout=120)
+    lens = run("logit_lens", "--json")
+    data = json.loads(lens.stdout)
+    assert data["target_rank"][-1] is None and data["kl_to_final"][-1] is None
+    assert data["target_rank"][0] is not None  # the embedding, before the NaN, still reads
+    assert "NaN or inf" in run("logit_lens").stderr
+    ent = run("entropy")
+    assert ent.returncode == 0 and "warning: attention in layer(s) 2, 3 is NaN or inf" in ent.stderr
+    assert json.loads(run("entropy", "--json").stdout)["entropy"][2][0] is None
