@@ -125,8 +125,8 @@ def main() -> None:
         gwu_cost("tiny_shakespeare_gpt", batch=8, ctx=64, repeats=3)
         training_cost("transformer4_rms_small", steps=100, batch=16, repeats=2)
     else:
-        gwu_cost("gpt2_124m", batch=4, ctx=128, repeats=5)
-        training_cost("tiny_shakespeare_gpt", steps=300, batch=32, repeats=3)
+        gwu_cost("gpt2_124m", batch=4, ctx=128, repeats=3)
+        training_cost("tiny_shakespeare_gpt", steps=200, batch=16, repeats=2)
 
 
 if __name__ == "__main__":

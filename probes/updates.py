@@ -59,11 +59,6 @@ def rms(t: torch.Tensor) -> float:
     return float(t.detach().double().pow(2).mean().sqrt())
 
 
-def _delta_rms(after: torch.Tensor, before: torch.Tensor) -> float:
-    """rms(after - before), subtracted in float64 so tiny updates of big weights keep their digits."""
-    return rms(after.double() - before.to(after.device).double())
-
-
 def strip_wrapper_prefix(name: str) -> str:
     """`module._orig_mod.blocks.0.attention.W_O` -> `blocks.0.attention.W_O` (the series' name)."""
     changed = True
@@ -89,22 +84,47 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
+def rms_many(tensors: list[torch.Tensor]) -> list[float]:
+    """rms of each tensor, computed with fused norms per (device, dtype) and one host sync each.
+
+    float64 tensors stay float64 (exact to ~1e-15); float32 accumulates in float32 (~1e-6
+    relative, plenty for a ratio shown to two digits); half precision is upcast to float32.
+    """
+    out = [0.0] * len(tensors)
+    groups: dict[tuple, list[int]] = {}
+    for i, t in enumerate(tensors):
+        if t.numel():
+            groups.setdefault((t.device, t.dtype), []).append(i)
+    for (_, dtype), index in groups.items():
+        group = [tensors[i].detach() for i in index]
+        if dtype in (torch.float16, torch.bfloat16):
+            group = [t.float() for t in group]
+        norms = torch.stack(torch._foreach_norm(group)).double().tolist()  # one sync per group
+        for i, norm in zip(index, norms):
+            out[i] = norm / math.sqrt(tensors[i].numel())
+    return out
+
+
 def gwu_table(model: nn.Module, before: Mapping[str, torch.Tensor], lr: float) -> Table:
     """g/w/u per parameter, after `optimizer.step()` and before `zero_grad()`.
 
     before: `snapshot_params(model)` taken just before the step. Parameters absent from
     `before` are skipped. Returns {name: {"g", "w", "u", "u_nominal"}} in module order.
+    The update is subtracted in the parameters' own dtype: for nearby floats that difference
+    is exact (Sterbenz), so tiny updates of big weights keep their digits.
     """
+    params = {name: p for name, p in named_trainable(model).items() if name in before}
+    names = list(params)
+    after = [params[n].detach() for n in names]
+    deltas = torch._foreach_sub(after, [before[n].to(a.device) for n, a in zip(names, after)])
+    with_grad = [n for n in names if params[n].grad is not None]
+    w, d = rms_many(after), rms_many(deltas)
+    g = dict(zip(with_grad, rms_many([params[n].grad for n in with_grad])))
     table: Table = {}
-    for name, param in named_trainable(model).items():
-        if name not in before:
-            continue
-        after = param.detach()
-        g = None if param.grad is None else rms(param.grad)
-        w = rms(after)
-        u = _ratio(_delta_rms(after, before[name]), w)
-        u_nominal = None if g is None else _ratio(lr * g, w)
-        table[name] = {"g": g, "w": w, "u": u, "u_nominal": u_nominal}
+    for name, w_i, d_i in zip(names, w, d):
+        g_i = g.get(name)
+        table[name] = {"g": g_i, "w": w_i, "u": _ratio(d_i, w_i),
+                       "u_nominal": None if g_i is None else _ratio(lr * g_i, w_i)}
     return table
 
 
@@ -122,13 +142,11 @@ def gwu_from_snapshots(state_a: Mapping[str, Any], state_b: Mapping[str, Any]) -
     both with the same shape are compared; buffers that are not parameters are included as well.
     """
     a, b = _strip_state(state_a), _strip_state(state_b)
-    table: Table = {}
-    for name, after in b.items():
-        if name not in a or a[name].shape != after.shape:
-            continue
-        w = rms(after)
-        table[name] = {"w": w, "u": _ratio(_delta_rms(after, a[name]), w)}
-    return table
+    names = [n for n, t in b.items() if n in a and a[n].shape == t.shape and a[n].dtype == t.dtype]
+    after = [b[n] for n in names]
+    w = rms_many(after)
+    d = rms_many(torch._foreach_sub(after, [a[n].to(b[n].device) for n in names]))  # as gwu_table does
+    return {name: {"w": w_i, "u": _ratio(d_i, w_i)} for name, w_i, d_i in zip(names, w, d)}
 
 
 def format_gwu(table: Table, band: tuple[float, float] = TARGET_BAND, name_width: int = 36) -> str:

@@ -178,3 +178,23 @@ def test_a_character_the_vocabulary_lacks_or_an_empty_text_is_an_error_box(app):
     assert any("Z" in e.value for e in app.error) and not app.exception
     app.sidebar.text_area(key="text").set_value("").run()
     assert any("empty" in e.value for e in app.error)
+
+
+def test_a_run_still_training_is_followed_and_a_half_written_line_tolerated(app, runs, tmp_path):
+    import shutil
+
+    live = runs / "d_live"
+    shutil.copytree(runs / "a_rms", live, dirs_exist_ok=True)
+    (live / ".train.lock").write_text("12345\n")  # what a trainer holds while it runs
+    app.run()  # the sidebar lists the new run
+    open_page(app, "dynamics", run="d_live")
+    assert app.toggle(key="follow").value is True  # fresh metrics + a lock: follow by default
+    before = next(c.value for c in app.caption if "records" in c.value)
+    with open(live / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 25, "tokens": 1, "lr": 0.05, "attn_entropy": {"0": [1.0, 1.0, 1.0, 1.0]}}) + "\n")
+        f.write('{"step": 30, "tok')  # the trainer is mid-write
+    app.run()
+    assert not app.exception
+    after = next(c.value for c in app.caption if "records" in c.value)
+    assert before != after and after.endswith("..25")
+    shutil.rmtree(live)
