@@ -27,7 +27,6 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from models import build_model
 from models.config import ModelConfig
 from models.runs import (CheckpointError, append_metrics, current_umask, dumps_json, fsync_dir,
                          fsync_file, is_run_dir, is_snapshot_dir, latest_snapshot, list_snapshots,
@@ -36,7 +35,7 @@ from models.runs import (CheckpointError, append_metrics, current_umask, dumps_j
 from models.series_ckpt import (SERIES_SUFFIXES, VOCAB_FILE, load_series_checkpoint,
                                 load_series_state_dict)
 from models.tokenizers import Tokenizer, TokenizerError, load_tokenizer
-from models.weights import Snapshot, load_weights, parse_config, torch_load
+from models.weights import Snapshot, build_and_load, parse_config, torch_load
 
 logger = logging.getLogger(__name__)
 
@@ -204,11 +203,10 @@ def load_snapshot(directory: str | Path, device: str | torch.device = "cpu") -> 
                               "(the file was modified or corrupted)")
     tokenizer = _load_snapshot_tokenizer(directory, meta["tokenizer"], config)
     try:
-        model = build_model(config)
+        model = build_and_load(config, state, weights, exact_names=True)  # shapes checked on meta first
     except (RuntimeError, MemoryError) as exc:  # e.g. an absurd n_ctx or d_vocab in config.json
         raise CheckpointError(f"{directory / CONFIG_FILE}: cannot build the model it describes "
                               f"({' '.join(str(exc).split())[:200]})") from None
-    load_weights(model, state, weights, exact_names=True)
     return Snapshot(model.to(device).eval(), tokenizer, config, meta, directory)
 
 
@@ -291,6 +289,10 @@ def resolve_device(name: str | None = "auto") -> torch.device:
         raise ValueError(f"unknown device {name!r} ({exc})") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} requested but CUDA is not available; use --device cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {name!r} requested but Apple's MPS is not available here; use --device cpu")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device {name!r} cannot run a model here; use auto, cpu or cuda")
     return device
 
 

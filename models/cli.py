@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
 
 
 def to_jsonable(value: Any) -> Any:
@@ -43,3 +44,9 @@ def run_cli(body: Callable[[], int | None]) -> int:
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"error: {message}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except MemoryError:
+        print("error: out of memory: use a smaller --batch-size, --samples or input", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # Ctrl-C outside training's own handler (loading, setting up)
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from models import build_model, get_preset
+from models import get_preset
 from models.config import ModelConfig
 from models.runs import CheckpointError
 from models.tokenizers import CharTokenizer, Tokenizer, TokenizerError
-from models.weights import Snapshot, load_weights, parse_config, torch_load
+from models.weights import Snapshot, build_and_load, parse_config, torch_load
 
 __all__ = ["SERIES_SUFFIXES", "VOCAB_FILE", "load_series_checkpoint", "load_series_state_dict"]
 
@@ -60,8 +60,11 @@ def load_series_state_dict(path: str | Path, config: ModelConfig, tokenizer: Tok
     if tokenizer is not None and tokenizer.vocab_size > config.d_vocab:
         raise CheckpointError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the config's "
                               f"d_vocab is {config.d_vocab}")
-    model = build_model(config)
-    load_weights(model, state, path, exact_names=False)
+    try:
+        model = build_and_load(config, state, path, exact_names=False)  # shapes checked on meta first
+    except (RuntimeError, MemoryError) as exc:
+        raise CheckpointError(f"{path}: cannot build the model the config describes "
+                              f"({' '.join(str(exc).split())[:200]})") from None
     meta = {"format_version": None, "source": "series_pt", "model": config.to_dict(),
             "tokenizer": None if tokenizer is None else
             {"kind": tokenizer.kind, "files": list(tokenizer.files)},

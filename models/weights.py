@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from models import config_from_dict
+from models import build_model, config_from_dict
 from models.config import ModelConfig
 from models.runs import CheckpointError, snapshot_step
 from models.tokenizers import Tokenizer
@@ -63,10 +63,47 @@ def parse_config(data: Any, source: Path) -> ModelConfig:
         raise CheckpointError(f"{source}: invalid model config: {exc}") from None
 
 
+def build_and_load(config: ModelConfig, state: dict[str, Any], source: Path, *,
+                   exact_names: bool) -> torch.nn.Module:
+    """The model of `config` with `state` loaded; names and shapes are checked first on the meta
+    device, so a config that does not fit the weights (n_layers=3000, say) fails in one line
+    before gigabytes are allocated."""
+    check_counts(config, state, source)
+    with torch.device("meta"):
+        skeleton = build_model(config)
+    check_state(skeleton.state_dict(), state, source, exact_names=exact_names)
+    model = build_model(config)
+    load_weights(model, state, source, exact_names=exact_names)
+    return model
+
+
+def check_counts(config: ModelConfig, state: dict[str, Any], source: Path) -> None:
+    """A config with more blocks or heads than the tensor names show is refused before building
+    anything (even on the meta device, thousands of blocks take minutes to construct)."""
+    for what, pattern, want in (("blocks", r"blocks\.(\d+)\.", getattr(config, "n_layers", None)),
+                                ("heads", r"blocks\.0\.attention\.heads\.(\d+)\.", getattr(config, "n_heads", None))):
+        found = {int(m.group(1)) for key in state if isinstance(key, str) and (m := re.match(pattern, key))}
+        if found and want is not None and max(found) + 1 < want:  # fewer: the meta check names the tensor
+            raise CheckpointError(f"{source}: the config has {want} {what} but the weights have "
+                                  f"{max(found) + 1}: they belong to another model")
+
+
 def load_weights(model: torch.nn.Module, state: dict[str, Any], source: Path, *,
                  exact_names: bool) -> None:
     """strict=True load; a mismatch names the first offending tensor (and both shapes)."""
-    expected = model.state_dict()
+    check_state(model.state_dict(), state, source, exact_names=exact_names)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        detail = lines[1] if len(lines) > 1 else (lines[0] if lines else type(exc).__name__)
+        raise CheckpointError(f"{source}: state dict does not match the config: "
+                              f"{detail[:400]}") from None
+
+
+def check_state(expected: dict[str, torch.Tensor], state: dict[str, Any], source: Path, *,
+                exact_names: bool) -> None:
+    """Every entry a tensor of the shape the config expects (and, if exact, the same names)."""
     for name, tensor in state.items():
         if not isinstance(tensor, torch.Tensor):
             raise CheckpointError(f"{source}: entry {name!r} is a {type(tensor).__name__}, not a tensor")
@@ -86,13 +123,9 @@ def load_weights(model: torch.nn.Module, state: dict[str, Any], source: Path, *,
             name = unexpected[0]
             raise CheckpointError(f"{source}: unexpected tensor {name!r} (shape "
                                   f"{list(state[name].shape)}) that the config has no place for")
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        detail = lines[1] if len(lines) > 1 else (lines[0] if lines else type(exc).__name__)
-        raise CheckpointError(f"{source}: state dict does not match the config: "
-                              f"{detail[:400]}") from None
+    elif len(expected) > 2 * len(state) + 8:  # a series .pt: names differ, counts cannot
+        raise CheckpointError(f"{source}: the config expects {len(expected)} tensors, the file has "
+                              f"{len(state)}: it is a smaller model than the config says")
 
 
 def torch_load(path: Path, device: str | torch.device = "cpu") -> Any:

@@ -156,12 +156,22 @@ def progress_bar(batches: Sequence[torch.Tensor], progress: bool | None, desc: s
 def check_batch_size(batch_size: int) -> None:
     if batch_size < 1:
         raise ProbeInputError(f"batch size must be >= 1, got {batch_size}")
+    if batch_size > 65536:
+        raise ProbeInputError(f"batch size {batch_size} is more windows than one forward pass can "
+                              "hold; use at most 65536 (a few hundred is plenty)")
+
+
+MAX_TOKENS = 50_000_000  # windows x context a CLI run may hold at once (int64: 400 MB)
+MAX_TEXT_BYTES = 256 * 2**20  # what --text-file / --data read at most
 
 
 def sample_windows(ids: Sequence[int], n_ctx: int, samples: int, seed: int = 0) -> torch.Tensor:
     """`samples` random windows of exactly n_ctx tokens from a long id sequence: [samples n_ctx]."""
     if samples < 1:
         raise ProbeInputError(f"--samples must be >= 1, got {samples}")
+    if samples * n_ctx > MAX_TOKENS:
+        raise ProbeInputError(f"--samples {samples} windows of {n_ctx} tokens is more than the "
+                              f"{MAX_TOKENS:,}-token limit; use fewer samples")
     if len(ids) < n_ctx:
         raise ProbeInputError(f"the data has {len(ids)} tokens, fewer than one context of {n_ctx}")
     gen = torch.Generator().manual_seed(seed)
@@ -175,8 +185,9 @@ def add_input_arguments(parser: argparse.ArgumentParser, default_samples: int = 
     group.add_argument("--text", help="text to run the model on (windowed to the model's context)")
     group.add_argument("--text-file", type=Path, help="read the text from this file")
     group.add_argument("--data", type=Path, help="a corpus file to sample --samples random windows from")
-    parser.add_argument("--samples", type=int, default=default_samples,
+    parser.add_argument("--samples", type=int, default=None,
                         help=f"windows sampled from --data (default {default_samples})")
+    parser.set_defaults(samples_default=default_samples)
     parser.add_argument("--seed", type=int, default=0, help="seed for sampling --data windows")
     parser.add_argument("--batch-size", type=int, default=16, help="windows per forward pass")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -185,8 +196,14 @@ def add_input_arguments(parser: argparse.ArgumentParser, default_samples: int = 
 
 
 def read_text_file(path: Path) -> str:
+    """The file's text, at most MAX_TEXT_BYTES of it (a device like /dev/zero never ends)."""
     try:
-        return path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_TEXT_BYTES + 1)
+        if len(raw) > MAX_TEXT_BYTES:
+            raise ProbeInputError(f"text file {path} is larger than {MAX_TEXT_BYTES // 2**20} MB; "
+                                  "cut it, or sample windows from it with --data and --samples")
+        return raw.decode("utf-8")
     except FileNotFoundError:
         raise ProbeInputError(f"text file {path} does not exist") from None
     except UnicodeDecodeError as err:
@@ -198,6 +215,10 @@ def read_text_file(path: Path) -> str:
 def token_batches(args: argparse.Namespace, tokenizer: Any, n_ctx: int) -> tuple[list[torch.Tensor], str]:
     """The [batch pos] batches a CLI run should see, and a description of where they came from."""
     check_batch_size(args.batch_size)
+    if args.data is None and args.samples is not None:
+        log.warning("--samples applies to --data only; ignored for --text / --text-file")
+    if args.samples is None:
+        args.samples = args.samples_default
     if args.data is not None:
         ids = encode_text(tokenizer, read_text_file(args.data))
         sample = sample_windows(ids, n_ctx, args.samples, args.seed)

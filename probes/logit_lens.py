@@ -188,6 +188,8 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, k: int = 5
     lens = lens or LogitLens(model, include_mid)
     if not isinstance(k, int) or k < 1:
         raise ProbeInputError(f"k must be a positive int, got {k!r}")
+    if k > int(model.cfg.d_vocab):
+        raise ProbeInputError(f"-k {k} is more than the vocabulary's {model.cfg.d_vocab} tokens")
     batches = as_batches(tokens, int(model.cfg.n_ctx), int(model.cfg.d_vocab), batch_size)
     device, was_training = model_device(model), model.training
     per_batch, errors = [], []

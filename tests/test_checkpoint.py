@@ -466,11 +466,11 @@ def test_garbage_and_truncated_pt_files(tmp_path, model):
 
 def test_config_that_cannot_be_built_is_a_checkpoint_error(snap_dir, monkeypatch):
     """config.json is not covered by the weights' hash: an absurd size must not be a traceback."""
-    import models.checkpoint as checkpoint
+    import models.weights as weights  # where the model is built (after a shape check on meta)
 
     def too_big(config):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: not enough memory")
 
-    monkeypatch.setattr(checkpoint, "build_model", too_big)
+    monkeypatch.setattr(weights, "build_model", too_big)
     with pytest.raises(CheckpointError, match=r"config\.json: cannot build the model it describes"):
         load_snapshot(snap_dir)

@@ -222,3 +222,84 @@ def test_nan_weights_are_reported_as_non_finite_not_as_healthy_numbers(tmp_path)
     ent = run("entropy")
     assert ent.returncode == 0 and "warning: attention in layer(s) 2, 3 is NaN or inf" in ent.stderr
     assert json.loads(run("entropy", "--json").stdout)["entropy"][2][0] is None
+
+
+# --------------------------------------------------------------------------- inputs that used to crash or lie
+
+
+@pytest.fixture(scope="module")
+def snap_dir(tmp_path_factory) -> Path:
+    return saved(tmp_path_factory.mktemp("snap"))
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--device", "meta"), "cannot run a model"),
+    (("--device", "mps"), "MPS is not available"),
+    (("--batch-size", "100000000"), "batch size 100000000"),
+    (("--text-file", "/dev/zero"), "larger than 256 MB"),
+])
+def test_probe_inputs_that_crashed_are_one_line(args, message, snap_dir, capsys):
+    from probes import entropy
+
+    rc = entropy.main(["--ckpt", str(snap_dir), *(args if "--text-file" in args else ("--text", "abc", *args))])
+    assert rc == 2 and message in error_line(capsys)
+
+
+def test_samples_beyond_the_memory_limit_and_ignored_flags(snap_dir, tmp_path, capsys, caplog):
+    from probes import entropy, logit_lens
+
+    corpus = tmp_path / "abc.txt"
+    corpus.write_text("abcde" * 200)
+    assert entropy.main(["--ckpt", str(snap_dir), "--data", str(corpus), "--samples", "100000000"]) == 2
+    assert "token limit" in error_line(capsys)
+    assert logit_lens.main(["--ckpt", str(snap_dir), "--text", "abcab", "-k", "1000000"]) == 2
+    assert "-k 1000000 is more than the vocabulary's 5 tokens" in error_line(capsys)
+    assert entropy.main(["--ckpt", str(snap_dir), "--text", "abcab", "--samples", "5"]) == 0
+    assert any("--samples applies to --data only" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--device", "meta"), "cannot run a model"),
+    (("--batch-size", "100000000"), "more than any machine holds"),
+])
+def test_training_inputs_that_crashed_are_one_line(args, message, data, tmp_path, capsys):
+    assert train(data, tmp_path / "run", *args) == 2
+    assert message in error_line(capsys)
+
+
+def test_training_on_an_endless_file_is_refused(tmp_path, capsys):
+    assert main(["--preset", "transformer4_rms_small", "--data", "/dev/zero", "--out", str(tmp_path / "r"),
+                 "-q"]) == 2
+    assert "larger than 2 GB" in error_line(capsys)
+
+
+def test_ctrl_c_before_the_loop_starts_exits_130(data, tmp_path, monkeypatch, capsys):
+    import train.loop as loop
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "load_corpus", interrupted)
+    assert train(data, tmp_path / "run") == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
+
+
+def test_resume_refuses_another_tokenizer(data, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train(data, out, "--steps", "2", "--save-every", "2") == 0
+    assert train(data, out, "--resume", "--steps", "4", "--tokenizer", "bpe") == 2
+    assert "trained with the char tokenizer" in error_line(capsys)
+
+
+def test_a_config_far_bigger_than_the_weights_fails_before_allocating(tmp_path):
+    from models import build_model, get_preset
+
+    cfg = get_preset("transformer4_rms_small", d_vocab=5)
+    torch.save(build_model(cfg).state_dict(), tmp_path / "model.pt")
+    (tmp_path / "huge.json").write_text(json.dumps({**cfg.to_dict(), "n_layers": 3000, "d_model": 4096,
+                                                    "d_mlp": 16384, "n_heads": 32, "d_head": 128}))
+    proc = subprocess.run([sys.executable, "-m", "probes.entropy", "--ckpt", str(tmp_path / "model.pt"),
+                           "--config", str(tmp_path / "huge.json"), "--text", "abc"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "model.pt: the config has 3000 blocks but the weights have 4" in proc.stderr

@@ -95,6 +95,9 @@ def resolve_train_config(args: argparse.Namespace, preset_train: dict[str, Any],
     for key in ("warmup", "save_every"):
         if tc[key] < 0:
             raise ValueError(f"--{key.replace('_', '-')} must be >= 0, got {tc[key]}")
+    if tc["batch_size"] * tc["grad_accum"] > 1 << 20:
+        raise ValueError(f"--batch-size {tc['batch_size']} x --grad-accum {tc['grad_accum']} windows "
+                         "per step is more than any machine holds; use at most 1048576")
     for key, test, wanted in NUMBER_RULES:
         value = tc[key]
         if not (isinstance(value, (int, float)) and math.isfinite(value) and test(value)):

@@ -28,6 +28,7 @@ from probes import activations
 from probes.entropy import series_entropy
 
 log = logging.getLogger(__name__)
+MAX_DATA_BYTES = 2 * 2**30
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,11 @@ class Corpus:
 def read_text(path: Path) -> tuple[str, bytes]:
     """The file's text and raw bytes; ValueError naming the problem."""
     try:
-        raw = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_DATA_BYTES + 1)  # a device like /dev/zero never ends
+        if len(raw) > MAX_DATA_BYTES:
+            raise ValueError(f"data file {path} is larger than {MAX_DATA_BYTES // 2**30} GB; this "
+                             "trainer encodes the whole file in memory: cut it")
     except FileNotFoundError:
         raise ValueError(f"data file {path} does not exist") from None
     except IsADirectoryError:

@@ -125,8 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a model config field, e.g. --set n_layers=2 (repeatable)")
     p.add_argument("--data", type=Path,
                    help="UTF-8 text file to train on (on --resume: default the file the run recorded)")
-    p.add_argument("--tokenizer", choices=("char", "bpe"), default="char",
-                   help="char: one token per character; bpe: SentencePiece BPE trained on --data")
+    p.add_argument("--tokenizer", choices=("char", "bpe"), default=None,
+                   help="char (default): one token per character; bpe: SentencePiece BPE trained "
+                        "on --data. A resumed run keeps its own")
     p.add_argument("--bpe-vocab", type=int, default=2048, help="BPE vocabulary size (default 2048)")
     p.add_argument("--out", type=Path, required=True, metavar="RUN_DIR",
                    help="run directory to create (an existing run is refused unless --resume)")
@@ -233,6 +234,10 @@ def setup(args: argparse.Namespace, dist: DistInfo) -> TrainState:
     resume_from = prepare_run_dir(args.out, args.resume)
     snap = load_snapshot(resume_from) if resume_from is not None else None
     args.data = data_path(args)
+    if snap is not None and args.tokenizer not in (None, getattr(snap.tokenizer, "kind", None)):
+        raise ValueError(f"--resume: the run was trained with the {snap.tokenizer.kind} tokenizer; "
+                         f"--tokenizer {args.tokenizer} cannot change it (leave it out)")
+    args.tokenizer = args.tokenizer or "char"
     preset, tc = recipe(args, snap)
     if tc["warmup"] >= tc["steps"]:
         log.warning("--warmup %d is not shorter than the run (--steps %d): the learning rate never "
