@@ -303,3 +303,10 @@ def test_a_config_far_bigger_than_the_weights_fails_before_allocating(tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "model.pt: the config has 3000 blocks but the weights have 4" in proc.stderr
+
+
+def test_preset_with_a_snapshot_is_warned_about(snap_dir, capsys, caplog):
+    from probes import entropy
+
+    assert entropy.main(["--ckpt", str(snap_dir), "--preset", "gpt2_124m", "--text", "abc"]) == 0
+    assert any("ignoring --preset/--config" in r.getMessage() for r in caplog.records)
