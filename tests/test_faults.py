@@ -274,12 +274,12 @@ def test_training_on_an_endless_file_is_refused(tmp_path, capsys):
 
 
 def test_ctrl_c_before_the_loop_starts_exits_130(data, tmp_path, monkeypatch, capsys):
-    import train.loop as loop
+    import train.start as start
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(loop, "load_corpus", interrupted)
+    monkeypatch.setattr(start, "load_corpus", interrupted)
     assert train(data, tmp_path / "run") == 130
     assert capsys.readouterr().err.strip() == "interrupted"
 

@@ -18,31 +18,25 @@ import argparse
 import logging
 import math
 import os
-import signal
 import sys
-import threading
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
-from models import PRESETS, build_model
-from models.checkpoint import (latest_snapshot, list_snapshots, load_optimizer_state,
-                               load_snapshot, read_metrics, resolve_device, save_snapshot,
-                               snapshot_name)
-from train.data import (Corpus, block_len, check_length, lm_loss, load_corpus,
-                         predictions_per_block, sample_blocks)
-from probes.updates import gwu_table, snapshot_params
-from models.runs import METRICS_FILE, read_run_json
-from train.records import (console_line, run_description, to_json_line, trim_metrics,
-                              write_record, write_run_json_for)
-from train.guard import RunLock, check_optimizer_state, clean_leftovers
-from train.config import (DistInfo, build_optimizer, init_distributed, lr_at,
-                                model_config, resolve_train_config, train_config_flags)
+from models.checkpoint import read_metrics, save_snapshot, snapshot_name
 from models.cli import run_cli
+from models.runs import METRICS_FILE
+from probes.updates import gwu_table, snapshot_params
+from train.config import init_distributed, lr_at, train_config_flags
+from train.data import block_len, lm_loss, predictions_per_block, sample_blocks
+from train.records import (console_line, run_description, to_json_line, trim_metrics, write_record,
+                           write_run_json_for)
+from train.start import (lock_run_dir, prepare_run_dir, recipe, restore, setup,  # noqa: F401
+                         wrap_model)
+from train.state import TrainState
 
 log = logging.getLogger("train")
 
@@ -56,66 +50,6 @@ __all__ = ["EXIT_INTERRUPTED", "RANK_DUMP_ENV", "TrainState", "backward_micro_ba
            "restore", "run_description", "run_steps", "save", "console_line", "setup",
            "to_json_line", "train", "train_step", "trim_metrics", "wrap_model", "write_record",
            "write_run_json_for"]
-
-
-# --------------------------------------------------------------------------- state
-
-
-@dataclass(eq=False)
-class TrainState:
-    args: argparse.Namespace
-    tc: dict[str, Any]  # resolved hyperparameters, saved in every snapshot
-    cfg: Any  # model config
-    corpus: Corpus
-    device: torch.device
-    dist: DistInfo
-    raw_model: torch.nn.Module  # what we save, measure and evaluate
-    model: torch.nn.Module  # what we train: raw_model, compiled and/or DDP-wrapped
-    optimizer: torch.optim.Optimizer
-    step: int  # optimizer steps done
-    tokens: int  # target tokens seen, all ranks
-    resumed_from: Path | None
-    last_saved: int | None = None
-    val_blocks: torch.Tensor | None = None  # [n block_len], fixed for the whole run
-    bf16: bool = False
-    interrupted: bool = False
-    first_loss: float | None = None  # train loss of the first record, for the flat-loss warning
-    flat_checked: bool = False
-    diverged_at: int | None = None  # first step whose loss was non-finite (--keep-going: reported once)
-
-    def autocast(self):
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
-
-    def make_val_blocks(self) -> None:
-        if self.corpus.val.numel():
-            gen = torch.Generator().manual_seed(self.tc["seed"])
-            n = self.tc["eval_batches"] * self.tc["batch_size"]
-            self.val_blocks = sample_blocks(self.corpus.val, n, block_len(self.cfg), gen).to(self.device)
-
-    def stop_requested(self) -> bool:
-        """Ctrl-C / SIGTERM seen here (or, under DDP, on any rank: all stop at the same step)."""
-        if not self.dist.enabled:
-            return self.interrupted
-        flag = torch.tensor([float(self.interrupted)], device=self.dist.device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        return bool(flag.item())
-
-    @contextmanager
-    def signals(self) -> Iterator[None]:
-        """SIGINT/SIGTERM finish the current step, then the loop saves and stops."""
-        def handler(signum: int, _frame: Any) -> None:
-            log.warning("signal %d: stopping after this step and saving a snapshot", signum)
-            self.interrupted = True
-
-        if threading.current_thread() is not threading.main_thread():
-            yield  # signal handlers can only be installed from the main thread
-            return
-        old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, previous in old.items():
-                signal.signal(sig, previous)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,131 +84,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="progress bar over steps (default: on when stderr is a terminal)")
     p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     return p
-
-
-# --------------------------------------------------------------------------- setup
-
-
-def prepare_run_dir(out: Path, resume: bool) -> Path | None:
-    """The snapshot to resume from, or None for a fresh run; refuses to clobber an old run."""
-    snapshots = list_snapshots(out) if out.is_dir() else []
-    if resume:
-        if not snapshots:
-            raise ValueError(f"--resume: {out} has no step_NNNNNN snapshots to continue from")
-        return latest_snapshot(out)
-    if snapshots:
-        raise ValueError(f"{out} already holds a run ({len(snapshots)} snapshot(s), latest "
-                         f"{snapshots[-1].name}); pass --resume to continue it or choose another --out")
-    return None
-
-
-def data_path(args: argparse.Namespace) -> Path:
-    """--data, or on --resume the file the run recorded in run.json."""
-    if args.data is not None:
-        return args.data
-    recorded = (read_run_json(args.out) or {}).get("data", {}).get("path") if args.resume else None
-    if not recorded:
-        raise ValueError("--data is required" + (f" ({args.out}/run.json records no data file)"
-                                                  if args.resume else " for a new run"))
-    if not Path(recorded).is_file():
-        raise ValueError(f"--resume: the run's data file {recorded} (from run.json) is not there; "
-                         "pass --data")
-    log.info("resume: training on %s, the data file the run recorded", recorded)
-    return Path(recorded)
-
-
-def recipe(args: argparse.Namespace, snap: Any) -> tuple[str, dict[str, Any]]:
-    """The preset name and resolved hyperparameters (a resumed run keeps its own preset)."""
-    saved = (snap.meta.get("train_config") or {}) if snap else {}
-    if snap is None and not args.preset:
-        raise ValueError("--preset is required for a new run (python -m models.info lists them)")
-    if snap and args.preset and saved.get("preset") not in (None, args.preset):
-        raise ValueError(f"--resume: the run was trained as preset {saved['preset']!r}, not "
-                         f"{args.preset!r}; leave --preset out to continue it")
-    if snap and args.set:
-        log.warning("--resume: ignoring --set %s; the run keeps its saved model config", args.set)
-    preset = args.preset or saved.get("preset")
-    if snap is None and preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
-    tc = resolve_train_config(args, PRESETS[preset].train if preset in PRESETS else {}, saved)
-    if snap and saved.get("steps") not in (None, tc["steps"]) and tc["schedule"] == "cosine":
-        check_new_horizon(args, saved, tc, int(snap.step or 0))
-    return preset, {**tc, "preset": preset}
-
-
-def check_new_horizon(args: argparse.Namespace, saved: dict[str, Any], tc: dict[str, Any],
-                      step: int) -> None:
-    """A cosine schedule decays over --steps: changing it on --resume moves the lr mid-run."""
-    before, after = lr_at(step, {**tc, "steps": saved["steps"]}), lr_at(step, tc)
-    if not args.new_schedule:
-        raise ValueError(f"--resume: the run's cosine schedule decays over {saved['steps']} steps; "
-                         f"--steps {tc['steps']} would move the lr at step {step} from {before:.3g} "
-                         f"to {after:.3g}. Pass --new-schedule to accept that")
-    log.warning("--new-schedule: the cosine now decays over %d steps (lr at step %d: %.3g -> %.3g)",
-                tc["steps"], step, before, after)
-
-
-def restore(snap: Any, resume_from: Path, optimizer: torch.optim.Optimizer, tc: dict[str, Any],
-            device: torch.device) -> tuple[int, int]:
-    """Load the optimizer state of a resumed run; its (step, tokens_seen)."""
-    state = load_optimizer_state(resume_from, device)  # torch.load(weights_only=True)
-    if state is None:
-        raise ValueError(f"--resume: {resume_from} has no optimizer state to continue from")
-    check_optimizer_state(state, optimizer, resume_from / "optimizer.pt")
-    optimizer.load_state_dict(state)
-    step = int(snap.step or 0)
-    if step >= tc["steps"]:
-        raise ValueError(f"--resume: {resume_from.name} is already at step {step} >= --steps "
-                         f"{tc['steps']}; pass a larger --steps to train further")
-    return step, int(snap.tokens_seen or 0)
-
-
-def setup(args: argparse.Namespace, dist: DistInfo) -> TrainState:
-    """Everything a training loop needs: model, optimizer, data, config; resumed if asked."""
-    resume_from = prepare_run_dir(args.out, args.resume)
-    snap = load_snapshot(resume_from) if resume_from is not None else None
-    args.data = data_path(args)
-    if snap is not None and args.tokenizer not in (None, getattr(snap.tokenizer, "kind", None)):
-        raise ValueError(f"--resume: the run was trained with the {snap.tokenizer.kind} tokenizer; "
-                         f"--tokenizer {args.tokenizer} cannot change it (leave it out)")
-    args.tokenizer = args.tokenizer or "char"
-    preset, tc = recipe(args, snap)
-    if tc["warmup"] >= tc["steps"]:
-        log.warning("--warmup %d is not shorter than the run (--steps %d): the learning rate never "
-                    "reaches %g; lower --warmup (the gpt2_124m recipe warms up for 715 steps)",
-                    tc["warmup"], tc["steps"], tc["lr"])
-    corpus = load_corpus(args.data, args.tokenizer, tc["val_fraction"], bpe_vocab=args.bpe_vocab,
-                         tokenizer=snap.tokenizer if snap else None)
-    cfg = snap.config if snap else model_config(preset, args.set, corpus.tokenizer.vocab_size)
-    check_length(corpus, cfg)
-    log.info("%s", corpus.summary())
-    if snap is None and cfg.d_vocab != PRESETS[preset].config.d_vocab and not any(
-            item.startswith("d_vocab=") for item in args.set):
-        log.info("d_vocab: preset %s has %d, the tokenizer has %d tokens: using d_vocab=%d",
-                 preset, PRESETS[preset].config.d_vocab, corpus.tokenizer.vocab_size, cfg.d_vocab)
-    device = dist.device if dist.enabled else resolve_device(args.device)
-    if device.type == "cuda":
-        torch.set_float32_matmul_precision("high")
-    torch.manual_seed(tc["seed"])
-    model = (snap.model.train() if snap else build_model(cfg)).to(device)
-    optimizer = build_optimizer(model, tc, device)
-    step, tokens = restore(snap, resume_from, optimizer, tc, device) if snap else (0, 0)
-    return TrainState(args=args, tc=tc, cfg=cfg, corpus=corpus, device=device, dist=dist,
-                      raw_model=model, model=model, optimizer=optimizer, step=step, tokens=tokens,
-                      resumed_from=resume_from)
-
-
-def wrap_model(state: TrainState) -> None:
-    """torch.compile and/or DistributedDataParallel around the raw model (which we save)."""
-    model = state.raw_model
-    if state.args.compile:
-        model = torch.compile(model)
-    if state.dist.enabled:
-        from torch.nn.parallel import DistributedDataParallel
-
-        ids = [state.device.index] if state.device.type == "cuda" else None
-        model = DistributedDataParallel(model, device_ids=ids)
-    state.model = model
 
 
 # --------------------------------------------------------------------------- one step
@@ -422,22 +231,6 @@ def describe_divergence(record: dict[str, Any]) -> str:
     when = f"; the loss was first non-finite at step {first}" if first else ""
     return (f"{info.get('reason', 'non-finite values')}{when}; non-finite parameters: "
             f"{shown or 'none (the activations overflowed)'}")
-
-
-def lock_run_dir(args: argparse.Namespace, dist: DistInfo) -> RunLock | None:
-    """Rank 0 locks --out for the whole training (a second writer is refused), then cleans up
-    what killed saves left there."""
-    if not dist.is_main:
-        return None
-    if args.out.exists() and not args.out.is_dir():
-        raise ValueError(f"--out {args.out} exists and is not a directory")
-    created = not args.out.exists()
-    args.out.mkdir(parents=True, exist_ok=True)
-    lock = RunLock(args.out)
-    lock.created_dir = created
-    lock.acquire()
-    clean_leftovers(args.out)
-    return lock
 
 
 def train(args: argparse.Namespace) -> int:

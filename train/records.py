@@ -28,7 +28,7 @@ from train.config import DistInfo
 from models.cli import to_jsonable
 
 if TYPE_CHECKING:
-    from train.loop import TrainState
+    from train.state import TrainState
 
 log = logging.getLogger("train")
 

@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, data
+from models.runs import snapshot_step
 from app.views.common import Selection, first_line, has_attention, page, show
 
 
@@ -45,7 +46,7 @@ def render(sel: Selection) -> None:
 
 def probe(run: data.Source, path, text: str) -> dict:
     out: dict = {"attention": None, "lens": None, "val_loss": "-"}
-    records = [r for r in data.metrics(run.path) if r.get("step") == data.snapshot_step(path)] \
+    records = [r for r in data.metrics(run.path) if r.get("step") == snapshot_step(path)] \
         if run.is_run else []
     if records and isinstance(records[0].get("val_loss"), float):
         out["val_loss"] = f"{records[0]['val_loss']:.3f}"
