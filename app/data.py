@@ -130,10 +130,10 @@ def random_passage(path: Path, length: int, seed: int) -> str:
 def attention(path: str, modified: float, text: str, preset: str | None = None) -> dict[str, Any]:
     snap = load(path, modified, preset)
     ids = encode(snap, text)
-    result = degenerate.run(snap.model, ids)
-    ent = entropy.run(snap.model, ids)
-    return {"verdicts": result.verdicts, "evidence": result.evidence, "entropy": ent.entropy,
-            "normalized": ent.entropy_normalized, "rows": ids.shape[1], "tokens": ids[0].tolist()}
+    result = degenerate.run(snap.model, ids)  # its evidence carries both entropies: one pass
+    return {"verdicts": result.verdicts, "evidence": result.evidence,
+            "entropy": result.evidence["entropy"], "normalized": result.evidence["normalized_entropy"],
+            "rows": ids.shape[1], "tokens": ids[0].tolist()}
 
 
 @st.cache_data(max_entries=64, show_spinner=False)

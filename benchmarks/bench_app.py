@@ -38,7 +38,7 @@ def probe_calls(run: Path):
     attention = snap.config.family == "transformer"
 
     def grids(s):
-        degenerate.run(s.model, ids), entropy.run(s.model, ids)
+        degenerate.run(s.model, ids)
 
     def lens(s):
         if attention and s.config.unembed != "mlp":

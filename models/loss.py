@@ -7,8 +7,16 @@ targets are the last P ids, block[:, -P:].
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
+
+
+def block_len(cfg: Any) -> int:
+    """Tokens per training window: n_ctx + 1 (transformer; a TransformerLens cfg counts as one)
+    or 2 * n_ctx (MLP family: its n_ctx-token window slides over n_ctx predictions)."""
+    return cfg.n_ctx + 1 if getattr(cfg, "family", "transformer") == "transformer" else 2 * cfg.n_ctx
 
 
 def lm_loss(model: torch.nn.Module, block: torch.Tensor) -> torch.Tensor:

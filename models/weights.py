@@ -51,8 +51,13 @@ class Snapshot:
 
     def nonfinite_params(self) -> list[str]:
         """Names of parameters/buffers holding NaN or inf (a diverged run loads; probes report it)."""
-        return [name for name, t in self.model.state_dict().items()
-                if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+        return nonfinite_tensors(self.model)
+
+
+def nonfinite_tensors(model: torch.nn.Module) -> list[str]:
+    """State-dict names of the floating tensors holding NaN or inf, in module order."""
+    return [name for name, t in model.state_dict().items()
+            if t.is_floating_point() and not bool(torch.isfinite(t).all())]
 
 
 def parse_config(data: Any, source: Path) -> ModelConfig:

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 
 from models.cli import EXIT_BAD_INPUT, run_cli, to_jsonable  # noqa: F401  (re-exported for probes)
+from models.loss import block_len
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ def lm_windows(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], batch_
     """
     cfg = model.cfg
     transformer = getattr(cfg, "family", "transformer") == "transformer"
-    length = (cfg.n_ctx + 1 if transformer else 2 * cfg.n_ctx) - (0 if targets else 1)
+    length = block_len(cfg) - (0 if targets else 1)
     shortest = (2 if transformer else cfg.n_ctx + 1) - (0 if targets else 1)
     batches = [b for b in as_batches(tokens, length, cfg.d_vocab, batch_size) if b.shape[1] >= shortest]
     if not batches:

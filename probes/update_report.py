@@ -86,6 +86,8 @@ class UpdateReport:
     span: int | None = None  # optimizer steps between the two snapshots (source "between")
     group_of: dict[str, str] = field(init=False)
     flags: dict[str, list[str]] = field(init=False)
+    groups: dict[str, dict[str, Any]] = field(init=False)  # {group: {median_log10_u, parameters}}
+    spread: float | None = field(init=False)  # orders of magnitude between the extreme groups
 
     def __post_init__(self) -> None:
         lo, hi = self.band
@@ -96,13 +98,15 @@ class UpdateReport:
                            for name, row in self.parameters.items()}
         self.group_of = {name: parameter_group(name) for name in self.parameters}
         self.flags = {name: f for name, row in self.parameters.items() if (f := row_flags(row, self.band))}
+        self.groups = self._groups()  # computed once: format, summary and charts read them often
+        medians = [g["median_log10_u"] for g in self.groups.values() if g["median_log10_u"] is not None]
+        self.spread = max(medians) - min(medians) if len(medians) > 1 else None
 
     @classmethod
     def from_table(cls, table: Mapping[str, Mapping[str, Any]], **kwargs: Any) -> UpdateReport:
         return cls({name: dict(row) for name, row in table.items()}, **kwargs)
 
-    @property
-    def groups(self) -> dict[str, dict[str, Any]]:
+    def _groups(self) -> dict[str, dict[str, Any]]:
         """{group: {median_log10_u, parameters}} for the groups this model has, in GROUPS order."""
         out: dict[str, dict[str, Any]] = {}
         for group in GROUPS:
@@ -113,12 +117,6 @@ class UpdateReport:
                 out[group] = {"median_log10_u": statistics.median(logs) if logs else None,
                               "parameters": names}
         return out
-
-    @property
-    def spread(self) -> float | None:
-        """Orders of magnitude between the fastest and the slowest group (median log10 u)."""
-        medians = [g["median_log10_u"] for g in self.groups.values() if g["median_log10_u"] is not None]
-        return max(medians) - min(medians) if len(medians) > 1 else None
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "source": self.source, "lr": self.lr, "span": self.span,

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from models.config import ModelConfig, TransformerConfig
-from models.loss import lm_loss
+from models.loss import block_len, lm_loss
 from models.tokenizers import BPETokenizer, CharTokenizer, Tokenizer
 from probes import activations
 from probes.entropy import series_entropy
@@ -99,11 +99,6 @@ def load_corpus(path: Path, tokenizer_kind: str, val_fraction: float, *, bpe_voc
     chars_per_token = 1.0 if tokenizer.kind == "char" else val_chars / max(1, n_val or len(ids))
     return Corpus(Path(path), hashlib.sha256(raw).hexdigest(), len(raw), tokenizer, train, val,
                   chars_per_token)
-
-
-def block_len(cfg: ModelConfig) -> int:
-    """Tokens per sampled window: n_ctx + 1 (transformer) or 2 * n_ctx (mlp: n_ctx predictions)."""
-    return cfg.n_ctx + 1 if isinstance(cfg, TransformerConfig) else 2 * cfg.n_ctx
 
 
 def predictions_per_block(cfg: ModelConfig) -> int:

@@ -21,11 +21,11 @@ import torch
 
 from train.data import Corpus, evaluate
 from probes.update_report import UpdateReport
-from probes.updates import named_trainable
 from models.runs import (METRICS_FILE, append_metrics, read_metrics, read_run_json,
                          write_bytes_atomic, write_run_json)
 from train.config import DistInfo
 from models.cli import to_jsonable
+from models.weights import nonfinite_tensors
 
 if TYPE_CHECKING:
     from train.state import TrainState
@@ -121,7 +121,7 @@ def write_record(state: TrainState, record: dict[str, Any], do_eval: bool, first
     reason = divergence_reason(record)
     if reason:
         record["diverged"] = {"reason": reason, "first_nonfinite_loss_step": first_bad if first_bad >= 0 else None,
-                              "nonfinite_params": nonfinite_parameters(state.raw_model)}
+                              "nonfinite_params": nonfinite_tensors(state.raw_model)}
     append_metrics(state.args.out, to_jsonable(record))
     log.info("%s", console_line(record, state.tc["steps"]))
     if do_eval and record.get("gwu"):
@@ -145,11 +145,6 @@ def divergence_reason(record: dict[str, Any]) -> str | None:
         if any(h is None or not math.isfinite(h) for h in heads):
             return f"an attention entropy of layer {layer} is not finite"
     return None
-
-
-def nonfinite_parameters(model: torch.nn.Module) -> list[str]:
-    """Parameters holding NaN or inf, in module order."""
-    return [name for name, p in named_trainable(model).items() if not bool(torch.isfinite(p).all())]
 
 
 FLAT_TOLERANCE = 0.01  # relative change of the train loss below which it counts as flat

@@ -20,8 +20,9 @@ def render(sel: Selection) -> None:
     cols[2].metric("tokens seen", "-" if snap.tokens_seen is None else f"{snap.tokens_seen / 1e6:.2f}M")
     tok = snap.tokenizer
     cols[3].metric("tokenizer", "none" if tok is None else f"{tok.kind} ({tok.vocab_size})")
-    if snap.nonfinite_params():
-        st.error(f"{len(snap.nonfinite_params())} parameters hold NaN or inf: this snapshot diverged")
+    broken = snap.nonfinite_params()
+    if broken:
+        st.error(f"{len(broken)} parameters hold NaN or inf: this snapshot diverged")
     with st.expander("model config"):
         st.json(cfg.to_dict())
     if sel.run.is_run:
