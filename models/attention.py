@@ -16,6 +16,7 @@ from torch import nn
 from transformer_lens.hook_points import HookPoint
 
 from models.config import TransformerConfig
+from models.hooks import fire, is_hooked
 
 ATTN_IMPLS = ("auto", "explicit", "fused")
 
@@ -27,11 +28,6 @@ def attention_scale(cfg: TransformerConfig) -> float:
     if cfg.attn_scale == "sqrt_d_model":
         return math.sqrt(cfg.d_model)
     return math.sqrt(cfg.d_head)
-
-
-def is_hooked(hook: HookPoint) -> bool:
-    """True if anything (TransformerLens or a plain torch hook) observes this hook point."""
-    return bool(hook.has_hooks() or hook._forward_hooks or hook._backward_hooks)
 
 
 class AttentionHead(nn.Module):
@@ -55,6 +51,8 @@ class Attention(nn.Module):
         self.scale = attention_scale(cfg)
         self.impl = "auto"
         self.use_attn_result = False  # set True to fill hook_result [batch pos head d_model]
+        self._qkv_names = [f"{kind}_{w}" for kind in ("W", "b") if kind == "W" or cfg.attn_bias for w in "QKV"]
+        self._qkv_cache: tuple | None = None  # (parameter versions, concatenated q/k/v weights)
         self.heads = nn.ModuleList(
             [AttentionHead(cfg.d_model, cfg.d_head, cfg.attn_bias) for _ in range(cfg.n_heads)])
         if cfg.attn_out_proj:
@@ -73,11 +71,29 @@ class Attention(nn.Module):
         """A per-head parameter stacked over heads: W_* -> [head d_model d_head], b_* -> [head d_head]."""
         return torch.stack([getattr(head, name) for head in self.heads])
 
-    def project(self, x: torch.Tensor, which: str) -> torch.Tensor:
-        out = torch.einsum("bpd,hde->bphe", x, self.stacked(f"W_{which}"))  # [batch pos head d_head]
-        if self.cfg.attn_bias:
-            out = out + self.stacked(f"b_{which}")
-        return out
+    def project_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """q, k and v in one matmul, as a plain module's `c_attn`: [batch pos 3 head d_head]."""
+        W, b = self.qkv_weights()  # [d_model 3*head*d_head], [3*head*d_head] or None
+        return F.linear(x, W.T, b).unflatten(-1, (3, self.cfg.n_heads, self.cfg.d_head))
+
+    def qkv_weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The heads' separate parameters (the series' names, one g/w/u row each) side by side.
+
+        With gradients on, concatenated at every call (its backward is a split into views).
+        Without (probes, sampling) the concatenation is kept until a parameter changes: its
+        version counter moves on any in-place write, its data pointer on `.to()`."""
+        params = [h._parameters[name] for name in self._qkv_names for h in self.heads]
+        if (torch.is_grad_enabled() and any(p.requires_grad for p in params)) or torch.compiler.is_compiling():
+            return self.concat_qkv(params)
+        key = [(p.data_ptr(), p._version, p.dtype) for p in params]
+        if self._qkv_cache is None or self._qkv_cache[0] != key:
+            self._qkv_cache = (key, self.concat_qkv(params))
+        return self._qkv_cache[1]
+
+    def concat_qkv(self, params: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        n = 3 * self.cfg.n_heads
+        W = torch.cat(params[:n], dim=1)
+        return W, torch.cat(params[n:]) if len(params) > n else None
 
     def use_fused(self) -> bool:
         if self.impl == "explicit":
@@ -89,11 +105,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [batch pos d_model]
-        q = self.hook_q(self.project(x, "Q"))
-        k = self.hook_k(self.project(x, "K"))
-        v = self.hook_v(self.project(x, "V"))
+        q, k, v = self.project_qkv(x).unbind(dim=2)  # each [batch pos head d_head]
+        q, k, v = fire(self.hook_q, q), fire(self.hook_k, k), fire(self.hook_v, v)
         z = self.fused(q, k, v) if self.use_fused() else self.explicit(q, k, v)
-        z = self.hook_z(z)  # [batch pos head d_head]
+        z = fire(self.hook_z, z)  # [batch pos head d_head]
         return self.output(z)
 
     def explicit(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -111,20 +126,28 @@ class Attention(nn.Module):
         z = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, dropout_p=self.cfg.dropout if self.training else 0.0,
             scale=1.0 / self.scale)
-        # SDPA's CPU kernel turns NaN scores into zero output, hiding a diverged head that the
-        # explicit path shows as NaN; x * 0 is NaN exactly when x is, so this re-poisons
-        # the affected (batch, head) without a host sync.
-        # (summed in fp32: an fp16 sum of healthy activations can overflow to inf)
-        nan_guard = (q.float().sum(dim=(2, 3)) + k.float().sum(dim=(2, 3))) * 0  # [batch head]
-        return (z + nan_guard[..., None, None].to(z.dtype)).transpose(1, 2)  # [batch pos head d_head]
+        return (z + self.nan_guard(q, k)).transpose(1, 2)  # [batch pos head d_head]
+
+    @staticmethod
+    def nan_guard(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """[batch head 1 1] zeros, NaN where that (batch, head)'s q or k holds a NaN or inf.
+
+        SDPA's CPU kernel turns NaN scores into zero output, hiding a diverged head that the
+        explicit path shows as NaN; x * 0 is NaN exactly when x is not finite, so adding this
+        re-poisons the head without a host sync. One fused reduction over q and k (summed in
+        fp32 without a copy: an fp16 sum of healthy activations can overflow to inf)."""
+        # q, k: [batch head pos d_head]
+        total = torch.sum(q, dim=(2, 3), dtype=torch.float32) + torch.sum(k, dim=(2, 3), dtype=torch.float32)
+        return (total * 0).to(q.dtype)[..., None, None]
 
     def output(self, z: torch.Tensor) -> torch.Tensor:
         batch, pos = z.shape[:2]
         if self.use_attn_result:
-            result = self.hook_result(torch.einsum("bphe,hed->bphd", z, self.per_head_W_O()))
+            result = fire(self.hook_result, torch.einsum("bphe,hed->bphd", z, self.per_head_W_O()))
             out = result.sum(dim=2)  # [batch pos d_model]
         elif self.cfg.attn_out_proj:
-            out = z.reshape(batch, pos, self.cfg.d_attn) @ self.W_O
+            return F.linear(z.reshape(batch, pos, self.cfg.d_attn), self.W_O.T,
+                            self.b_O if self.cfg.has_out_bias else None)  # [batch pos d_model]
         else:
             return z.reshape(batch, pos, self.cfg.d_attn)  # the series' single head: no W_O
         if self.cfg.has_out_bias:

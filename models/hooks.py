@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import torch
+from torch.nn.modules import module as nn_module
 from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
 
 # series module name -> TransformerLens module name, applied to each dotted path segment
 TL_SEGMENT_NAMES = {"attention": "attn", "rms1": "ln1", "rms2": "ln2"}
@@ -21,3 +24,18 @@ def rename_hooks_to_tl(root: HookedRootModule) -> None:
             del root.hook_dict[name], root.mod_dict[name]
             hook.name = tl_name
             root.hook_dict[tl_name] = root.mod_dict[tl_name] = hook
+
+
+def is_hooked(hook: HookPoint) -> bool:
+    """True if anything (TransformerLens, a plain torch hook, a global module hook) observes it."""
+    return bool(hook._forward_hooks or hook._forward_pre_hooks or hook._backward_hooks
+                or hook._backward_pre_hooks or nn_module._global_forward_hooks
+                or nn_module._global_forward_pre_hooks or nn_module._global_backward_hooks
+                or nn_module._global_backward_pre_hooks)
+
+
+def fire(hook: HookPoint, x: torch.Tensor) -> torch.Tensor:
+    """`hook(x)` when something observes the hook point, else `x` untouched: an unobserved
+    HookPoint is an identity, and skipping its module call keeps a small model's forward as
+    fast as a plain module's (a call costs microseconds; a block has a dozen hook points)."""
+    return hook(x) if is_hooked(hook) else x

@@ -10,6 +10,8 @@ import torch
 from torch import nn
 from transformer_lens.hook_points import HookPoint
 
+from models.hooks import fire, is_hooked
+
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}
 
 
@@ -24,8 +26,8 @@ class RMSNorm(nn.Module):
         self.hook_normalized = HookPoint()  # [batch pos d], before gamma as in TransformerLens
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rms = self.hook_scale(torch.sqrt(torch.mean(x ** 2, dim=-1, keepdim=True) + self.eps))
-        return self.gamma * self.hook_normalized(x / rms)
+        rms = fire(self.hook_scale, torch.sqrt(torch.mean(x ** 2, dim=-1, keepdim=True) + self.eps))
+        return self.gamma * fire(self.hook_normalized, x / rms)
 
 
 class LayerNorm(nn.Module):
@@ -40,6 +42,9 @@ class LayerNorm(nn.Module):
         self.hook_normalized = HookPoint()  # [batch pos d]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (is_hooked(self.hook_scale) or is_hooked(self.hook_normalized)):
+            # nobody looks inside: PyTorch's one fused kernel (the same function to ~1e-7)
+            return torch.nn.functional.layer_norm(x, x.shape[-1:], self.gamma, self.beta, self.eps)
         x = x - x.mean(dim=-1, keepdim=True)
         scale = self.hook_scale(torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps))
         return self.hook_normalized(x / scale) * self.gamma + self.beta
@@ -79,16 +84,19 @@ class MLP(nn.Module):
         for i in range(depth):
             setattr(self, self.hook_name("pre", i), HookPoint())  # [batch pos d_hidden]
             setattr(self, self.hook_name("post", i), HookPoint())  # [batch pos d_hidden]
+        # names resolved once: forward runs for every token batch, so no string work there
+        self._layer_hooks = [(self.hook_name("pre", i), self.hook_name("post", i)) for i in range(depth)]
 
     @staticmethod
     def hook_name(kind: str, layer: int) -> str:
         return f"hook_{kind}" if layer == 0 else f"hook_{kind}_{layer}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for i in range(self.depth):
-            x = getattr(self, self.hook_name("pre", i))(self.net[2 * i](x))
-            x = getattr(self, self.hook_name("post", i))(self.net[2 * i + 1](x))
-        return self.net[-1](x)
+        layers, hooks = self.net, self._modules
+        for i, (pre, post) in enumerate(self._layer_hooks):
+            x = fire(hooks[pre], layers[2 * i](x))
+            x = fire(hooks[post], layers[2 * i + 1](x))
+        return layers[-1](x)
 
     @property
     def out_layer(self) -> nn.Linear:

@@ -18,7 +18,7 @@ from transformer_lens.hook_points import HookPoint
 
 from models.attention import ATTN_IMPLS, Attention
 from models.config import TransformerConfig
-from models.hooks import rename_hooks_to_tl
+from models.hooks import fire, rename_hooks_to_tl
 from models.layers import MLP, make_norm, norm_attr
 from models.validation import check_tokens
 
@@ -34,6 +34,7 @@ class Block(nn.Module):
         if cfg.norm != "none":
             setattr(self, norm_attr(cfg.norm, 1), make_norm(cfg.norm, cfg.d_model, cfg.norm_eps))
             setattr(self, norm_attr(cfg.norm, 2), make_norm(cfg.norm, cfg.d_model, cfg.norm_eps))
+        self._norm_names = {i: norm_attr(cfg.norm, i) for i in (1, 2)}
         self.hook_resid_pre = HookPoint()  # [batch pos d_model]
         self.hook_attn_out = HookPoint()  # [batch pos d_model]
         self.hook_resid_mid = HookPoint()  # [batch pos d_model]
@@ -43,19 +44,20 @@ class Block(nn.Module):
     def norm(self, index: int, x: torch.Tensor, placement: str) -> torch.Tensor:
         if self.cfg.norm == "none" or self.cfg.norm_placement != placement:
             return x
-        return getattr(self, norm_attr(self.cfg.norm, index))(x)
+        return self._modules[self._norm_names[index]](x)
+
+    def dropout(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(x, self.cfg.dropout, True) if self.training and self.cfg.dropout else x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [batch pos d_model]
-        x = self.hook_resid_pre(x)
-        attn_out = self.hook_attn_out(
-            F.dropout(self.attention(self.norm(1, x, "pre")), self.cfg.dropout, self.training))
+        x = fire(self.hook_resid_pre, x)
+        attn_out = fire(self.hook_attn_out, self.dropout(self.attention(self.norm(1, x, "pre"))))
         x = x + attn_out if self.cfg.residual else attn_out
-        x = self.hook_resid_mid(self.norm(1, x, "post"))
-        mlp_out = self.hook_mlp_out(
-            F.dropout(self.mlp(self.norm(2, x, "pre")), self.cfg.dropout, self.training))
+        x = fire(self.hook_resid_mid, self.norm(1, x, "post"))
+        mlp_out = fire(self.hook_mlp_out, self.dropout(self.mlp(self.norm(2, x, "pre"))))
         x = x + mlp_out if self.cfg.residual else mlp_out
-        return self.hook_resid_post(self.norm(2, x, "post"))
+        return fire(self.hook_resid_post, self.norm(2, x, "post"))
 
 
 class Transformer(HookedRootModule):
@@ -111,9 +113,9 @@ class Transformer(HookedRootModule):
             block.attention.use_attn_result = on
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.hook_embed(self.embedding(tokens))  # [batch pos d_model]
+        x = fire(self.hook_embed, self.embedding(tokens))  # [batch pos d_model]
         if self.cfg.pos_embed == "learned":
-            x = x + self.hook_pos_embed(self.W_pos[: tokens.shape[1]].expand_as(x))
+            x = x + fire(self.hook_pos_embed, self.W_pos[: tokens.shape[1]].expand_as(x))
         return F.dropout(x, self.cfg.dropout, self.training)
 
     def unembed(self, x: torch.Tensor) -> torch.Tensor:
@@ -121,8 +123,7 @@ class Transformer(HookedRootModule):
             x = self.ln_final(x)
         if self.cfg.unembed == "mlp":
             return x  # the last MLP already produced [batch pos d_vocab]
-        logits = x @ self.W_U
-        return logits + self.b_out if self.cfg.unembed_bias else logits
+        return F.linear(x, self.W_U.T, self.b_U)  # [batch pos d_vocab]
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         tokens = check_tokens(tokens, self.cfg.d_vocab, self.cfg.n_ctx)  # [batch pos]

@@ -21,7 +21,10 @@ def check_tokens(tokens: torch.Tensor, d_vocab: int, n_ctx: int | None = None,
     if n_ctx is not None and tokens.shape[1] > n_ctx:
         raise ValueError(f"sequence of {tokens.shape[1]} tokens is longer than the model's "
                          f"context of {n_ctx}; window it (probes do this for you)")
-    if tokens.numel() and not torch.compiler.is_compiling():  # min/max would break the graph
+    # the range check reads min/max: free on the CPU, a host sync per call on an accelerator (where
+    # callers check ids on the CPU before moving them; an id out of range still fails in the
+    # embedding), and a graph break under torch.compile
+    if tokens.numel() and tokens.device.type == "cpu" and not torch.compiler.is_compiling():
         low, high = int(tokens.min()), int(tokens.max())
         if low < 0 or high >= d_vocab:
             bad = low if low < 0 else high

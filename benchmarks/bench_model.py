@@ -1,0 +1,186 @@
+"""Our hooked Transformer (nothing hooked) against a plain nanoGPT-style module of the same dims.
+
+    python benchmarks/bench_model.py                         # tiny_shakespeare_gpt + GPT-2-small dims, eager
+    python benchmarks/bench_model.py --compile               # also under torch.compile (minutes on a CPU)
+    python benchmarks/bench_model.py --presets tiny_shakespeare_gpt --batches 32 --threads 1
+
+The plain module is written here, nanoGPT-style: one `c_attn` Linear for q, k and v,
+`scaled_dot_product_attention`, `nn.LayerNorm`, a `Sequential` MLP, no hook points, no checks.
+It copies our weights (same numbers in, same logits out: checked before timing). Both run in one
+process, interleaved round-robin after a warm-up, so load from other processes hits both alike.
+Printed: median ms per call for each, and ours / plain (goal <= 1.05x, forward and
+forward+backward). GPT-2 small runs at ctx 128 to keep a CPU run in minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from models import build_model, get_preset  # noqa: E402
+
+
+class PlainBlock(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        d, bias = cfg.d_model, cfg.attn_bias
+        self.n_heads, self.scale = cfg.n_heads, cfg.d_head ** -0.5
+        self.ln_1 = nn.LayerNorm(d, eps=cfg.norm_eps)
+        self.c_attn = nn.Linear(d, 3 * cfg.d_attn, bias=bias)
+        self.c_proj = nn.Linear(cfg.d_attn, d, bias=cfg.has_out_bias)
+        self.ln_2 = nn.LayerNorm(d, eps=cfg.norm_eps)
+        act = nn.GELU() if cfg.act_fn == "gelu" else nn.ReLU()
+        self.mlp = nn.Sequential(nn.Linear(d, cfg.d_mlp, bias=cfg.mlp_bias), act,
+                                 nn.Linear(cfg.d_mlp, d, bias=cfg.mlp_bias))
+
+    def forward(self, x):  # [batch pos d_model]
+        b, p, d = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(self.c_proj.in_features, dim=2)
+        q, k, v = (t.view(b, p, self.n_heads, -1).transpose(1, 2) for t in (q, k, v))
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        x = x + self.c_proj(z.transpose(1, 2).reshape(b, p, -1))
+        return x + self.mlp(self.ln_2(x))
+
+
+class PlainGPT(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.wte = nn.Embedding(cfg.d_vocab, cfg.d_model)
+        self.wpe = nn.Parameter(torch.zeros(cfg.n_ctx, cfg.d_model))
+        self.blocks = nn.ModuleList(PlainBlock(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=cfg.unembed_bias)
+        if cfg.unembed == "tied":
+            self.lm_head.weight = self.wte.weight
+
+    def forward(self, tokens):  # [batch pos] -> [batch pos d_vocab]
+        x = self.wte(tokens) + self.wpe[: tokens.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+@torch.no_grad()
+def copy_weights(ours, plain: PlainGPT) -> None:
+    """Our parameters into the plain module (the same function, so the same logits)."""
+    cfg = ours.cfg
+    plain.wte.weight.copy_(ours.embedding.weight)
+    plain.wpe.copy_(ours.W_pos)
+    for mine, theirs in zip(ours.blocks, plain.blocks):
+        att = mine.attention
+        for which, part in zip("QKV", theirs.c_attn.weight.split(cfg.d_attn)):
+            part.copy_(torch.cat([getattr(h, f"W_{which}") for h in att.heads], dim=1).T)
+        if cfg.attn_bias:
+            for which, part in zip("QKV", theirs.c_attn.bias.split(cfg.d_attn)):
+                part.copy_(torch.cat([getattr(h, f"b_{which}") for h in att.heads]))
+        theirs.c_proj.weight.copy_(att.W_O.T)
+        if cfg.has_out_bias:
+            theirs.c_proj.bias.copy_(att.b_O)
+        for ln, ln_ours in ((theirs.ln_1, mine.ln1), (theirs.ln_2, mine.ln2)):
+            ln.weight.copy_(ln_ours.gamma)
+            ln.bias.copy_(ln_ours.beta)
+        for layer, layer_ours in zip(theirs.mlp[::2], mine.mlp.net[::2]):
+            layer.weight.copy_(layer_ours.weight)
+            if layer.bias is not None:
+                layer.bias.copy_(layer_ours.bias)
+    plain.ln_f.weight.copy_(ours.ln_final.gamma)
+    plain.ln_f.bias.copy_(ours.ln_final.beta)
+    if cfg.unembed == "separate":
+        plain.lm_head.weight.copy_(ours.W_out.T)
+    if cfg.unembed_bias:
+        plain.lm_head.bias.copy_(ours.b_out)
+
+
+def build_pair(preset: str, n_ctx: int | None):
+    overrides = {"dropout": 0.0} if n_ctx is None else {"dropout": 0.0, "n_ctx": n_ctx}
+    cfg = get_preset(preset, **overrides)
+    torch.manual_seed(0)
+    ours = build_model(cfg)
+    plain = PlainGPT(cfg)
+    copy_weights(ours, plain)
+    return cfg, ours, plain
+
+
+def step_fns(model, tokens, backward: bool):
+    if not backward:
+        def forward():
+            with torch.no_grad():
+                model(tokens)
+        return forward
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def forward_backward():
+        logits = model(tokens)
+        F.cross_entropy(logits.flatten(0, 1), tokens.flatten()).backward()
+        for p in params:
+            p.grad = None
+    return forward_backward
+
+
+def time_round_robin(fns: dict, budget_s: float, repeats: int) -> dict[str, float]:
+    """Median seconds per call, the variants interleaved; round 0 warms up (and compiles)."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    began = time.perf_counter()
+    for round_ in range(repeats + 1):
+        if round_ > 3 and time.perf_counter() - began > budget_s:
+            break
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            if round_:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def bench(preset: str, n_ctx: int | None, batch: int, compiled: bool, args) -> None:
+    cfg, ours, plain = build_pair(preset, n_ctx)
+    tokens = torch.randint(0, cfg.d_vocab, (batch, cfg.n_ctx))
+    with torch.no_grad():
+        gap = (ours(tokens) - plain(tokens)).abs().max().item()
+    if gap > 1e-3:
+        raise SystemExit(f"{preset}: the plain module does not compute our function (max |diff| {gap:.2e})")
+    if compiled:
+        ours, plain = torch.compile(ours), torch.compile(plain)
+    for backward in (False, True):
+        fns = {"ours": step_fns(ours, tokens, backward), "plain": step_fns(plain, tokens, backward)}
+        t = time_round_robin(fns, args.budget_s, args.repeats)
+        what = "fwd+bwd" if backward else "forward"
+        mode = "compiled" if compiled else "eager"
+        print(f"{preset:<22}{cfg.n_ctx:>5}{batch:>6}  {mode:<9}{what:<8}{t['ours'] * 1e3:>10.2f}"
+              f"{t['plain'] * 1e3:>10.2f}{t['ours'] / t['plain']:>8.3f}x", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", nargs="+", default=["tiny_shakespeare_gpt", "gpt2_124m"],
+                        help="presets to compare (default tiny_shakespeare_gpt gpt2_124m)")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32], help="batch sizes (default 1 32)")
+    parser.add_argument("--gpt2-ctx", type=int, default=128, help="context for gpt2_124m (default 128)")
+    parser.add_argument("--compile", action="store_true", help="also time both under torch.compile")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    parser.add_argument("--repeats", type=int, default=30, help="most timed rounds (default 30)")
+    parser.add_argument("--budget-s", type=float, default=20.0, help="stop a comparison after this "
+                        "many seconds, at least 3 rounds (default 20)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"threads={args.threads}; median ms per call, ours (nothing hooked) vs plain nanoGPT-style")
+    print(f"{'preset':<22}{'ctx':>5}{'batch':>6}  {'mode':<9}{'pass':<8}{'ours':>10}{'plain':>10}{'ratio':>9}")
+    for preset in args.presets:
+        n_ctx = args.gpt2_ctx if preset.startswith("gpt2") else None
+        for batch in args.batches:
+            for compiled in (False, True) if args.compile else (False,):
+                bench(preset, n_ctx, batch, compiled, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
