@@ -4,7 +4,10 @@
     python benchmarks/bench_entropy.py --n-ctx 512 --batch 16   # a long-context variant
     python benchmarks/bench_entropy.py --threads 1 --clock cpu  # steadier on a busy shared machine
 
-Same model, seed and tokens everywhere. Time: one process calls the three variants round-robin
+    python benchmarks/bench_entropy.py --preset gpt2_124m --n-layers 1 --n-ctx 8192 --batch 1 \
+        --variants forward probe                            # memory of one GPT-2-small layer at 8192
+
+Same model, seed and tokens everywhere. Time: one process calls the variants round-robin
 (one warm-up round, then up to --repeats rounds within --budget-s) so that load from other processes hits all of them
 alike; median and min per call. Peak memory: each variant once in its own fresh process, on CPU
 the growth of the max RSS over what the process held before the call, on CUDA
@@ -13,7 +16,9 @@ the growth of the max RSS over what the process held before the call, on CUDA
   forward  model(tokens) under inference_mode: the fused (SDPA) attention path
   explicit the same with attention forced onto its explicit path (scores, softmax, pattern) and
            no hooks: what any pattern probe pays before it reduces anything
-  probe    probes.entropy.run(model, tokens): explicit attention path + per-layer reduction in hooks
+  probe    probes.entropy.run(model, tokens): the model on its fused path, each layer reduced
+           blockwise from hook_q / hook_k (`probes.qk_rows`, the route "auto" takes on our models)
+  pattern  the same probe on route="pattern": explicit attention path + reduction of hook_pattern
   cache    run_with_cache(every hook_pattern), then entropy and normalised entropy from the cache
 """
 
@@ -30,7 +35,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-VARIANTS = ("forward", "explicit", "probe", "cache")
+VARIANTS = ("forward", "explicit", "probe", "pattern", "cache")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="wall-clock time, or this process' CPU time (steadier when other jobs share "
                              "the cores; use with --threads 1, as idle threads spin)")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                        help="which variants to run (default all; forward and probe are needed for the ratios)")
+    parser.add_argument("--n-layers", type=int, help="override the preset's layer count")
     parser.add_argument("--worker", choices=VARIANTS + ("timing",), help=argparse.SUPPRESS)
     return parser
 
@@ -68,9 +76,11 @@ def variant_fn(name: str, model, tokens):
                     model(tokens)
             finally:
                 model.set_attn_impl("auto")
-    elif name == "probe":
+    elif name in ("probe", "pattern"):
+        route = "auto" if name == "probe" else "pattern"
+
         def fn():
-            entropy.run(model, tokens, batch_size=tokens.shape[0], progress=False)
+            entropy.run(model, tokens, batch_size=tokens.shape[0], progress=False, route=route)
     else:
         names = [f"blocks.{l}.attn.hook_pattern" for l in range(model.cfg.n_layers)]
 
@@ -92,7 +102,8 @@ def setup(args: argparse.Namespace):
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = torch.device(args.device)
-    cfg = get_preset(args.preset, n_ctx=args.n_ctx, dropout=0.0)
+    overrides = {"n_layers": args.n_layers} if args.n_layers else {}
+    cfg = get_preset(args.preset, n_ctx=args.n_ctx, dropout=0.0, **overrides)
     model = build_model(cfg).to(device).eval()
     tokens = torch.randint(0, cfg.d_vocab, (args.batch, cfg.n_ctx), device=device)
     return torch, device, model, tokens
@@ -117,8 +128,8 @@ def memory_worker(args: argparse.Namespace) -> dict:
 def timing_worker(args: argparse.Namespace) -> dict:
     """Seconds per call of every variant, interleaved round-robin so load drifts hit all alike."""
     torch, device, model, tokens = setup(args)
-    fns = {name: variant_fn(name, model, tokens) for name in VARIANTS}
-    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    fns = {name: variant_fn(name, model, tokens) for name in args.variants}
+    times: dict[str, list[float]] = {name: [] for name in args.variants}
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     began = time.perf_counter()
     for round_ in range(args.repeats + 1):  # round 0 is the warm-up
@@ -137,7 +148,8 @@ def timing_worker(args: argparse.Namespace) -> dict:
 def worker_argv(args: argparse.Namespace, worker: str) -> list[str]:
     return [sys.executable, __file__, "--worker", worker, "--preset", args.preset, "--n-ctx", str(args.n_ctx),
             "--batch", str(args.batch), "--repeats", str(args.repeats), "--device", args.device,
-            "--threads", str(args.threads), "--budget-s", str(args.budget_s), "--clock", args.clock]
+            "--threads", str(args.threads), "--budget-s", str(args.budget_s), "--clock", args.clock,
+            "--variants", *args.variants] + (["--n-layers", str(args.n_layers)] if args.n_layers else [])
 
 
 def collect(proc: subprocess.Popen, worker: str) -> dict:
@@ -157,7 +169,7 @@ def measure(args: argparse.Namespace) -> dict[str, dict]:
     spawn = lambda w, env=None: subprocess.Popen(worker_argv(args, w), stdout=subprocess.PIPE,  # noqa: E731
                                                  stderr=subprocess.PIPE, text=True, env=env)
     rows = collect(spawn("timing"), "timing")
-    procs = {name: spawn(name, env) for name in VARIANTS}
+    procs = {name: spawn(name, env) for name in args.variants}
     for name, proc in procs.items():
         rows[name].update(collect(proc, name))
     return rows
@@ -172,22 +184,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.preset} n_ctx={args.n_ctx} batch={args.batch} device={args.device} threads={args.threads} "
           f"clock={args.clock}")
     rows = measure(args)
-    print(f"timed rounds: {rows['forward']['rounds']} after one warm-up, variants interleaved")
+    print(f"timed rounds: {next(iter(rows.values()))['rounds']} after one warm-up, variants interleaved")
     print(f"{'variant':<10}{'median ms':>12}{'min ms':>10}{'peak MiB':>12}")
     for name, row in rows.items():
         print(f"{name:<10}{row['median_s'] * 1e3:>12.1f}{row['min_s'] * 1e3:>10.1f}"
               f"{row['peak_bytes'] / 2**20:>12.1f}")
-    f, e, p, c = (rows[name] for name in VARIANTS)
-    ratio = lambda a, b, key: a[key] / max(b[key], 1e-12)  # noqa: E731
-    print(f"probe / forward time:    {ratio(p, f, 'median_s'):.2f}x median, {ratio(p, f, 'min_s'):.2f}x min "
-          f"(goal <= 1.3x)")
-    print(f"explicit / forward time: {ratio(e, f, 'median_s'):.2f}x median, {ratio(e, f, 'min_s'):.2f}x min "
-          f"(the explicit attention path alone)")
-    print(f"probe / explicit time:   {ratio(p, e, 'median_s'):.2f}x median, {ratio(p, e, 'min_s'):.2f}x min "
-          f"(the probe's own reduction)")
-    print(f"cache / forward time:    {ratio(c, f, 'median_s'):.2f}x median, {ratio(c, f, 'min_s'):.2f}x min")
-    print(f"probe / cache memory:    {ratio(p, c, 'peak_bytes'):.2f}x")
-    print(f"probe / forward memory:  {ratio(p, f, 'peak_bytes'):.2f}x")
+    ratio = lambda a, b, key: rows[a][key] / max(rows[b][key], 1e-12)  # noqa: E731
+    for a, b, why in (("probe", "forward", "goal <= 1.3x"), ("explicit", "forward", "the explicit path alone"),
+                      ("pattern", "forward", "the route before q/k"), ("probe", "pattern", ""),
+                      ("cache", "forward", "")):
+        if a in rows and b in rows:
+            print(f"{a + ' / ' + b + ' time:':<25}{ratio(a, b, 'median_s'):.2f}x median, "
+                  f"{ratio(a, b, 'min_s'):.2f}x min" + (f" ({why})" if why else ""))
+    for a, b in (("probe", "cache"), ("probe", "pattern"), ("probe", "forward")):
+        if a in rows and b in rows:
+            print(f"{a + ' / ' + b + ' memory:':<25}{ratio(a, b, 'peak_bytes'):.2f}x")
     return 0
 
 

@@ -280,18 +280,20 @@ class DegenerateResult:
 
 def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, thresholds: Thresholds | None = None,
         layer: int | None = None, head: int | None = None, batch_size: int = 16,
-        progress: bool | None = None, name: str | None = None, source: str | None = None) -> DegenerateResult:
+        progress: bool | None = None, name: str | None = None, source: str | None = None,
+        route: str = "auto") -> DegenerateResult:
     """Verdict per head of `model` (ours or a TransformerBridge) on [batch pos] tokens.
 
     Every head of the chosen layers is measured (whole-layer collapse needs them all);
-    `layer` / `head` restrict what is reported.
+    `layer` / `head` restrict what is reported; `route` as in `probes.entropy.collect_stats`.
     """
     t = thresholds or Thresholds()
     dims = require_attention(model)
     check_layer_head(dims, layer, head)
     layers = list(range(dims.n_layers)) if layer is None else [layer]
     heads = list(range(dims.n_heads)) if head is None else [head]
-    stats = collect_stats(model, tokens, layers=layers, batch_size=batch_size, progress=progress)
+    stats = collect_stats(model, tokens, layers=layers, batch_size=batch_size, progress=progress,
+                          route=route)
     if stats.multi_rows == 0:
         raise ProbeInputError("every window is one token long: a verdict needs rows with 2+ keys")
     grids = evidence_grids(stats, head_weights_finite(model, layers, dims.n_heads))

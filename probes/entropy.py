@@ -28,6 +28,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from probes.qk_rows import qk_path_scale, qk_row_stats
 from probes.common import (ProbeInputError, add_input_arguments, as_batches, check_layer_head,
                            model_device, print_json, progress_bar, require_attention, run_cli,
                            to_jsonable, token_batches)
@@ -113,6 +114,7 @@ class PatternStats:
     pos_sum: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [head n_ctx]
     pos_count: torch.Tensor | None = None  # [n_ctx] windows that had each position
     evidence: bool = True  # also max probability, first / diagonal / sub-diagonal mass
+    route: str = "pattern"  # how the rows were reduced: "qk" (from hook_q/hook_k) or "pattern"
     rows: int = 0
     multi_rows: int = 0
     tokens: int = 0
@@ -149,9 +151,27 @@ class PatternStats:
         # p: [batch head n n]
         if p.dtype not in (torch.float32, torch.float64):
             p = p.float()  # eps=1e-10 vanishes in half precision; one chunk at a time
-        n = p.shape[-1]
-        s, dev = self.sums[layer], self.sums[layer]["entropy"].device
         ent, max_prob = row_entropy_and_max(p, with_max=self.evidence)  # [batch head n] each
+        rows = {"entropy": ent}
+        if self.evidence:
+            subdiag = p.new_zeros(ent.shape)
+            subdiag[..., 1:] = p.diagonal(offset=-1, dim1=-2, dim2=-1)
+            rows.update(max_prob=max_prob, first=p[..., 0], diag=p.diagonal(dim1=-2, dim2=-1),
+                        subdiag=subdiag)
+        self.add_rows(layer, rows)
+
+    def update_qk(self, layer: int, q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
+        """Add one layer from its q and k [batch pos head d_head] (`probes.qk_rows`: the pattern
+        softmax(q k^T / scale + causal mask) is reduced block by block, never formed)."""
+        if not self.sums:
+            self._init(q.device)
+        self.add_rows(layer, qk_row_stats(q, k, scale, evidence=self.evidence))
+
+    def add_rows(self, layer: int, rows: dict[str, torch.Tensor]) -> None:
+        """Add per-row statistics name -> [batch head n] (row i sees keys 0..i) to the sums."""
+        s, dev = self.sums[layer], self.sums[layer]["entropy"].device
+        ent = rows["entropy"]
+        n = ent.shape[-1]
         s["nonfinite"] += (~torch.isfinite(ent)).sum(dim=(0, 2)).to(dev, torch.float64)
         ent = ent.to(dev, torch.float64)
         s["entropy"] += ent.sum(dim=(0, 2))
@@ -160,13 +180,12 @@ class PatternStats:
             s["normalized"] += (ent[..., 1:] / log_keys(n, dev)[1:]).sum(dim=(0, 2))
         if not self.evidence:
             return
-        first = p[..., 0].to(dev, torch.float64)  # [batch head n]
+        first = rows["first"].to(dev, torch.float64)  # [batch head n]
         s["first_all"] += first.sum(dim=(0, 2))
         if n > 1:
-            s["max_prob"] += max_prob[..., 1:].to(dev, torch.float64).sum(dim=(0, 2))
             s["first"] += first[..., 1:].sum(dim=(0, 2))
-            s["diag"] += p.diagonal(dim1=-2, dim2=-1)[..., 1:].to(dev, torch.float64).sum(dim=(0, 2))
-            s["subdiag"] += p.diagonal(offset=-1, dim1=-2, dim2=-1).to(dev, torch.float64).sum(dim=(0, 2))
+            for name in ("max_prob", "diag", "subdiag"):
+                s[name] += rows[name][..., 1:].to(dev, torch.float64).sum(dim=(0, 2))
 
     def mean(self, name: str) -> torch.Tensor:
         """Per-row mean of a statistic: [layer head] float64 over the hooked layers (NaN if no rows)."""
@@ -188,28 +207,45 @@ class PatternStats:
 
 # ---------------------------------------------------------------- the runner
 
+ROUTES = ("auto", "qk", "pattern")
+QK_MIN_CONTEXT = 256  # "auto" reduces longer windows from q and k
+
+
 def collect_stats(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *,
                   layers: Sequence[int] | None = None, batch_size: int = 16,
-                  progress: bool | None = None, evidence: bool = True) -> PatternStats:
-    """Run the model (in eval mode) over the tokens with a reducing hook on each wanted layer's
-    hook_pattern; every hook is removed afterwards, also when the forward pass raises."""
+                  progress: bool | None = None, evidence: bool = True, route: str = "auto") -> PatternStats:
+    """Run the model (in eval mode) over the tokens with reducing hooks on each wanted layer;
+    every hook is removed afterwards, also when the forward pass raises.
+
+    route "qk" reduces each layer blockwise from hook_q / hook_k (`probes.qk_rows`: no
+    [batch head n n] tensor, the model stays on its fused attention path); "pattern" from
+    hook_pattern; "auto" takes "qk" when a check on a short window shows that the model's
+    pattern is softmax(q k^T / scale + causal mask), "pattern" otherwise or for windows of at
+    most QK_MIN_CONTEXT tokens (there the model's explicit path costs little and the pattern
+    route is the faster: `benchmarks/bench_entropy.py`)."""
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
     dims = require_attention(model)
     layers = list(range(dims.n_layers)) if layers is None else list(layers)
     for layer in layers:
         check_layer_head(dims, layer, None)
     batches = as_batches(tokens, dims.n_ctx, dims.d_vocab, batch_size)
-    stats = PatternStats(layers, dims.n_heads, max(b.shape[1] for b in batches), evidence=evidence)
+    longest = max(b.shape[1] for b in batches)
+    stats = PatternStats(layers, dims.n_heads, longest, evidence=evidence)
+    if route == "auto" and longest <= QK_MIN_CONTEXT:
+        route = "pattern"
     device = model_device(model)
-
-    def hook_for(layer: int):
-        def hook(pattern: torch.Tensor, hook: Any) -> None:  # pattern: [batch head q k]
-            stats.update(layer, pattern.detach())
-        return hook
-
-    fwd_hooks = [(f"blocks.{l}.attn.hook_pattern", hook_for(l)) for l in layers]
     was_training = model.training
     model.eval()  # dropout off; the mode is put back afterwards
     try:
+        scale = None
+        if route != "pattern":
+            scale = qk_path_scale(model, batches[0].to(device), layers)
+            if scale is None and route == "qk":
+                raise ProbeInputError("this model's attention pattern is not softmax(q k^T / scale + causal "
+                                      "mask) of its hook_q / hook_k: use the pattern route")
+        stats.route = "pattern" if scale is None else "qk"
+        fwd_hooks = pattern_hooks(stats, layers) if scale is None else qk_hooks(stats, layers, scale)
         with torch.inference_mode(), model.hooks(fwd_hooks=fwd_hooks):  # removed even on errors
             for batch in progress_bar(batches, progress, "attention"):
                 model(batch.to(device))
@@ -217,6 +253,31 @@ def collect_stats(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *,
     finally:
         model.train(was_training)
     return stats
+
+
+def pattern_hooks(stats: PatternStats, layers: list[int]) -> list[tuple[str, Any]]:
+    def hook_for(layer: int):
+        def hook(pattern: torch.Tensor, hook: Any) -> None:  # pattern: [batch head q k]
+            stats.update(layer, pattern.detach())
+        return hook
+    return [(f"blocks.{l}.attn.hook_pattern", hook_for(l)) for l in layers]
+
+
+def qk_hooks(stats: PatternStats, layers: list[int], scale: float) -> list[tuple[str, Any]]:
+    """Keep whichever of a layer's q and k comes first; reduce when the other arrives."""
+    held: dict[tuple[int, str], torch.Tensor] = {}
+
+    def hook_for(layer: int, mine: str, other: str):
+        def hook(t: torch.Tensor, hook: Any) -> None:  # [batch pos head d_head]
+            partner = held.pop((layer, other), None)
+            if partner is None:
+                held[(layer, mine)] = t.detach()
+                return
+            q, k = (t, partner) if mine == "q" else (partner, t)
+            stats.update_qk(layer, q.detach(), k.detach(), scale)
+        return hook
+    return [hook for l in layers for hook in ((f"blocks.{l}.attn.hook_q", hook_for(l, "q", "k")),
+                                              (f"blocks.{l}.attn.hook_k", hook_for(l, "k", "q")))]
 
 
 @dataclass
@@ -281,18 +342,20 @@ def select(grid: torch.Tensor, heads: list[int]) -> list[list[float]]:
 
 def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, layer: int | None = None,
         head: int | None = None, per_position: bool = False, batch_size: int = 16,
-        progress: bool | None = None, name: str | None = None, source: str | None = None) -> EntropyResult:
+        progress: bool | None = None, name: str | None = None, source: str | None = None,
+        route: str = "auto") -> EntropyResult:
     """Entropy per layer and head of `model` (ours or a TransformerBridge) on [batch pos] tokens.
 
     Long rows are windowed to the model's context; `layer`/`head` restrict the report (and only
-    the chosen layer is hooked); `per_position` adds the mean entropy at each query position.
+    the chosen layer is hooked); `per_position` adds the mean entropy at each query position;
+    `route` is how patterns are reduced (`collect_stats`: "auto", "qk" or "pattern").
     """
     dims = require_attention(model)
     check_layer_head(dims, layer, head)
     layers = list(range(dims.n_layers)) if layer is None else [layer]
     heads = list(range(dims.n_heads)) if head is None else [head]
     stats = collect_stats(model, tokens, layers=layers, batch_size=batch_size, progress=progress,
-                          evidence=False)
+                          evidence=False, route=route)
     return EntropyResult(
         model=name or describe_model(model), layers=layers, heads=heads,
         entropy=select(stats.mean("entropy"), heads),

@@ -140,13 +140,15 @@ def test_hooks_are_removed_even_when_the_reduction_fails(monkeypatch):
     model = toy_model()
     attn = model.blocks[0].attention
 
-    def boom(self, layer, pattern):
+    def boom(self, layer, rows):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(entropy.PatternStats, "update", boom)
-    with pytest.raises(RuntimeError, match="boom"):
-        entropy.run(model, tokens())
-    assert not attn.hook_pattern._forward_hooks and attn.use_fused()  # back on the fused path
+    monkeypatch.setattr(entropy.PatternStats, "add_rows", boom)  # both routes reduce through it
+    for route in ("qk", "pattern"):
+        with pytest.raises(RuntimeError, match="boom"):
+            entropy.run(model, tokens(), route=route)
+        assert not attn.hook_pattern._forward_hooks and attn.use_fused()  # back on the fused path
+        assert not attn.hook_q._forward_hooks and not attn.hook_k._forward_hooks
 
 
 # ---------------------------------------------------------------- agreement with run_with_cache

@@ -1,0 +1,128 @@
+"""Row statistics of causal attention computed blockwise from q and k, never the whole pattern.
+
+For row i of a head with scores s_ij = q_i . k_j / scale over the keys j <= i it may see:
+`H_i = logsumexp(s_i) - sum_j softmax(s_i)_j s_ij` (nats), the max probability, the mass on key
+0, on key i (the diagonal) and on key i - 1 (the sub-diagonal). Query rows go in blocks of
+QUERY_BLOCK and windows in chunks, so the largest temporary is about CHUNK_ELEMENTS floats
+whatever the context: an 8192-token context needs no [batch head 8192 8192] tensor, and the
+model itself stays on its fused attention path (only hook_q / hook_k are observed).
+
+The series' formula `-sum p ln(p + 1e-10)` differs from the exact H by less than
+1e-10 per key (p ln(1 + eps/p) <= eps), so under 1e-6 at any context a model here has.
+
+This holds only where the pattern *is* softmax(q k^T / scale + causal mask): `qk_path_scale`
+checks that on a short window against the model's own hook_pattern (rotary embeddings applied
+after hook_q, grouped keys, ALiBi or another scale all fail the check) and callers fall back to
+the pattern hook when it fails.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+CHUNK_ELEMENTS = 1 << 22  # bound on a block's temporary: 16 MB of float32
+QUERY_BLOCK = 64
+CHECK_TOKENS = 64  # length of the window on which the q/k route is checked against the pattern
+
+
+def qk_row_stats(q: torch.Tensor, k: torch.Tensor, scale: float,
+                 evidence: bool = True) -> dict[str, torch.Tensor]:
+    """Per-row statistics of one layer: q, k [batch pos head d_head] -> name -> [batch head pos].
+
+    Names: `entropy`, and with `evidence` also `max_prob`, `first`, `diag`, `subdiag` (row 0's
+    sub-diagonal is 0). Computed in float32 (float64 stays float64)."""
+    dtype = q.dtype if q.dtype == torch.float64 else torch.float32
+    q = q.transpose(1, 2).to(dtype) / scale  # [batch head pos d_head]
+    k = k.transpose(1, 2).to(dtype)
+    batch, heads, n, _ = q.shape
+    names = ("entropy", "max_prob", "first", "diag", "subdiag") if evidence else ("entropy",)
+    out = {name: q.new_zeros(batch, heads, n) for name in names}
+    windows_per_chunk = max(1, CHUNK_ELEMENTS // (heads * min(n, QUERY_BLOCK) * n))
+    for w in range(0, batch, windows_per_chunk):
+        rows = slice(w, w + windows_per_chunk)
+        for a in range(0, n, QUERY_BLOCK):
+            b = min(n, a + QUERY_BLOCK)
+            block = _block_stats(q[rows, :, a:b], k[rows, :, :b], a, evidence)
+            for name, value in block.items():
+                out[name][rows, :, a:b] = value
+    return out
+
+
+def _block_stats(q: torch.Tensor, k: torch.Tensor, a: int, evidence: bool) -> dict[str, torch.Tensor]:
+    """Rows a..a+qb-1, which see keys < a+qb: q [batch head qb d_head], k [batch head b d_head]."""
+    qb, b = q.shape[2], k.shape[2]
+    scores = q @ k.transpose(-1, -2)  # [batch head qb b]
+    hidden = torch.ones(qb, b, dtype=torch.bool, device=q.device).triu_(a + 1)  # key j > row a+i
+    # a finite floor, not -inf: softmax weight exp(floor - max) is exactly 0 and 0 * floor is 0,
+    # where 0 * -inf would be NaN; real scores of a diverged head still carry their NaN
+    scores.masked_fill_(hidden, torch.finfo(scores.dtype).min)
+    # shifted by the row max (s' <= 0), H = ln(sum e^s') - sum p s': no cancellation between two
+    # large numbers when a collapsed head's scores are large
+    shifted = scores.sub_(scores.amax(dim=-1, keepdim=True))  # [batch head qb b]
+    p = shifted.exp()
+    total = p.sum(dim=-1)  # [batch head qb]
+    stats = {"entropy": total.log() - (p * shifted).sum(dim=-1) / total}
+    if evidence:
+        p.div_(total.unsqueeze(-1))  # softmax
+        stats["max_prob"] = total.reciprocal()  # the max's weight is e^0 = 1
+        stats["first"] = p[..., 0]
+        stats["diag"] = p.diagonal(offset=a, dim1=-2, dim2=-1)
+        sub = p.diagonal(offset=a - 1, dim1=-2, dim2=-1)  # rows a..: key a+i-1 (none for row 0)
+        stats["subdiag"] = sub if a > 0 else torch.cat([sub.new_zeros(*sub.shape[:-1], 1), sub], dim=-1)
+    return stats
+
+
+def candidate_scale(model: Any) -> float | None:
+    """The divisor of q.k this model says it uses: ours from its config switch, TransformerLens'
+    `cfg.attn_scale` (sqrt(d_head) where it is left unset at -1, 1 when `use_attn_scale` is off);
+    None if the model does not say."""
+    cfg = getattr(model, "cfg", None)
+    scale = getattr(cfg, "attn_scale", None)
+    if isinstance(scale, str):  # ours: "none" | "sqrt_d_model" | "sqrt_d_head"
+        from models.attention import attention_scale
+        return attention_scale(cfg)
+    if not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        return None
+    if not getattr(cfg, "use_attn_scale", True):
+        return 1.0
+    d_head = getattr(cfg, "d_head", None)
+    if scale <= 0 and isinstance(d_head, int) and d_head > 0:
+        return math.sqrt(d_head)
+    return float(scale) if scale > 0 else None
+
+
+def qk_path_scale(model: Any, tokens: torch.Tensor, layers: list[int]) -> float | None:
+    """The scale with which softmax(q k^T / scale + causal mask) reproduces every wanted layer's
+    hook_pattern on the first window's first CHECK_TOKENS tokens (to 1e-5), else None."""
+    scale = candidate_scale(model)
+    if scale is None:
+        return None
+    seen: dict[str, torch.Tensor] = {}
+
+    def keeper(name: str):  # keyed by the name asked for: a bridge's hook.name is its alias
+        def keep(tensor: torch.Tensor, hook: Any) -> None:
+            seen[name] = tensor.detach()
+        return keep
+    names = [f"blocks.{l}.attn.{h}" for l in layers for h in ("hook_q", "hook_k", "hook_pattern")]
+    with torch.inference_mode(), model.hooks(fwd_hooks=[(name, keeper(name)) for name in names]):
+        model(tokens[:1, :CHECK_TOKENS])
+    for l in layers:
+        q, k, pattern = (seen.get(f"blocks.{l}.attn.{h}") for h in ("hook_q", "hook_k", "hook_pattern"))
+        if q is None or k is None or pattern is None or q.shape != k.shape or q.dim() != 4:
+            return None
+        rebuilt = qk_pattern(q, k, scale)
+        if rebuilt.shape != pattern.shape or not torch.allclose(
+                rebuilt, pattern.to(rebuilt.dtype), atol=1e-5, rtol=1e-4, equal_nan=True):
+            return None
+    return scale
+
+
+def qk_pattern(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """The whole causal pattern from q, k [batch pos head d_head]: [batch head q_pos k_pos]."""
+    scores = torch.einsum("bqhe,bkhe->bhqk", q.float() / scale, k.float())
+    n = scores.shape[-1]
+    hidden = torch.ones(n, n, dtype=torch.bool, device=scores.device).triu_(1)
+    return scores.masked_fill_(hidden, float("-inf")).softmax(dim=-1)
