@@ -49,6 +49,27 @@ class Snapshot:
     def tokens_seen(self) -> int | None:
         return self.meta.get("tokens_seen")
 
+    def encode(self, text: str) -> torch.Tensor:
+        """Text as a [1 pos] batch of token ids on the model's device, ready for `model(...)`
+        or any probe's `run` (longer than the context is fine there: probes window it)."""
+        if self.tokenizer is None:
+            raise ValueError(f"{self.name} has no tokenizer (a bare .pt state dict): put the series' "
+                             "vocab.json beside it, or pass token ids")
+        if not isinstance(text, str) or not text:
+            raise ValueError(f"text must be a non-empty string, got {text!r}")
+        ids = self.tokenizer.encode(text)  # names the character it cannot encode
+        if not ids:
+            raise ValueError(f"{text!r} encodes to zero tokens")
+        device = next(self.model.parameters()).device
+        return torch.tensor([ids], dtype=torch.long, device=device)  # [1 pos]
+
+    def decode(self, ids: torch.Tensor | list[int]) -> str:
+        """Token ids ([pos] or [1 pos], a tensor or a list) back to text."""
+        if self.tokenizer is None:
+            raise ValueError(f"{self.name} has no tokenizer (a bare .pt state dict)")
+        flat = ids.reshape(-1).tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        return self.tokenizer.decode(flat)
+
     def nonfinite_params(self) -> list[str]:
         """Names of parameters/buffers holding NaN or inf (a diverged run loads; probes report it)."""
         return nonfinite_tensors(self.model)

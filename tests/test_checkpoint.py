@@ -474,3 +474,34 @@ def test_config_that_cannot_be_built_is_a_checkpoint_error(snap_dir, monkeypatch
     monkeypatch.setattr(weights, "build_model", too_big)
     with pytest.raises(CheckpointError, match=r"config\.json: cannot build the model it describes"):
         load_snapshot(snap_dir)
+
+
+def test_snapshot_encode_gives_a_batch_the_model_and_probes_take():
+    """`snap.encode("ROMEO:")` on a shipped character run: [1 pos] ids whose decode is the text,
+    the same ids as the tokenizer's, and the probes' results equal those on the raw ids."""
+    from probes import entropy
+    snap = load_checkpoint(Path(__file__).resolve().parents[1] / "checkpoints" / "shakespeare_rms4")
+    tokens = snap.encode("ROMEO:")
+    assert tokens.shape == (1, 6) and tokens.dtype == torch.long
+    assert tokens[0].tolist() == snap.tokenizer.encode("ROMEO:")
+    assert snap.decode(tokens) == "ROMEO:" == snap.decode(tokens[0].tolist())
+    assert snap.model(tokens).shape == (1, 6, snap.config.d_vocab)
+    by_text = entropy.run(snap.model, snap.encode("ROMEO: But soft"))
+    by_ids = entropy.run(snap.model, torch.tensor([snap.tokenizer.encode("ROMEO: But soft")]))
+    assert by_text.entropy == by_ids.entropy
+
+
+@pytest.mark.parametrize("text, message", [("", "non-empty"), (None, "non-empty"), ("ROMEO\u00e9", "not in the vocabulary")])
+def test_snapshot_encode_refuses_bad_text_in_one_line(text, message):
+    snap = load_checkpoint(Path(__file__).resolve().parents[1] / "checkpoints" / "shakespeare_rms4")
+    with pytest.raises(ValueError, match=message) as info:
+        snap.encode(text)
+    assert "\n" not in str(info.value)
+
+
+def test_snapshot_without_tokenizer_says_so(tmp_path, model):
+    path = tmp_path / "bare.pt"
+    torch.save(model.state_dict(), path)
+    snap = load_checkpoint(path, preset=PRESET)
+    with pytest.raises(ValueError, match="no tokenizer"):
+        snap.encode("ab")
