@@ -28,7 +28,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from probes.qk_rows import qk_path_scale, qk_row_stats
+from probes.qk_rows import qk_hooks, qk_path_scale, qk_row_stats
 from probes.common import (ProbeInputError, add_input_arguments, as_batches, check_layer_head,
                            model_device, print_json, progress_bar, require_attention, run_cli,
                            to_jsonable, token_batches)
@@ -261,23 +261,6 @@ def pattern_hooks(stats: PatternStats, layers: list[int]) -> list[tuple[str, Any
             stats.update(layer, pattern.detach())
         return hook
     return [(f"blocks.{l}.attn.hook_pattern", hook_for(l)) for l in layers]
-
-
-def qk_hooks(stats: PatternStats, layers: list[int], scale: float) -> list[tuple[str, Any]]:
-    """Keep whichever of a layer's q and k comes first; reduce when the other arrives."""
-    held: dict[tuple[int, str], torch.Tensor] = {}
-
-    def hook_for(layer: int, mine: str, other: str):
-        def hook(t: torch.Tensor, hook: Any) -> None:  # [batch pos head d_head]
-            partner = held.pop((layer, other), None)
-            if partner is None:
-                held[(layer, mine)] = t.detach()
-                return
-            q, k = (t, partner) if mine == "q" else (partner, t)
-            stats.update_qk(layer, q.detach(), k.detach(), scale)
-        return hook
-    return [hook for l in layers for hook in ((f"blocks.{l}.attn.hook_q", hook_for(l, "q", "k")),
-                                              (f"blocks.{l}.attn.hook_k", hook_for(l, "k", "q")))]
 
 
 @dataclass

@@ -126,3 +126,21 @@ def qk_pattern(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     n = scores.shape[-1]
     hidden = torch.ones(n, n, dtype=torch.bool, device=scores.device).triu_(1)
     return scores.masked_fill_(hidden, float("-inf")).softmax(dim=-1)
+
+
+def qk_hooks(stats: Any, layers: list[int], scale: float) -> list[tuple[str, Any]]:
+    """Forward hooks on each layer's hook_q and hook_k: keep whichever comes first, and when the
+    other arrives hand both to `stats.update_qk(layer, q, k, scale)` (a `PatternStats`)."""
+    held: dict[tuple[int, str], torch.Tensor] = {}
+
+    def hook_for(layer: int, mine: str, other: str):
+        def hook(t: torch.Tensor, hook: Any) -> None:  # [batch pos head d_head]
+            partner = held.pop((layer, other), None)
+            if partner is None:
+                held[(layer, mine)] = t.detach()
+                return
+            q, k = (t, partner) if mine == "q" else (partner, t)
+            stats.update_qk(layer, q.detach(), k.detach(), scale)
+        return hook
+    return [hook for l in layers for hook in ((f"blocks.{l}.attn.hook_q", hook_for(l, "q", "k")),
+                                              (f"blocks.{l}.attn.hook_k", hook_for(l, "k", "q")))]
