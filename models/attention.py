@@ -134,8 +134,8 @@ class Attention(nn.Module):
 
         SDPA's CPU kernel turns NaN scores into zero output, hiding a diverged head that the
         explicit path shows as NaN; x * 0 is NaN exactly when x is not finite, so adding this
-        re-poisons the head without a host sync. One fused reduction over q and k (summed in
-        fp32 without a copy: an fp16 sum of healthy activations can overflow to inf)."""
+        re-poisons the head without a host sync. One reduction per tensor, accumulated in fp32
+        without a copy (an fp16 sum of healthy activations can overflow to inf)."""
         # q, k: [batch head pos d_head]
         total = torch.sum(q, dim=(2, 3), dtype=torch.float32) + torch.sum(k, dim=(2, 3), dtype=torch.float32)
         return (total * 0).to(q.dtype)[..., None, None]

@@ -28,10 +28,10 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from probes.qk_rows import qk_hooks, qk_path_scale, qk_row_stats
 from probes.common import (ProbeInputError, add_input_arguments, as_batches, check_layer_head,
                            model_device, print_json, progress_bar, require_attention, run_cli,
                            to_jsonable, token_batches)
+from probes.qk_rows import qk_hooks, qk_path_scale, qk_row_stats
 
 log = logging.getLogger(__name__)
 

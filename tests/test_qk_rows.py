@@ -37,7 +37,7 @@ def assert_same_sums(a: entropy.PatternStats, b: entropy.PatternStats, atol: flo
         for name in entropy.SUMS:
             x, y = a.sums[layer][name] / max(a.rows, 1), b.sums[layer][name] / max(b.rows, 1)
             assert torch.allclose(x, y, atol=atol, equal_nan=True), (layer, name, x, y)
-        assert torch.allclose(a.per_position(), b.per_position(), atol=atol, equal_nan=True)
+    assert torch.allclose(a.per_position(), b.per_position(), atol=atol, equal_nan=True)
 
 
 @settings(max_examples=15, deadline=None)
