@@ -135,6 +135,19 @@ class TransformerConfig(_ConfigBase):
         """Width of the concatenated heads, the input of W_O."""
         return self.n_heads * self.d_head
 
+    # TransformerLens' names for what ActivationCache reads (cache.apply_ln_to_stack, ...)
+    @property
+    def normalization_type(self) -> str | None:
+        return {"none": None, "layer": "LN", "rms": "RMS"}[self.norm]
+
+    @property
+    def attn_only(self) -> bool:
+        return False  # every block has an MLP
+
+    @property
+    def default_prepend_bos(self) -> bool:
+        return False  # our tokenizers have no BOS token
+
 
 @dataclass(frozen=True)
 class MLPConfig(_ConfigBase):

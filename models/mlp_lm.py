@@ -13,12 +13,13 @@ from torch import nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from models.cache import CacheMixin
 from models.config import MLPConfig
 from models.layers import MLP
 from models.validation import check_tokens
 
 
-class MLPLanguageModel(HookedRootModule):
+class MLPLanguageModel(CacheMixin, HookedRootModule):
     def __init__(self, cfg: MLPConfig):
         super().__init__()
         self.cfg = cfg

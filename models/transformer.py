@@ -17,13 +17,14 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from models.attention import ATTN_IMPLS, Attention
+from models.cache import BlockTLNames, TLWeights
 from models.config import TransformerConfig
 from models.hooks import fire, rename_hooks_to_tl
 from models.layers import MLP, make_norm, norm_attr
 from models.validation import check_tokens
 
 
-class Block(nn.Module):
+class Block(BlockTLNames, nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.cfg = cfg
@@ -60,7 +61,7 @@ class Block(nn.Module):
         return fire(self.hook_resid_post, self.norm(2, x, "post"))
 
 
-class Transformer(HookedRootModule):
+class Transformer(TLWeights, HookedRootModule):
     """tokens [batch pos] -> logits [batch pos d_vocab]."""
 
     def __init__(self, cfg: TransformerConfig):

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from models import build_model, config_from_dict
+from models.cache import text_to_tokens
 from models.config import ModelConfig
 from models.runs import CheckpointError, snapshot_step
 from models.tokenizers import Tokenizer
@@ -33,6 +34,11 @@ class Snapshot:
     config: ModelConfig
     meta: dict[str, Any]  # the parsed config.json (synthesised for a .pt)
     path: Path
+
+    def __post_init__(self) -> None:
+        # TransformerLens habit: text goes in through model.tokenizer (a plain attribute, not a
+        # submodule: the state dict is unchanged)
+        self.model.tokenizer = self.tokenizer
 
     @property
     def name(self) -> str:
@@ -55,13 +61,7 @@ class Snapshot:
         if self.tokenizer is None:
             raise ValueError(f"{self.name} has no tokenizer (a bare .pt state dict): put the series' "
                              "vocab.json beside it, or pass token ids")
-        if not isinstance(text, str) or not text:
-            raise ValueError(f"text must be a non-empty string, got {text!r}")
-        ids = self.tokenizer.encode(text)  # names the character it cannot encode
-        if not ids:
-            raise ValueError(f"{text!r} encodes to zero tokens")
-        device = next(self.model.parameters()).device
-        return torch.tensor([ids], dtype=torch.long, device=device)  # [1 pos]
+        return text_to_tokens(self.tokenizer, text, next(self.model.parameters()).device, self.name)
 
     def decode(self, ids: torch.Tensor | list[int]) -> str:
         """Token ids ([pos] or [1 pos], a tensor or a list) back to text."""

@@ -9,9 +9,9 @@ Differences that probes must respect (checked or documented below):
 - `hook_attn_scores` is not portable: on ours it is the scaled, masked (-inf) pre-softmax score;
   TransformerLens 4.3's native bridge records the softmaxed pattern there. Probes read
   `hook_pattern` (and q/k if they need raw scores), never `hook_attn_scores`.
-- the caches differ in type: the bridge returns an `ActivationCache` (with shorthand keys such as
-  `cache["pattern", 0]` and helpers such as `accumulated_resid`), ours a plain dict. Probes index
-  by full hook name, which both support.
+- both return a TransformerLens `ActivationCache` (shorthand keys such as `cache["pattern", 0]`,
+  helpers such as `accumulated_resid`: see tests/test_activation_cache.py). Probes index by full
+  hook name.
 - MLP-family models have no attention: their cfg has no `n_layers`/`n_heads` (probes default
   them to 0 via `getattr(cfg, "n_layers", 0)`).
 """
@@ -176,12 +176,10 @@ def test_mlp_family_has_no_attention_dims():
     assert (dims.n_layers, dims.n_heads, dims.n_ctx, dims.d_vocab) == (0, 0, cfg.n_ctx, cfg.d_vocab)
 
 
-def test_full_hook_names_are_the_portable_cache_api(caches):
-    """Shorthand keys work on the bridge's ActivationCache only; full names work on both."""
+def test_full_hook_names_and_shorthand_keys_work_on_both(caches):
     bridge_cache, our_cache = caches
     name = "blocks.0.attn.hook_pattern"
     assert torch.equal(bridge_cache["pattern", 0], bridge_cache[name])
+    assert torch.equal(our_cache["pattern", 0], our_cache[name])
     assert name in our_cache and name in bridge_cache
     assert set(probe_hooks(BRIDGE_CFG["n_layers"])) <= set(our_cache.keys())
-    with pytest.raises(KeyError):  # if ours gains TL's shorthand, drop this half and the doc line
-        our_cache["pattern", 0]

@@ -230,7 +230,7 @@ def test_hook_walk(name):
         if l + 1 < cfg.n_layers:
             assert torch.equal(cache[f"blocks.{l}.hook_resid_post"],
                                cache[f"blocks.{l + 1}.hook_resid_pre"])
-    expected_resid0 = cache["hook_embed"] + cache.get("hook_pos_embed", 0)
+    expected_resid0 = cache["hook_embed"] + (cache["hook_pos_embed"] if "hook_pos_embed" in cache else 0)
     torch.testing.assert_close(cache["blocks.0.hook_resid_pre"], expected_resid0)
 
 
