@@ -130,7 +130,8 @@ class CharTokenizer(Tokenizer):
             return self._stoi[piece]
         except KeyError:
             n = self.vocab_size
-            raise UnknownTokenError(f"piece {piece!r} is not in the vocabulary ({n} characters)") from None
+            hint = "; a character vocabulary's pieces are single characters" if len(piece) > 1 else ""
+            raise UnknownTokenError(f"piece {piece!r} is not in the vocabulary ({n} characters){hint}") from None
 
 
 class _Pairs(list):

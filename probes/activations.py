@@ -30,7 +30,7 @@ import torch
 
 from models.loss import lm_loss
 from probes.common import (ProbeInputError, add_input_arguments, lm_windows, model_device, print_json,
-                           run_cli, token_batches)
+                           run_cli, token_batches, tokens_or_text)
 
 SATURATION = 0.97  # makemore: |tanh| above this is in the flat tail
 GELU_FLAT = -3.0  # GELU'(x) < 0.004 below this input
@@ -182,13 +182,16 @@ def _pct(value: float | None) -> str:
 
 
 def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, grads: bool = True,
-        saturation: float = SATURATION, batch_size: int = 16, bins: int = HIST_BINS) -> ActivationsResult:
+        saturation: float = SATURATION, batch_size: int = 16, bins: int = HIST_BINS,
+        tokenizer: Any = None) -> ActivationsResult:
     """Activation health of every MLP hidden layer over `tokens` [batch pos].
 
     With `grads`, each batch also runs backward from the mean next-token cross-entropy (so a
     batch needs 2+ positions) and the gradients at the activations are summarised too; the
-    model's own .grad fields are restored afterwards.
+    model's own .grad fields are restored afterwards. `tokens` may be text, read with
+    `tokenizer` (default `model.tokenizer`) in windows of 2 n_ctx, as `--text` is.
     """
+    tokens = tokens_or_text(model, tokens, tokenizer, batch_size, n_ctx=2 * int(model.cfg.n_ctx))
     names = mlp_layers(model)
     if not names:
         raise ProbeInputError(f"{type(model).__name__} has no MLP hidden layers with hook_post to probe")

@@ -69,7 +69,10 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
                               "put the series' vocab.json beside the .pt file")
     if not text:
         raise ProbeInputError("the text is empty: give at least one character")
-    ids = tokenizer.encode(text)  # raises UnknownTokenError (a ValueError) with the character
+    try:
+        ids = tokenizer.encode(text)
+    except ValueError as err:  # our UnknownTokenError names the character and its position
+        raise ProbeInputError(str(err).splitlines()[0]) from None
     if not ids:
         raise ProbeInputError("the text encodes to zero tokens")
     return list(ids)
@@ -94,6 +97,33 @@ def batches_of_windows(chunks: list[torch.Tensor], batch_size: int) -> Iterator[
     for group in by_len.values():
         for i in range(0, len(group), batch_size):
             yield torch.cat(group[i:i + batch_size])
+
+
+def text_batches(tokenizer: Any, text: str, n_ctx: int, batch_size: int) -> list[torch.Tensor]:
+    """Text as the CLIs read `--text`: encoded, cut into n_ctx windows, batched by length."""
+    chunks = windows(encode_text(tokenizer, text), n_ctx)
+    return list(batches_of_windows(chunks, max(1, batch_size)))
+
+
+def model_tokenizer(model: Any, tokenizer: Any = None) -> Any:
+    """The explicit tokenizer, else `model.tokenizer` (ours once loaded from a checkpoint, a
+    TransformerBridge's HuggingFace one), else None."""
+    return tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+
+
+def tokens_or_text(model: Any, tokens: Any, tokenizer: Any = None, batch_size: int = 16,
+                   n_ctx: int | None = None) -> Any:
+    """A runner's `tokens`: ids ([batch pos] or a list of batches) pass through unchanged; text
+    is encoded with the runner's tokenizer and windowed as the CLIs window `--text` (n_ctx
+    defaults to the model's context)."""
+    if not isinstance(tokens, str):
+        return tokens
+    tokenizer = model_tokenizer(model, tokenizer)
+    if tokenizer is None:
+        raise ProbeInputError(f"{type(model).__name__} has no tokenizer to encode the text with: "
+                              "pass tokenizer=..., load the model from a checkpoint, or give token ids")
+    check_batch_size(batch_size)
+    return text_batches(tokenizer, tokens, model_dims(model).n_ctx if n_ctx is None else n_ctx, batch_size)
 
 
 def as_batches(tokens: torch.Tensor | Iterable[torch.Tensor], n_ctx: int, d_vocab: int,
@@ -231,8 +261,8 @@ def token_batches(args: argparse.Namespace, tokenizer: Any, n_ctx: int) -> tuple
         text, source = args.text, "--text"
     else:
         raise ProbeInputError("give the input with --text, --text-file or --data")
-    chunks = windows(encode_text(tokenizer, text), n_ctx)
-    return list(batches_of_windows(chunks, max(1, args.batch_size))), f"{source} in {len(chunks)} window(s)"
+    batches = text_batches(tokenizer, text, n_ctx, args.batch_size)
+    return batches, f"{source} in {sum(len(b) for b in batches)} window(s)"
 
 
 def print_json(data: Any) -> None:

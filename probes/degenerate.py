@@ -32,7 +32,7 @@ from typing import Any, Iterable
 import torch
 
 from probes.common import (ProbeInputError, add_input_arguments, check_layer_head, print_json,
-                           require_attention, run_cli, to_jsonable, token_batches)
+                           require_attention, run_cli, to_jsonable, token_batches, tokens_or_text)
 from probes.entropy import (PatternStats, add_report_arguments, collect_stats, describe_model, format_table,
                             uniform_series_entropy)
 
@@ -281,12 +281,14 @@ class DegenerateResult:
 def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, thresholds: Thresholds | None = None,
         layer: int | None = None, head: int | None = None, batch_size: int = 16,
         progress: bool | None = None, name: str | None = None, source: str | None = None,
-        route: str = "auto") -> DegenerateResult:
+        route: str = "auto", tokenizer: Any = None) -> DegenerateResult:
     """Verdict per head of `model` (ours or a TransformerBridge) on [batch pos] tokens.
 
     Every head of the chosen layers is measured (whole-layer collapse needs them all);
     `layer` / `head` restrict what is reported; `route` as in `probes.entropy.collect_stats`.
+    `tokens` may be text, read with `tokenizer` (default `model.tokenizer`) as `--text` is.
     """
+    tokens = tokens_or_text(model, tokens, tokenizer, batch_size)
     t = thresholds or Thresholds()
     dims = require_attention(model)
     check_layer_head(dims, layer, head)

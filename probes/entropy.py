@@ -30,7 +30,7 @@ import torch
 
 from probes.common import (ProbeInputError, add_input_arguments, as_batches, check_layer_head,
                            model_device, print_json, progress_bar, require_attention, run_cli,
-                           to_jsonable, token_batches)
+                           to_jsonable, token_batches, tokens_or_text)
 from probes.qk_rows import qk_hooks, qk_path_scale, qk_row_stats
 
 log = logging.getLogger(__name__)
@@ -326,13 +326,15 @@ def select(grid: torch.Tensor, heads: list[int]) -> list[list[float]]:
 def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, layer: int | None = None,
         head: int | None = None, per_position: bool = False, batch_size: int = 16,
         progress: bool | None = None, name: str | None = None, source: str | None = None,
-        route: str = "auto") -> EntropyResult:
+        route: str = "auto", tokenizer: Any = None) -> EntropyResult:
     """Entropy per layer and head of `model` (ours or a TransformerBridge) on [batch pos] tokens.
 
     Long rows are windowed to the model's context; `layer`/`head` restrict the report (and only
     the chosen layer is hooked); `per_position` adds the mean entropy at each query position;
     `route` is how patterns are reduced (`collect_stats`: "auto", "qk" or "pattern").
+    `tokens` may be text, read with `tokenizer` (default `model.tokenizer`) as `--text` is.
     """
+    tokens = tokens_or_text(model, tokens, tokenizer, batch_size)
     dims = require_attention(model)
     check_layer_head(dims, layer, head)
     layers = list(range(dims.n_layers)) if layer is None else [layer]

@@ -41,7 +41,7 @@ import torch
 
 from probes.common import (ProbeInputError, add_input_arguments, as_batches, hook_names,
                            model_device, print_json, progress_bar, run_cli, to_jsonable,
-                           token_batches)
+                           token_batches, tokens_or_text)
 from probes.neighbours import token_piece
 
 log = logging.getLogger(__name__)
@@ -184,7 +184,9 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, k: int = 5
 
     Long rows are windowed to the model's context. The model runs in eval mode (restored after).
     `lens` defaults to `LogitLens(model, include_mid)`; pass a subclass for a tuned lens.
+    `tokens` may be text, read with `tokenizer` (default `model.tokenizer`) as `--text` is.
     """
+    tokens = tokens_or_text(model, tokens, tokenizer, batch_size)
     lens = lens or LogitLens(model, include_mid)
     if not isinstance(k, int) or k < 1:
         raise ProbeInputError(f"k must be a positive int, got {k!r}")

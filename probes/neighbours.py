@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 import torch
 
-from probes.common import ProbeInputError, print_json, run_cli, to_jsonable
+from probes.common import ProbeInputError, model_tokenizer, print_json, run_cli, to_jsonable
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +220,10 @@ def resolve_token(token: int | str, tokenizer: Any, d_vocab: int) -> int:
     if tokenizer is None:
         raise ProbeInputError(f"no tokenizer to look up the piece {token!r}: give an id (--id)")
     if hasattr(tokenizer, "piece_to_id"):
-        i = tokenizer.piece_to_id(token)  # UnknownTokenError (a ValueError) names the piece
+        try:
+            i = tokenizer.piece_to_id(token)
+        except ValueError as err:  # our UnknownTokenError names the piece
+            raise ProbeInputError(str(err).splitlines()[0]) from None
     else:
         vocab = tokenizer.get_vocab()
         if token not in vocab:
@@ -272,7 +275,9 @@ def entry(tokenizer: Any, i: int, cosine: float | None = None) -> dict[str, Any]
 
 def run(model: Any, token: int | str | None = None, *, k: int = 10, table: str = "input",
         tokenizer: Any = None, analogy: Sequence[int | str] | None = None) -> NeighboursResult:
-    """Top-k cosine neighbours of `token` (id or piece), or of `a - b + c` for analogy=(a, b, c)."""
+    """Top-k cosine neighbours of `token` (id or piece), or of `a - b + c` for analogy=(a, b, c);
+    pieces are looked up with `tokenizer` (default `model.tokenizer`)."""
+    tokenizer = model_tokenizer(model, tokenizer)
     queries, keys = tables_for(model, table)
     check_table(queries, "query")
     check_table(keys, "key")
@@ -328,6 +333,7 @@ class AllNeighboursResult:
 def run_all(model: Any, *, k: int = 10, table: str = "input", tokenizer: Any = None,
             chunk_size: int | None = None, progress: bool = False) -> AllNeighboursResult:
     """Every token's top-k neighbours in the chosen table (chunked; see `all_neighbours`)."""
+    tokenizer = model_tokenizer(model, tokenizer)
     queries, keys = tables_for(model, table)
     values, ids = all_neighbours(queries, keys, k, chunk_size=chunk_size, progress=progress)
     return AllNeighboursResult(table, ids.cpu(), values.cpu(), tokenizer)
