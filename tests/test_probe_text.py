@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_entropy import T, toy_model
 
-from models import Transformer, TransformerConfig
 from models.checkpoint import load_checkpoint
 from models.tokenizers import CharTokenizer
 from probes import activations, degenerate, entropy, logit_lens, neighbours
@@ -18,7 +18,6 @@ from probes.common import ProbeInputError
 
 SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints" / "shakespeare_rms4"
 TEXT = "ROMEO: But soft, what light"
-T = 8
 
 
 @pytest.fixture(scope="module")
@@ -84,19 +83,8 @@ def test_unknown_character_is_a_one_line_error_naming_it(snap, probe):
 
 
 # ---------------------------------------------------------------- a hand-set toy model
-
-
-def toy_model() -> Transformer:
-    """All weights zero but W_pos = sqrt(30) I: W_Q = W_K = 0, so every head attends uniformly
-    and row i (i + 1 keys) has entropy ln(i + 1); no tokenizer attached."""
-    cfg = TransformerConfig(d_vocab=5, n_ctx=T, d_model=T, n_layers=1, n_heads=2, d_head=T, d_mlp=4,
-                            norm="none", attn_scale="none")
-    model = Transformer(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
-        model.W_pos.copy_(math.sqrt(30.0) * torch.eye(T))
-    return model
+# test_entropy's toy: W_Q = W_K = 0, so every head attends uniformly and row i (i + 1 keys) has
+# entropy ln(i + 1); no tokenizer attached.
 
 
 def test_toy_text_through_an_explicit_tokenizer_gives_the_paper_answer():
