@@ -13,7 +13,7 @@ import pytest
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 OUTSIDE = ("python3 -m venv ", "pip install ", "python -m pytest", "streamlit run app/main.py",
-           "torchrun ")
+           "torchrun ", "jupyter lab notebooks/tour.ipynb")
 PARSERS = {"train": "train.loop"}  # python -m X -> the module holding X's build_parser
 
 
