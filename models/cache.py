@@ -61,6 +61,8 @@ class AttentionWeights:
         self.module = attention
 
     def __getattr__(self, name: str) -> Any:
+        if name == "module":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
         return getattr(self.module, name)
 
     def __repr__(self) -> str:
