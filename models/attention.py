@@ -21,6 +21,24 @@ from models.hooks import fire, is_hooked
 ATTN_IMPLS = ("auto", "explicit", "fused")
 
 
+class ConcatHeads(torch.autograd.Function):
+    """`torch.cat(weights, dim=1)` of per-head [d_model d_head] weights, with one copy in backward.
+
+    cat's own backward hands each head a strided slice of the [d_model n*d_head] gradient, which
+    autograd then copies into a contiguous .grad one head at a time (3 ops per head); here one
+    permute-copy lays all heads' gradients out contiguously and each head gets a view of it."""
+
+    @staticmethod
+    def forward(ctx, *weights: torch.Tensor) -> torch.Tensor:
+        ctx.n_heads = len(weights)
+        return torch.cat(weights, dim=1)  # [d_model n*d_head]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # grad: [d_model n*d_head] -> [n d_model d_head], one contiguous block per head
+        return grad.unflatten(1, (ctx.n_heads, -1)).permute(1, 0, 2).contiguous().unbind(0)
+
+
 def attention_scale(cfg: TransformerConfig) -> float:
     """The divisor applied to q.k: 1, sqrt(d_model) (the series) or sqrt(d_head) (GPT)."""
     if cfg.attn_scale == "none":
@@ -52,7 +70,7 @@ class Attention(nn.Module):
         self.impl = "auto"
         self.use_attn_result = False  # set True to fill hook_result [batch pos head d_model]
         self._qkv_names = [f"{kind}_{w}" for kind in ("W", "b") if kind == "W" or cfg.attn_bias for w in "QKV"]
-        self._qkv_cache: tuple | None = None  # (parameter versions, concatenated q/k/v weights)
+        self._qkv_cache: tuple | None = None  # (key, the parameters, concatenated q/k/v weights)
         self.heads = nn.ModuleList(
             [AttentionHead(cfg.d_model, cfg.d_head, cfg.attn_bias) for _ in range(cfg.n_heads)])
         if cfg.attn_out_proj:
@@ -79,21 +97,29 @@ class Attention(nn.Module):
     def qkv_weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The heads' separate parameters (the series' names, one g/w/u row each) side by side.
 
-        With gradients on, concatenated at every call (its backward is a split into views).
-        Without (probes, sampling) the concatenation is kept until a parameter changes: its
-        version counter moves on any in-place write, its data pointer on `.to()`."""
+        With gradients on, concatenated at every call by `ConcatHeads` (its backward hands each
+        head a contiguous gradient in one copy). Without (probes, sampling) the concatenation is
+        kept while the same parameter objects sit at unchanged versions (any in-place write, an
+        optimizer step or `load_state_dict`, moves a version; `.to()` / `.half()` clear it in
+        `_apply`)."""
         params = [h._parameters[name] for name in self._qkv_names for h in self.heads]
         if (torch.is_grad_enabled() and any(p.requires_grad for p in params)) or torch.compiler.is_compiling():
             return self.concat_qkv(params)
-        key = [(p.data_ptr(), p._version, p.dtype) for p in params]
+        # ids are safe in the key: the cached tuple keeps those parameters alive
+        key = (tuple(map(id, params)), tuple([p._version for p in params]))
         if self._qkv_cache is None or self._qkv_cache[0] != key:
-            self._qkv_cache = (key, self.concat_qkv(params))
-        return self._qkv_cache[1]
+            with torch.no_grad():
+                self._qkv_cache = (key, tuple(params), self.concat_qkv(params))
+        return self._qkv_cache[2]
 
     def concat_qkv(self, params: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
         n = 3 * self.cfg.n_heads
-        W = torch.cat(params[:n], dim=1)
-        return W, torch.cat(params[n:]) if len(params) > n else None
+        W = torch.cat(params[:n], dim=1) if torch.compiler.is_compiling() else ConcatHeads.apply(*params[:n])
+        return W, torch.cat(params[n:]) if len(params) > n else None  # 1-D: gradients are contiguous views
+
+    def _apply(self, fn, recurse=True):
+        self._qkv_cache = None  # .to() / .half() may swap parameter data in place of the object
+        return super()._apply(fn, recurse)
 
     def use_fused(self) -> bool:
         if self.impl == "explicit":
@@ -122,23 +148,28 @@ class Attention(nn.Module):
         return torch.einsum("bhqk,bkhe->bqhe", pattern, v)
 
     def fused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        guard = self.nan_guard(q, k)  # [batch head 1 1]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch head pos d_head]
         z = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, dropout_p=self.cfg.dropout if self.training else 0.0,
             scale=1.0 / self.scale)
-        return (z + self.nan_guard(q, k)).transpose(1, 2)  # [batch pos head d_head]
+        return (z + guard).transpose(1, 2)  # [batch pos head d_head]; contiguous: SDPA's layout
 
     @staticmethod
     def nan_guard(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """[batch head 1 1] zeros, NaN where that (batch, head)'s q or k holds a NaN or inf.
 
-        SDPA's CPU kernel turns NaN scores into zero output, hiding a diverged head that the
-        explicit path shows as NaN; x * 0 is NaN exactly when x is not finite, so adding this
-        re-poisons the head without a host sync. One reduction per tensor, accumulated in fp32
-        without a copy (an fp16 sum of healthy activations can overflow to inf)."""
-        # q, k: [batch head pos d_head]
-        total = torch.sum(q, dim=(2, 3), dtype=torch.float32) + torch.sum(k, dim=(2, 3), dtype=torch.float32)
-        return (total * 0).to(q.dtype)[..., None, None]
+        SDPA kernels may turn NaN or inf scores into zero output (the CPU one does for +-inf),
+        hiding a diverged head that the explicit path shows as NaN; x * 0 is NaN exactly when x
+        is not finite, so adding this re-poisons the head without a host sync. Sums run over
+        [batch pos head d_head] as stored (the fastest order) and accumulate in fp32 without a
+        copy (an fp16 sum of healthy activations can overflow to inf); detached, so backward
+        skips it (its gradient is zero anyway)."""
+        q, k = (q.detach(), k.detach()) if q.requires_grad or k.requires_grad else (q, k)
+        # q, k: [batch pos head d_head]
+        total = torch.sum(q, dim=(1, 3), dtype=torch.float32).add_(torch.sum(k, dim=(1, 3), dtype=torch.float32))
+        guard = total.mul_(0)[..., None, None]  # [batch head 1 1]
+        return guard if guard.dtype == q.dtype else guard.to(q.dtype)
 
     def output(self, z: torch.Tensor) -> torch.Tensor:
         batch, pos = z.shape[:2]

@@ -4,6 +4,11 @@ Read top to bottom: Block (attention + MLP, residual and norm switches), Transfo
 blocks, final norm, unembedding). Parameter names are the series' (`embedding.weight`, `W_pos`,
 `W_out`, `blocks.{i}.attention.heads.{j}.W_Q`, `blocks.{i}.mlp.net.0.weight`,
 `blocks.{i}.rms1.gamma`); hook names are TransformerLens' (`blocks.{i}.ln1.hook_scale`, ...).
+
+With nothing hooked, hook points are skipped, so `torch.compile(model)` traces one graph. Dynamo
+by default does not guard on module hook dicts (`torch._dynamo.config.skip_nnmodule_hook_guards`):
+a hook added after compiling is seen by the eager `model` but not by the compiled callable unless
+that flag is set to False (then adding or removing a hook recompiles).
 """
 
 from __future__ import annotations

@@ -1,0 +1,162 @@
+"""The unhooked model's fast paths: q/k/v concatenation (its autograd and its no-grad cache), the
+fused path's NaN/inf guard, and torch.compile (no graph breaks, same logits, hooks after compiling).
+
+Compiled runs use the "aot_eager" backend: dynamo and AOTAutograd trace as for inductor, but no
+C++ compiler is needed, so these tests run on any CI machine.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models import build_model, get_preset
+from models.attention import ConcatHeads
+
+
+def build(name: str = "tiny_shakespeare_gpt_small", **overrides):
+    torch.manual_seed(0)
+    return build_model(get_preset(name, dropout=0.0, **overrides)).eval()
+
+
+def tokens_for(model, batch: int = 2) -> torch.Tensor:
+    torch.manual_seed(1)
+    return torch.randint(0, model.cfg.d_vocab, (batch, model.cfg.n_ctx))
+
+
+def test_concat_heads_gradcheck_float64():
+    weights = [torch.randn(5, 3, dtype=torch.float64, requires_grad=True) for _ in range(4)]
+    assert torch.autograd.gradcheck(ConcatHeads.apply, weights)
+
+
+def test_concat_heads_grads_equal_cat_and_are_contiguous():
+    """Same values and gradients as torch.cat; each head's gradient is a contiguous block, so
+    autograd adopts it as .grad without another copy."""
+    torch.manual_seed(0)
+    ours = [torch.randn(6, 4, requires_grad=True) for _ in range(3)]
+    ref = [w.detach().clone().requires_grad_() for w in ours]
+    upstream = torch.randn(6, 12)  # [d_model n*d_head]
+    out = ConcatHeads.apply(*ours)
+    assert torch.equal(out, torch.cat(ref, dim=1))
+    (out * upstream).sum().backward()
+    (torch.cat(ref, dim=1) * upstream).sum().backward()
+    for w, r, j in zip(ours, ref, range(3)):
+        assert torch.equal(w.grad, r.grad)
+        assert torch.equal(w.grad, upstream[:, 4 * j: 4 * (j + 1)])  # by hand: head j's columns
+        assert w.grad.is_contiguous()
+
+
+@pytest.mark.parametrize("name", ["tiny_shakespeare_gpt_small", "transformer4_rms_small"])
+def test_training_gradients_reach_every_head(name):
+    """A forward+backward through the fused projection gives each head's W_Q/K/V the gradient of a
+    model that projects head by head (the per-head einsum written out here)."""
+    model = build(name)
+    tokens = tokens_for(model)
+    F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
+    attn = model.blocks[0].attention
+    x = torch.randn(2, model.cfg.n_ctx, model.cfg.d_model)
+    W = attn.qkv_weights()[0]  # grad on: concatenated afresh, in the graph
+    upstream = torch.randn(2, model.cfg.n_ctx, W.shape[1])
+    grad_W = torch.autograd.grad((x @ W * upstream).sum(), [h.W_K for h in attn.heads])
+    d_head, n = model.cfg.d_head, model.cfg.n_heads
+    for j, g in enumerate(grad_W):
+        cols = slice((n + j) * d_head, (n + j + 1) * d_head)  # K block after all heads' Q
+        assert torch.allclose(g, torch.einsum("bpd,bpe->de", x, upstream[..., cols]), atol=1e-4)
+    for head in attn.heads:
+        assert head.W_Q.grad is not None and torch.isfinite(head.W_Q.grad).all()
+
+
+def test_qkv_cache_follows_every_way_weights_change():
+    """Without grad the concatenation is reused; an in-place write, load_state_dict, a swapped
+    parameter and a dtype change each give the same logits as a freshly built model."""
+    model = build()
+    tokens = tokens_for(model)
+    attn, head = model.blocks[0].attention, model.blocks[0].attention.heads[1]
+    with torch.no_grad():
+        model(tokens)
+        first = attn._qkv_cache[2][0]
+        model(tokens)
+        assert attn._qkv_cache[2][0] is first  # unchanged weights: reused, not rebuilt
+
+        def check():
+            fresh = build()
+            fresh.load_state_dict(model.state_dict())
+            fresh.to(next(model.parameters()).dtype)
+            fresh.blocks[0].attention._qkv_cache = None
+            assert torch.equal(model(tokens), fresh(tokens))
+
+        head.W_V.mul_(2.0)  # in place, as an optimizer step
+        check()
+        state = model.state_dict()
+        state["blocks.0.attention.heads.1.W_Q"] = torch.randn_like(head.W_Q)
+        model.load_state_dict(state)
+        check()
+        head.W_K = torch.nn.Parameter(torch.randn_like(head.W_K))  # a new parameter object
+        check()
+        model.double()  # .to(): parameter data swapped under the same objects
+        check()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_fused_path_shows_a_diverged_head(bad):
+    """A non-finite weight in one head makes that head's z non-finite on the fused path, whatever
+    SDPA does with such scores (PyTorch's CPU kernel returns zeros for some +-inf rows); other
+    heads stay finite."""
+    model = build("transformer4_rms_small")
+    with torch.no_grad():
+        model.blocks[0].attention.heads[2].W_K[0, 0] = bad
+    model.set_attn_impl("fused")
+    _, cache = model.run_with_cache(tokens_for(model), names_filter="blocks.0.attn.hook_z")
+    z = cache["blocks.0.attn.hook_z"]  # [batch pos head d_head]
+    assert not torch.isfinite(z[:, :, 2]).any(dim=-1).any()
+    assert torch.isfinite(z[:, :, [0, 1, 3]]).all()
+
+
+def test_unhooked_model_compiles_without_graph_breaks():
+    model = build()
+    explanation = torch._dynamo.explain(model)(tokens_for(model))
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+
+
+@pytest.mark.parametrize("name", ["tiny_shakespeare_gpt_small", "transformer4_rms_small"])
+def test_compiled_logits_and_gradients_equal_eager(name):
+    model = build(name)
+    tokens = tokens_for(model)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        assert torch.allclose(compiled(tokens), model(tokens), atol=1e-5)
+    F.cross_entropy(compiled(tokens).flatten(0, 1), tokens.flatten()).backward()
+    compiled_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
+    for n, p in model.named_parameters():
+        assert torch.allclose(compiled_grads[n], p.grad, atol=1e-5), n
+
+
+def test_hooks_added_after_compiling_fire_when_dynamo_guards_them(monkeypatch):
+    """Dynamo by default skips guards on module hook dicts (skip_nnmodule_hook_guards), so a hook
+    added after compiling would be ignored by the compiled callable; with those guards on, adding
+    a hook recompiles and it fires (TransformerLens' hooks() and a plain torch hook alike), and
+    removing it goes back. The eager model always sees its hooks (see models/transformer.py)."""
+    monkeypatch.setattr(torch._dynamo.config, "skip_nnmodule_hook_guards", False)
+    model = build()
+    tokens = tokens_for(model)
+    compiled = torch.compile(model, backend="aot_eager")
+    with torch.no_grad():
+        clean = compiled(tokens)
+        seen = []
+        with model.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", lambda x, hook: seen.append(x.shape))]):
+            compiled(tokens)
+        assert seen == [(2, model.cfg.n_heads, model.cfg.n_ctx, model.cfg.n_ctx)]
+        handle = model.blocks[1].hook_resid_post.register_forward_hook(lambda mod, inp, out: out * 0)
+        try:
+            zeroed = compiled(tokens)
+        finally:
+            handle.remove()
+        assert not torch.allclose(zeroed, clean)
+        assert torch.allclose(compiled(tokens), clean, atol=1e-6)
+        eager_seen = []
+        model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_resid_pre", lambda x, hook: eager_seen.append(1))])
+        assert eager_seen == [1]
