@@ -14,16 +14,15 @@ The query's own id is always excluded, in `cross` too (there `self_cosine` repor
 between the token's own input and output vectors instead). Analogies exclude a, b and c.
 
 Cosine is the dot product of unit rows; a zero row has cosine 0 with everything. The
-all-vocabulary mode never builds the [n n] matrix: it multiplies a chunk of unit query rows with
-the unit key table (transposed once, contiguous), masks the excluded ids and keeps the top k of
-each row, so memory is O(chunk x vocab) besides the transposed copy.
+all-vocabulary mode (`probes.knn`) never builds the [n n] matrix: it walks [1024 1024] tiles,
+computes only those on and above the diagonal when a table is searched against itself, and
+keeps a running top k per row; the result is exact.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -31,122 +30,23 @@ from typing import Any, Sequence
 import torch
 
 from probes.common import ProbeInputError, model_tokenizer, print_json, run_cli, to_jsonable
+from probes.knn import all_knn, check_finite, check_k, check_table, prepare_keys, search, unit_rows
 
 log = logging.getLogger(__name__)
 
 TABLES = ("input", "output", "cross")
 TABLE_NAMES = {"input": "input embedding", "output": "unembedding",
                "cross": "input embedding against the unembedding"}
-GROUP = 128  # columns per group in the two-stage top-k
-CHUNK_BYTES = 128 << 20  # similarity chunk budget of the all-vocabulary mode (128 MiB)
-SLICE = 2048  # rows per slice when normalising a whole key table (small temporaries)
-
-
-# ---------------------------------------------------------------- pure functions on tables
-
-def unit_rows(table: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
-    """Rows scaled to unit length (float32, or float64 if given): [n d] -> [n d]; zero rows stay 0."""
-    table = table.detach()
-    if table.dtype != torch.float64:
-        table = table.float()
-    return table / table.norm(dim=-1, keepdim=True).clamp_min(eps)
-
-
-def check_table(table: torch.Tensor, name: str) -> None:
-    if table.dim() != 2 or table.shape[0] < 2:
-        raise ProbeInputError(f"the {name} table must be [d_vocab d] with d_vocab >= 2, "
-                              f"got {tuple(table.shape)}")
-
-
-def check_finite(cosines: torch.Tensor, *tables: torch.Tensor) -> None:
-    """A NaN/inf anywhere in a table turns up in the top-k (topk ranks NaN first), so checking the
-    small result replaces a pass over the tables (isfinite would copy a whole table)."""
-    if bool(torch.isfinite(cosines).all()):
-        return
-    bad = sum(int((~torch.isfinite(t.detach())).sum()) for t in {id(t): t for t in tables}.values())
-    raise ProbeInputError(f"the embedding table holds {bad} NaN/inf values (a diverged run?): "
-                          f"cosines are undefined")
-
-
-def prepare_keys(keys: torch.Tensor) -> torch.Tensor:
-    """Unit key rows transposed and contiguous, padded with zero columns to a multiple of GROUP
-    when the two-stage top-k applies: [n d] -> [d n_pad] (q @ this is ~2x faster than q @ k.T)."""
-    n, d = keys.shape
-    n_pad = math.ceil(n / GROUP) * GROUP if n >= 4 * GROUP else n
-    dtype = torch.float64 if keys.dtype == torch.float64 else torch.float32
-    keys_t = torch.zeros(d, n_pad, dtype=dtype, device=keys.device)
-    for start in range(0, n, SLICE):  # normalised a slice at a time: no second full-size copy
-        stop = min(start + SLICE, n)
-        keys_t[:, start:stop] = unit_rows(keys[start:stop]).T
-    return keys_t
-
-
-def top_k_columns(sims: torch.Tensor, k: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top k of each row over the first n columns: [rows n_pad] -> values, ids [rows k].
-
-    Padded columns must hold -inf. With GROUP-wide column groups it is exact and ~3x faster than
-    one topk over the row: the k largest values all lie in the k groups with the largest maxima.
-    """
-    rows, n_pad = sims.shape
-    if n_pad % GROUP or n_pad // GROUP <= k:
-        return sims[:, :n].topk(k, dim=1)
-    grouped = sims.view(rows, n_pad // GROUP, GROUP)  # [rows groups GROUP]
-    best_groups = grouped.amax(-1).topk(k, dim=1).indices  # [rows k]
-    cand = grouped.gather(1, best_groups.unsqueeze(-1).expand(rows, k, GROUP))  # [rows k GROUP]
-    values, idx = cand.reshape(rows, k * GROUP).topk(k, dim=1)
-    ids = best_groups.gather(1, idx // GROUP) * GROUP + idx % GROUP
-    return values, ids
-
-
-def search(queries: torch.Tensor, keys_t: torch.Tensor, n: int, k: int,
-           exclude: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cosine top-k of unit query rows [q d] against prepared keys [d n_pad]; `exclude[i]` lists
-    the key ids row i may not return. Returns cosines, ids [q k]."""
-    sims = queries.to(keys_t.dtype) @ keys_t  # [q n_pad]
-    sims[:, n:] = -math.inf
-    rows = [i for i, ids in enumerate(exclude) for _ in ids]
-    cols = [j for ids in exclude for j in ids]
-    if rows:
-        sims[rows, cols] = -math.inf
-    return top_k_columns(sims, k, n)
 
 
 def all_neighbours(queries: torch.Tensor, keys: torch.Tensor | None = None, k: int = 10, *,
                    exclude_self: bool = True, chunk_size: int | None = None,
                    progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every query row's top-k keys by cosine, in chunks: [n d], [m d] -> cosines, ids [n k].
-
-    `keys=None` searches the query table itself. `exclude_self` drops key id i from row i.
-    `chunk_size` rows at a time (default: as many as fit in CHUNK_BYTES of similarities).
-    """
-    keys = queries if keys is None else keys
-    check_table(queries, "query")
-    check_table(keys, "key")
-    if queries.shape[1] != keys.shape[1]:
-        raise ProbeInputError(f"query rows have width {queries.shape[1]} but key rows {keys.shape[1]}")
-    n_keys = keys.shape[0]
-    check_k(k, n_keys - (1 if exclude_self else 0))
-    keys_t = prepare_keys(keys)  # [d n_pad]
-    chunk = chunk_size or max(1, CHUNK_BYTES // (4 * keys_t.shape[1]))
-    starts = range(0, queries.shape[0], chunk)
-    if progress:
-        from tqdm.auto import tqdm
-        starts = tqdm(starts, desc="neighbours", unit="chunk", file=sys.stderr)
-    values, ids = [], []
-    for start in starts:
-        q = unit_rows(queries[start:start + chunk])  # [chunk d]
-        own = range(start, start + q.shape[0])
-        exclude = [[i] if exclude_self and i < n_keys else [] for i in own]
-        v, i = search(q, keys_t, n_keys, k, exclude)
-        check_finite(v, queries, keys)
-        values.append(v)
-        ids.append(i)
-    return torch.cat(values), torch.cat(ids)
-
-
-def check_k(k: int, available: int) -> None:
-    if not isinstance(k, int) or not 1 <= k <= available:
-        raise ProbeInputError(f"k must be between 1 and {available} (the other tokens), got {k!r}")
+    """Every query row's top-k keys by cosine: [n d], [m d] -> cosines, ids [n k] (exact; see
+    `probes.knn.all_knn`). `keys=None` or the same tensor searches a table against itself, which
+    computes only half the similarity tiles. `chunk_size`: the side of those tiles in rows
+    (default 1024: a 4 MiB tile of similarities)."""
+    return all_knn(queries, keys, k, exclude_self=exclude_self, block=chunk_size, progress=progress)
 
 
 def analogy_vector(table: torch.Tensor, a: int, b: int, c: int) -> torch.Tensor:

@@ -15,7 +15,8 @@ from models.checkpoint import save_snapshot
 from models.tokenizers import CharTokenizer
 from probes import neighbours
 from probes.common import ProbeInputError
-from probes.neighbours import GROUP, all_neighbours, top_k_columns
+from probes.knn import GROUP, top_k_columns
+from probes.neighbours import all_neighbours
 
 TEXT = "the quick brown fox jumps over the lazy dog, then the dog sleeps."
 
@@ -94,7 +95,7 @@ def test_grouped_top_k_is_exact():
 
 def test_chunk_size_does_not_change_the_answer():
     table = torch.randn(600, 16, generator=torch.Generator().manual_seed(1))
-    a = all_neighbours(table, k=5, chunk_size=1)
+    a = all_neighbours(table, k=5, chunk_size=7)  # tiles of 7 rows: 7 does not divide 600
     b = all_neighbours(table, k=5, chunk_size=599)
     c = all_neighbours(table, k=5)
     assert torch.equal(a[1], b[1]) and torch.equal(b[1], c[1])
