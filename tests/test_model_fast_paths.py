@@ -141,6 +141,7 @@ def test_hooks_added_after_compiling_fire_when_dynamo_guards_them(monkeypatch):
     a hook recompiles and it fires (TransformerLens' hooks() and a plain torch hook alike), and
     removing it goes back. The eager model always sees its hooks (see models/transformer.py)."""
     monkeypatch.setattr(torch._dynamo.config, "skip_nnmodule_hook_guards", False)
+    torch._dynamo.reset()  # code compiled by earlier tests carries no hook guards
     model = build()
     tokens = tokens_for(model)
     compiled = torch.compile(model, backend="aot_eager")
