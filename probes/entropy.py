@@ -11,10 +11,10 @@ Definitions (DESIGN.md, "Probes"): for row i of a head's causal pattern p,
 (always one-hot, H = 0) included, in nats. `entropy_normalized` is the mean of `H_i / ln(k_i)`
 with k_i = i + 1 visible keys, over rows with at least two keys: 1 = uniform, 0 = one-hot.
 
-The runner hooks only `blocks.{l}.attn.hook_pattern` and reduces each layer's pattern to
-per-head sums inside the hook (returning None), so no pattern outlives its layer: peak memory
-is about one layer's scores and pattern. `PatternStats` also holds what `probes.degenerate`
-needs (max probability, mass on the first position, diagonal and sub-diagonal).
+The runner (`probes.row_stats.collect_stats`) reduces each layer inside its hooks to per-head
+sums, from hook_q / hook_k on long windows (`probes.qk_rows`: no [batch head n n] pattern) or from
+hook_pattern, so memory stays at about one layer's attention. `PatternStats` also holds what
+`probes.degenerate` needs (max probability, mass on the first position, diagonal and sub-diagonal).
 """
 
 from __future__ import annotations
@@ -23,22 +23,16 @@ import argparse
 import logging
 import math
 import sys
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterable
 
 import torch
 
-from probes.common import (ProbeInputError, add_input_arguments, as_batches, check_layer_head,
-                           model_device, print_json, progress_bar, require_attention, run_cli,
-                           to_jsonable, token_batches, tokens_or_text)
-from probes.qk_rows import qk_hooks, qk_path_scale, qk_row_stats
+from probes.common import (add_input_arguments, as_batches, check_layer_head, model_device, print_json,
+                           require_attention, run_cli, to_jsonable, token_batches, tokens_or_text)
+from probes.row_stats import EPS, SUMS, PatternStats, collect_stats, log_keys  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
-
-EPS = 1e-10  # the series' eps inside the log
-CHUNK_ELEMENTS = 1 << 22  # bound on the hook's temporary: 16 MB of float32
-QUERY_BLOCK = 64  # query rows reduced at once; rows a..b-1 of a causal pattern see keys < b only
-SUMS = ("entropy", "normalized", "max_prob", "first", "first_all", "diag", "subdiag", "nonfinite")
 
 
 # ---------------------------------------------------------------- pure functions on patterns
@@ -53,11 +47,6 @@ def series_entropy(pattern: torch.Tensor, eps: float = EPS) -> torch.Tensor:
     return attention_entropy(pattern, eps).mean(dim=(0, 2))
 
 
-def log_keys(n: int, device: Any = None) -> torch.Tensor:
-    """ln(k_i) for rows i = 0..n-1 of a causal pattern, k_i = i + 1: [n] float64 (row 0 is 0)."""
-    return torch.arange(1, n + 1, dtype=torch.float64, device=device).log()
-
-
 def normalized_entropy(pattern: torch.Tensor, eps: float = EPS) -> torch.Tensor:
     """H_i / ln(i + 1) for the rows with two or more keys: [... q k] -> [... q-1] (rows 1..q-1)."""
     ent = attention_entropy(pattern, eps)[..., 1:]
@@ -69,199 +58,7 @@ def uniform_series_entropy(n: int) -> float:
     return math.lgamma(n + 1) / n
 
 
-# ---------------------------------------------------------------- in-hook reduction
-
-def row_entropy_and_max(p: torch.Tensor, with_max: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Series entropy and max probability of every row of causal patterns: [... n n] -> [... n].
-
-    Query rows go in blocks that skip the keys no row of the block may see (p = 0 there, adding
-    0 to both), which roughly halves the work on long contexts.
-    """
-    n = p.shape[-1]
-    ent = p.new_empty(p.shape[:-1])
-    max_prob = p.new_empty(p.shape[:-1]) if with_max else None
-    for a in range(0, n, QUERY_BLOCK):
-        b = min(n, a + QUERY_BLOCK)
-        block = p[..., a:b, :b]  # [... q_block k<b]
-        ent[..., a:b] = block.add(EPS).log_().mul_(block).sum(-1).neg_()
-        if max_prob is not None:
-            max_prob[..., a:b] = block.amax(-1)
-    return ent, max_prob
-
-
-def check_causal(pattern: torch.Tensor, layer: int) -> None:
-    """The runner assumes causal attention (k_i = i + 1 keys). Row 0 of a causal pattern puts
-    all its mass on key 0; any finite mass on its later keys means it is not: [batch head q k]."""
-    row0 = pattern[..., 0, 1:]  # NaN / inf here belong to a diverged head, not a non-causal one
-    if bool((torch.isfinite(row0) & (row0 != 0)).any()):
-        raise ProbeInputError(f"layer {layer}'s attention pattern is not causal (row 0 attends to "
-                              f"later positions): this probe measures causal language models")
-
-
-@dataclass
-class PatternStats:
-    """Float64 per-head sums of row statistics for the hooked layers, filled one layer at a time.
-
-    Rows counted in `rows` are all rows; `multi_rows` are rows with >= 2 visible keys (i >= 1),
-    over which normalized entropy, max probability, first-position, diagonal and sub-diagonal
-    mass are averaged (row 0 is trivially one-hot on itself and would bias them).
-    """
-
-    layers: list[int]
-    n_heads: int
-    n_ctx: int
-    sums: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # layer -> name -> [head]
-    pos_sum: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [head n_ctx]
-    pos_count: torch.Tensor | None = None  # [n_ctx] windows that had each position
-    evidence: bool = True  # also max probability, first / diagonal / sub-diagonal mass
-    route: str = "pattern"  # how the rows were reduced: "qk" (from hook_q/hook_k) or "pattern"
-    rows: int = 0
-    multi_rows: int = 0
-    tokens: int = 0
-    windows: int = 0
-
-    def _init(self, device: torch.device) -> None:
-        if device.type == "mps":  # no float64 there
-            device = torch.device("cpu")
-        zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float64, device=device)  # noqa: E731
-        self.sums = {l: {name: zeros(self.n_heads) for name in SUMS} for l in self.layers}
-        self.pos_sum = {l: zeros(self.n_heads, self.n_ctx) for l in self.layers}
-        self.pos_count = zeros(self.n_ctx)
-
-    def add_batch(self, batch: int, n: int) -> None:
-        """Count one batch of `batch` windows of n tokens (call once per forward pass)."""
-        self.rows += batch * n
-        self.multi_rows += batch * max(n - 1, 0)
-        self.tokens += batch * n
-        self.windows += batch
-        if self.pos_count is not None:
-            self.pos_count[:n] += batch
-
-    def update(self, layer: int, pattern: torch.Tensor) -> None:
-        """Add one layer's pattern [batch head q k] to the sums, a few batch rows at a time."""
-        if not self.sums:
-            self._init(pattern.device)
-        check_causal(pattern, layer)
-        _, heads, n, _ = pattern.shape
-        temp_per_window = heads * min(n, QUERY_BLOCK) * n  # the largest temporary per window
-        for chunk in pattern.split(max(1, CHUNK_ELEMENTS // temp_per_window), dim=0):
-            self._update_chunk(layer, chunk)
-
-    def _update_chunk(self, layer: int, p: torch.Tensor) -> None:
-        # p: [batch head n n]
-        if p.dtype not in (torch.float32, torch.float64):
-            p = p.float()  # eps=1e-10 vanishes in half precision; one chunk at a time
-        ent, max_prob = row_entropy_and_max(p, with_max=self.evidence)  # [batch head n] each
-        rows = {"entropy": ent}
-        if self.evidence:
-            subdiag = p.new_zeros(ent.shape)
-            subdiag[..., 1:] = p.diagonal(offset=-1, dim1=-2, dim2=-1)
-            rows.update(max_prob=max_prob, first=p[..., 0], diag=p.diagonal(dim1=-2, dim2=-1),
-                        subdiag=subdiag)
-        self.add_rows(layer, rows)
-
-    def update_qk(self, layer: int, q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
-        """Add one layer from its q and k [batch pos head d_head] (`probes.qk_rows`: the pattern
-        softmax(q k^T / scale + causal mask) is reduced block by block, never formed)."""
-        if not self.sums:
-            self._init(q.device)
-        self.add_rows(layer, qk_row_stats(q, k, scale, evidence=self.evidence))
-
-    def add_rows(self, layer: int, rows: dict[str, torch.Tensor]) -> None:
-        """Add per-row statistics name -> [batch head n] (row i sees keys 0..i) to the sums."""
-        s, dev = self.sums[layer], self.sums[layer]["entropy"].device
-        ent = rows["entropy"]
-        n = ent.shape[-1]
-        s["nonfinite"] += (~torch.isfinite(ent)).sum(dim=(0, 2)).to(dev, torch.float64)
-        ent = ent.to(dev, torch.float64)
-        s["entropy"] += ent.sum(dim=(0, 2))
-        self.pos_sum[layer][:, :n] += ent.sum(dim=0)
-        if n > 1:
-            s["normalized"] += (ent[..., 1:] / log_keys(n, dev)[1:]).sum(dim=(0, 2))
-        if not self.evidence:
-            return
-        first = rows["first"].to(dev, torch.float64)  # [batch head n]
-        s["first_all"] += first.sum(dim=(0, 2))
-        if n > 1:
-            s["first"] += first[..., 1:].sum(dim=(0, 2))
-            for name in ("max_prob", "diag", "subdiag"):
-                s[name] += rows[name][..., 1:].to(dev, torch.float64).sum(dim=(0, 2))
-
-    def mean(self, name: str) -> torch.Tensor:
-        """Per-row mean of a statistic: [layer head] float64 over the hooked layers (NaN if no rows)."""
-        per_all = name in ("entropy", "first_all")
-        count = self.rows if per_all else self.multi_rows
-        grid = torch.stack([self.sums[l][name].cpu() for l in self.layers])
-        return grid / count if count else torch.full_like(grid, float("nan"))
-
-    def count(self, name: str) -> torch.Tensor:
-        return torch.stack([self.sums[l][name].cpu() for l in self.layers])  # [layer head]
-
-    def per_position(self) -> torch.Tensor:
-        """Mean entropy at each query position: [layer head pos] up to the longest window."""
-        assert self.pos_count is not None
-        n = int((self.pos_count > 0).sum())
-        grid = torch.stack([self.pos_sum[l][:, :n].cpu() for l in self.layers])
-        return grid / self.pos_count[:n].cpu()
-
-
-# ---------------------------------------------------------------- the runner
-
-ROUTES = ("auto", "qk", "pattern")
-QK_MIN_CONTEXT = 256  # "auto" reduces longer windows from q and k
-
-
-def collect_stats(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *,
-                  layers: Sequence[int] | None = None, batch_size: int = 16,
-                  progress: bool | None = None, evidence: bool = True, route: str = "auto") -> PatternStats:
-    """Run the model (in eval mode) over the tokens with reducing hooks on each wanted layer;
-    every hook is removed afterwards, also when the forward pass raises.
-
-    route "qk" reduces each layer blockwise from hook_q / hook_k (`probes.qk_rows`: no
-    [batch head n n] tensor, the model stays on its fused attention path); "pattern" from
-    hook_pattern; "auto" takes "qk" when a check on a short window shows that the model's
-    pattern is softmax(q k^T / scale + causal mask), "pattern" otherwise or for windows of at
-    most QK_MIN_CONTEXT tokens (there the model's explicit path costs little and the pattern
-    route is the faster: `benchmarks/bench_entropy.py`)."""
-    if route not in ROUTES:
-        raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
-    dims = require_attention(model)
-    layers = list(range(dims.n_layers)) if layers is None else list(layers)
-    for layer in layers:
-        check_layer_head(dims, layer, None)
-    batches = as_batches(tokens, dims.n_ctx, dims.d_vocab, batch_size)
-    longest = max(b.shape[1] for b in batches)
-    stats = PatternStats(layers, dims.n_heads, longest, evidence=evidence)
-    if route == "auto" and longest <= QK_MIN_CONTEXT:
-        route = "pattern"
-    device = model_device(model)
-    was_training = model.training
-    model.eval()  # dropout off; the mode is put back afterwards
-    try:
-        scale = None
-        if route != "pattern":
-            scale = qk_path_scale(model, batches[0].to(device), layers)
-            if scale is None and route == "qk":
-                raise ProbeInputError("this model's attention pattern is not softmax(q k^T / scale + causal "
-                                      "mask) of its hook_q / hook_k: use the pattern route")
-        stats.route = "pattern" if scale is None else "qk"
-        fwd_hooks = pattern_hooks(stats, layers) if scale is None else qk_hooks(stats, layers, scale)
-        with torch.inference_mode(), model.hooks(fwd_hooks=fwd_hooks):  # removed even on errors
-            for batch in progress_bar(batches, progress, "attention"):
-                model(batch.to(device))
-                stats.add_batch(*batch.shape)
-    finally:
-        model.train(was_training)
-    return stats
-
-
-def pattern_hooks(stats: PatternStats, layers: list[int]) -> list[tuple[str, Any]]:
-    def hook_for(layer: int):
-        def hook(pattern: torch.Tensor, hook: Any) -> None:  # pattern: [batch head q k]
-            stats.update(layer, pattern.detach())
-        return hook
-    return [(f"blocks.{l}.attn.hook_pattern", hook_for(l)) for l in layers]
-
+# ---------------------------------------------------------------- the report
 
 @dataclass
 class EntropyResult:
@@ -340,7 +137,7 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, layer: int
     layers = list(range(dims.n_layers)) if layer is None else [layer]
     heads = list(range(dims.n_heads)) if head is None else [head]
     stats = collect_stats(model, tokens, layers=layers, batch_size=batch_size, progress=progress,
-                          evidence=False, route=route)
+                          evidence=False, route=route, fused=not per_position)  # rows exact
     return EntropyResult(
         model=name or describe_model(model), layers=layers, heads=heads,
         entropy=select(stats.mean("entropy"), heads),

@@ -28,12 +28,17 @@ QUERY_BLOCK = 64
 CHECK_TOKENS = 64  # length of the window on which the q/k route is checked against the pattern
 
 
-def qk_row_stats(q: torch.Tensor, k: torch.Tensor, scale: float,
-                 evidence: bool = True) -> dict[str, torch.Tensor]:
+def qk_row_stats(q: torch.Tensor, k: torch.Tensor, scale: float, evidence: bool = True,
+                 fused: bool = True) -> dict[str, torch.Tensor]:
     """Per-row statistics of one layer: q, k [batch pos head d_head] -> name -> [batch head pos].
 
     Names: `entropy`, and with `evidence` also `max_prob`, `first`, `diag`, `subdiag` (row 0's
-    sub-diagonal is 0). Computed in float32 (float64 stays float64)."""
+    sub-diagonal is 0). Computed in float32 (float64 stays float64). Entropy alone comes from the
+    fused kernel where `fused` and there is one (`fused_row_entropy`), else blockwise."""
+    if fused and not evidence:
+        entropy = fused_row_entropy(q, k, scale)
+        if entropy is not None:
+            return {"entropy": entropy}
     dtype = q.dtype if q.dtype == torch.float64 else torch.float32
     q = q.transpose(1, 2).to(dtype) / scale  # [batch head pos d_head]
     k = k.transpose(1, 2).to(dtype)
@@ -51,20 +56,82 @@ def qk_row_stats(q: torch.Tensor, k: torch.Tensor, scale: float,
     return out
 
 
+# (output, logsumexp) of causal attention in one fused call, no [n n] tensor; private, so guarded
+FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+# float32 cancellation on the fused route (`fused_row_entropy`) is bounded per row by `bound`; a
+# row past ROW_TOL is recomputed exactly, and so are the largest others until the bounds' root sum
+# of squares over a head's rows is MEAN_TOL * rows: the rounding errors are independent and of
+# either sign (measured means ~1e-8 where rows err ~1e-6), so a head's mean keeps ~1e-7, and a
+# mean over one or two rows (every row redone past ~1e-7) as much
+ROW_TOL = 4e-6
+MEAN_TOL = 1e-7
+F32_EPS = float(torch.finfo(torch.float32).eps)
+
+
+def fused_row_entropy(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor | None:
+    """Row entropy [batch head pos] (float32) from q, k [batch pos head d_head] through the fused
+    kernel, or None where there is none (not a float32 CPU tensor, or no such op in this torch).
+
+    With v = k the kernel gives out_i = sum_j p_ij k_j and lse_i, so sum_j p_ij s_ij = q_i . out_i
+    / scale and H_i = lse_i - q_i . out_i / scale. The two terms cancel: float32 leaves an error of
+    about eps * (|lse_i| + sum_d |q_id out_id| / scale), small on healthy heads, 1e-3 on a collapsed
+    head with scores ~1e4. Rows `rows_to_redo` picks (a large bound, a non-finite q or k) are
+    recomputed exactly from their scores (`exact_rows`)."""
+    if FLASH_CPU is None or q.device.type != "cpu" or q.dtype != torch.float32 or k.dtype != torch.float32:
+        return None
+    q, k = q.transpose(1, 2), k.transpose(1, 2)  # [batch head pos d_head]
+    out, lse = FLASH_CPU(q, k, k, 0.0, True, scale=1.0 / scale)  # [batch head pos d_head], [.. pos]
+    terms = q * out  # [batch head pos d_head]
+    entropy = lse - terms.sum(dim=-1).div_(scale)  # [batch head pos]
+    entropy[..., 0] = 0.0  # one visible key: exactly one-hot (a non-finite row 0 is redone below)
+    bound = terms.abs_().sum(dim=-1).div_(scale).add_(lse.abs()).mul_(F32_EPS)  # [batch head pos]
+    # a non-finite q or k anywhere in a (batch, head): its rows go the exact way (one sum each)
+    finite = torch.isfinite(q.sum(dim=(2, 3), dtype=torch.float32) + k.sum(dim=(2, 3), dtype=torch.float32))
+    unsure = rows_to_redo(bound, finite)
+    if bool(unsure.any()):
+        exact_rows(q, k, scale, unsure, entropy)
+    return entropy
+
+
+def rows_to_redo(bound: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
+    """Which fused rows to recompute exactly: bound [batch head pos] -> bool [batch head pos].
+
+    Rows of a non-finite (batch, head) (`finite` [batch head]), rows past ROW_TOL (NaN too), then
+    per head the largest others while their root sum of squares exceeds MEAN_TOL * rows. Row 1
+    counts 1 / ln 2 times (normalised entropy divides it by ln 2); row 0 is exact already."""
+    batch, heads, n = bound.shape
+    unsure = ~(bound <= ROW_TOL) | ~finite[..., None]
+    weight = torch.ones(n, device=bound.device)
+    weight[0], weight[1:2] = 0.0, 1 / math.log(2)
+    squares = (bound * weight).square_().masked_fill_(unsure, 0.0)  # [batch head pos]
+    per_head = squares.transpose(0, 1).reshape(heads, batch * n)  # [head rows]
+    ranked = per_head.sort(dim=-1, descending=True).values  # [head rows]
+    budget = (MEAN_TOL * batch * max(n - 1, 1)) ** 2
+    # drop the k largest, k the fewest leaving what remains within the budget (0 if already so)
+    removed = ranked.cumsum(dim=-1) - ranked  # [head rows]: sum of the ones ranked before
+    keep_from = (ranked.sum(dim=-1, keepdim=True) - removed > budget).sum(dim=-1)  # [head]
+    cutoff = ranked.gather(-1, (keep_from - 1).clamp(min=0)[:, None])[:, 0]  # smallest dropped
+    over = (squares >= cutoff[None, :, None]) & (keep_from > 0)[None, :, None]
+    return unsure | (over & (squares > 0))
+
+
+def exact_rows(q: torch.Tensor, k: torch.Tensor, scale: float, rows: torch.Tensor, entropy: torch.Tensor) -> None:
+    """Overwrite entropy [batch head pos] at `rows` [batch head pos] (bool) with the exact value
+    from the scores of q, k [batch head pos d_head], as the blockwise route computes it."""
+    positions = torch.arange(k.shape[2], device=k.device)
+    for b, h in rows.any(dim=-1).nonzero().tolist():
+        for i in rows[b, h].nonzero().squeeze(1).split(QUERY_BLOCK):  # [r] row indices
+            scores = (q[b, h, i] / scale) @ k[b, h].T  # [r pos]
+            entropy[b, h, i] = _masked_entropy(scores, positions > i[:, None])[0]
+
+
 def _block_stats(q: torch.Tensor, k: torch.Tensor, a: int, evidence: bool) -> dict[str, torch.Tensor]:
     """Rows a..a+qb-1, which see keys < a+qb: q [batch head qb d_head], k [batch head b d_head]."""
     qb, b = q.shape[2], k.shape[2]
     scores = q @ k.transpose(-1, -2)  # [batch head qb b]
     hidden = torch.ones(qb, b, dtype=torch.bool, device=q.device).triu_(a + 1)  # key j > row a+i
-    # a finite floor, not -inf: softmax weight exp(floor - max) is exactly 0 and 0 * floor is 0,
-    # where 0 * -inf would be NaN; real scores of a diverged head still carry their NaN
-    scores.masked_fill_(hidden, torch.finfo(scores.dtype).min)
-    # shifted by the row max (s' <= 0), H = ln(sum e^s') - sum p s': no cancellation between two
-    # large numbers when a collapsed head's scores are large
-    shifted = scores.sub_(scores.amax(dim=-1, keepdim=True))  # [batch head qb b]
-    p = shifted.exp()
-    total = p.sum(dim=-1)  # [batch head qb]
-    stats = {"entropy": total.log() - (p * shifted).sum(dim=-1) / total}
+    entropy, p, total = _masked_entropy(scores, hidden)
+    stats = {"entropy": entropy}
     if evidence:
         p.div_(total.unsqueeze(-1))  # softmax
         stats["max_prob"] = total.reciprocal()  # the max's weight is e^0 = 1
@@ -73,6 +140,20 @@ def _block_stats(q: torch.Tensor, k: torch.Tensor, a: int, evidence: bool) -> di
         sub = p.diagonal(offset=a - 1, dim1=-2, dim2=-1)  # rows a..: key a+i-1 (none for row 0)
         stats["subdiag"] = sub if a > 0 else torch.cat([sub.new_zeros(*sub.shape[:-1], 1), sub], dim=-1)
     return stats
+
+
+def _masked_entropy(scores: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Row entropy of softmax(scores) over the keys not `hidden`, overwriting scores:
+    [... r b] -> (H [... r], unnormalised weights e^(s - max) [... r b], their sum [... r])."""
+    # a finite floor, not -inf: softmax weight exp(floor - max) is exactly 0 and 0 * floor is 0,
+    # where 0 * -inf would be NaN; real scores of a diverged head still carry their NaN
+    scores.masked_fill_(hidden, torch.finfo(scores.dtype).min)
+    # shifted by the row max (s' <= 0), H = ln(sum e^s') - sum p s': no cancellation between two
+    # large numbers when a collapsed head's scores are large
+    shifted = scores.sub_(scores.amax(dim=-1, keepdim=True))
+    p = shifted.exp()
+    total = p.sum(dim=-1)
+    return total.log() - (p * shifted).sum(dim=-1) / total, p, total
 
 
 def candidate_scale(model: Any) -> float | None:

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models import build_model, get_preset
-from probes import degenerate, entropy, qk_rows
+from probes import degenerate, entropy, qk_rows, row_stats
 from probes.common import ProbeInputError
 
 
@@ -115,7 +115,7 @@ def test_auto_takes_qk_for_long_windows_on_our_models_and_the_results_match_run(
     model = random_model()
     tokens = torch.randint(0, model.cfg.d_vocab, (4, model.cfg.n_ctx), generator=torch.Generator().manual_seed(5))
     assert entropy.collect_stats(model, tokens).route == "pattern"  # 16 tokens: the pattern is cheap
-    monkeypatch.setattr(entropy, "QK_MIN_CONTEXT", 8)
+    monkeypatch.setattr(row_stats, "QK_MIN_CONTEXT", 8)
     assert entropy.collect_stats(model, tokens).route == "qk"
     auto, pattern = entropy.run(model, tokens, per_position=True), entropy.run(model, tokens, route="pattern",
                                                                               per_position=True)
@@ -136,7 +136,7 @@ def test_a_pattern_that_is_not_softmax_qk_falls_back(monkeypatch):
         block.attention.scale *= 3.0
     tokens = torch.randint(0, model.cfg.d_vocab, (2, 10), generator=torch.Generator().manual_seed(4))
     assert qk_rows.qk_path_scale(model, tokens, [0, 1]) is None
-    monkeypatch.setattr(entropy, "QK_MIN_CONTEXT", 0)
+    monkeypatch.setattr(row_stats, "QK_MIN_CONTEXT", 0)
     auto = entropy.collect_stats(model, tokens)
     assert auto.route == "pattern"
     assert_same_sums(auto, entropy.collect_stats(model, tokens, route="pattern"))
@@ -147,15 +147,17 @@ def test_a_pattern_that_is_not_softmax_qk_falls_back(monkeypatch):
 
 
 def test_qk_route_keeps_the_model_on_its_fused_path(monkeypatch):
-    monkeypatch.setattr(entropy, "QK_MIN_CONTEXT", 0)
+    monkeypatch.setattr(row_stats, "QK_MIN_CONTEXT", 0)
     model = random_model()
-    fused_calls = []
+    calls = []
     for block in model.blocks:
-        original = block.attention.fused
-        block.attention.fused = lambda *a, original=original: fused_calls.append(1) or original(*a)
+        for path in ("fused", "explicit"):
+            original = getattr(block.attention, path)
+            setattr(block.attention, path, lambda *a, o=original, p=path: calls.append(p) or o(*a))
     tokens = torch.randint(0, model.cfg.d_vocab, (2, model.cfg.n_ctx), generator=torch.Generator().manual_seed(6))
     stats = entropy.collect_stats(model, tokens)  # the check window takes the explicit path once
-    assert stats.route == "qk" and len(fused_calls) == model.cfg.n_layers
+    n = model.cfg.n_layers  # the pass stops at the last layer's hook_k, before its attention
+    assert stats.route == "qk" and calls == ["explicit"] * n + ["fused"] * (n - 1)
 
 
 @pytest.mark.parametrize("positions, route", [("standard", "qk"), ("rotary", "pattern")])
@@ -170,7 +172,7 @@ def test_bridge_pattern_is_checked_not_assumed(positions, route, monkeypatch):
     if positions == "rotary":
         cfg.update(positional_embedding_type="rotary", rotary_dim=8)
     bridge = TransformerBridge.boot_native(cfg).eval()
-    monkeypatch.setattr(entropy, "QK_MIN_CONTEXT", 0)
+    monkeypatch.setattr(row_stats, "QK_MIN_CONTEXT", 0)
     tokens = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(7))
     auto, pattern = entropy.collect_stats(bridge, tokens), entropy.collect_stats(bridge, tokens, route="pattern")
     assert auto.route == route
