@@ -27,6 +27,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from models.cli import add_ckpt_arguments  # noqa: F401  (torch-free, re-exported here)
 from models.config import ModelConfig
 from models.runs import (CheckpointError, append_metrics, current_umask, dumps_json, fsync_dir,
                          fsync_file, is_run_dir, is_snapshot_dir, latest_snapshot, list_snapshots,
@@ -263,20 +264,6 @@ def load_checkpoint(path: str | Path, *, preset: str | None = None, config: str 
 
 
 # --------------------------------------------------------------------------- CLI helpers
-
-
-def add_ckpt_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
-    """Add --ckpt, --preset, --config and --device, the way every probe CLI takes a model."""
-    parser.add_argument("--ckpt", required=required, metavar="PATH",
-                        help="snapshot directory, run directory (its latest snapshot) or a series "
-                             ".pt state dict (with --preset or --config)")
-    parser.add_argument("--preset", metavar="NAME",
-                        help="model preset for a .pt state dict "
-                             "(see python -m models.info --list-presets)")
-    parser.add_argument("--config", metavar="JSON",
-                        help="model config JSON file for a .pt state dict ({\"family\": ..., ...})")
-    parser.add_argument("--device", default="auto",
-                        help="torch device: auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
 
 
 def resolve_device(name: str | None = "auto") -> torch.device:

@@ -1,26 +1,142 @@
-"""What every command line of the project shares: JSON-safe values and the exit-2 convention.
+"""What every command line of the project shares: the parser, argument types, the --ckpt
+arguments, JSON-safe values and the exit-2 convention.
 
 Lives in `models/` because every layer has CLIs (`models.info`, `probes.*`, `train`) and
-imports run one way: `train` and `probes` may use `models`, never the reverse.
+imports run one way: `train` and `probes` may use `models`, never the reverse. Torch-free on
+purpose: `python -m X --help` and bad arguments are answered before torch is imported (about
+4 s), so every parser is built from this module and other torch-free ones only.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import operator
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
-
-import torch
+from typing import Any, Callable, Sequence
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
 
 
+class UsageError(ValueError):
+    """A command line the parser refuses: `run_cli` prints its one line and returns 2."""
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """A flag's default appended to its help unless the help already says it; text with line
+    breaks (the epilog's example commands) kept as written, one-line text wrapped."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        no_default = any(action.default is v for v in (None, False, argparse.SUPPRESS)) or action.default == []
+        if not action.option_strings or "default" in text or no_default:
+            return text
+        return text + " (default: %(default)s)"
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+Check = Callable[[argparse.Namespace], "str | None"]
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (a UsageError, exit 2) and checks across arguments.
+
+    `checks` run after parsing; each returns a problem (one line) or None.
+    """
+
+    def __init__(self, *args: Any, checks: Sequence[Check] = (), **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+        self.checks = list(checks)
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        parsed = super().parse_args(args, namespace)
+        for check in self.checks:
+            problem = check(parsed)
+            if problem:
+                self.error(problem)
+        return parsed
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(f"{' '.join(message.split())} (see {self.prog} --help)")
+
+    def parse_early(self, args: Sequence[str] | None = None) -> argparse.Namespace:
+        """Parse, or answer --help (exit 0) or a bad command line (one line, exit 2) at once:
+        `python -m X` calls it before its slow imports (main() parses again, for its caller)."""
+        try:
+            return self.parse_args(args)
+        except UsageError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(EXIT_BAD_INPUT)
+
+
+def number_type(kind: type, *, low: float | None = None, high: float | None = None,
+                above: float | None = None, below: float | None = None,
+                noun: str = "") -> Callable[[str], Any]:
+    """An argparse `type=` for a finite int or float within bounds: low/high inclusive,
+    above/below exclusive. `noun` starts the message (e.g. "batch size 0 is not ...")."""
+    what = "an integer" if kind is int else "a number"
+    if low is not None and high is not None:
+        wanted = f"{what} in [{low}, {high}]"
+    else:
+        bounds = [f"{sign} {v}" for sign, v in ((">=", low), (">", above), ("<", below), ("<=", high))
+                  if v is not None]
+        wanted = f"{what} {' and '.join(bounds)}"
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or any(
+                bound is not None and not ok(value, bound)
+                for bound, ok in ((low, operator.ge), (above, operator.gt),
+                                  (below, operator.lt), (high, operator.le))):
+            raise argparse.ArgumentTypeError(f"{noun + ' ' if noun else ''}{text} is not {wanted}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in some of its own messages
+    return parse
+
+
+POSITIVE_INT = number_type(int, low=1)
+NON_NEGATIVE_INT = number_type(int, low=0)
+POSITIVE_FLOAT = number_type(float, above=0)
+FRACTION = number_type(float, low=0, high=1)
+
+
+def add_ckpt_arguments(parser: argparse.ArgumentParser, *, required: bool = True,
+                       preset_help: str | None = None) -> None:
+    """Add --ckpt, --preset, --config and --device, the way every probe CLI takes a model."""
+    parser.add_argument("--ckpt", required=required, metavar="PATH",
+                        help="snapshot directory, run directory (its latest snapshot) or a series "
+                             ".pt state dict (with --preset or --config)")
+    parser.add_argument("--preset", metavar="NAME",
+                        help=preset_help or "the model preset of a series .pt state dict given as "
+                                            "--ckpt (names: python -m models.info --list-presets)")
+    parser.add_argument("--config", metavar="JSON",
+                        help="model config JSON file for a series .pt state dict given as --ckpt "
+                             "({\"family\": ..., ...})")
+    parser.add_argument("--device", default="auto",
+                        help="torch device: auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
+
+
+def add_json_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON to stdout")
+
+
 def to_jsonable(value: Any) -> Any:
     """Tensors -> nested lists, non-finite floats -> None (JSON has no NaN)."""
-    if isinstance(value, torch.Tensor):
+    torch = sys.modules.get("torch")  # no tensor exists before torch is imported: stay torch-free
+    if torch is not None and isinstance(value, torch.Tensor):
         return to_jsonable(value.tolist())
     if isinstance(value, dict):
         return {str(k): to_jsonable(v) for k, v in value.items()}

@@ -15,23 +15,21 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import string
 import sys
 from typing import Any
+
+if __name__ == "__main__":  # --help and bad arguments answered before torch is imported (~4 s)
+    from models.parsers import info_parser
+    info_parser().parse_early()
 
 import torch
 
 from models import PRESETS, build_model, get_preset
-from models.checkpoint import add_ckpt_arguments, load_from_args, save_snapshot
-from models.tokenizers import CharTokenizer
+from models.checkpoint import load_from_args, save_snapshot
 from models.cli import run_cli
-
-# Tiny Shakespeare's 65 characters first (so d_vocab=65 gives exactly its vocabulary), then the
-# rest of printable ASCII: 96 characters in all.
-SHAKESPEARE_CHARS = "\n !$&',-.3:;?" + string.ascii_uppercase + string.ascii_lowercase
-CHAR_ALPHABET = SHAKESPEARE_CHARS + "".join(
-    c for c in string.printable if c not in SHAKESPEARE_CHARS and c not in "\t\r\x0b\x0c")
-DEFAULT_SEQ_LEN = 8
+from models.parsers import CHAR_ALPHABET, DEFAULT_SEQ_LEN, SHAKESPEARE_CHARS  # noqa: F401  (re-exported)
+from models.parsers import info_parser as build_parser
+from models.tokenizers import CharTokenizer
 
 
 def char_tokenizer_for(d_vocab: int) -> CharTokenizer:
@@ -101,36 +99,11 @@ def list_presets_info() -> list[dict[str, Any]]:
             for p in PRESETS.values()]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m models.info", description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_ckpt_arguments(parser, required=False)
-    parser.add_argument("--list-presets", action="store_true", help="list the preset names and exit")
-    parser.add_argument("--hooks", action=argparse.BooleanOptionalAction, default=True,
-                        help="run a dummy input and list every hook with its shape (default: on)")
-    parser.add_argument("--seq-len", type=int, metavar="N",
-                        help=f"dummy input length (default: min(n_ctx, {DEFAULT_SEQ_LEN}); "
-                             "n_ctx for MLPs)")
-    parser.add_argument("--save", metavar="DIR",
-                        help="save the freshly built --preset as a snapshot in DIR (char vocabulary "
-                             f"of d_vocab characters; d_vocab <= {len(CHAR_ALPHABET)})")
-    parser.add_argument("--seed", type=int, default=0, help="torch seed for building a preset")
-    parser.add_argument("--json", action="store_true", help="print machine-readable JSON to stdout")
-    return parser
-
-
 def _run(args: argparse.Namespace) -> dict[str, Any] | list[dict[str, Any]]:
     if args.list_presets:
         return list_presets_info()
-    if args.ckpt is None and args.preset is None:
-        raise ValueError("give --preset NAME or --ckpt PATH (or --list-presets)")
-    if args.seq_len is not None and args.seq_len < 1:
-        raise ValueError(f"--seq-len must be >= 1, got {args.seq_len}")
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {}  # --preset or --ckpt, and --save without --ckpt: see info_parser
     if args.ckpt is not None:
-        if args.save:
-            raise ValueError("--save saves a freshly built --preset; leave out --ckpt")
         snap = load_from_args(args)
         model, name = snap.model, snap.name
         tok = snap.tokenizer
@@ -150,9 +123,13 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    return run_cli(lambda: _print(args, _run(args)))
+
+    def body() -> int:
+        args = build_parser().parse_args(argv)
+        return _print(args, _run(args))
+
+    return run_cli(body)
 
 
 def _print(args: argparse.Namespace, result: dict[str, Any] | list[dict[str, Any]]) -> int:

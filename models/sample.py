@@ -8,11 +8,16 @@ Notebook: `generate(model, tokens, max_new_tokens=100, temperature=0.8, seed=0)`
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Any
 
+if __name__ == "__main__":  # --help and bad arguments answered before torch is imported (~4 s)
+    from models.parsers import sample_parser
+    sample_parser().parse_early()
+
 import torch
+
+from models.parsers import sample_parser as build_parser
 
 
 @torch.no_grad()
@@ -74,26 +79,12 @@ def continue_text(snap: Any, prompt: str, max_new_tokens: int, **kwargs: Any) ->
     return snap.tokenizer.decode(out[0, ids.shape[1]:].tolist())
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from models.checkpoint import add_ckpt_arguments
-
-    p = argparse.ArgumentParser(prog="python -m models.sample", description=__doc__.split("\n\n")[0])
-    add_ckpt_arguments(p)
-    p.add_argument("--prompt", required=True, help="text to continue (every character must be in the vocabulary)")
-    p.add_argument("--tokens", type=int, default=200, help="how many tokens to generate (default 200)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
-    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens only")
-    p.add_argument("--greedy", action="store_true", help="always take the most likely token")
-    p.add_argument("--seed", type=int, default=0, help="seed of the draw (default 0)")
-    return p
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     from models.checkpoint import load_from_args
     from models.cli import run_cli
 
     def body() -> int:
+        args = build_parser().parse_args(argv)
         snap = load_from_args(args)
         print(args.prompt + continue_text(snap, args.prompt, args.tokens, temperature=args.temperature,
                                           top_k=args.top_k, greedy=args.greedy, seed=args.seed))

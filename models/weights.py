@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from models import build_model, config_from_dict
 from models.cache import text_to_tokens
@@ -89,13 +90,25 @@ def parse_config(data: Any, source: Path) -> ModelConfig:
         raise CheckpointError(f"{source}: invalid model config: {exc}") from None
 
 
+class SkipInit(TorchFunctionMode):
+    """Inside it, torch.nn.init's fills leave their tensor as it is. A meta skeleton's values are
+    never read, and a meta `normal_` imports torch._dynamo: 1-3 s on a CLI's clock. A mode, not a
+    patch of torch.nn.init: it holds on this thread only."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return kwargs["tensor"] if "tensor" in kwargs else args[0]
+        return func(*args, **kwargs)
+
+
 def build_and_load(config: ModelConfig, state: dict[str, Any], source: Path, *,
                    exact_names: bool) -> torch.nn.Module:
     """The model of `config` with `state` loaded; names and shapes are checked first on the meta
     device, so a config that does not fit the weights (n_layers=3000, say) fails in one line
     before gigabytes are allocated."""
     check_counts(config, state, source)
-    with torch.device("meta"):
+    with torch.device("meta"), SkipInit():
         skeleton = build_model(config)
     check_state(skeleton.state_dict(), state, source, exact_names=exact_names)
     model = build_model(config)

@@ -20,7 +20,10 @@ in the MLP family):
 
 from __future__ import annotations
 
-import argparse
+if __name__ == "__main__":  # --help and bad arguments answered before torch is imported (~4 s)
+    from probes.args import activations_parser
+    activations_parser().parse_early()
+
 import re
 import sys
 from dataclasses import dataclass, field
@@ -29,10 +32,11 @@ from typing import Any, Iterable
 import torch
 
 from models.loss import lm_loss
-from probes.common import (ProbeInputError, add_input_arguments, lm_windows, model_device, print_json,
+from probes.args import activations_parser as build_parser
+from probes.common import (ProbeInputError, lm_windows, model_device, print_json,
                            run_cli, token_batches, tokens_or_text)
+from probes.thresholds import SATURATION
 
-SATURATION = 0.97  # makemore: |tanh| above this is in the flat tail
 GELU_FLAT = -3.0  # GELU'(x) < 0.004 below this input
 HIST_BINS = 40
 SAMPLE_CAP = 200_000  # values kept per layer for the histograms
@@ -234,24 +238,9 @@ def _one_batch(model: Any, batch: torch.Tensor, stats: dict[str, LayerStats],
 # --------------------------------------------------------------------------- CLI
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from models.checkpoint import add_ckpt_arguments
-
-    p = argparse.ArgumentParser(prog="python -m probes.activations",
-                                description="Dead and saturated units, activation and gradient "
-                                            "statistics per MLP hidden layer.")
-    add_ckpt_arguments(p)
-    add_input_arguments(p, default_samples=32)
-    p.add_argument("--saturation", type=float, default=SATURATION,
-                   help=f"|tanh| above this counts as saturated (default {SATURATION})")
-    p.add_argument("--no-grads", action="store_true", help="forward only: skip the gradient statistics")
-    return p
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-
     def body() -> int:
+        args = build_parser().parse_args(argv)
         from models.checkpoint import load_from_args
 
         snap = load_from_args(args)

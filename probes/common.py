@@ -16,6 +16,7 @@ import torch
 
 from models.cli import EXIT_BAD_INPUT, run_cli, to_jsonable  # noqa: F401  (re-exported for probes)
 from models.loss import block_len
+from probes.args import add_input_arguments  # noqa: F401  (torch-free; re-exported for callers)
 
 log = logging.getLogger(__name__)
 
@@ -209,21 +210,6 @@ def sample_windows(ids: Sequence[int], n_ctx: int, samples: int, seed: int = 0) 
     starts = torch.randint(0, len(ids) - n_ctx + 1, (samples,), generator=gen)
     data = torch.tensor(ids, dtype=torch.long)
     return torch.stack([data[s:s + n_ctx] for s in starts.tolist()])
-
-
-def add_input_arguments(parser: argparse.ArgumentParser, default_samples: int = 64) -> None:
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--text", help="text to run the model on (windowed to the model's context)")
-    group.add_argument("--text-file", type=Path, help="read the text from this file")
-    group.add_argument("--data", type=Path, help="a corpus file to sample --samples random windows from")
-    parser.add_argument("--samples", type=int, default=None,
-                        help=f"windows sampled from --data (default {default_samples})")
-    parser.set_defaults(samples_default=default_samples)
-    parser.add_argument("--seed", type=int, default=0, help="seed for sampling --data windows")
-    parser.add_argument("--batch-size", type=int, default=16, help="windows per forward pass")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="show a progress bar over batches (default: on a terminal with 2+ batches)")
-    parser.add_argument("--json", action="store_true", help="print machine-readable JSON to stdout")
 
 
 def read_text_file(path: Path) -> str:

@@ -21,6 +21,10 @@ paper, so short windows inflate it: uniform attention over T rows scores H_T / T
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # --help and bad arguments answered before torch is imported (~4 s)
+    from probes.args import degenerate_parser
+    degenerate_parser().parse_early()
+
 import argparse
 import dataclasses
 import logging
@@ -31,10 +35,12 @@ from typing import Any, Iterable
 
 import torch
 
-from probes.common import (ProbeInputError, add_input_arguments, check_layer_head, print_json,
+from probes.args import degenerate_parser as build_parser
+from probes.common import (ProbeInputError, check_layer_head, print_json,
                            require_attention, run_cli, to_jsonable, token_batches, tokens_or_text)
-from probes.entropy import (PatternStats, add_report_arguments, collect_stats, describe_model, format_table,
+from probes.entropy import (PatternStats, collect_stats, describe_model, format_table,
                             uniform_series_entropy)
+from probes.thresholds import TIMELINE_COLLAPSE, TIMELINE_UNIFORM, Thresholds
 
 log = logging.getLogger(__name__)
 
@@ -42,37 +48,6 @@ VERDICTS = ("diverged", "sink", "self", "previous", "collapsed", "uniform", "hea
 ONE_HOT_VERDICTS = ("sink", "self", "previous", "collapsed")
 EVIDENCE = ("entropy", "normalized_entropy", "max_prob", "first_mass", "diag_mass", "subdiag_mass",
             "sink_score", "nonfinite_rows", "weights_finite")
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """When a head earns each verdict. All are fractions in [0, 1].
-
-    collapse_entropy=0.1, collapse_max_prob=0.9: one-hot. A head whose rows keep 90% of their mass
-    on one key, or whose entropy is a tenth of uniform, passes almost nothing but one token; the
-    series' collapsed head logged 0.003 nats, far below either.
-    uniform_entropy=0.97: rows within 3% of the uniform entropy ln(k) (score spread of about 0.4
-    at k=16); such a head averages its context, the state of every head at a small-std init.
-    sink_mass=0.5: "most mass on the first position" (DESIGN.md), the attention-sink pattern.
-    one_hot_mass=0.9: `self` / `previous` need 90% of each row's mass on the diagonal / previous
-    token, the same bar as collapse_max_prob.
-    sink_score=0.3: the attention-sink literature's epsilon (Gu et al. 2024, "When Attention Sink
-    Emerges"): a head is a sink head when its mean attention to the first token exceeds 0.3. It is
-    reported as evidence (`sink_score`, `sink_rate`), not used for the verdict.
-    """
-
-    collapse_entropy: float = 0.1
-    collapse_max_prob: float = 0.9
-    uniform_entropy: float = 0.97
-    sink_mass: float = 0.5
-    one_hot_mass: float = 0.9
-    sink_score: float = 0.3
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                raise ValueError(f"threshold {f.name} must be in [0, 1], got {value!r}")
 
 
 # ---------------------------------------------------------------- pure functions
@@ -206,8 +181,8 @@ def stayed_from(steps: list[int], flags: list[bool]) -> int | None:
     return start
 
 
-def entropy_timeline(records: Iterable[dict[str, Any]], n_ctx: int, collapse: float = 0.1,
-                     uniform: float = 0.97) -> Timeline:
+def entropy_timeline(records: Iterable[dict[str, Any]], n_ctx: int, collapse: float = TIMELINE_COLLAPSE,
+                     uniform: float = TIMELINE_UNIFORM) -> Timeline:
     """When each head's logged entropy collapsed (< collapse * uniform), went uniform
     (> uniform * uniform) or non-finite, and stayed so to the last logged step."""
     if n_ctx < 2:
@@ -314,45 +289,13 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, thresholds
 
 # ---------------------------------------------------------------- CLI
 
-def add_threshold_arguments(parser: argparse.ArgumentParser) -> None:
-    d = Thresholds()
-    group = parser.add_argument_group("thresholds (fractions in [0, 1]; see Thresholds)")
-    group.add_argument("--collapse-entropy", type=float, default=d.collapse_entropy,
-                       help=f"normalised entropy below this is one-hot (default {d.collapse_entropy})")
-    group.add_argument("--collapse-max-prob", type=float, default=d.collapse_max_prob,
-                       help=f"mean max probability above this is one-hot (default {d.collapse_max_prob})")
-    group.add_argument("--uniform-entropy", type=float, default=d.uniform_entropy,
-                       help=f"normalised entropy above this is uniform (default {d.uniform_entropy})")
-    group.add_argument("--sink-mass", type=float, default=d.sink_mass,
-                       help=f"mean mass on the first position above this is a sink (default {d.sink_mass})")
-    group.add_argument("--one-hot-mass", type=float, default=d.one_hot_mass,
-                       help=f"diagonal / sub-diagonal mass above this is self / previous (default {d.one_hot_mass})")
-    group.add_argument("--sink-score", type=float, default=d.sink_score,
-                       help=f"sink_score above this counts toward the sink rate (default {d.sink_score}, Gu et al.)")
-    group.add_argument("--timeline-collapse", type=float, default=0.1,
-                       help="training timeline: logged entropy below this fraction of uniform is collapsed (default 0.1)")
-    group.add_argument("--timeline-uniform", type=float, default=0.97,
-                       help="training timeline: logged entropy above this fraction of uniform is uniform (default 0.97)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from models.checkpoint import add_ckpt_arguments
-    parser = argparse.ArgumentParser(prog="python -m probes.degenerate", description=__doc__.splitlines()[0])
-    add_ckpt_arguments(parser)
-    add_input_arguments(parser)
-    add_report_arguments(parser)
-    add_threshold_arguments(parser)
-    return parser
-
-
 def has_input(args: argparse.Namespace) -> bool:
     return any(getattr(args, k) is not None for k in ("text", "text_file", "data"))
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-
     def body() -> int:
+        args = build_parser().parse_args(argv)
         from models.checkpoint import is_run_dir, load_from_args, read_metrics
         t = Thresholds(args.collapse_entropy, args.collapse_max_prob, args.uniform_entropy,
                        args.sink_mass, args.one_hot_mass, args.sink_score)

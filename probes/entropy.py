@@ -19,7 +19,10 @@ hook_pattern, so memory stays at about one layer's attention. `PatternStats` als
 
 from __future__ import annotations
 
-import argparse
+if __name__ == "__main__":  # --help and bad arguments answered before torch is imported (~4 s)
+    from probes.args import entropy_parser
+    entropy_parser().parse_early()
+
 import logging
 import math
 import sys
@@ -28,8 +31,9 @@ from typing import Any, Iterable
 
 import torch
 
-from probes.common import (add_input_arguments, as_batches, check_layer_head, model_device, print_json,
-                           require_attention, run_cli, to_jsonable, token_batches, tokens_or_text)
+from probes.args import entropy_parser as build_parser
+from probes.common import (as_batches, check_layer_head, model_device, print_json, require_attention,
+                           run_cli, to_jsonable, token_batches, tokens_or_text)
 from probes.row_stats import EPS, SUMS, PatternStats, collect_stats, log_keys  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
@@ -174,26 +178,9 @@ def describe_model(model: Any) -> str:
 
 # ---------------------------------------------------------------- CLI
 
-def add_report_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--layer", type=int, help="report only this layer (0-based)")
-    parser.add_argument("--head", type=int, help="report only this head (0-based)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from models.checkpoint import add_ckpt_arguments
-    parser = argparse.ArgumentParser(prog="python -m probes.entropy", description=__doc__.splitlines()[0])
-    add_ckpt_arguments(parser)
-    add_input_arguments(parser)
-    add_report_arguments(parser)
-    parser.add_argument("--per-position", action="store_true",
-                        help="also report the mean entropy at each query position")
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-
     def body() -> int:
+        args = build_parser().parse_args(argv)
         from models.checkpoint import load_from_args
         snap = load_from_args(args)
         dims = require_attention(snap.model)

@@ -30,7 +30,10 @@ per-layer affine translator applied before `super().decode`).
 
 from __future__ import annotations
 
-import argparse
+if __name__ == "__main__":  # --help and bad arguments answered before torch is imported (~4 s)
+    from probes.args import logit_lens_parser
+    logit_lens_parser().parse_early()
+
 import logging
 import math
 import sys
@@ -39,7 +42,8 @@ from typing import Any, Iterable
 
 import torch
 
-from probes.common import (ProbeInputError, add_input_arguments, as_batches, hook_names,
+from probes.args import logit_lens_parser as build_parser
+from probes.common import (ProbeInputError, as_batches, hook_names,
                            model_device, print_json, progress_bar, run_cli, to_jsonable,
                            token_batches, tokens_or_text)
 from probes.neighbours import token_piece
@@ -329,22 +333,9 @@ class LogitLensResult:
 
 # ---------------------------------------------------------------- CLI
 
-def build_parser() -> argparse.ArgumentParser:
-    from models.checkpoint import add_ckpt_arguments
-    parser = argparse.ArgumentParser(prog="python -m probes.logit_lens", description=__doc__.splitlines()[0])
-    add_ckpt_arguments(parser)
-    add_input_arguments(parser, default_samples=8)
-    parser.add_argument("-k", type=int, default=5, help="top tokens per layer and position (default 5)")
-    parser.add_argument("--mid", action="store_true", help="also decode mid-block (after attention)")
-    parser.add_argument("--columns", type=int, default=8,
-                        help="positions per row block of the grid (default 8)")
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-
     def body() -> int:
+        args = build_parser().parse_args(argv)
         from models.checkpoint import load_from_args
         snap = load_from_args(args)
         lens = LogitLens(snap.model, args.mid)  # refuses models without a residual stream first
@@ -354,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print_json(result.to_dict())
         else:
-            print(result.format(max(1, args.columns)))
+            print(result.format(args.columns))
         bad = [label for label, kl in zip(result.layers, result.kl_to_final) if not math.isfinite(kl)]
         if bad:
             print(f"warning: the lens at {', '.join(bad)} is NaN or inf (a diverged model): KL, "

@@ -21,7 +21,10 @@ keeps a running top k per row; the result is exact.
 
 from __future__ import annotations
 
-import argparse
+if __name__ == "__main__":  # --help and bad arguments answered before torch is imported (~4 s)
+    from probes.args import neighbours_parser
+    neighbours_parser().parse_early()
+
 import logging
 import sys
 from dataclasses import dataclass
@@ -29,6 +32,7 @@ from typing import Any, Sequence
 
 import torch
 
+from probes.args import neighbours_parser as build_parser
 from probes.common import ProbeInputError, model_tokenizer, print_json, run_cli, to_jsonable
 from probes.knn import all_knn, check_finite, check_k, check_table, prepare_keys, search, unit_rows
 
@@ -241,37 +245,11 @@ def run_all(model: Any, *, k: int = 10, table: str = "input", tokenizer: Any = N
 
 # ---------------------------------------------------------------- CLI
 
-def build_parser() -> argparse.ArgumentParser:
-    from models.checkpoint import add_ckpt_arguments
-    parser = argparse.ArgumentParser(prog="python -m probes.neighbours", description=__doc__.splitlines()[0])
-    add_ckpt_arguments(parser)
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--token", metavar="PIECE", help="the token as a vocabulary piece, e.g. ' the' or 'e'")
-    what.add_argument("--id", type=int, metavar="N", help="the token as an integer id")
-    what.add_argument("--analogy", nargs=3, metavar=("A", "B", "C"),
-                      help="neighbours of A - B + C (pieces); A, B, C are excluded")
-    what.add_argument("--analogy-ids", nargs=3, type=int, metavar=("A", "B", "C"),
-                      help="the same analogy given as integer ids")
-    what.add_argument("--all", action="store_true",
-                      help="every token's neighbours (chunked; a progress bar on stderr)")
-    parser.add_argument("-k", type=int, default=10, help="neighbours per token (default 10)")
-    parser.add_argument("--table", choices=TABLES, default="input",
-                        help="input embedding, output (unembedding), or cross: the input row searched "
-                             "among the unembedding columns (default input)")
-    parser.add_argument("--chunk-size", type=int,
-                        help="rows per chunk in --all (default: as many as fit in 128 MiB of similarities)")
-    parser.add_argument("--json", action="store_true", help="print machine-readable JSON to stdout")
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-
     def body() -> int:
+        args = build_parser().parse_args(argv)
         from models.checkpoint import load_from_args
-        snap = load_from_args(args)
-        if args.chunk_size is not None and args.chunk_size < 1:
-            raise ProbeInputError(f"--chunk-size must be >= 1, got {args.chunk_size}")
+        snap = load_from_args(args)  # --chunk-size >= 1 and the like: checked by the parser
         if args.all:
             result: Any = run_all(snap.model, k=args.k, table=args.table, tokenizer=snap.tokenizer,
                                   chunk_size=args.chunk_size, progress=sys.stderr.isatty())

@@ -25,6 +25,10 @@ gradient has g = None. The pure functions below take tensors and modules: no hoo
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # --help and bad arguments answered before torch is imported (~4 s)
+    from probes.args import updates_parser
+    updates_parser().parse_early()
+
 import argparse
 import copy
 import logging
@@ -37,7 +41,8 @@ import torch
 from torch import nn
 
 from models.loss import lm_loss, lm_loss_terms
-from probes.common import (ProbeInputError, add_input_arguments, lm_windows, model_device, print_json,
+from probes.args import updates_parser as build_parser
+from probes.common import (ProbeInputError, lm_windows, model_device, print_json,
                            run_cli, token_batches)
 from probes.update_report import GROUPS, TARGET_BAND, UpdateHistory, UpdateReport, parameter_group
 
@@ -281,29 +286,6 @@ def run(model: nn.Module, tokens: torch.Tensor, optimizer: str | Callable[..., A
 # --------------------------------------------------------------------------- CLI
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from models.checkpoint import add_ckpt_arguments
-
-    p = argparse.ArgumentParser(
-        prog="python -m probes.updates",
-        description="g / w / u per parameter: what training logged (a run), the difference of two "
-                    "snapshots (--between), or one optimizer step on a copy (give --text or --data).")
-    add_ckpt_arguments(p)
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--step", type=int, help="a logged step of the run (default: the latest)")
-    mode.add_argument("--between", nargs=2, metavar=("A", "B"),
-                      help="two snapshots: step numbers of the --ckpt run or snapshot paths")
-    mode.add_argument("--history", action="store_true",
-                      help="median log10 u per group at every logged step")
-    add_input_arguments(p)
-    p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd",
-                   help="optimizer of the one step taken on a copy (default sgd)")
-    p.add_argument("--lr", type=float, default=1e-3, help="its learning rate (default 1e-3)")
-    p.add_argument("--band", nargs=2, type=float, metavar=("LO", "HI"), default=list(TARGET_BAND),
-                   help="healthy band of log10(u) (default -4 -2: makemore's target is -3)")
-    return p
-
-
 def _snapshot_arg(run_dir: Path, text: str) -> Path:
     from models.checkpoint import snapshot_name
 
@@ -333,9 +315,8 @@ def _report(args: argparse.Namespace) -> UpdateReport | UpdateHistory:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-
     def body() -> int:
+        args = build_parser().parse_args(argv)
         result = _report(args)
         print_json(result.to_dict()) if args.json else print(result.format())
         return 0

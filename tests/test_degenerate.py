@@ -253,7 +253,7 @@ def test_cli_human_table(run_dir, capsys):
     (["--text", "~~"], "~"),
     (["--text", TEXT, "--layer", str(N_LAYERS)], f"layer {N_LAYERS} is out of range"),
     (["--text", TEXT, "--head", str(N_HEADS)], f"head {N_HEADS} is out of range"),
-    (["--text", TEXT, "--collapse-entropy", "2"], "collapse_entropy"),
+    (["--text", TEXT, "--collapse-entropy", "2"], "argument --collapse-entropy: 2 is not a number in [0, 1]"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(run_dir, capsys, extra, message):
     assert degenerate.main(["--ckpt", str(run_dir), *extra]) == 2

@@ -21,61 +21,18 @@ from typing import Any
 import torch
 
 from models.presets import PRESETS
+from train.args import OPTIMIZERS, TRAIN_DEFAULTS, train_config_flags  # noqa: F401  (torch-free)
 
 log = logging.getLogger("train")
 
 
-# Built-in defaults, used when neither a flag, a resumed run nor the preset's recipe gives one.
-TRAIN_DEFAULTS: dict[str, Any] = {
-    "optimizer": "adamw", "lr": 3e-4, "momentum": 0.0, "nesterov": False, "betas": [0.9, 0.999],
-    "weight_decay": 0.0, "batch_size": 32, "grad_accum": 1, "steps": 1000, "warmup": 0, "schedule": None,
-    "min_lr_ratio": 0.1, "grad_clip": 0.0, "log_every": 10, "eval_every": 100, "eval_batches": 4,
-    "save_every": 500, "val_fraction": 0.1, "seed": 1337, "dtype": "fp32"}
 PRESET_KEY_NAMES = {"warmup_steps": "warmup"}  # PRESETS[name].train key -> our key
-OPTIMIZERS = ("sgd", "adam", "adamw")
 NUMBER_RULES = [  # (key, test on a finite value, what the message asks for)
     ("lr", lambda v: v > 0, "a finite number > 0"),
     ("momentum", lambda v: 0 <= v < 1, "a number in [0, 1)"),
     ("weight_decay", lambda v: v >= 0, "a finite number >= 0"),
     ("min_lr_ratio", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
     ("grad_clip", lambda v: v >= 0, "a finite number >= 0 (0 = off)")]
-
-
-def _betas(text: str) -> list[float]:
-    parts = text.split(",")
-    if len(parts) != 2:
-        raise argparse.ArgumentTypeError(f"expected two numbers like 0.9,0.95, got {text!r}")
-    return [float(x) for x in parts]
-
-
-def train_config_flags(p: argparse.ArgumentParser) -> None:
-    """Hyperparameter flags; None means: the resumed run's value, else the preset's, else built-in."""
-    d = TRAIN_DEFAULTS
-    flag = p.add_argument
-    flag("--steps", type=int, help=f"total optimizer steps (default {d['steps']})")
-    flag("--batch-size", type=int, help="windows per micro-batch and rank (default: the preset's)")
-    flag("--grad-accum", type=int, help="micro-batches per optimizer step: windows per step = "
-                                        "batch-size x grad-accum x ranks (default 1)")
-    flag("--lr", type=float, help="peak learning rate (default: the preset's)")
-    flag("--optimizer", choices=OPTIMIZERS, help="default: the preset's (series: sgd, GPT: adamw)")
-    flag("--momentum", type=float, help="SGD momentum (default: the preset's, else 0)")
-    flag("--nesterov", action=argparse.BooleanOptionalAction,
-         help="SGD Nesterov momentum (default: the preset's, else off)")
-    flag("--betas", type=_betas, help="Adam/AdamW betas as B1,B2 (default: the preset's, else 0.9,0.999)")
-    flag("--weight-decay", type=float,
-         help="decay on parameters with 2+ dims only (the GPT-2 recipe; default: the preset's, else 0)")
-    flag("--warmup", type=int, help="linear warmup steps (default: the preset's, else 0)")
-    flag("--schedule", choices=("constant", "cosine"),
-         help="after warmup: constant, or cosine down to --min-lr-ratio * lr at the last step "
-              "(default: cosine when there is a warmup, else constant as in the series)")
-    flag("--min-lr-ratio", type=float, help=f"cosine floor as a fraction of lr (default {d['min_lr_ratio']})")
-    flag("--grad-clip", type=float, help="clip the global grad norm to this; 0 = off (default: the preset's)")
-    flag("--log-every", type=int, help=f"steps between metrics records (default {d['log_every']})")
-    flag("--eval-every", type=int, help=f"steps between val loss / entropy evals (default {d['eval_every']})")
-    flag("--eval-batches", type=int, help=f"fixed val batches per eval (default {d['eval_batches']})")
-    flag("--save-every", type=int, help=f"steps between snapshots; 0 = end only (default {d['save_every']})")
-    flag("--val-fraction", type=float, help="last fraction of the tokens held out for val (default 0.1)")
-    flag("--seed", type=int, help=f"seed for init and batch sampling (default {d['seed']})")
 
 
 def resolve_train_config(args: argparse.Namespace, preset_train: dict[str, Any],

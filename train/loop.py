@@ -30,7 +30,8 @@ from models.checkpoint import read_metrics, save_snapshot, snapshot_name
 from models.cli import run_cli
 from models.runs import METRICS_FILE
 from probes.updates import gwu_table, snapshot_params
-from train.config import init_distributed, lr_at, train_config_flags
+from train.args import build_parser
+from train.config import init_distributed, lr_at
 from train.data import block_len, lm_loss, predictions_per_block, sample_blocks
 from train.records import (console_line, run_description, to_json_line, trim_metrics, write_record,
                            write_run_json_for)
@@ -50,40 +51,6 @@ __all__ = ["EXIT_INTERRUPTED", "RANK_DUMP_ENV", "TrainState", "backward_micro_ba
            "restore", "run_description", "run_steps", "save", "console_line", "setup",
            "to_json_line", "train", "train_step", "trim_metrics", "wrap_model", "write_record",
            "write_run_json_for"]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", metavar="NAME", help="model preset (required unless --resume)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a model config field, e.g. --set n_layers=2 (repeatable)")
-    p.add_argument("--data", type=Path,
-                   help="UTF-8 text file to train on (on --resume: default the file the run recorded)")
-    p.add_argument("--tokenizer", choices=("char", "bpe"), default=None,
-                   help="char (default): one token per character; bpe: SentencePiece BPE trained "
-                        "on --data. A resumed run keeps its own")
-    p.add_argument("--bpe-vocab", type=int, default=2048, help="BPE vocabulary size (default 2048)")
-    p.add_argument("--out", type=Path, required=True, metavar="RUN_DIR",
-                   help="run directory to create (an existing run is refused unless --resume)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue RUN_DIR from its latest snapshot, optimizer state included")
-    p.add_argument("--new-schedule", action="store_true",
-                   help="on --resume, accept a --steps that changes a cosine schedule's horizon "
-                        "(and so the learning rate from the resumed step on)")
-    train_config_flags(p)
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
-    p.add_argument("--dtype", choices=("fp32", "bf16"), default=None,
-                   help="fp32 (default) or bf16 autocast (CUDA; also allowed on CPU)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model (off by default)")
-    p.add_argument("--gwu-table", action="store_true",
-                   help="print the full g/w/u table at every eval (default: a one-line group summary)")
-    p.add_argument("--keep-going", action="store_true",
-                   help="train on after the loss or an entropy turns NaN/inf (default: save a "
-                        "snapshot of that moment and stop with exit code 3)")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar over steps (default: on when stderr is a terminal)")
-    p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
-    return p
 
 
 # --------------------------------------------------------------------------- one step
@@ -286,7 +253,7 @@ def dump_rank_state(state: TrainState) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_early(argv)  # one line and exit 2 on a bad command line
     args.argv = argv
     rank = int(os.environ.get("RANK", "0"))
     level = logging.WARNING if args.quiet or rank != 0 else logging.INFO

@@ -1,0 +1,176 @@
+"""The probes' command lines, torch-free: `python -m probes.<name> --help` and bad arguments are
+answered before torch and TransformerLens are imported (see `models.cli`). Each probe module
+re-exports its parser as `build_parser`; the shared argument groups live here once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from models.cli import (FRACTION, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT, Parser,
+                        add_ckpt_arguments, add_json_argument, number_type)
+from probes.thresholds import SATURATION, TIMELINE_COLLAPSE, TIMELINE_UNIFORM, Thresholds
+from probes.update_report import TARGET_BAND
+
+MAX_BATCH = 65536  # windows in one forward pass (probes.common.check_batch_size says why)
+NEIGHBOUR_TABLES = ("input", "output", "cross")  # probes.neighbours.TABLES (a test keeps them equal)
+STEP_OPTIMIZERS = ("adam", "adamw", "sgd")  # probes.updates.OPTIMIZERS (likewise)
+RUN = "checkpoints/shakespeare_rms4"  # a shipped run, for the examples
+
+
+def probe_parser(name: str, description: str, *examples: str, **kwargs) -> Parser:
+    """The parser of `python -m probes.<name>` with its --ckpt arguments and example commands."""
+    epilog = "examples:\n" + "".join(f"  python -m probes.{name} {e}\n" for e in examples)
+    parser = Parser(prog=f"python -m probes.{name}", description=description, epilog=epilog, **kwargs)
+    add_ckpt_arguments(parser)
+    return parser
+
+
+def add_input_arguments(parser: argparse.ArgumentParser, default_samples: int = 64) -> None:
+    """--text / --text-file / --data and how the windows are batched, plus --json."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--text", help="text to run the model on (windowed to the model's context)")
+    group.add_argument("--text-file", type=Path, metavar="PATH", help="read the text from this UTF-8 file")
+    group.add_argument("--data", type=Path, metavar="PATH",
+                       help="a corpus file to sample --samples random windows from")
+    parser.add_argument("--samples", type=POSITIVE_INT, default=None, metavar="N",
+                        help=f"windows sampled from --data (default {default_samples})")
+    parser.set_defaults(samples_default=default_samples)
+    parser.add_argument("--seed", type=int, default=0, metavar="N", help="seed for sampling --data windows")
+    parser.add_argument("--batch-size", type=number_type(int, low=1, high=MAX_BATCH, noun="batch size"),
+                        default=16, metavar="N", help="windows per forward pass")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="show a progress bar over batches (default: on a terminal with 2+ batches)")
+    add_json_argument(parser)
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    # plain int: the range check needs the model, and its message names the model's range
+    parser.add_argument("--layer", type=int, metavar="L",
+                        help="report only this layer (0-based; default: all)")
+    parser.add_argument("--head", type=int, metavar="H",
+                        help="report only this head (0-based; default: all)")
+
+
+def add_threshold_arguments(parser: argparse.ArgumentParser) -> None:
+    d = Thresholds()
+    group = parser.add_argument_group("thresholds (fractions in [0, 1]; see probes.thresholds.Thresholds)")
+    flag = lambda name, default, text: group.add_argument(name, type=FRACTION, default=default,
+                                                          metavar="X", help=text)
+    flag("--collapse-entropy", d.collapse_entropy, "normalised entropy below this is one-hot")
+    flag("--collapse-max-prob", d.collapse_max_prob, "mean max probability above this is one-hot")
+    flag("--uniform-entropy", d.uniform_entropy, "normalised entropy above this is uniform")
+    flag("--sink-mass", d.sink_mass, "mean mass on the first position above this is a sink")
+    flag("--one-hot-mass", d.one_hot_mass, "diagonal / sub-diagonal mass above this is self / previous")
+    flag("--sink-score", d.sink_score, "sink_score above this counts toward the sink rate (Gu et al.)")
+    flag("--timeline-collapse", TIMELINE_COLLAPSE,
+         "training timeline: logged entropy below this fraction of uniform is collapsed")
+    flag("--timeline-uniform", TIMELINE_UNIFORM,
+         "training timeline: logged entropy above this fraction of uniform is uniform")
+
+
+def entropy_parser() -> Parser:
+    parser = probe_parser(
+        "entropy", "Attention entropy per layer and head (nats), as the series logged it, and "
+        "normalised by ln(keys visible), on the given text or sampled windows.",
+        f"--ckpt {RUN} --text 'ROMEO: But soft, what light'", f"--ckpt {RUN} --data input.txt --json")
+    add_input_arguments(parser)
+    add_report_arguments(parser)
+    parser.add_argument("--per-position", action="store_true",
+                        help="also report the mean entropy at each query position")
+    return parser
+
+
+def degenerate_parser() -> Parser:
+    parser = probe_parser(
+        "degenerate", "Degenerate attention: a verdict per head (collapsed, uniform, sink, self, "
+        "previous, diverged or healthy) with the numbers behind it, on the given input. Leave out "
+        "the input and give a run directory as --ckpt for its training timeline instead: when each "
+        "head's logged entropy collapsed, went uniform or went NaN (from metrics.jsonl). A run "
+        "directory with input gives both.",
+        f"--ckpt {RUN} --text 'ROMEO: But soft, what light'", f"--ckpt {RUN} --json")
+    add_input_arguments(parser)
+    add_report_arguments(parser)
+    add_threshold_arguments(parser)
+    return parser
+
+
+def neighbours_parser() -> Parser:
+    parser = probe_parser(
+        "neighbours", "Embedding nearest neighbours by cosine similarity (self excluded): of one "
+        "token, of an analogy A - B + C, or of every token.",
+        f"--ckpt {RUN} --token e -k 5", f"--ckpt {RUN} --all --table cross --json")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--token", metavar="PIECE", help="the token as a vocabulary piece, e.g. ' the' or 'e'")
+    what.add_argument("--id", type=int, metavar="N", help="the token as an integer id")
+    what.add_argument("--analogy", nargs=3, metavar=("A", "B", "C"),
+                      help="neighbours of A - B + C (pieces); A, B, C are excluded")
+    what.add_argument("--analogy-ids", nargs=3, type=int, metavar=("A", "B", "C"),
+                      help="the same analogy given as integer ids")
+    what.add_argument("--all", action="store_true",
+                      help="every token's neighbours (chunked; a progress bar on stderr)")
+    parser.add_argument("-k", type=int, default=10, help="neighbours per token")
+    parser.add_argument("--table", choices=NEIGHBOUR_TABLES, default="input",
+                        help="input embedding, output (unembedding), or cross: the input row searched "
+                             "among the unembedding columns")
+    parser.add_argument("--chunk-size", type=POSITIVE_INT, metavar="N",
+                        help="rows per chunk in --all (default: as many as fit in 128 MiB of similarities)")
+    add_json_argument(parser)
+    return parser
+
+
+def logit_lens_parser() -> Parser:
+    parser = probe_parser(
+        "logit_lens", "Logit lens: what the residual stream after the embedding and after each "
+        "block would predict if the model stopped there (top-k tokens, cross-entropy, "
+        "KL to the final layer, rank of the next token).",
+        f"--ckpt {RUN} --text 'ROMEO: But soft' -k 3", f"--ckpt {RUN} --data input.txt --mid --json")
+    add_input_arguments(parser, default_samples=8)
+    parser.add_argument("-k", type=int, default=5, help="top tokens per layer and position")
+    parser.add_argument("--mid", action="store_true", help="also decode mid-block (after attention)")
+    parser.add_argument("--columns", type=POSITIVE_INT, default=8, metavar="N",
+                        help="positions per row block of the grid")
+    return parser
+
+
+def activations_parser() -> Parser:
+    parser = probe_parser(
+        "activations", "Activation health per MLP hidden layer: dead and saturated units, "
+        "activation and gradient statistics (makemore's diagnostics).",
+        f"--ckpt {RUN} --data input.txt", f"--ckpt checkpoints/char_mlp --text 'ROMEO: But soft' --no-grads")
+    add_input_arguments(parser, default_samples=32)
+    parser.add_argument("--saturation", type=number_type(float, above=0, below=1), default=SATURATION,
+                        metavar="X", help="|tanh| above this counts as saturated")
+    parser.add_argument("--no-grads", action="store_true", help="forward only: skip the gradient statistics")
+    return parser
+
+
+def _band_in_order(args: argparse.Namespace) -> str | None:
+    lo, hi = args.band
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        return f"--band must be two finite log10 values LO < HI, got {lo} {hi}"
+    return None
+
+
+def updates_parser() -> Parser:
+    parser = probe_parser(
+        "updates", "g / w / u per parameter: what training logged (a run directory as --ckpt), "
+        "the difference of two snapshots (--between), or one optimizer step on a copy (give "
+        "--text, --text-file or --data).",
+        f"--ckpt {RUN}", f"--ckpt {RUN} --history", f"--ckpt {RUN} --text 'ROMEO: But soft' --optimizer adam",
+        checks=[_band_in_order])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--step", type=NON_NEGATIVE_INT, metavar="N",
+                      help="a logged step of the run (default: the latest)")
+    mode.add_argument("--between", nargs=2, metavar=("A", "B"),
+                      help="two snapshots: step numbers of the --ckpt run or snapshot paths")
+    mode.add_argument("--history", action="store_true", help="median log10 u per group at every logged step")
+    add_input_arguments(parser)
+    parser.add_argument("--optimizer", choices=STEP_OPTIMIZERS, default="sgd",
+                        help="optimizer of the one step taken on a copy")
+    parser.add_argument("--lr", type=POSITIVE_FLOAT, default=1e-3, help="its learning rate")
+    parser.add_argument("--band", nargs=2, type=float, metavar=("LO", "HI"), default=list(TARGET_BAND),
+                        help="healthy band of log10(u) (default -4 -2: makemore's target is -3)")
+    return parser
