@@ -89,20 +89,24 @@ class Attention(nn.Module):
         """A per-head parameter stacked over heads: W_* -> [head d_model d_head], b_* -> [head d_head]."""
         return torch.stack([getattr(head, name) for head in self.heads])
 
-    def project_qkv(self, x: torch.Tensor) -> torch.Tensor:
+    def project_qkv(self, x: torch.Tensor, W: torch.Tensor | None = None,
+                    b: torch.Tensor | None = None) -> torch.Tensor:
         """q, k and v in one matmul, as a plain module's `c_attn`: [batch pos 3 head d_head]."""
-        W, b = self.qkv_weights()  # [d_model 3*head*d_head], [3*head*d_head] or None
+        if W is None:
+            W, b, _ = self.qkv_weights()  # [d_model 3*head*d_head], [3*head*d_head] or None
         return F.linear(x, W.T, b).unflatten(-1, (3, self.cfg.n_heads, self.cfg.d_head))
 
-    def qkv_weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The heads' separate parameters (the series' names, one g/w/u row each) side by side.
+    def qkv_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """The heads' separate parameters (the series' names, one g/w/u row each) side by side,
+        and their `weight_guard`.
 
         With gradients on, concatenated at every call by `ConcatHeads` (its backward hands each
-        head a contiguous gradient in one copy). Without (probes, sampling) the concatenation is
-        kept while the same parameter objects sit at unchanged versions (any in-place write, an
-        optimizer step or `load_state_dict`, moves a version; `.to()` / `.half()` clear it in
+        head a contiguous gradient in one copy). Without (probes, sampling) all three are kept
+        while the same parameter objects sit at unchanged versions (any in-place write, an
+        optimizer step or `load_state_dict`, moves a version; `.to()` / `.half()` clear them in
         `_apply`)."""
-        params = [h._parameters[name] for name in self._qkv_names for h in self.heads]
+        heads = self._modules["heads"]._modules.values()  # not self.heads: __getattr__ per call
+        params = [h._parameters[name] for name in self._qkv_names for h in heads]
         if (torch.is_grad_enabled() and any(p.requires_grad for p in params)) or torch.compiler.is_compiling():
             return self.concat_qkv(params)
         # ids are safe in the key: the cached tuple keeps those parameters alive
@@ -112,10 +116,22 @@ class Attention(nn.Module):
                 self._qkv_cache = (key, tuple(params), self.concat_qkv(params))
         return self._qkv_cache[2]
 
-    def concat_qkv(self, params: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def concat_qkv(self, params: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         n = 3 * self.cfg.n_heads
         W = torch.cat(params[:n], dim=1) if torch.compiler.is_compiling() else ConcatHeads.apply(*params[:n])
-        return W, torch.cat(params[n:]) if len(params) > n else None  # 1-D: gradients are contiguous views
+        b = torch.cat(params[n:]) if len(params) > n else None  # 1-D: gradients are contiguous views
+        return W, b, self.weight_guard(W, b)
+
+    def weight_guard(self, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        """[1 head 1 1] zeros, NaN where a head's q/k weights or biases hold a NaN or inf: a
+        diverged head. Independent of the batch, so kept with the concatenation between weight
+        changes (no cost per forward without gradients; a sum over weights with them)."""
+        cfg = self.cfg
+        qk = W.detach()[:, : 2 * cfg.d_attn].unflatten(1, (2, cfg.n_heads, cfg.d_head))  # [d_model 2 head d_head]
+        total = torch.sum(qk, dim=(0, 1, 3), dtype=torch.float32)  # [head]
+        if b is not None:
+            total = total + b.detach()[: 2 * cfg.d_attn].view(2, cfg.n_heads, cfg.d_head).sum(dim=(0, 2))
+        return total.mul_(0).view(1, cfg.n_heads, 1, 1)
 
     def _apply(self, fn, recurse=True):
         self._qkv_cache = None  # .to() / .half() may swap parameter data in place of the object
@@ -131,9 +147,15 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [batch pos d_model]
-        q, k, v = self.project_qkv(x).unbind(dim=2)  # each [batch pos head d_head]
+        W, b, guard = self.qkv_weights()
+        q, k, v = self.project_qkv(x, W, b).unbind(dim=2)  # each [batch pos head d_head]
+        qk_touched = is_hooked(self.hook_q) or is_hooked(self.hook_k)
         q, k, v = fire(self.hook_q, q), fire(self.hook_k, k), fire(self.hook_v, v)
-        z = self.fused(q, k, v) if self.use_fused() else self.explicit(q, k, v)
+        if self.use_fused():
+            # a hook on q or k may write non-finite values that no weight shows: check those
+            z = self.fused(q, k, v, None if qk_touched else guard)
+        else:
+            z = self.explicit(q, k, v)
         z = fire(self.hook_z, z)  # [batch pos head d_head]
         return self.output(z)
 
@@ -147,8 +169,11 @@ class Attention(nn.Module):
         pattern = F.dropout(pattern, self.cfg.dropout, self.training)
         return torch.einsum("bhqk,bkhe->bqhe", pattern, v)
 
-    def fused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        guard = self.nan_guard(q, k)  # [batch head 1 1]
+    def fused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              guard: torch.Tensor | None = None) -> torch.Tensor:
+        """SDPA plus a guard ([batch|1 head 1 1], NaN on a diverged head): `weight_guard` when
+        given, else `nan_guard` on these q and k."""
+        guard = self.nan_guard(q, k) if guard is None else guard.to(q.dtype)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch head pos d_head]
         z = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, dropout_p=self.cfg.dropout if self.training else 0.0,
@@ -161,14 +186,15 @@ class Attention(nn.Module):
 
         SDPA kernels may turn NaN or inf scores into zero output (the CPU one does for +-inf),
         hiding a diverged head that the explicit path shows as NaN; x * 0 is NaN exactly when x
-        is not finite, so adding this re-poisons the head without a host sync. Sums run over
+        is not finite, so adding this re-poisons the head without a host sync. Used when hooks
+        may have edited q or k (else the cheaper `weight_guard` does). Sums run over
         [batch pos head d_head] as stored (the fastest order) and accumulate in fp32 without a
         copy (an fp16 sum of healthy activations can overflow to inf); detached, so backward
         skips it (its gradient is zero anyway)."""
         q, k = (q.detach(), k.detach()) if q.requires_grad or k.requires_grad else (q, k)
         # q, k: [batch pos head d_head]
         total = torch.sum(q, dim=(1, 3), dtype=torch.float32).add_(torch.sum(k, dim=(1, 3), dtype=torch.float32))
-        guard = total.mul_(0)[..., None, None]  # [batch head 1 1]
+        guard = total.mul_(0).view(*total.shape, 1, 1)  # [batch head 1 1]
         return guard if guard.dtype == q.dtype else guard.to(q.dtype)
 
     def output(self, z: torch.Tensor) -> torch.Tensor:

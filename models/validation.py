@@ -25,7 +25,7 @@ def check_tokens(tokens: torch.Tensor, d_vocab: int, n_ctx: int | None = None,
     # callers check ids on the CPU before moving them; an id out of range still fails in the
     # embedding), and a graph break under torch.compile
     if tokens.numel() and tokens.device.type == "cpu" and not torch.compiler.is_compiling():
-        low, high = int(tokens.min()), int(tokens.max())
+        low, high = map(int, torch.aminmax(tokens))  # one pass over the ids, not two
         if low < 0 or high >= d_vocab:
             bad = low if low < 0 else high
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {d_vocab})")

@@ -113,6 +113,34 @@ def test_fused_path_shows_a_diverged_head(bad):
     assert torch.isfinite(z[:, :, [0, 1, 3]]).all()
 
 
+def test_a_hook_writing_inf_into_q_shows_on_the_fused_path():
+    """Weights alone cannot show a value a hook wrote: with q or k hooked the guard sums them."""
+    model = build("transformer4_rms_small")
+    model.set_attn_impl("fused")
+
+    def poison(q, hook):
+        q = q.clone()
+        q[:, 3, 1] = float("inf")  # [batch pos head d_head]: head 1 at position 3
+        return q
+
+    z = []
+    with torch.no_grad(), model.hooks(fwd_hooks=[("blocks.0.attn.hook_q", poison),
+                                ("blocks.0.attn.hook_z", lambda t, hook: z.append(t))]):
+        model(tokens_for(model))
+    assert not torch.isfinite(z[0][:, :, 1]).any(dim=-1).any()
+    assert torch.isfinite(z[0][:, :, [0, 2, 3]]).all()
+
+
+def test_a_diverged_head_makes_the_training_loss_nan():
+    """With gradients on, the weight guard is recomputed from the live weights every step."""
+    model = build("tiny_shakespeare_gpt_small").train()
+    tokens = tokens_for(model)
+    assert torch.isfinite(F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()))
+    with torch.no_grad():
+        model.blocks[1].attention.heads[0].W_Q[3, 1] = float("inf")
+    assert torch.isnan(F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()))
+
+
 def test_unhooked_model_compiles_without_graph_breaks():
     model = build()
     explanation = torch._dynamo.explain(model)(tokens_for(model))
