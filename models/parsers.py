@@ -54,7 +54,7 @@ def info_parser() -> Parser:
     parser.add_argument("--save", metavar="DIR",
                         help="save the freshly built --preset as a snapshot in DIR (char vocabulary "
                              f"of d_vocab characters; d_vocab <= {len(CHAR_ALPHABET)})")
-    parser.add_argument("--seed", type=int, default=0, help="torch seed for building a preset")
+    parser.add_argument("--seed", type=int, default=0, metavar="N", help="torch seed for building a preset")
     add_json_argument(parser)
     return parser
 
@@ -66,13 +66,13 @@ def sample_parser() -> Parser:
     add_ckpt_arguments(parser)
     parser.add_argument("--prompt", required=True,
                         help="text to continue (every character must be in the vocabulary)")
-    parser.add_argument("--tokens", type=NON_NEGATIVE_INT, default=200,
+    parser.add_argument("--tokens", type=NON_NEGATIVE_INT, default=200, metavar="N",
                         help="how many tokens to generate")
-    parser.add_argument("--temperature", type=POSITIVE_FLOAT, default=1.0,
+    parser.add_argument("--temperature", type=POSITIVE_FLOAT, default=1.0, metavar="T",
                         help="sampling temperature: below 1 sharper, above 1 flatter")
-    parser.add_argument("--top-k", type=POSITIVE_INT, default=None,
+    parser.add_argument("--top-k", type=POSITIVE_INT, default=None, metavar="K",
                         help="sample among the k most likely tokens only (default: all tokens)")
     parser.add_argument("--greedy", action="store_true",
                         help="always take the most likely token (no sampling)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the draw")
+    parser.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the draw")
     return parser

@@ -116,7 +116,8 @@ def neighbours_parser() -> Parser:
                         help="input embedding, output (unembedding), or cross: the input row searched "
                              "among the unembedding columns")
     parser.add_argument("--chunk-size", type=POSITIVE_INT, metavar="N",
-                        help="rows per chunk in --all (default: as many as fit in 128 MiB of similarities)")
+                        help="query rows per chunk in --all "
+                             "(default: as many as fit in 128 MiB of similarities)")
     add_json_argument(parser)
     return parser
 

@@ -130,7 +130,7 @@ def test_parser_errors_and_checks_are_one_line_usage_errors():
         parser.parse_args(["--x"])
 
 
-def test_the_lists_of_choices_match_the_library():
+def test_the_choices_copied_into_the_parsers_match_the_library():
     from probes import args, neighbours, updates
 
     assert args.NEIGHBOUR_TABLES == neighbours.TABLES
