@@ -31,7 +31,8 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        no_default = any(action.default is v for v in (None, False, argparse.SUPPRESS)) or action.default == []
+        # `is`, not `in`: a default of 0 equals False but is worth showing
+        no_default = action.default == [] or any(action.default is v for v in (None, False, argparse.SUPPRESS))
         if not action.option_strings or "default" in text or no_default:
             return text
         return text + " (default: %(default)s)"
