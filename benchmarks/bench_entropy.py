@@ -1,8 +1,10 @@
 """Entropy probe vs a plain forward pass vs caching every pattern, side by side in one run.
 
-    python benchmarks/bench_entropy.py                      # tiny_shakespeare_gpt, its ctx 128, batch 64
-    python benchmarks/bench_entropy.py --n-ctx 512 --batch 16   # a long-context variant
+    python benchmarks/bench_entropy.py                      # the issue's table: tiny_shakespeare_gpt at
+                                                            # ctx 128 x 64, 512 x 16, 2048 x 2 windows,
+                                                            # and the memory of one GPT-2-small layer at 8192
     python benchmarks/bench_entropy.py --threads 1 --clock cpu  # steadier on a busy shared machine
+    python benchmarks/bench_entropy.py --n-ctx 512 --batch 16   # one context, every variant
 
     python benchmarks/bench_entropy.py --preset gpt2_124m --n-layers 1 --n-ctx 8192 --batch 1 \
         --variants forward probe                            # memory of one GPT-2-small layer at 8192
@@ -16,8 +18,10 @@ the growth of the max RSS over what the process held before the call, on CUDA
   forward  model(tokens) under inference_mode: the fused (SDPA) attention path
   explicit the same with attention forced onto its explicit path (scores, softmax, pattern) and
            no hooks: what any pattern probe pays before it reduces anything
-  probe    probes.entropy.run(model, tokens): the model on its fused path, each layer reduced
-           blockwise from hook_q / hook_k (`probes.qk_rows`, the route "auto" takes on our models)
+  probe    probes.entropy.run(model, tokens): what "auto" takes: from 129 tokens on our models the
+           q/k route (one fused attention call per layer with v = k, `probes.qk_rows`), the
+           pattern route below; the forward pass stops after the last layer's hook_k
+  blockwise the q/k route without the fused kernel (the blockwise reduction it falls back to)
   pattern  the same probe on route="pattern": explicit attention path + reduction of hook_pattern
   cache    run_with_cache(every hook_pattern), then entropy and normalised entropy from the cache
 """
@@ -35,14 +39,19 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-VARIANTS = ("forward", "explicit", "probe", "pattern", "cache")
+VARIANTS = ("forward", "explicit", "probe", "blockwise", "pattern", "cache")
+SUITE = ((128, 64), (512, 16), (2048, 2))  # (context, windows): the issue's contexts
+SUITE_VARIANTS = ["forward", "probe", "pattern"]
+MEMORY_CTX = 8192  # one GPT-2-small layer, forward vs probe: peak memory only
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="tiny_shakespeare_gpt", help="model preset (default tiny_shakespeare_gpt)")
-    parser.add_argument("--n-ctx", type=int, default=128, help="context length (default 128, the preset's own)")
-    parser.add_argument("--batch", type=int, default=64, help="windows per forward pass (default 64, the blog's)")
+    parser.add_argument("--n-ctx", type=int,
+                        help="one context length (default: the suite " + ", ".join(f"{n} x {b}" for n, b in SUITE)
+                        + f", then the memory at {MEMORY_CTX})")
+    parser.add_argument("--batch", type=int, default=64, help="windows per forward pass with --n-ctx (default 64)")
     parser.add_argument("--repeats", type=int, default=7, help="most timed rounds of all variants (default 7)")
     parser.add_argument("--budget-s", type=float, default=45.0,
                         help="stop timing after the round that passes this many seconds, at least 3 rounds "
@@ -52,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="wall-clock time, or this process' CPU time (steadier when other jobs share "
                              "the cores; use with --threads 1, as idle threads spin)")
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
-                        help="which variants to run (default all; forward and probe are needed for the ratios)")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS,
+                        help="which variants to run (default all with --n-ctx, else " + " ".join(SUITE_VARIANTS)
+                        + "; forward and probe are needed for the ratios)")
     parser.add_argument("--n-layers", type=int, help="override the preset's layer count")
     parser.add_argument("--worker", choices=VARIANTS + ("timing",), help=argparse.SUPPRESS)
     return parser
@@ -81,6 +91,15 @@ def variant_fn(name: str, model, tokens):
 
         def fn():
             entropy.run(model, tokens, batch_size=tokens.shape[0], progress=False, route=route)
+    elif name == "blockwise":
+        from probes import qk_rows
+
+        def fn():
+            kernel, qk_rows.FLASH_CPU = qk_rows.FLASH_CPU, None  # as on a torch without the op
+            try:
+                entropy.run(model, tokens, batch_size=tokens.shape[0], progress=False, route="qk")
+            finally:
+                qk_rows.FLASH_CPU = kernel
     else:
         names = [f"blocks.{l}.attn.hook_pattern" for l in range(model.cfg.n_layers)]
 
@@ -159,20 +178,75 @@ def collect(proc: subprocess.Popen, worker: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def measure(args: argparse.Namespace) -> dict[str, dict]:
-    """Timing in one process; then the memory workers side by side (peak memory is per process,
-    so running them at once changes nothing but the wall-clock time of this script)."""
+def spawn(args: argparse.Namespace, worker: str, memory: bool = False) -> subprocess.Popen:
     # glibc: a fixed mmap threshold returns every large tensor to the OS when it is freed, so the
-    # max RSS follows the live tensors instead of whatever the allocator kept cached
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    # (timing runs with the default allocator: unmapping every temporary would slow it down)
-    spawn = lambda w, env=None: subprocess.Popen(worker_argv(args, w), stdout=subprocess.PIPE,  # noqa: E731
-                                                 stderr=subprocess.PIPE, text=True, env=env)
-    rows = collect(spawn("timing"), "timing")
-    procs = {name: spawn(name, env) for name in args.variants}
-    for name, proc in procs.items():
-        rows[name].update(collect(proc, name))
+    # max RSS follows the live tensors instead of whatever the allocator kept cached (timing runs
+    # with the default allocator: unmapping every temporary would slow it down)
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"} if memory else None
+    return subprocess.Popen(worker_argv(args, worker), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+
+
+def peak_memory(args: argparse.Namespace) -> dict[str, dict]:
+    """Each variant once in its own fresh process, side by side (peak memory is per process, so
+    running them at once changes nothing but the wall-clock time of this script)."""
+    procs = {name: spawn(args, name, memory=True) for name in args.variants}
+    return {name: collect(proc, name) for name, proc in procs.items()}
+
+
+def measure(args: argparse.Namespace) -> dict[str, dict]:
+    """Timing in one process, then the memory workers."""
+    rows = collect(spawn(args, "timing"), "timing")
+    for name, row in peak_memory(args).items():
+        rows[name].update(row)
     return rows
+
+
+def ratio(rows: dict[str, dict], a: str, b: str, key: str) -> float:
+    return rows[a][key] / max(rows[b][key], 1e-12)
+
+
+def report(args: argparse.Namespace, rows: dict[str, dict]) -> None:
+    print(f"{args.preset} n_ctx={args.n_ctx} batch={args.batch} device={args.device} threads={args.threads} "
+          f"clock={args.clock}; timed rounds: {next(iter(rows.values()))['rounds']} after one warm-up, "
+          "variants interleaved")
+    print(f"{'variant':<10}{'median ms':>12}{'min ms':>10}{'peak MiB':>12}")
+    for name, row in rows.items():
+        print(f"{name:<10}{row['median_s'] * 1e3:>12.1f}{row['min_s'] * 1e3:>10.1f}"
+              f"{row['peak_bytes'] / 2**20:>12.1f}")
+    for a, b, why in (("probe", "forward", "goal <= 1.3x"), ("explicit", "forward", "the explicit path alone"),
+                      ("blockwise", "forward", "q/k without the fused kernel"),
+                      ("pattern", "forward", "the route before q/k"), ("probe", "pattern", ""),
+                      ("cache", "forward", "")):
+        if a in rows and b in rows:
+            print(f"{a + ' / ' + b + ' time:':<27}{ratio(rows, a, b, 'median_s'):.2f}x median, "
+                  f"{ratio(rows, a, b, 'min_s'):.2f}x min" + (f" ({why})" if why else ""))
+    for a, b in (("probe", "cache"), ("probe", "pattern"), ("probe", "forward")):
+        if a in rows and b in rows:
+            print(f"{a + ' / ' + b + ' memory:':<27}{ratio(rows, a, b, 'peak_bytes'):.2f}x")
+
+
+def suite(args: argparse.Namespace) -> None:
+    """The issue's table: probe / forward at each SUITE context, then the memory at MEMORY_CTX."""
+    variants = args.variants or SUITE_VARIANTS
+    summary = []
+    for n_ctx, batch in SUITE:
+        one = argparse.Namespace(**{**vars(args), "n_ctx": n_ctx, "batch": batch, "variants": variants})
+        rows = measure(one)
+        report(one, rows)
+        print()
+        summary.append((n_ctx, batch, ratio(rows, "probe", "forward", "median_s"),
+                        ratio(rows, "probe", "forward", "min_s")))
+    big = argparse.Namespace(**{**vars(args), "preset": "gpt2_124m", "n_layers": 1, "n_ctx": MEMORY_CTX,
+                                "batch": 1, "variants": ["forward", "probe"]})
+    mem = peak_memory(big)
+    print(f"{'context':>8}{'windows':>9}   probe / forward time (goal <= 1.3x)")
+    for n_ctx, batch, median, least in summary:
+        print(f"{n_ctx:>8}{batch:>9}   {median:.2f}x median, {least:.2f}x min"
+              + ("" if median <= 1.3 else "   (goal not met)"))
+    fwd, probe = (mem[name]["peak_bytes"] / 2**20 for name in ("forward", "probe"))
+    print(f"{MEMORY_CTX} tokens, one GPT-2-small layer, 1 window: peak memory forward +{fwd:.0f} MiB, "
+          f"probe +{probe:.0f} MiB (goal: a few hundred MB)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,24 +255,11 @@ def main(argv: list[str] | None = None) -> int:
         result = timing_worker(args) if args.worker == "timing" else memory_worker(args)
         print(json.dumps(result))
         return 0
-    print(f"{args.preset} n_ctx={args.n_ctx} batch={args.batch} device={args.device} threads={args.threads} "
-          f"clock={args.clock}")
-    rows = measure(args)
-    print(f"timed rounds: {next(iter(rows.values()))['rounds']} after one warm-up, variants interleaved")
-    print(f"{'variant':<10}{'median ms':>12}{'min ms':>10}{'peak MiB':>12}")
-    for name, row in rows.items():
-        print(f"{name:<10}{row['median_s'] * 1e3:>12.1f}{row['min_s'] * 1e3:>10.1f}"
-              f"{row['peak_bytes'] / 2**20:>12.1f}")
-    ratio = lambda a, b, key: rows[a][key] / max(rows[b][key], 1e-12)  # noqa: E731
-    for a, b, why in (("probe", "forward", "goal <= 1.3x"), ("explicit", "forward", "the explicit path alone"),
-                      ("pattern", "forward", "the route before q/k"), ("probe", "pattern", ""),
-                      ("cache", "forward", "")):
-        if a in rows and b in rows:
-            print(f"{a + ' / ' + b + ' time:':<25}{ratio(a, b, 'median_s'):.2f}x median, "
-                  f"{ratio(a, b, 'min_s'):.2f}x min" + (f" ({why})" if why else ""))
-    for a, b in (("probe", "cache"), ("probe", "pattern"), ("probe", "forward")):
-        if a in rows and b in rows:
-            print(f"{a + ' / ' + b + ' memory:':<25}{ratio(a, b, 'peak_bytes'):.2f}x")
+    if args.n_ctx is None:
+        suite(args)
+        return 0
+    args.variants = args.variants or list(VARIANTS)
+    report(args, measure(args))
     return 0
 
 
