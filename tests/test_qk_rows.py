@@ -32,9 +32,10 @@ def both_routes(model, tokens, **kwargs):
     return qk, pattern
 
 
-def assert_same_sums(a: entropy.PatternStats, b: entropy.PatternStats, atol: float = 1e-6) -> None:
+def assert_same_sums(a: entropy.PatternStats, b: entropy.PatternStats, atol: float = 1e-6,
+                     names: tuple[str, ...] = entropy.SUMS) -> None:
     for layer in a.layers:
-        for name in entropy.SUMS:
+        for name in names:
             x, y = a.sums[layer][name] / max(a.rows, 1), b.sums[layer][name] / max(b.rows, 1)
             assert torch.allclose(x, y, atol=atol, equal_nan=True), (layer, name, x, y)
     assert torch.allclose(a.per_position(), b.per_position(), atol=atol, equal_nan=True)
@@ -44,7 +45,9 @@ def assert_same_sums(a: entropy.PatternStats, b: entropy.PatternStats, atol: flo
 @given(seed=st.integers(0, 2**16), batch=st.integers(1, 3), pos=st.integers(1, 40),
        qk_gain=st.floats(0.0, 30.0))
 def test_qk_route_equals_pattern_route(seed, batch, pos, qk_gain):
-    """Random weights with W_Q scaled from 0 (uniform heads) to 30x (near one-hot): equal sums.
+    """Random weights with W_Q scaled from 0 (uniform heads) to 30x (near one-hot): equal sums,
+    blockwise with evidence and, for entropy alone, from the fused kernel (its float32
+    cancellation sends the near one-hot rows the exact way: `qk_rows.rows_to_redo`).
 
     Both routes run the model on its explicit attention path here, so that they reduce the same
     q, k and pattern: at 30x gain the fused kernel's last-bit differences in layer 0 grow through
@@ -56,7 +59,10 @@ def test_qk_route_equals_pattern_route(seed, batch, pos, qk_gain):
             for head in block.attention.heads:
                 head.W_Q.mul_(qk_gain)
     tokens = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=torch.Generator().manual_seed(seed))
-    assert_same_sums(*both_routes(model, tokens))
+    qk, pattern = both_routes(model, tokens)
+    assert_same_sums(qk, pattern)
+    fused = entropy.collect_stats(model, tokens, route="qk", evidence=False)
+    assert_same_sums(fused, pattern, names=("entropy", "normalized", "nonfinite"))
 
 
 def test_blocks_and_chunks_cover_every_row(monkeypatch):
