@@ -36,6 +36,7 @@ class LayerNorm(nn.Module):
     def __init__(self, d: int, eps: float = 1e-5):
         super().__init__()
         self.eps = eps
+        self.normalized_shape = (d,)
         self.gamma = nn.Parameter(torch.ones(d))
         self.beta = nn.Parameter(torch.zeros(d))
         self.hook_scale = HookPoint()  # [batch pos 1]
@@ -44,7 +45,7 @@ class LayerNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (is_hooked(self.hook_scale) or is_hooked(self.hook_normalized)):
             # nobody looks inside: PyTorch's one fused kernel (the same function to ~1e-7)
-            return torch.nn.functional.layer_norm(x, x.shape[-1:], self.gamma, self.beta, self.eps)
+            return torch.nn.functional.layer_norm(x, self.normalized_shape, self.gamma, self.beta, self.eps)
         x = x - x.mean(dim=-1, keepdim=True)
         scale = self.hook_scale(torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps))
         return self.hook_normalized(x / scale) * self.gamma + self.beta
@@ -92,11 +93,13 @@ class MLP(nn.Module):
         return f"hook_{kind}" if layer == 0 else f"hook_{kind}_{layer}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        layers, hooks = self.net, self._modules
-        for i, (pre, post) in enumerate(self._layer_hooks):
-            x = fire(hooks[pre], layers[2 * i](x))
-            x = fire(hooks[post], layers[2 * i + 1](x))
-        return layers[-1](x)
+        # (Linear, activation) pairs then the output Linear, in order; iterating skips
+        # Sequential's slow indexing
+        layers, hooks = iter(self.net._modules.values()), self._modules
+        for pre, post in self._layer_hooks:
+            x = fire(hooks[pre], next(layers)(x))
+            x = fire(hooks[post], next(layers)(x))
+        return next(layers)(x)
 
     @property
     def out_layer(self) -> nn.Linear:

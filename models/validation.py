@@ -29,4 +29,4 @@ def check_tokens(tokens: torch.Tensor, d_vocab: int, n_ctx: int | None = None,
         if low < 0 or high >= d_vocab:
             bad = low if low < 0 else high
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {d_vocab})")
-    return tokens.long()
+    return tokens if tokens.dtype == torch.int64 else tokens.long()
