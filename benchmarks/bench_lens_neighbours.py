@@ -4,12 +4,14 @@
 
 (a) The logit lens (`probes.logit_lens.run`: one hooked forward, then every layer decoded and
     reduced) against a plain forward of the same model on the same batch, as a ratio.
-(b) Every token's top-k neighbours in a random GPT-2-sized 50304 x 768 table: the chunked search
-    (`probes.neighbours.all_neighbours`) against a straightforward full-matrix version
-    (`unit @ unit.T`, mask the diagonal, topk). The full 50304^2 fp32 matrix would be ~10 GB, so
-    both run on a 16384-row slice (a 1 GiB matrix) and must return identical neighbours; the
-    chunked one then runs alone on the full table. Each variant runs in a fresh subprocess so its
-    peak RSS (VmHWM) is its own; "extra" is the peak above the peak once the table is built.
+(b) Every token's top-k neighbours in a random GPT-2-sized 50304 x 768 table: the new search
+    (`probes.neighbours.all_neighbours` = `probes.knn.all_knn`: upper-triangle tiles, and a bf16
+    first pass with exact rescoring where the CPU multiplies bf16 natively) against the full fp32
+    search it replaces (`probes.knn.chunked_search`: every chunk of rows against the whole table),
+    on the full table and on a 16384-row slice, where a straightforward full-matrix version
+    (`unit @ unit.T`, mask the diagonal, topk; the whole 50304^2 matrix would be ~10 GB) checks
+    that both return identical neighbours. Each variant runs in a fresh subprocess so its peak RSS
+    (VmHWM) is its own; "extra" is the peak above the peak once the table is built.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from probes.neighbours import all_neighbours  # noqa: E402  (torch only: workers stay lean)
+from probes.knn import chunked_search, use_bf16  # noqa: E402  (torch only: workers stay lean)
+from probes.neighbours import all_neighbours  # noqa: E402
 
 VOCAB, D_MODEL, SLICE, K = 50304, 768, 16384, 10
 
@@ -100,7 +103,9 @@ def worker(variant: str, rows: int, out: Path) -> None:
     table = random_table(rows)
     baseline = peak_rss_mb()
     start = time.perf_counter()
-    values, ids = full_matrix(table, K) if variant == "full" else all_neighbours(table, k=K)
+    search = {"full": full_matrix, "chunked": lambda t, k: chunked_search(t, t, k),
+              "new": lambda t, k: all_neighbours(t, k=k)}[variant]
+    values, ids = search(table, K)
     elapsed = time.perf_counter() - start
     torch.save({"values": values, "ids": ids}, out)
     print(json.dumps({"time_s": elapsed, "peak_mb": peak_rss_mb(), "extra_mb": peak_rss_mb() - baseline}))
@@ -115,24 +120,34 @@ def run_worker(variant: str, rows: int, tmp: Path) -> dict:
     return {**json.loads(proc.stdout.strip().splitlines()[-1]), "result": torch.load(out, weights_only=True)}
 
 
+def same_neighbours(a: dict, b: dict) -> str:
+    ids_a, ids_b = a["result"]["ids"], b["result"]["ids"]
+    rows_differ = int((ids_a != ids_b).any(1).sum())
+    max_cos_diff = float((a["result"]["values"] - b["result"]["values"]).abs().max())
+    return f"identical neighbours: {torch.equal(ids_a, ids_b)} ({rows_differ} rows differ, " \
+           f"max cosine difference {max_cos_diff:.1e})"
+
+
 def bench_neighbours(tmp: Path) -> None:
     full = run_worker("full", SLICE, tmp)
-    chunked = run_worker("chunked", SLICE, tmp)
-    same_ids = torch.equal(full["result"]["ids"], chunked["result"]["ids"])
-    rows_differ = int((full["result"]["ids"] != chunked["result"]["ids"]).any(1).sum())
-    max_cos_diff = float((full["result"]["values"] - chunked["result"]["values"]).abs().max())
-    whole = run_worker("chunked", VOCAB, tmp)
-    print(f"\n(b) all-vocabulary top-{K} cosine neighbours, random table x {D_MODEL}, self excluded")
+    pairs = {rows: (run_worker("chunked", rows, tmp), run_worker("new", rows, tmp)) for rows in (SLICE, VOCAB)}
+    how = ("bf16 first pass + fp32 rescoring" if use_bf16("auto", torch.zeros(1))
+           else "fp32 (this CPU has no native bf16 matmul)")
+    print(f"\n(b) all-vocabulary top-{K} cosine neighbours, random table x {D_MODEL}, self excluded; "
+          f"new = upper-triangle tiles, {how}")
     print(f"{'variant':<34}{'rows':>7}{'time s':>9}{'peak RSS MB':>13}{'extra MB':>10}")
-    for name, rows, r in (("full matrix (unit @ unit.T, topk)", SLICE, full),
-                          ("chunked (probes.neighbours)", SLICE, chunked),
-                          ("chunked (probes.neighbours)", VOCAB, whole)):
+    rows_out = [("full matrix (unit @ unit.T, topk)", SLICE, full)]
+    for rows, (old, new) in pairs.items():
+        rows_out += [("full fp32 (knn.chunked_search)", rows, old), ("new (all_neighbours)", rows, new)]
+    for name, rows, r in rows_out:
         print(f"{name:<34}{rows:>7}{r['time_s']:>9.2f}{r['peak_mb']:>13.0f}{r['extra_mb']:>10.0f}")
-    print(f"slice: chunked / full-matrix time {chunked['time_s'] / full['time_s']:.2f}x, extra memory "
-          f"{chunked['extra_mb'] / max(full['extra_mb'], 1):.2f}x; identical neighbours: {same_ids} "
-          f"({rows_differ} rows differ, max cosine difference {max_cos_diff:.1e})")
-    pairs = VOCAB * VOCAB * D_MODEL * 2 / whole["time_s"] / 1e9
-    print(f"full table: {whole['time_s']:.1f} s = {pairs:.0f} GFLOP/s of fp32 matmul-equivalent work")
+    print(f"slice: full fp32 vs full matrix: {same_neighbours(pairs[SLICE][0], full)}")
+    print(f"slice: new vs full matrix: {same_neighbours(pairs[SLICE][1], full)}")
+    print(f"full table: new vs full fp32: {same_neighbours(pairs[VOCAB][1], pairs[VOCAB][0])}")
+    for rows, (old, new) in pairs.items():
+        print(f"{rows} rows: full fp32 {old['time_s']:.1f} s / new {new['time_s']:.1f} s = "
+              f"{old['time_s'] / new['time_s']:.2f}x; extra memory new {new['extra_mb']:.0f} MB vs "
+              f"{old['extra_mb']:.0f} MB")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int,
                         help="torch threads here and in the workers (default: torch's default); 1 is "
                              "steadier on a loaded machine, where every multi-threaded op waits at a barrier")
-    parser.add_argument("--worker", choices=("full", "chunked"), help=argparse.SUPPRESS)
+    parser.add_argument("--skip-lens", action="store_true", help="only run part (b)")
+    parser.add_argument("--worker", choices=("full", "chunked", "new"), help=argparse.SUPPRESS)
     parser.add_argument("--rows", type=int, default=SLICE, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -155,13 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
           f"load average {load}")
-    print("\n(a) logit lens (k=5, all layers) vs a plain forward on the same batch, median of "
-          f"{args.repeats}")
-    print(f"{'preset':<22}{'batch':>8}{'points':>7}{'d_vocab':>8}{'forward s':>11}{'lens s':>9}{'lens/fwd':>9}")
-    for preset, batch in (("tiny_shakespeare_gpt", 64), ("transformer4_rms", 64)):
-        r = bench_lens(preset, batch, args.repeats)
-        print(f"{r['preset']:<22}{r['batch']:>8}{r['layers']:>7}{r['d_vocab']:>8}{r['forward_s']:>11.3f}"
-              f"{r['lens_s']:>9.3f}{r['ratio']:>9.2f}")
+    if not args.skip_lens:
+        print("\n(a) logit lens (k=5, all layers) vs a plain forward on the same batch, median of "
+              f"{args.repeats}")
+        print(f"{'preset':<22}{'batch':>8}{'points':>7}{'d_vocab':>8}{'forward s':>11}{'lens s':>9}{'lens/fwd':>9}")
+        for preset, batch in (("tiny_shakespeare_gpt", 64), ("transformer4_rms", 64)):
+            r = bench_lens(preset, batch, args.repeats)
+            print(f"{r['preset']:<22}{r['batch']:>8}{r['layers']:>7}{r['d_vocab']:>8}{r['forward_s']:>11.3f}"
+                  f"{r['lens_s']:>9.3f}{r['ratio']:>9.2f}")
     if not args.skip_neighbours:
         with tempfile.TemporaryDirectory() as tmp:
             bench_neighbours(Path(tmp))

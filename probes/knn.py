@@ -3,11 +3,13 @@
     values, ids = knn.all_knn(table, k=10)            # every row against the same table, self excluded
     values, ids = knn.all_knn(inputs, outputs, k=10)  # every input row against the output table
 
-The search never builds the [n m] matrix. It walks [block block] tiles of (query rows, key rows):
-- against itself (`keys` None or the same tensor) only the tiles on and above the diagonal are
-  computed; a tile's similarities feed its query rows' running top-k and, transposed, its key
-  rows' ones, which halves the matrix products;
-- with `first_pass="bf16"` the tiles are bfloat16 products. Each row keeps its best `k +
+The search never builds the [n m] matrix. It multiplies a panel of unit query rows with the
+prepared key table and keeps a running top-k per row:
+- against itself (`keys` None or the same tensor) a panel of rows i0.. covers only keys i0..
+  (the upper triangle): its rows take their top-k from it, and its later columns, read as rows,
+  feed those rows' top-k (only scores above a row's current k-th best are merged), which halves
+  the matrix products;
+- with `first_pass="bf16"` the panels are bfloat16 products. Each row keeps its best `k +
   EXTRA_CANDIDATES` low-precision scores; every kept key whose score is within twice the error
   bound (`bf16_additive_bound`, from the rows' actual rounding, plus the output rounding) of the
   row's k-th best score is rescored exactly in fp32 and the top k of those is the answer. A row
@@ -34,7 +36,6 @@ from probes.common import ProbeInputError
 GROUP = 128  # columns per group in the two-stage top-k of `top_k_columns`
 CHUNK_BYTES = 128 << 20  # similarity budget of `chunked_search` per chunk of query rows (128 MiB)
 SLICE = 2048  # rows per slice when normalising a table (small temporaries)
-BLOCK = 1024  # default tile side of `all_knn`: a [1024 1024] fp32 tile is 4 MiB, cache-friendly
 EXTRA_CANDIDATES = 54  # bf16 scores kept per row beyond k: a random 50304 x 768 table's rows need
 # 23 candidates on average at k=10, at most 47 (11 rows past k + 32), so none falls back
 RESCORE_ROWS = 128  # rows rescored at once: [128 k+54 d] gathered keys, ~25 MB at d=768
@@ -154,7 +155,7 @@ def chunked_search(queries: torch.Tensor, keys: torch.Tensor, k: int, *, exclude
     return torch.cat(values), torch.cat(ids)
 
 
-# ---------------------------------------------------------------- tiles, bf16 first pass, rescoring
+# ---------------------------------------------------------------- panels, bf16 first pass, rescoring
 
 FIRST_PASSES = ("auto", "bf16", "fp32")
 BF16_ROUNDOFF = 2.0 ** -8  # unit roundoff u of bfloat16: 8 significant bits, round to nearest
@@ -220,14 +221,9 @@ def use_bf16(first_pass: str, unit: torch.Tensor) -> bool:
     return first_pass == "bf16"
 
 
-def tiles(n: int, m: int, block: int, symmetric: bool) -> list[tuple[int, int]]:
-    """(query start, key start) of every tile; against itself only those on or above the diagonal."""
-    return [(i, j) for i in range(0, n, block) for j in range(i if symmetric else 0, m, block)]
-
-
-def merge_rows(best_v: torch.Tensor, best_i: torch.Tensor, rows: torch.Tensor, v: torch.Tensor,
+def merge_rows(best_v: torch.Tensor, best_i: torch.Tensor, rows: slice | torch.Tensor, v: torch.Tensor,
                ids: torch.Tensor) -> None:
-    """Fold candidates v, ids [len(rows) w] (-inf pads) into the running top-keep of `rows`."""
+    """Fold candidates v, ids [rows w] (-inf pads) into the running top-keep of `rows` in place."""
     all_v = torch.cat([best_v[rows], v], 1)
     all_i = torch.cat([best_i[rows], ids], 1)
     top, pos = all_v.topk(best_v.shape[1], dim=1)
@@ -237,62 +233,65 @@ def merge_rows(best_v: torch.Tensor, best_i: torch.Tensor, rows: torch.Tensor, v
 
 def merge_entries(best_v: torch.Tensor, best_i: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor,
                   values: torch.Tensor) -> None:
-    """Fold scattered (row, key id, score) entries [N] in: padded into one [rows width] block."""
-    urows, inv, counts = torch.unique(rows, return_inverse=True, return_counts=True)
-    order = torch.argsort(inv, stable=True)
-    slot = torch.arange(len(rows), device=rows.device) - (counts.cumsum(0) - counts)[inv[order]]
+    """Fold scattered (row, key id, score) entries [N] in: grouped by row (one sort) into a
+    [distinct rows width] block padded with -inf."""
+    rows, order = torch.sort(rows, stable=True)
+    urows, counts = torch.unique_consecutive(rows, return_counts=True)
+    group = torch.repeat_interleave(torch.arange(len(urows), device=rows.device), counts)  # [N]
+    slot = torch.arange(len(rows), device=rows.device) - (counts.cumsum(0) - counts)[group]
     pad_v = torch.full((len(urows), int(counts.max())), -math.inf, dtype=values.dtype, device=values.device)
     pad_i = torch.zeros(pad_v.shape, dtype=torch.long, device=values.device)
-    pad_v[inv[order], slot] = values[order]
-    pad_i[inv[order], slot] = keys[order]
+    pad_v[group, slot] = values[order]
+    pad_i[group, slot] = keys[order]
     merge_rows(best_v, best_i, urows, pad_v, pad_i)
 
 
-def fold_tile(best_v: torch.Tensor, best_i: torch.Tensor, sims: torch.Tensor, r0: int, c0: int,
-              by_columns: bool = False) -> None:
-    """Fold a tile [R C] (query rows r0.., key rows c0..) into its rows' running top-keep, or with
-    `by_columns` into its columns' (the key rows c0.. of a table searched against itself).
+def fold_columns(best_v: torch.Tensor, best_i: torch.Tensor, part: torch.Tensor, j0: int, q0: int) -> None:
+    """Fold a panel's columns [R W] into the running top-keep of rows j0.. (their keys: q0..).
 
-    Only scores above a row's last kept one can enter, and once a row has filled its top-keep
-    these are few: one comparison pass finds them (far cheaper than a topk over the tile)."""
-    rows0, keys0 = (c0, r0) if by_columns else (r0, c0)
-    n_rows = sims.shape[1] if by_columns else sims.shape[0]
-    last = best_v[rows0:rows0 + n_rows, -1]  # [rows]
-    if bool(torch.isinf(last).any()):  # rows not yet full (their first tile): plain topk
-        view = sims.T if by_columns else sims  # [rows keys]
-        v, i = view.topk(min(best_v.shape[1], view.shape[1]), dim=1)
-        rows = torch.arange(rows0, rows0 + n_rows, device=sims.device)
-        merge_rows(best_v, best_i, rows, v, i + keys0)
+    Only scores above a row's last kept one can enter; once the row is full these are few, so one
+    comparison pass finds them, far cheaper than a topk down every column."""
+    last = best_v[j0:j0 + part.shape[1], -1]  # [W]
+    if bool(torch.isinf(last).any()):  # rows not yet full (the first panel): plain topk, in
+        for s in range(0, part.shape[1], SLICE):  # slices: topk copies a transposed view
+            v, i = part[:, s:s + SLICE].T.topk(min(best_v.shape[1], part.shape[0]), dim=1)  # [SLICE <=keep]
+            merge_rows(best_v, best_i, slice(j0 + s, j0 + s + v.shape[0]), v, i + q0)
         return
-    above = sims > (last[None, :] if by_columns else last[:, None])  # [R C]
-    r, c = above.nonzero(as_tuple=True)
-    if len(r) == 0:
-        return
-    rows, keys = (c, r) if by_columns else (r, c)
-    merge_entries(best_v, best_i, rows + rows0, keys + keys0, sims[r, c])
+    r, c = (part > last).nonzero(as_tuple=True)
+    if len(r):
+        merge_entries(best_v, best_i, c + j0, r + q0, part[r, c])
 
 
-def tile_search(tq: torch.Tensor, tk: torch.Tensor, keep: int, *, symmetric: bool, exclude_self: bool,
-                block: int, progress: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Running top-keep scores and ids [n keep] of unit rows tq [n d] against tk [m d], tile by tile
-    (scores in tq's precision, kept as float32, or float64 for float64 rows)."""
-    n, m = tq.shape[0], tk.shape[0]
-    dtype = torch.float64 if tq.dtype == torch.float64 else torch.float32
-    best_v = torch.full((n, keep), -math.inf, dtype=dtype, device=tq.device)  # [n keep]
-    best_i = torch.zeros((n, keep), dtype=torch.long, device=tq.device)
-    todo: Iterable[tuple[int, int]] = tiles(n, m, block, symmetric)
+def panel_search(queries: torch.Tensor, keys_t: torch.Tensor, n_keys: int, keep: int, *, symmetric: bool,
+                 exclude_self: bool, chunk: int, progress: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Running top-keep scores and ids [n keep] of every query row against prepared keys [d m_pad]
+    (fp32, float64 or bf16: the product's precision), a panel of `chunk` rows at a time.
+
+    Against itself a panel covers only keys from its first row on: its rows take their top-keep
+    from it (earlier keys came in as columns of earlier panels), and its later columns go to
+    those key rows, so each pair is multiplied once."""
+    n = queries.shape[0]
+    dtype = torch.float64 if keys_t.dtype == torch.float64 else torch.float32
+    best_v = torch.full((n, keep), -math.inf, dtype=dtype, device=keys_t.device)  # [n keep]
+    best_i = torch.zeros((n, keep), dtype=torch.long, device=keys_t.device)
+    starts: Iterable[int] = range(0, n, chunk)
     if progress:
         from tqdm.auto import tqdm
-        todo = tqdm(todo, desc="neighbours", unit="tile", file=sys.stderr)
-    for i0, j0 in todo:
-        sims = (tq[i0:i0 + block] @ tk[j0:j0 + block].T).to(dtype)  # [rows cols]
-        lo, hi = max(i0, j0), min(i0 + sims.shape[0], j0 + sims.shape[1])
-        if exclude_self and lo < hi:  # ids present as both a query row and a key row here
-            own = torch.arange(lo, hi, device=sims.device)
-            sims[own - i0, own - j0] = -math.inf
-        fold_tile(best_v, best_i, sims, i0, j0)
-        if symmetric and j0 != i0:  # the same tile, read by its key rows
-            fold_tile(best_v, best_i, sims, i0, j0, by_columns=True)
+        starts = tqdm(starts, desc="neighbours", unit="chunk", file=sys.stderr)
+    for i0 in starts:
+        q = unit_rows(queries[i0:i0 + chunk])  # [R d]
+        if not bool(torch.isfinite(q).all()):
+            raise_non_finite(queries)
+        rows, c0 = q.shape[0], (i0 if symmetric else 0)
+        sims = (q.to(keys_t.dtype) @ keys_t[:, c0:]).to(dtype)  # [R m_pad - c0]
+        sims[:, n_keys - c0:] = -math.inf
+        if exclude_self and i0 < n_keys:  # rows past the key table have no self to drop
+            own = torch.arange(i0, min(i0 + rows, n_keys), device=sims.device)
+            sims[own - i0, own - c0] = -math.inf
+        v, i = top_k_columns(sims, min(keep, n_keys - c0), n_keys - c0)
+        merge_rows(best_v, best_i, slice(i0, i0 + rows), v, i + c0)
+        if symmetric and i0 + rows < n_keys:
+            fold_columns(best_v, best_i, sims[:, rows:n_keys - c0], i0 + rows, i0)
     return best_v, best_i
 
 
@@ -321,13 +320,14 @@ def rescore(uq: torch.Tensor, uk: torch.Tensor, best_v: torch.Tensor, best_i: to
 
 
 def all_knn(queries: torch.Tensor, keys: torch.Tensor | None = None, k: int = 10, *,
-            exclude_self: bool = True, block: int | None = None, first_pass: str = "auto",
+            exclude_self: bool = True, chunk_size: int | None = None, first_pass: str = "auto",
             progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Every query row's top-k keys by cosine: [n d], [m d] -> cosines, ids [n k], best first.
 
     `keys=None` (or the same tensor) searches the table against itself, using the symmetry.
-    `exclude_self` drops key id i from row i. `block`: tile side in rows (default BLOCK); the
-    tiles, not the table, set the working memory. `first_pass`: "auto" | "bf16" | "fp32" (above).
+    `exclude_self` drops key id i from row i. `chunk_size`: query rows per panel (default: as many
+    as fit in CHUNK_BYTES of similarities, a multiple of GROUP). `first_pass`: "auto" | "bf16" |
+    "fp32" (module docstring).
     """
     symmetric = keys is None or keys is queries
     keys = queries if keys is None else keys
@@ -337,22 +337,23 @@ def all_knn(queries: torch.Tensor, keys: torch.Tensor | None = None, k: int = 10
         raise ProbeInputError(f"query rows have width {queries.shape[1]} but key rows {keys.shape[1]}")
     m = keys.shape[0]
     check_k(k, m - (1 if exclude_self else 0))
-    block = BLOCK if block is None else block
-    if not isinstance(block, int) or block < 1:
-        raise ProbeInputError(f"the block (chunk) size must be a positive int, got {block!r}")
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ProbeInputError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    lowp = use_bf16(first_pass, queries)
+    keys_t = prepare_keys(keys)  # [d m_pad]
+    if not bool(torch.isfinite(keys_t).all()):
+        raise_non_finite(keys)
+    chunk = chunk_size or max(GROUP, CHUNK_BYTES // (4 * keys_t.shape[1]) // GROUP * GROUP)
+    search_args = dict(symmetric=symmetric, exclude_self=exclude_self, chunk=chunk, progress=progress)
+    if not lowp:
+        return panel_search(queries, keys_t, m, k, **search_args)
+    keys_t = keys_t.bfloat16()
+    keep = min(k + EXTRA_CANDIDATES, m - (1 if exclude_self else 0))
+    best_v, best_i = panel_search(queries, keys_t, m, keep, **search_args)
+    del keys_t
     uq = unit_table(queries)  # [n d]
     uk = uq if symmetric else unit_table(keys)  # [m d]
-    if not use_bf16(first_pass, uq):
-        best_v, best_i = tile_search(uq, uk, k, symmetric=symmetric, exclude_self=exclude_self,
-                                     block=block, progress=progress)
-        return best_v, best_i
-    keep = min(k + EXTRA_CANDIDATES, m - (1 if exclude_self else 0))
-    lq = uq.bfloat16()
-    best_v, best_i = tile_search(lq, lq if symmetric else uk.bfloat16(), keep, symmetric=symmetric,
-                                 exclude_self=exclude_self, block=block, progress=progress)
-    del lq
-    e_k = bf16_rounding_norms(uk).max()
-    slack = bf16_additive_bound(bf16_rounding_norms(uq), e_k, uq.shape[1])  # [n]
+    slack = bf16_additive_bound(bf16_rounding_norms(uq), bf16_rounding_norms(uk).max(), uq.shape[1])  # [n]
     values, ids, overflow = rescore(uq, uk, best_v, best_i, k, slack, exclude_self)
     if len(overflow):
         values[overflow], ids[overflow] = chunked_search(queries, keys, k, exclude_self=exclude_self,

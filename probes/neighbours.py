@@ -14,8 +14,8 @@ The query's own id is always excluded, in `cross` too (there `self_cosine` repor
 between the token's own input and output vectors instead). Analogies exclude a, b and c.
 
 Cosine is the dot product of unit rows; a zero row has cosine 0 with everything. The
-all-vocabulary mode (`probes.knn`) never builds the [n n] matrix: it walks [1024 1024] tiles,
-computes only those on and above the diagonal when a table is searched against itself, and
+all-vocabulary mode (`probes.knn`) never builds the [n n] matrix: it multiplies panels of rows
+with the whole key table, only the upper triangle when a table is searched against itself, and
 keeps a running top k per row; the result is exact.
 """
 
@@ -47,10 +47,10 @@ def all_neighbours(queries: torch.Tensor, keys: torch.Tensor | None = None, k: i
                    exclude_self: bool = True, chunk_size: int | None = None,
                    progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Every query row's top-k keys by cosine: [n d], [m d] -> cosines, ids [n k] (exact; see
-    `probes.knn.all_knn`). `keys=None` or the same tensor searches a table against itself, which
-    computes only half the similarity tiles. `chunk_size`: the side of those tiles in rows
-    (default 1024: a 4 MiB tile of similarities)."""
-    return all_knn(queries, keys, k, exclude_self=exclude_self, block=chunk_size, progress=progress)
+    `probes.knn.all_knn`). `keys=None` or the same tensor searches a table against itself and
+    multiplies each pair once. `chunk_size`: query rows per panel of similarities (default: as
+    many as fit in 128 MiB)."""
+    return all_knn(queries, keys, k, exclude_self=exclude_self, chunk_size=chunk_size, progress=progress)
 
 
 def analogy_vector(table: torch.Tensor, a: int, b: int, c: int) -> torch.Tensor:

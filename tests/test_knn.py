@@ -1,4 +1,4 @@
-"""The tiled all-rows cosine search (probes.knn) equals a straightforward full fp32 search: on
+"""The panelled all-rows cosine search (probes.knn) equals a straightforward full fp32 search: on
 random tables of awkward shapes, cross tables, tables whose near-equal cosines the bf16 pass alone
 orders wrongly, rows whose candidates overflow (full fp32 fallback), float64, zero rows, NaN."""
 
@@ -51,31 +51,38 @@ def randn(*shape, seed=0, dtype=torch.float32):
 
 
 @pytest.mark.parametrize("first_pass", PASSES)
-@pytest.mark.parametrize("n, d, k, block", [
-    (300, 16, 5, 64),    # 300 is not a multiple of the tile side
+@pytest.mark.parametrize("n, d, k, chunk", [
+    (300, 16, 5, 64),    # 300 is not a multiple of the panel height
     (517, 32, 1, 100),   # k = 1
     (120, 8, 119, 37),   # k = n - 1: every other row, in order
-    (90, 12, 4, 1024),   # one tile
+    (90, 12, 4, 1024),   # one panel
     (257, 768, 10, 128),  # GPT-2 width
 ])
-def test_self_search_equals_the_full_fp32_search(first_pass, n, d, k, block):
+def test_self_search_equals_the_full_fp32_search(first_pass, n, d, k, chunk):
     table = randn(n, d, seed=n)
-    assert_same(knn.all_knn(table, k=k, block=block, first_pass=first_pass), reference(table, table, k))
+    assert_same(knn.all_knn(table, k=k, chunk_size=chunk, first_pass=first_pass), reference(table, table, k))
+
+
+@pytest.mark.parametrize("first_pass", PASSES)
+def test_slices_smaller_than_a_panel_change_nothing(first_pass, monkeypatch):
+    monkeypatch.setattr(knn, "SLICE", 7)  # the first panel's columns are folded 7 at a time
+    table = randn(300, 16, seed=11)
+    assert_same(knn.all_knn(table, k=5, chunk_size=64, first_pass=first_pass), reference(table, table, 5))
 
 
 @pytest.mark.parametrize("first_pass", PASSES)
 @pytest.mark.parametrize("n, m", [(300, 333), (400, 123), (123, 400)])
 def test_cross_tables_of_different_sizes(first_pass, n, m):
     queries, keys = randn(n, 24, seed=1), randn(m, 24, seed=2)
-    found = knn.all_knn(queries, keys, 4, block=50, first_pass=first_pass)
+    found = knn.all_knn(queries, keys, 4, chunk_size=50, first_pass=first_pass)
     assert_same(found, reference(queries, keys, 4))
-    kept_self = knn.all_knn(queries, keys, 4, block=50, first_pass=first_pass, exclude_self=False)
+    kept_self = knn.all_knn(queries, keys, 4, chunk_size=50, first_pass=first_pass, exclude_self=False)
     assert_same(kept_self, reference(queries, keys, 4, exclude_self=False))
 
 
 def test_self_not_excluded_finds_itself_first():
     table = randn(200, 16, seed=3)
-    values, ids = knn.all_knn(table, k=3, block=64, exclude_self=False)
+    values, ids = knn.all_knn(table, k=3, chunk_size=64, exclude_self=False)
     assert torch.equal(ids[:, 0], torch.arange(200))
     assert_same((values, ids), reference(table, table, 3, exclude_self=False))
 
@@ -94,33 +101,35 @@ def bf16_only(table: torch.Tensor, k: int) -> torch.Tensor:
     return sims.topk(k, dim=1).indices
 
 
-@pytest.mark.parametrize("n", [60, 150])  # every key kept / candidates overflow what is kept
-def test_near_equal_cosines_bf16_alone_misorders_the_result_does_not(n, monkeypatch):
-    table = tight_cluster(n)
-    expected = reference(table, table, 5)
-    assert not torch.equal(bf16_only(table, 5), expected[1])  # the first pass alone is wrong
-    fallback_rows = []
+@pytest.fixture
+def fallback_rows(monkeypatch) -> list[int]:
+    """How many rows each call of the full fp32 fallback searched."""
+    calls: list[int] = []
     full_search = knn.chunked_search
 
     def spy(*args, rows, **kwargs):
-        fallback_rows.append(len(rows))
+        calls.append(len(rows))
         return full_search(*args, rows=rows, **kwargs)
 
     monkeypatch.setattr(knn, "chunked_search", spy)
-    assert_same(knn.all_knn(table, k=5, block=32, first_pass="bf16"), expected)
+    return calls
+
+
+@pytest.mark.parametrize("n", [60, 150])  # every key kept / candidates overflow what is kept
+def test_near_equal_cosines_bf16_alone_misorders_the_result_does_not(n, fallback_rows):
+    table = tight_cluster(n)
+    expected = reference(table, table, 5)
+    assert not torch.equal(bf16_only(table, 5), expected[1])  # the first pass alone is wrong
+    assert_same(knn.all_knn(table, k=5, chunk_size=32, first_pass="bf16"), expected)
     # n=60 keeps all 59 keys, so rescoring alone decides; at n=150 every row's 59 kept scores
     # are within the margin, so every row is searched again in full fp32
     assert fallback_rows == ([] if n == 60 else [n])
 
 
-def test_only_rows_whose_candidates_overflow_fall_back(monkeypatch):
+def test_only_rows_whose_candidates_overflow_fall_back(monkeypatch, fallback_rows):
     table = randn(400, 768, seed=5)
     monkeypatch.setattr(knn, "EXTRA_CANDIDATES", 6)
-    fallback_rows = []
-    full_search = knn.chunked_search
-    monkeypatch.setattr(knn, "chunked_search",
-                        lambda *a, rows, **kw: fallback_rows.append(len(rows)) or full_search(*a, rows=rows, **kw))
-    assert_same(knn.all_knn(table, k=3, block=128, first_pass="bf16"), reference(table, table, 3))
+    assert_same(knn.all_knn(table, k=3, chunk_size=128, first_pass="bf16"), reference(table, table, 3))
     assert len(fallback_rows) == 1 and 0 < fallback_rows[0] < 400
 
 
@@ -129,7 +138,7 @@ def test_duplicate_rows_give_exact_cosines_and_valid_ids(first_pass):
     """Exact ties: which of two equal rows comes first is unspecified, the cosines are not."""
     table = randn(100, 16, seed=6)
     table[50:] = table[:50] * 2  # row i + 50 points where row i does
-    values, ids = knn.all_knn(table, k=4, block=32, first_pass=first_pass)
+    values, ids = knn.all_knn(table, k=4, chunk_size=32, first_pass=first_pass)
     assert_equivalent((values, ids), cosines(table, table), 4)
     assert torch.equal(ids[:50, 0], torch.arange(50, 100))  # its twin, cosine 1, is first
     torch.testing.assert_close(values[:, 0], torch.ones(100), atol=1e-6, rtol=0)
@@ -139,7 +148,7 @@ def test_duplicate_rows_give_exact_cosines_and_valid_ids(first_pass):
 def test_zero_rows_have_cosine_zero(first_pass):
     table = torch.zeros(40, 4)
     table[0, 0], table[1, 0], table[2, 1] = 1.0, -3.0, 2.0  # rows 3.. are zero
-    values, ids = knn.all_knn(table, k=2, block=16, first_pass=first_pass)
+    values, ids = knn.all_knn(table, k=2, chunk_size=16, first_pass=first_pass)
     assert values[0].tolist() == [0.0, 0.0] and set(ids[0].tolist()) <= set(range(2, 40))
     assert values[5].tolist() == [0.0, 0.0]
 
@@ -147,7 +156,7 @@ def test_zero_rows_have_cosine_zero(first_pass):
 def test_float64_tables_stay_float64():
     table = randn(300, 16, seed=7, dtype=torch.float64)
     for first_pass in PASSES:  # float64 is never rounded to bf16
-        found = knn.all_knn(table, k=5, block=64, first_pass=first_pass)
+        found = knn.all_knn(table, k=5, chunk_size=64, first_pass=first_pass)
         assert found[0].dtype == torch.float64
         assert_same(found, reference(table, table, 5), atol=1e-12)
 
@@ -158,7 +167,7 @@ def test_nan_or_inf_in_a_table_is_an_error(first_pass, bad):
     table = randn(300, 8, seed=8)
     table[250, 3] = bad
     with pytest.raises(ProbeInputError, match="1 NaN/inf"):
-        knn.all_knn(table, k=3, block=64, first_pass=first_pass)
+        knn.all_knn(table, k=3, chunk_size=64, first_pass=first_pass)
     keys = randn(200, 8, seed=9)
     keys[7, 0] = bad
     with pytest.raises(ProbeInputError, match="1 NaN/inf"):
@@ -168,7 +177,7 @@ def test_nan_or_inf_in_a_table_is_an_error(first_pass, bad):
 def test_bad_arguments_are_one_line_errors():
     table = randn(20, 4)
     for kwargs, message in [({"k": 20}, "k must be between 1 and 19"), ({"k": 0}, "k must be between"),
-                            ({"block": 0}, "block"), ({"first_pass": "fp16"}, "first_pass must be one of")]:
+                            ({"chunk_size": 0}, "chunk_size"), ({"first_pass": "fp16"}, "first_pass must be one of")]:
         with pytest.raises(ProbeInputError, match=message):
             knn.all_knn(table, **{"k": 3, **kwargs})
     with pytest.raises(ProbeInputError, match="width 4 but key rows 5"):
@@ -199,5 +208,5 @@ def test_any_shape_equals_the_reference(n, m, d, k, block, cross, first_pass, se
     queries = randn(n, d, seed=seed)
     keys = randn(m, d, seed=seed + 1) if cross else queries
     k = min(k, keys.shape[0] - 1)
-    found = knn.all_knn(queries, keys if cross else None, k, block=block, first_pass=first_pass)
+    found = knn.all_knn(queries, keys if cross else None, k, chunk_size=block, first_pass=first_pass)
     assert_equivalent(found, cosines(queries, keys), k)  # tiny d: ties at fp32 rounding happen
