@@ -130,7 +130,8 @@ class Attention(nn.Module):
         qk = W.detach()[:, : 2 * cfg.d_attn].unflatten(1, (2, cfg.n_heads, cfg.d_head))  # [d_model 2 head d_head]
         total = torch.sum(qk, dim=(0, 1, 3), dtype=torch.float32)  # [head]
         if b is not None:
-            total = total + b.detach()[: 2 * cfg.d_attn].view(2, cfg.n_heads, cfg.d_head).sum(dim=(0, 2))
+            qk_b = b.detach()[: 2 * cfg.d_attn].view(2, cfg.n_heads, cfg.d_head)  # [2 head d_head]
+            total = total + torch.sum(qk_b, dim=(0, 2), dtype=torch.float32)
         return total.mul_(0).view(1, cfg.n_heads, 1, 1)
 
     def _apply(self, fn, recurse=True):

@@ -113,6 +113,18 @@ def test_fused_path_shows_a_diverged_head(bad):
     assert torch.isfinite(z[:, :, [0, 1, 3]]).all()
 
 
+def test_a_diverged_bias_shows_on_the_fused_path():
+    model = build("gpt2_124m_small")
+    assert model.cfg.attn_bias
+    with torch.no_grad():
+        model.blocks[0].attention.heads[1].b_K[0] = float("inf")
+    model.set_attn_impl("fused")
+    _, cache = model.run_with_cache(tokens_for(model), names_filter="blocks.0.attn.hook_z")
+    z = cache["blocks.0.attn.hook_z"]  # [batch pos head d_head]
+    assert not torch.isfinite(z[:, :, 1]).any(dim=-1).any()
+    assert torch.isfinite(z[:, :, 0]).all()
+
+
 def test_a_hook_writing_inf_into_q_shows_on_the_fused_path():
     """Weights alone cannot show a value a hook wrote: with q or k hooked the guard sums them."""
     model = build("transformer4_rms_small")
