@@ -183,14 +183,14 @@ def collect_stats(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *,
     every hook is removed afterwards, also when the forward pass raises. Each forward pass stops
     once the last wanted layer is reduced (`StopForward`).
 
-    route "qk" reduces each layer blockwise from hook_q / hook_k (`probes.qk_rows`: no
-    [batch head n n] tensor, the model stays on its fused attention path); "pattern" from
+    route "qk" reduces each layer from hook_q / hook_k (`probes.qk_rows`: no [batch head n n]
+    tensor, the model stays on its fused attention path); "pattern" from
     hook_pattern; "auto" takes "qk" when a check on a short window shows that the model's
     pattern is softmax(q k^T / scale + causal mask), "pattern" otherwise or for windows of at
     most QK_MIN_CONTEXT tokens (there the model's explicit path costs little and the pattern
     route is the faster: `benchmarks/bench_entropy.py`). `fused` lets entropy-only q/k rows come
-    from the fused attention kernel (`qk_rows.fused_row_entropy`: float32 cancellation leaves
-    ~1e-6 per row, far less in the means; pass False where single rows are reported)."""
+    from the fused attention kernel (`qk_rows.fused_row_entropy`: up to ~4e-6 per row, a head's
+    mean within ~1e-7; pass False where single rows are reported, to get the blockwise ones)."""
     if route not in ROUTES:
         raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
     dims = require_attention(model)
