@@ -124,7 +124,8 @@ def same_neighbours(a: dict, b: dict) -> str:
     ids_a, ids_b = a["result"]["ids"], b["result"]["ids"]
     rows_differ = int((ids_a != ids_b).any(1).sum())
     max_cos_diff = float((a["result"]["values"] - b["result"]["values"]).abs().max())
-    return f"identical neighbours: {torch.equal(ids_a, ids_b)} ({rows_differ} rows differ, " \
+    ties = " (only where cosines are exactly equal)" if rows_differ and max_cos_diff == 0 else ""
+    return f"identical neighbours: {torch.equal(ids_a, ids_b)} ({rows_differ} rows differ{ties}, " \
            f"max cosine difference {max_cos_diff:.1e})"
 
 
@@ -134,7 +135,7 @@ def bench_neighbours(tmp: Path) -> None:
     how = ("bf16 first pass + fp32 rescoring" if use_bf16("auto", torch.zeros(1))
            else "fp32 (this CPU has no native bf16 matmul)")
     print(f"\n(b) all-vocabulary top-{K} cosine neighbours, random table x {D_MODEL}, self excluded; "
-          f"new = upper-triangle tiles, {how}")
+          f"new = upper-triangle panels, {how}")
     print(f"{'variant':<34}{'rows':>7}{'time s':>9}{'peak RSS MB':>13}{'extra MB':>10}")
     rows_out = [("full matrix (unit @ unit.T, topk)", SLICE, full)]
     for rows, (old, new) in pairs.items():

@@ -292,6 +292,7 @@ def panel_search(queries: torch.Tensor, keys_t: torch.Tensor, n_keys: int, keep:
         merge_rows(best_v, best_i, slice(i0, i0 + rows), v, i + c0)
         if symmetric and i0 + rows < n_keys:
             fold_columns(best_v, best_i, sims[:, rows:n_keys - c0], i0 + rows, i0)
+        del sims  # before the next panel is allocated: one panel alive at a time
     return best_v, best_i
 
 
