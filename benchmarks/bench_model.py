@@ -134,16 +134,19 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 def time_round_robin(fns: dict, budget_s: float, repeats: int, clock=time.perf_counter) -> dict[str, float]:
-    """Median seconds per call, the variants interleaved; round 0 warms up (and compiles)."""
+    """Median seconds per call, the variants interleaved; rounds 0 and 1 warm up (and compile: a
+    first backward's allocations still slowed the second round of GPT-2 small), then at least
+    3 timed rounds."""
+    warm = 2
     times: dict[str, list[float]] = {name: [] for name in fns}
     began = time.perf_counter()
-    for round_ in range(repeats + 1):
-        if round_ > 3 and time.perf_counter() - began > budget_s:
+    for round_ in range(repeats + warm):
+        if round_ >= warm + 3 and time.perf_counter() - began > budget_s:
             break
         for name, fn in fns.items():
             start = clock()
             fn()
-            if round_:
+            if round_ >= warm:
                 times[name].append(clock() - start)
     return {name: statistics.median(t) for name, t in times.items()}
 
