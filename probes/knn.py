@@ -34,7 +34,7 @@ import torch
 from probes.common import ProbeInputError
 
 GROUP = 128  # columns per group in the two-stage top-k of `top_k_columns`
-CHUNK_BYTES = 128 << 20  # similarity budget of `chunked_search` per chunk of query rows (128 MiB)
+CHUNK_BYTES = 128 << 20  # similarities per panel (or chunk) of query rows by default: 128 MiB
 SLICE = 2048  # rows per slice when normalising a table (small temporaries)
 EXTRA_CANDIDATES = 54  # bf16 scores kept per row beyond k: a random 50304 x 768 table's rows need
 # 23 candidates on average at k=10, at most 47 (11 rows past k + 32), so none falls back

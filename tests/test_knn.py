@@ -174,6 +174,13 @@ def test_nan_or_inf_in_a_table_is_an_error(first_pass, bad):
         knn.all_knn(randn(50, 8), keys, k=3, first_pass=first_pass)
 
 
+def test_progress_bar_goes_to_stderr(capsys):
+    table = randn(300, 8, seed=12)
+    found = knn.all_knn(table, k=3, chunk_size=64, progress=True)
+    assert "neighbours" in capsys.readouterr().err
+    assert_same(found, reference(table, table, 3))
+
+
 def test_bad_arguments_are_one_line_errors():
     table = randn(20, 4)
     for kwargs, message in [({"k": 20}, "k must be between 1 and 19"), ({"k": 0}, "k must be between"),
