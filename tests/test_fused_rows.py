@@ -179,3 +179,18 @@ def test_early_stop_on_a_transformer_bridge_leaves_it_unhooked_and_equal():
     assert all(not hook._forward_hooks for hook in bridge.hook_dict.values())
     with torch.no_grad():
         assert torch.equal(bridge(tokens), before)
+
+
+@needs_flash
+def test_per_position_reports_take_the_blockwise_rows(monkeypatch):
+    """A per-position profile over few windows shows single rows: those come from the blockwise
+    reduction (float32 to ~1e-6 per row), the means alone from the fused kernel."""
+    model = random_model()
+    tokens = torch.randint(0, model.cfg.d_vocab, (1, 16), generator=torch.Generator().manual_seed(8))
+    calls = []
+    original = qk_rows.fused_row_entropy
+    monkeypatch.setattr(qk_rows, "fused_row_entropy", lambda *a: calls.append(1) or original(*a))
+    entropy.run(model, tokens, route="qk", per_position=True)
+    assert calls == []
+    entropy.run(model, tokens, route="qk")
+    assert len(calls) == model.cfg.n_layers
