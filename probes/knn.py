@@ -280,8 +280,8 @@ def panel_search(queries: torch.Tensor, keys_t: torch.Tensor, n_keys: int, keep:
         starts = tqdm(starts, desc="neighbours", unit="chunk", file=sys.stderr)
     for i0 in starts:
         q = unit_rows(queries[i0:i0 + chunk])  # [R d]
-        if not bool(torch.isfinite(q).all()):
-            raise_non_finite(queries)
+        if not symmetric and not bool(torch.isfinite(q).all()):  # (a table against itself: checked
+            raise_non_finite(queries)  # as keys already)
         rows, c0 = q.shape[0], (i0 if symmetric else 0)
         sims = (q.to(keys_t.dtype) @ keys_t[:, c0:]).to(dtype)  # [R m_pad - c0]
         sims[:, n_keys - c0:] = -math.inf
@@ -342,7 +342,7 @@ def all_knn(queries: torch.Tensor, keys: torch.Tensor | None = None, k: int = 10
         raise ProbeInputError(f"chunk_size must be a positive int, got {chunk_size!r}")
     lowp = use_bf16(first_pass, queries)
     keys_t = prepare_keys(keys)  # [d m_pad]
-    if not bool(torch.isfinite(keys_t).all()):
+    if not bool(torch.isfinite(keys_t).all()):  # NaN/inf rows would rank first, or out of sight in bf16
         raise_non_finite(keys)
     chunk = chunk_size or max(GROUP, CHUNK_BYTES // (4 * keys_t.shape[1]) // GROUP * GROUP)
     search_args = dict(symmetric=symmetric, exclude_self=exclude_self, chunk=chunk, progress=progress)

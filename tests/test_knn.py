@@ -172,6 +172,8 @@ def test_nan_or_inf_in_a_table_is_an_error(first_pass, bad):
     keys[7, 0] = bad
     with pytest.raises(ProbeInputError, match="1 NaN/inf"):
         knn.all_knn(randn(50, 8), keys, k=3, first_pass=first_pass)
+    with pytest.raises(ProbeInputError, match="1 NaN/inf"):  # in the query table of a cross search
+        knn.all_knn(keys, randn(50, 8), k=3, chunk_size=64, first_pass=first_pass)
 
 
 def test_progress_bar_goes_to_stderr(capsys):
