@@ -17,6 +17,7 @@ from transformer_lens.hook_points import HookPoint
 
 from models.config import TransformerConfig
 from models.hooks import fire, is_hooked
+from models.layers import affine
 
 ATTN_IMPLS = ("auto", "explicit", "fused")
 
@@ -94,7 +95,7 @@ class Attention(nn.Module):
         """q, k and v in one matmul, as a plain module's `c_attn`: [batch pos 3 head d_head]."""
         if W is None:
             W, b, _ = self.qkv_weights()  # [d_model 3*head*d_head], [3*head*d_head] or None
-        return F.linear(x, W.T, b).unflatten(-1, (3, self.cfg.n_heads, self.cfg.d_head))
+        return affine(x, W, b).unflatten(-1, (3, self.cfg.n_heads, self.cfg.d_head))
 
     def qkv_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """The heads' separate parameters (the series' names, one g/w/u row each) side by side,
@@ -205,8 +206,8 @@ class Attention(nn.Module):
             result = fire(self.hook_result, torch.einsum("bphe,hed->bphd", z, self.per_head_W_O()))
             out = result.sum(dim=2)  # [batch pos d_model]
         elif self.cfg.attn_out_proj:
-            return F.linear(z.reshape(batch, pos, self.cfg.d_attn), self.W_O.T,
-                            self.b_O if self.cfg.has_out_bias else None)  # [batch pos d_model]
+            return affine(z.reshape(batch, pos, self.cfg.d_attn), self.W_O,
+                          self.b_O if self.cfg.has_out_bias else None)  # [batch pos d_model]
         else:
             return z.reshape(batch, pos, self.cfg.d_attn)  # the series' single head: no W_O
         if self.cfg.has_out_bias:

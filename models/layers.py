@@ -51,6 +51,15 @@ class LayerNorm(nn.Module):
         return self.hook_normalized(x / scale) * self.gamma + self.beta
 
 
+def affine(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ W + b for x [... d_in] and W [d_in d_out] (the series' layout) as one addmm over the
+    flattened rows: W's gradient then comes out in W's own layout, where `F.linear(x, W.T, b)`
+    hands back a transposed one that autograd copies before storing it."""
+    rows = x.reshape(-1, x.shape[-1])  # [rows d_in]
+    out = torch.mm(rows, W) if b is None else torch.addmm(b, rows, W)  # [rows d_out]
+    return out.view(*x.shape[:-1], W.shape[-1])
+
+
 def make_norm(kind: str, d: int, eps: float) -> nn.Module:
     if kind == "rms":
         return RMSNorm(d, eps)

@@ -25,7 +25,7 @@ from models.attention import ATTN_IMPLS, Attention
 from models.cache import BlockTLNames, TLWeights
 from models.config import TransformerConfig
 from models.hooks import fire, rename_hooks_to_tl
-from models.layers import MLP, make_norm, norm_attr
+from models.layers import MLP, affine, make_norm, norm_attr
 from models.validation import check_tokens
 
 
@@ -129,7 +129,9 @@ class Transformer(TLWeights, HookedRootModule):
             x = self.ln_final(x)
         if self.cfg.unembed == "mlp":
             return x  # the last MLP already produced [batch pos d_vocab]
-        return F.linear(x, self.W_U.T, self.b_U)  # [batch pos d_vocab]
+        if self.cfg.unembed == "tied":  # the embedding [d_vocab d_model] is linear's own layout
+            return F.linear(x, self.embedding.weight, self.b_U)  # [batch pos d_vocab]
+        return affine(x, self.W_out, self.b_U)  # [batch pos d_vocab]
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         tokens = check_tokens(tokens, self.cfg.d_vocab, self.cfg.n_ctx)  # [batch pos]
