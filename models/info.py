@@ -16,6 +16,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 if __name__ == "__main__":  # --help and bad arguments answered before torch is imported (~4 s)
@@ -111,6 +112,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | list[dict[str, Any]]:
                  "tokenizer": None if tok is None else {"kind": tok.kind, "vocab_size": tok.vocab_size},
                  "nonfinite_params": snap.nonfinite_params()}
     else:
+        if args.save and Path(args.save).exists():  # a fresh random model never replaces a trained one
+            raise ValueError(f"--save {args.save} already exists: give a new directory (nothing was "
+                             f"written)")
         cfg = get_preset(args.preset)
         tokenizer = char_tokenizer_for(cfg.d_vocab) if args.save else None
         torch.manual_seed(args.seed)

@@ -18,6 +18,7 @@ MAX_BATCH = 65536  # windows in one forward pass (probes.common.check_batch_size
 NEIGHBOUR_TABLES = ("input", "output", "cross")  # probes.neighbours.TABLES (a test keeps them equal)
 STEP_OPTIMIZERS = ("adam", "adamw", "sgd")  # probes.updates.OPTIMIZERS (likewise)
 RUN = "checkpoints/shakespeare_rms4"  # a shipped run, for the examples
+DATA = "../shared/data/tinyshakespeare.txt"  # the shipped Tiny Shakespeare text (or your own file)
 
 
 def probe_parser(name: str, description: str, *examples: str, **kwargs) -> Parser:
@@ -75,7 +76,7 @@ def entropy_parser() -> Parser:
     parser = probe_parser(
         "entropy", "Attention entropy per layer and head (nats), as the series logged it, and "
         "normalised by ln(keys visible), on the given text or sampled windows.",
-        f"--ckpt {RUN} --text 'ROMEO: But soft, what light'", f"--ckpt {RUN} --data input.txt --json")
+        f"--ckpt {RUN} --text 'ROMEO: But soft, what light'", f"--ckpt {RUN} --data {DATA} --json")
     add_input_arguments(parser)
     add_report_arguments(parser)
     parser.add_argument("--per-position", action="store_true",
@@ -127,7 +128,7 @@ def logit_lens_parser() -> Parser:
         "logit_lens", "Logit lens: what the residual stream after the embedding and after each "
         "block would predict if the model stopped there (top-k tokens, cross-entropy, "
         "KL to the final layer, rank of the next token).",
-        f"--ckpt {RUN} --text 'ROMEO: But soft' -k 3", f"--ckpt {RUN} --data input.txt --mid --json")
+        f"--ckpt {RUN} --text 'ROMEO: But soft' -k 3", f"--ckpt {RUN} --data {DATA} --mid --json")
     add_input_arguments(parser, default_samples=8)
     parser.add_argument("-k", type=int, default=5, help="top tokens per layer and position")
     parser.add_argument("--mid", action="store_true", help="also decode mid-block (after attention)")
@@ -140,7 +141,7 @@ def activations_parser() -> Parser:
     parser = probe_parser(
         "activations", "Activation health per MLP hidden layer: dead and saturated units, "
         "activation and gradient statistics (makemore's diagnostics).",
-        f"--ckpt {RUN} --data input.txt", f"--ckpt checkpoints/char_mlp --text 'ROMEO: But soft' --no-grads")
+        f"--ckpt {RUN} --data {DATA}", f"--ckpt checkpoints/char_mlp --text 'ROMEO: But soft' --no-grads")
     add_input_arguments(parser, default_samples=32)
     parser.add_argument("--saturation", type=number_type(float, above=0, below=1), default=SATURATION,
                         metavar="X", help="|tanh| above this counts as saturated")

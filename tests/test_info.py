@@ -93,6 +93,16 @@ def test_save_then_ckpt_round_trip(capsys, tmp_path):
     assert snap.meta["train_config"]["preset"] == "tiny_shakespeare_gpt_small"
 
 
+def test_save_refuses_an_existing_snapshot(capsys, tmp_path):
+    target = tmp_path / "demo" / "step_000000"
+    run_json(capsys, "--preset", "tiny_shakespeare_gpt_small", "--save", str(target))
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+    assert main(["--preset", "tiny_shakespeare_gpt_small", "--seed", "1", "--save", str(target)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "already exists" in err[0]
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before  # the first model is kept
+
+
 def test_char_alphabet():
     assert len(CHAR_ALPHABET) == len(set(CHAR_ALPHABET)) == 96
     assert CHAR_ALPHABET.startswith(SHAKESPEARE_CHARS) and len(SHAKESPEARE_CHARS) == 65
