@@ -90,11 +90,9 @@ class Attention(nn.Module):
         """A per-head parameter stacked over heads: W_* -> [head d_model d_head], b_* -> [head d_head]."""
         return torch.stack([getattr(head, name) for head in self.heads])
 
-    def project_qkv(self, x: torch.Tensor, W: torch.Tensor | None = None,
-                    b: torch.Tensor | None = None) -> torch.Tensor:
-        """q, k and v in one matmul, as a plain module's `c_attn`: [batch pos 3 head d_head]."""
-        if W is None:
-            W, b, _ = self.qkv_weights()  # [d_model 3*head*d_head], [3*head*d_head] or None
+    def project_qkv(self, x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        """q, k and v in one matmul, as a plain module's `c_attn`: [batch pos 3 head d_head], from
+        `qkv_weights()`'s W [d_model 3*head*d_head] and b [3*head*d_head] or None."""
         return affine(x, W, b).unflatten(-1, (3, self.cfg.n_heads, self.cfg.d_head))
 
     def qkv_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:

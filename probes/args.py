@@ -6,16 +6,15 @@ re-exports its parser as `build_parser`; the shared argument groups live here on
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
 from models.cli import (FRACTION, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT, Parser,
                         add_ckpt_arguments, add_json_argument, number_type)
 from probes.thresholds import SATURATION, TIMELINE_COLLAPSE, TIMELINE_UNIFORM, Thresholds
-from probes.update_report import TARGET_BAND
+from probes.update_report import TARGET_BAND, band_in_order
 
 MAX_BATCH = 65536  # windows in one forward pass (probes.common.check_batch_size says why)
-NEIGHBOUR_TABLES = ("input", "output", "cross")  # probes.neighbours.TABLES (a test keeps them equal)
+NEIGHBOUR_TABLES = ("input", "output", "cross")  # probes.neighbours.TABLES is this tuple
 STEP_OPTIMIZERS = ("adam", "adamw", "sgd")  # probes.updates.OPTIMIZERS (likewise)
 RUN = "checkpoints/shakespeare_rms4"  # a shipped run, for the examples
 DATA = "../shared/data/tinyshakespeare.txt"  # the shipped Tiny Shakespeare text (or your own file)
@@ -141,7 +140,7 @@ def activations_parser() -> Parser:
     parser = probe_parser(
         "activations", "Activation health per MLP hidden layer: dead and saturated units, "
         "activation and gradient statistics (makemore's diagnostics).",
-        f"--ckpt {RUN} --data {DATA}", f"--ckpt checkpoints/char_mlp --text 'ROMEO: But soft' --no-grads")
+        f"--ckpt {RUN} --data {DATA}", "--ckpt checkpoints/char_mlp --text 'ROMEO: But soft' --no-grads")
     add_input_arguments(parser, default_samples=32)
     parser.add_argument("--saturation", type=number_type(float, above=0, below=1), default=SATURATION,
                         metavar="X", help="|tanh| above this counts as saturated")
@@ -151,7 +150,7 @@ def activations_parser() -> Parser:
 
 def _band_in_order(args: argparse.Namespace) -> str | None:
     lo, hi = args.band
-    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+    if not band_in_order(lo, hi):
         return f"--band must be two finite log10 values LO < HI, got {lo} {hi}"
     return None
 

@@ -32,13 +32,14 @@ from typing import Any, Sequence
 
 import torch
 
+from probes.args import NEIGHBOUR_TABLES
 from probes.args import neighbours_parser as build_parser
 from probes.common import ProbeInputError, model_tokenizer, print_json, run_cli, to_jsonable
 from probes.knn import all_knn, check_finite, check_k, check_table, prepare_keys, search, unit_rows
 
 log = logging.getLogger(__name__)
 
-TABLES = ("input", "output", "cross")
+TABLES = NEIGHBOUR_TABLES  # input | output | cross, named once in the torch-free parser module
 TABLE_NAMES = {"input": "input embedding", "output": "unembedding",
                "cross": "input embedding against the unembedding"}
 

@@ -16,11 +16,11 @@ import torch
 
 from probes.common import (ProbeInputError, as_batches, check_layer_head, model_device, progress_bar,
                            require_attention)
-from probes.qk_rows import qk_hooks, qk_path_scale, qk_row_stats
+from probes.qk_rows import CHUNK_ELEMENTS, QUERY_BLOCK, qk_hooks, qk_path_scale, qk_row_stats
 
 EPS = 1e-10  # the series' eps inside the log
-CHUNK_ELEMENTS = 1 << 22  # bound on the hook's temporary: 16 MB of float32
-QUERY_BLOCK = 64  # query rows reduced at once; rows a..b-1 of a causal pattern see keys < b only
+# CHUNK_ELEMENTS bounds the hook's temporary; QUERY_BLOCK query rows go at once (rows a..b-1 of a
+# causal pattern see keys < b only): the same sizes as the q/k route's
 SUMS = ("entropy", "normalized", "max_prob", "first", "first_all", "diag", "subdiag", "nonfinite")
 
 

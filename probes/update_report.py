@@ -51,6 +51,11 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
+def band_in_order(lo: Any, hi: Any) -> bool:
+    """A g/w/u band is two finite log10 values LO < HI (the report's and the CLI's rule)."""
+    return _finite(lo) and _finite(hi) and lo < hi
+
+
 def log10_or_none(value: float | None) -> float | None:
     return math.log10(value) if _finite(value) and value > 0 else None
 
@@ -91,7 +96,7 @@ class UpdateReport:
 
     def __post_init__(self) -> None:
         lo, hi = self.band
-        if not (_finite(lo) and _finite(hi) and lo < hi):
+        if not band_in_order(lo, hi):
             raise ValueError(f"band must be two finite log10 values LO < HI, got {self.band}")
         self.parameters = {name: {**{k: row.get(k) for k in STATS},
                                   "log10_u": log10_or_none(row.get("u"))}
