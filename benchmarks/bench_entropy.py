@@ -19,8 +19,9 @@ the growth of the max RSS over what the process held before the call, on CUDA
   explicit the same with attention forced onto its explicit path (scores, softmax, pattern) and
            no hooks: what any pattern probe pays before it reduces anything
   probe    probes.entropy.run(model, tokens): what "auto" takes: from 129 tokens on our models the
-           q/k route (one fused attention call per layer with v = k, `probes.qk_rows`), the
-           pattern route below; the forward pass stops after the last layer's hook_k
+           q/k route (`probes.qk_rows`: each layer's own fused call takes v' = [v | k] and
+           so also gives the rows' logsumexp and sum p k), the pattern route below; the
+           forward pass stops inside the last layer's attention
   blockwise the q/k route without the fused kernel (the blockwise reduction it falls back to)
   pattern  the same probe on route="pattern": explicit attention path + reduction of hook_pattern
   cache    run_with_cache(every hook_pattern), then entropy and normalised entropy from the cache
@@ -92,14 +93,16 @@ def variant_fn(name: str, model, tokens):
         def fn():
             entropy.run(model, tokens, batch_size=tokens.shape[0], progress=False, route=route)
     elif name == "blockwise":
+        from models import attention
         from probes import qk_rows
 
         def fn():
-            kernel, qk_rows.FLASH_CPU = qk_rows.FLASH_CPU, None  # as on a torch without the op
+            kernel = qk_rows.FLASH_CPU
+            qk_rows.FLASH_CPU = attention.FLASH_CPU = None  # as on a torch without the op
             try:
                 entropy.run(model, tokens, batch_size=tokens.shape[0], progress=False, route="qk")
             finally:
-                qk_rows.FLASH_CPU = kernel
+                qk_rows.FLASH_CPU = attention.FLASH_CPU = kernel
     else:
         names = [f"blocks.{l}.attn.hook_pattern" for l in range(model.cfg.n_layers)]
 

@@ -20,6 +20,8 @@ from models.hooks import fire, is_hooked
 from models.layers import affine
 
 ATTN_IMPLS = ("auto", "explicit", "fused")
+# (output, logsumexp) of causal attention in one fused call; private, so looked up, not assumed
+FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 class ConcatHeads(torch.autograd.Function):
@@ -72,6 +74,9 @@ class Attention(nn.Module):
         self.use_attn_result = False  # set True to fill hook_result [batch pos head d_model]
         self._qkv_names = [f"{kind}_{w}" for kind in ("W", "b") if kind == "W" or cfg.attn_bias for w in "QKV"]
         self._qkv_cache: tuple | None = None  # (key, the parameters, concatenated q/k/v weights)
+        # set by probes (`probes.qk_rows.softmax_sinks`): called as sink(q, k, lse, weighted_k) with
+        # each row's softmax statistics from this layer's own attention call (None, None if none)
+        self.softmax_sink = None
         self.heads = nn.ModuleList(
             [AttentionHead(cfg.d_model, cfg.d_head, cfg.attn_bias) for _ in range(cfg.n_heads)])
         if cfg.attn_out_proj:
@@ -157,6 +162,8 @@ class Attention(nn.Module):
             z = self.fused(q, k, v, None if qk_touched else guard)
         else:
             z = self.explicit(q, k, v)
+            if self.softmax_sink is not None:
+                self.softmax_sink(q, k, None, None)
         z = fire(self.hook_z, z)  # [batch pos head d_head]
         return self.output(z)
 
@@ -175,11 +182,44 @@ class Attention(nn.Module):
         """SDPA plus a guard ([batch|1 head 1 1], NaN on a diverged head): `weight_guard` when
         given, else `nan_guard` on these q and k."""
         guard = self.nan_guard(q, k) if guard is None else guard.to(q.dtype)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch head pos d_head]
-        z = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.cfg.dropout if self.training else 0.0,
-            scale=1.0 / self.scale)
+        sink = self.softmax_sink
+        if sink is not None:
+            z = self.fused_with_softmax_stats(q, k, v, sink)
+        else:
+            z = self.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return (z + guard).transpose(1, 2)  # [batch pos head d_head]; contiguous: SDPA's layout
+
+    def fused_with_softmax_stats(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink) -> torch.Tensor:
+        """The fused attention [batch head pos d_head] of q, k, v [batch pos head d_head] that also
+        hands `sink(q, k, lse, weighted_k)` each row's logsumexp [batch head pos] and sum_j p_ij k_j
+        [batch head pos d_head], from the same kernel call: v' = [v | k] carries k through the
+        softmax, and q, k padded with zeros give v' its width (the scores are unchanged). Where that
+        kernel is missing (or not float32 on CPU, or dropout is on) the sink gets None, None.
+        A sink whose `ends_forward` is true stops the pass itself (raises): its layer's call takes
+        v = k alone, and the output is computed only if the sink returned after all."""
+        qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch head pos d_head]
+        usable = (FLASH_CPU is not None and self.dropout_p() == 0.0 and q.device.type == "cpu"
+                  and q.dtype == k.dtype == v.dtype == torch.float32 and v.shape[-1] == q.shape[-1])
+        if not usable:
+            sink(q, k, None, None)
+            return self.sdpa(qh, kh, vh)
+        if getattr(sink, "ends_forward", False):
+            weighted_k, lse = FLASH_CPU(qh, kh, kh, 0.0, True, scale=1.0 / self.scale)[:2]
+            sink(q, k, lse, weighted_k)
+            return self.sdpa(qh, kh, vh)
+        d = vh.shape[-1]
+        out, lse = FLASH_CPU(F.pad(qh, (0, d)), F.pad(kh, (0, d)), torch.cat([vh, kh], dim=-1),
+                             0.0, True, scale=1.0 / self.scale)[:2]  # [batch head pos 2*d], [.. pos]
+        sink(q, k, lse, out[..., d:])
+        return out[..., :d]
+
+    def sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal SDPA of q, k, v [batch head pos d_head] at this layer's scale and dropout."""
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout_p(),
+                                              scale=1.0 / self.scale)
+
+    def dropout_p(self) -> float:
+        return self.cfg.dropout if self.training else 0.0
 
     @staticmethod
     def nan_guard(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

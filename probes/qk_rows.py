@@ -29,14 +29,15 @@ CHECK_TOKENS = 64  # length of the window on which the q/k route is checked agai
 
 
 def qk_row_stats(q: torch.Tensor, k: torch.Tensor, scale: float, evidence: bool = True,
-                 fused: bool = True) -> dict[str, torch.Tensor]:
+                 fused: bool = True, softmax: tuple | None = None) -> dict[str, torch.Tensor]:
     """Per-row statistics of one layer: q, k [batch pos head d_head] -> name -> [batch head pos].
 
     Names: `entropy`, and with `evidence` also `max_prob`, `first`, `diag`, `subdiag` (row 0's
     sub-diagonal is 0). Computed in float32 (float64 stays float64). Entropy alone comes from the
-    fused kernel where `fused` and there is one (`fused_row_entropy`), else blockwise."""
+    fused kernel where `fused` and there is one (`fused_row_entropy`; `softmax`, the model's own
+    call's (lse, sum p k) where it gave them), else blockwise."""
     if fused and not evidence:
-        entropy = fused_row_entropy(q, k, scale)
+        entropy = fused_row_entropy(q, k, scale, softmax)
         if entropy is not None:
             return {"entropy": entropy}
     dtype = q.dtype if q.dtype == torch.float64 else torch.float32
@@ -68,9 +69,12 @@ MEAN_TOL = 1e-7
 F32_EPS = float(torch.finfo(torch.float32).eps)
 
 
-def fused_row_entropy(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor | None:
+def fused_row_entropy(q: torch.Tensor, k: torch.Tensor, scale: float,
+                      softmax: tuple | None = None) -> torch.Tensor | None:
     """Row entropy [batch head pos] (float32) from q, k [batch pos head d_head] through the fused
     kernel, or None where there is none (not a float32 CPU tensor, or no such op in this torch).
+    `softmax` = (lse [batch head pos], out [batch head pos d_head]) as that kernel gives them, when
+    the model's own attention call already did (`softmax_sinks`): then no second call is made.
 
     With v = k the kernel gives out_i = sum_j p_ij k_j and lse_i, so sum_j p_ij s_ij = q_i . out_i
     / scale and H_i = lse_i - q_i . out_i / scale. The two terms cancel: float32 leaves an error of
@@ -80,7 +84,10 @@ def fused_row_entropy(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.T
     if FLASH_CPU is None or q.device.type != "cpu" or q.dtype != torch.float32 or k.dtype != torch.float32:
         return None
     q, k = q.transpose(1, 2), k.transpose(1, 2)  # [batch head pos d_head]
-    out, lse = FLASH_CPU(q, k, k, 0.0, True, scale=1.0 / scale)  # [batch head pos d_head], [.. pos]
+    if softmax is None:
+        out, lse = FLASH_CPU(q, k, k, 0.0, True, scale=1.0 / scale)  # [batch head pos d_head], [.. pos]
+    else:
+        lse, out = softmax
     terms = q * out  # [batch head pos d_head]
     entropy = lse - terms.sum(dim=-1).div_(scale)  # [batch head pos]
     entropy[..., 0] = 0.0  # one visible key: exactly one-hot (a non-finite row 0 is redone below)
@@ -105,8 +112,10 @@ def rows_to_redo(bound: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
     weight[0], weight[1:2] = 0.0, 1 / math.log(2)
     squares = (bound * weight).square_().masked_fill_(unsure, 0.0)  # [batch head pos]
     per_head = squares.transpose(0, 1).reshape(heads, batch * n)  # [head rows]
-    ranked = per_head.sort(dim=-1, descending=True).values  # [head rows]
     budget = (MEAN_TOL * batch * max(n - 1, 1)) ** 2
+    if bool((per_head.sum(dim=-1) <= budget).all()):  # the usual case: no head needs more rows redone
+        return unsure
+    ranked = per_head.sort(dim=-1, descending=True).values  # [head rows]
     # drop the k largest, k the fewest leaving what remains within the budget (0 if already so)
     removed = ranked.cumsum(dim=-1) - ranked  # [head rows]: sum of the ones ranked before
     keep_from = (ranked.sum(dim=-1, keepdim=True) - removed > budget).sum(dim=-1)  # [head]
@@ -207,6 +216,37 @@ def qk_pattern(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     n = scores.shape[-1]
     hidden = torch.ones(n, n, dtype=torch.bool, device=scores.device).triu_(1)
     return scores.masked_fill_(hidden, float("-inf")).softmax(dim=-1)
+
+
+class SoftmaxSink:
+    """A layer's `softmax_sink` (models.attention): hands `stats.update_qk` the rows' softmax
+    statistics from the layer's own fused call, then calls `stop()`. `ends_forward` marks the
+    last wanted layer, after which `stop()` raises: its attention output is never needed."""
+
+    def __init__(self, stats: Any, layer: int, scale: float, stop: Any, ends_forward: bool):
+        self.stats, self.layer, self.scale, self.stop = stats, layer, scale, stop
+        self.ends_forward = ends_forward
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor | None,
+                 weighted_k: torch.Tensor | None) -> None:
+        softmax = None if lse is None else (lse, weighted_k)
+        self.stats.update_qk(self.layer, q.detach(), k.detach(), self.scale, softmax)
+        self.stop()
+
+
+def softmax_sinks(model: Any, stats: Any, layers: list[int], scale: float, stop: Any) -> list[Any] | None:
+    """Where the model is ours (its attention modules take a `softmax_sink`), a `SoftmaxSink` on
+    each wanted layer (one kernel call per layer instead of two); else None (use `qk_hooks`).
+    Returns the modules; the caller sets their sink back to None afterwards. `stop()` must raise
+    once every layer is reduced."""
+    blocks = getattr(model, "blocks", None)
+    modules = [getattr(blocks[l], "attention", None) for l in layers] if blocks is not None else []
+    if not modules or not all(hasattr(m, "softmax_sink") for m in modules) or len(set(layers)) < len(layers):
+        return None
+    last = max(layers)
+    for layer, module in zip(layers, modules):
+        module.softmax_sink = SoftmaxSink(stats, layer, scale, stop, ends_forward=layer == last)
+    return modules
 
 
 def qk_hooks(stats: Any, layers: list[int], scale: float) -> list[tuple[str, Any]]:

@@ -16,7 +16,8 @@ import torch
 
 from probes.common import (ProbeInputError, as_batches, check_layer_head, model_device, progress_bar,
                            require_attention)
-from probes.qk_rows import CHUNK_ELEMENTS, QUERY_BLOCK, qk_hooks, qk_path_scale, qk_row_stats
+from probes.qk_rows import (CHUNK_ELEMENTS, QUERY_BLOCK, qk_hooks, qk_path_scale, qk_row_stats,
+                            softmax_sinks)
 
 EPS = 1e-10  # the series' eps inside the log
 # CHUNK_ELEMENTS bounds the hook's temporary; QUERY_BLOCK query rows go at once (rows a..b-1 of a
@@ -123,12 +124,15 @@ class PatternStats:
                         subdiag=subdiag)
         self.add_rows(layer, rows)
 
-    def update_qk(self, layer: int, q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
+    def update_qk(self, layer: int, q: torch.Tensor, k: torch.Tensor, scale: float,
+                  softmax: tuple | None = None) -> None:
         """Add one layer from its q and k [batch pos head d_head] (`probes.qk_rows`: the pattern
-        softmax(q k^T / scale + causal mask) is reduced block by block, never formed)."""
+        softmax(q k^T / scale + causal mask) is reduced block by block, never formed; `softmax`,
+        the model's own fused call's (lse, sum p k) where a sink received them)."""
         if not self.sums:
             self._init(q.device)
-        self.add_rows(layer, qk_row_stats(q, k, scale, evidence=self.evidence, fused=self.fused))
+        self.add_rows(layer, qk_row_stats(q, k, scale, evidence=self.evidence, fused=self.fused,
+                                          softmax=softmax))
         self.reduced += 1
 
     def add_rows(self, layer: int, rows: dict[str, torch.Tensor]) -> None:
@@ -194,7 +198,7 @@ def collect_stats(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *,
     if route not in ROUTES:
         raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
     dims = require_attention(model)
-    layers = list(range(dims.n_layers)) if layers is None else list(layers)
+    layers = list(range(dims.n_layers)) if layers is None else list(dict.fromkeys(layers))  # once each
     for layer in layers:
         check_layer_head(dims, layer, None)
     batches = as_batches(tokens, dims.n_ctx, dims.d_vocab, batch_size)
@@ -205,6 +209,7 @@ def collect_stats(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *,
     device = model_device(model)
     was_training = model.training
     model.eval()  # dropout off; the mode is put back afterwards
+    sinks = None
     try:
         scale = None
         if route != "pattern":
@@ -213,12 +218,17 @@ def collect_stats(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *,
                 raise ProbeInputError("this model's attention pattern is not softmax(q k^T / scale + causal "
                                       "mask) of its hook_q / hook_k: use the pattern route")
         stats.route = "pattern" if scale is None else "qk"
-        fwd_hooks = pattern_hooks(stats, layers) if scale is None else qk_hooks(stats, layers, scale)
-        with torch.inference_mode(), model.hooks(fwd_hooks=stop_when_reduced(fwd_hooks, stats)):
+        if scale is not None and fused and not evidence:  # entropy from the model's own kernel call
+            sinks = softmax_sinks(model, stats, layers, scale, stop=lambda: stop_if_reduced(stats))
+        fwd_hooks = [] if sinks is not None else stop_when_reduced(
+            pattern_hooks(stats, layers) if scale is None else qk_hooks(stats, layers, scale), stats)
+        with torch.inference_mode(), model.hooks(fwd_hooks=fwd_hooks):
             for batch in progress_bar(batches, progress, "attention"):  # hooks removed even on errors
                 forward_until_reduced(model, batch.to(device), stats)
                 stats.add_batch(*batch.shape)
     finally:
+        for module in sinks or ():
+            module.softmax_sink = None
         model.train(was_training)
     return stats
 
@@ -236,13 +246,17 @@ class StopForward(Exception):
     blocks, the unembedding, a large share at GPT-2's vocabulary) would be thrown away."""
 
 
+def stop_if_reduced(stats: PatternStats) -> None:
+    if stats.reduced == len(stats.layers):
+        raise StopForward
+
+
 def stop_when_reduced(fwd_hooks: list[tuple[str, Any]], stats: PatternStats) -> list[tuple[str, Any]]:
     """The same hooks, each raising StopForward after it when all of `stats.layers` are reduced."""
     def stopping(fn: Any):
         def hook(tensor: torch.Tensor, hook: Any) -> None:
             fn(tensor, hook)
-            if stats.reduced == len(stats.layers):
-                raise StopForward
+            stop_if_reduced(stats)
         return hook
     return [(name, stopping(fn)) for name, fn in fwd_hooks]
 
