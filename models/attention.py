@@ -1,7 +1,8 @@
-"""Causal multi-head attention with the series' per-head parameters and two equal paths.
+"""Causal multi-head attention under the series' per-head parameter names, with two equal paths.
 
 Parameters are named as in the series (`heads.{j}.W_Q|W_K|W_V` of shape [d_model d_head], `W_O`
-of shape [n_heads*d_head d_model]). The explicit path computes scores and pattern so every hook
+of shape [n_heads*d_head d_model]) in state dicts; in memory all heads' q/k/v sit in one
+`W_QKV` (`models.packed_heads`). The explicit path computes scores and pattern so every hook
 fires; the fused path calls `scaled_dot_product_attention` and is taken only when nothing is
 hooked on `hook_attn_scores` or `hook_pattern` (and `impl` is "auto" or "fused").
 """
@@ -18,28 +19,11 @@ from transformer_lens.hook_points import HookPoint
 from models.config import TransformerConfig
 from models.hooks import fire, is_hooked
 from models.layers import affine
+from models.packed_heads import KINDS, HeadView, pack_state_dict, packed_source, unpack_state_dict
 
 ATTN_IMPLS = ("auto", "explicit", "fused")
 # (output, logsumexp) of causal attention in one fused call; private, so looked up, not assumed
 FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-
-
-class ConcatHeads(torch.autograd.Function):
-    """`torch.cat(weights, dim=1)` of per-head [d_model d_head] weights, with one copy in backward.
-
-    cat's own backward hands each head a strided slice of the [d_model n*d_head] gradient, which
-    autograd then copies into a contiguous .grad one head at a time (3 ops per head); here one
-    permute-copy lays all heads' gradients out contiguously and each head gets a view of it."""
-
-    @staticmethod
-    def forward(ctx, *weights: torch.Tensor) -> torch.Tensor:
-        ctx.n_heads = len(weights)
-        return torch.cat(weights, dim=1)  # [d_model n*d_head]
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        # grad: [d_model n*d_head] -> [n d_model d_head], one contiguous block per head
-        return grad.unflatten(1, (ctx.n_heads, -1)).permute(1, 0, 2).contiguous().unbind(0)
 
 
 def attention_scale(cfg: TransformerConfig) -> float:
@@ -51,20 +35,6 @@ def attention_scale(cfg: TransformerConfig) -> float:
     return math.sqrt(cfg.d_head)
 
 
-class AttentionHead(nn.Module):
-    """One head's projections, kept as separate parameters so series state dicts load."""
-
-    def __init__(self, d_model: int, d_head: int, bias: bool):
-        super().__init__()
-        self.W_Q = nn.Parameter(torch.empty(d_model, d_head))
-        self.W_K = nn.Parameter(torch.empty(d_model, d_head))
-        self.W_V = nn.Parameter(torch.empty(d_model, d_head))
-        if bias:
-            self.b_Q = nn.Parameter(torch.zeros(d_head))
-            self.b_K = nn.Parameter(torch.zeros(d_head))
-            self.b_V = nn.Parameter(torch.zeros(d_head))
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -72,17 +42,22 @@ class Attention(nn.Module):
         self.scale = attention_scale(cfg)
         self.impl = "auto"
         self.use_attn_result = False  # set True to fill hook_result [batch pos head d_model]
-        self._qkv_names = [f"{kind}_{w}" for kind in ("W", "b") if kind == "W" or cfg.attn_bias for w in "QKV"]
-        self._qkv_cache: tuple | None = None  # (key, the parameters, concatenated q/k/v weights)
+        self._guard_cache: tuple | None = None  # (key, weight_guard) while the weights are unchanged
         # set by probes (`probes.qk_rows.softmax_sinks`): called as sink(q, k, lse, weighted_k) with
         # each row's softmax statistics from this layer's own attention call (None, None if none)
         self.softmax_sink = None
-        self.heads = nn.ModuleList(
-            [AttentionHead(cfg.d_model, cfg.d_head, cfg.attn_bias) for _ in range(cfg.n_heads)])
-        if cfg.attn_out_proj:
+        if cfg.attn_out_proj:  # registered first: the parameter order of the per-head layout
             self.W_O = nn.Parameter(torch.empty(cfg.d_attn, cfg.d_model))
             if cfg.has_out_bias:
                 self.b_O = nn.Parameter(torch.zeros(cfg.d_model))
+        # every head's q/k/v in one parameter; `heads[j].W_Q` and the state dict keep the series'
+        # per-head names (`models.packed_heads`)
+        self.W_QKV = nn.Parameter(torch.empty(cfg.d_model, 3 * cfg.d_attn))  # [d_model (3 head d_head)]
+        if cfg.attn_bias:
+            self.b_QKV = nn.Parameter(torch.zeros(3 * cfg.d_attn))  # [(3 head d_head)]
+        self.heads = [HeadView(self, j) for j in range(cfg.n_heads)]
+        self._register_state_dict_hook(unpack_state_dict)
+        self.register_load_state_dict_pre_hook(pack_state_dict)
         self.hook_q = HookPoint()  # [batch pos head d_head]
         self.hook_k = HookPoint()  # [batch pos head d_head]
         self.hook_v = HookPoint()  # [batch pos head d_head]
@@ -92,44 +67,40 @@ class Attention(nn.Module):
         self.hook_result = HookPoint()  # [batch pos head d_model]
 
     def stacked(self, name: str) -> torch.Tensor:
-        """A per-head parameter stacked over heads: W_* -> [head d_model d_head], b_* -> [head d_head]."""
-        return torch.stack([getattr(head, name) for head in self.heads])
+        """A per-head parameter stacked over heads: W_* -> [head d_model d_head], b_* -> [head d_head]
+        (a view of the packed parameter)."""
+        packed = packed_source(self, name)
+        if packed is None:
+            raise AttributeError(f"this attention has no per-head {name!r}")
+        cfg, which = self.cfg, KINDS.index(name[-1])
+        if name[0] == "W":
+            return packed.view(cfg.d_model, 3, cfg.n_heads, cfg.d_head)[:, which].permute(1, 0, 2)
+        return packed.view(3, cfg.n_heads, cfg.d_head)[which]
 
     def project_qkv(self, x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        """q, k and v in one matmul, as a plain module's `c_attn`: [batch pos 3 head d_head], from
-        `qkv_weights()`'s W [d_model 3*head*d_head] and b [3*head*d_head] or None."""
+        """q, k and v in one matmul, as a plain module's `c_attn`: [batch pos 3 head d_head]."""
         return affine(x, W, b).unflatten(-1, (3, self.cfg.n_heads, self.cfg.d_head))
 
     def qkv_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """The heads' separate parameters (the series' names, one g/w/u row each) side by side,
-        and their `weight_guard`.
-
-        With gradients on, concatenated at every call by `ConcatHeads` (its backward hands each
-        head a contiguous gradient in one copy). Without (probes, sampling) all three are kept
-        while the same parameter objects sit at unchanged versions (any in-place write, an
-        optimizer step or `load_state_dict`, moves a version; `.to()` / `.half()` clear them in
-        `_apply`)."""
-        heads = self._modules["heads"]._modules.values()  # not self.heads: __getattr__ per call
-        params = [h._parameters[name] for name in self._qkv_names for h in heads]
-        if (torch.is_grad_enabled() and any(p.requires_grad for p in params)) or torch.compiler.is_compiling():
-            return self.concat_qkv(params)
-        # ids are safe in the key: the cached tuple keeps those parameters alive
-        key = (tuple(map(id, params)), tuple([p._version for p in params]))
-        if self._qkv_cache is None or self._qkv_cache[0] != key:
+        """W_QKV, b_QKV (or None) and their `weight_guard`. With gradients on the guard is
+        recomputed at every call; without (probes, sampling) it is kept while the parameters sit
+        at unchanged versions (an optimizer step or `load_state_dict` moves a version; `.to()` /
+        `.half()` clear it in `_apply`)."""
+        params = self._parameters
+        W, b = params["W_QKV"], params.get("b_QKV")
+        if (torch.is_grad_enabled() and W.requires_grad) or torch.compiler.is_compiling():
+            return W, b, self.weight_guard(W, b)
+        # ids are safe in the key: the cache keeps those parameters alive
+        key = (id(W), W._version, id(b), None if b is None else b._version)
+        if self._guard_cache is None or self._guard_cache[0] != key:
             with torch.no_grad():
-                self._qkv_cache = (key, tuple(params), self.concat_qkv(params))
-        return self._qkv_cache[2]
-
-    def concat_qkv(self, params: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        n = 3 * self.cfg.n_heads
-        W = torch.cat(params[:n], dim=1) if torch.compiler.is_compiling() else ConcatHeads.apply(*params[:n])
-        b = torch.cat(params[n:]) if len(params) > n else None  # 1-D: gradients are contiguous views
-        return W, b, self.weight_guard(W, b)
+                self._guard_cache = (key, (W, b), self.weight_guard(W, b))
+        return W, b, self._guard_cache[2]
 
     def weight_guard(self, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         """[1 head 1 1] zeros, NaN where a head's q/k weights or biases hold a NaN or inf: a
-        diverged head. Independent of the batch, so kept with the concatenation between weight
-        changes (no cost per forward without gradients; a sum over weights with them)."""
+        diverged head. Independent of the batch, so kept between weight changes (no cost per
+        forward without gradients; a sum over the weights with them)."""
         cfg = self.cfg
         # over d_model first (a contiguous column sum, 3-4x faster than one multi-axis reduction)
         columns = torch.sum(W.detach()[:, : 2 * cfg.d_attn], dim=0, dtype=torch.float32)  # [2*head*d_head]
@@ -140,7 +111,7 @@ class Attention(nn.Module):
         return total.mul_(0).view(1, cfg.n_heads, 1, 1)
 
     def _apply(self, fn, recurse=True):
-        self._qkv_cache = None  # .to() / .half() may swap parameter data in place of the object
+        self._guard_cache = None  # .to() / .half() may swap parameter data in place of the object
         return super()._apply(fn, recurse)
 
     def use_fused(self) -> bool:
@@ -256,5 +227,5 @@ class Attention(nn.Module):
         """W_O split by head: [head d_head d_model]; without W_O, each head writes its own slice."""
         cfg = self.cfg
         W_O = self.W_O if cfg.attn_out_proj else torch.eye(
-            cfg.d_attn, dtype=self.heads[0].W_Q.dtype, device=self.heads[0].W_Q.device)
+            cfg.d_attn, dtype=self.W_QKV.dtype, device=self.W_QKV.device)
         return W_O.view(cfg.n_heads, cfg.d_head, -1)

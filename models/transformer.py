@@ -26,6 +26,7 @@ from models.cache import BlockTLNames, TLWeights
 from models.config import TransformerConfig
 from models.hooks import fire, rename_hooks_to_tl
 from models.layers import MLP, affine, make_norm, norm_attr
+from models.packed_heads import named_rows
 from models.validation import check_tokens
 
 
@@ -106,6 +107,12 @@ class Transformer(TLWeights, HookedRootModule):
     def b_U(self) -> torch.Tensor | None:
         """Unembedding bias [d_vocab], or None (the series and GPT-2 have none)."""
         return self.b_out if self.cfg.unembed_bias else None
+
+    def series_parameters(self) -> dict[str, torch.Tensor]:
+        """Trainable parameters by the series' names, in its order: each head's W_Q/W_K/W_V (and
+        biases) as a view of its layer's packed `W_QKV` (`models.packed_heads`), where
+        `named_parameters()` lists the packed parameter itself."""
+        return named_rows(self)
 
     def set_attn_impl(self, impl: str) -> None:
         """'auto' (fused unless scores/pattern are hooked), 'explicit' or 'fused'."""

@@ -95,7 +95,7 @@ def head_evidence(grids: dict[str, list[list[Any]]], i: int, h: int) -> dict[str
 def head_weights_finite(model: Any, layers: list[int], n_heads: int) -> torch.Tensor | None:
     """[layer head] bool: are W_Q, W_K, W_V, W_O (and biases) of each head finite? None if unknown.
 
-    Ours keep per-head parameters (`blocks[l].attention.heads[h].W_Q`); TransformerLens models
+    Ours show per-head views (`blocks[l].attention.heads[h].W_Q`, `stacked`); TransformerLens models
     expose stacked `W_Q` [head d_model d_head] and `W_O` [head d_head d_model] on `blocks[l].attn`.
     """
     try:

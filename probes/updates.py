@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from models.loss import lm_loss, lm_loss_terms
+from models.packed_heads import named_rows
 from probes.args import updates_parser as build_parser
 from probes.common import (ProbeInputError, lm_windows, model_device, print_json,
                            run_cli, token_batches)
@@ -75,9 +76,12 @@ def strip_wrapper_prefix(name: str) -> str:
     return name
 
 
-def named_trainable(model: nn.Module) -> dict[str, nn.Parameter]:
-    """Trainable parameters by the series' names (DDP/compile prefixes stripped)."""
-    return {strip_wrapper_prefix(n): p for n, p in model.named_parameters() if p.requires_grad}
+def named_trainable(model: nn.Module, grads: bool = False) -> dict[str, torch.Tensor | None]:
+    """Trainable parameters (with `grads`, their gradients, None where there is none) by the
+    series' names (DDP/compile prefixes stripped): one entry per head for a layer's q/k/v,
+    which our models keep in one packed parameter (`models.packed_heads`)."""
+    rows = named_rows(model, (lambda p: p.grad) if grads else None)
+    return {strip_wrapper_prefix(n): t for n, t in rows.items()}
 
 
 def snapshot_params(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -119,12 +123,15 @@ def gwu_table(model: nn.Module, before: Mapping[str, torch.Tensor], lr: float) -
     is exact (Sterbenz), so tiny updates of big weights keep their digits.
     """
     params = {name: p for name, p in named_trainable(model).items() if name in before}
+    grads = named_trainable(model, grads=True)
     names = list(params)
-    after = [params[n].detach() for n in names]
+    # a head's row is a strided view of its layer's packed q/k/v: contiguous copies reduce in
+    # the same order as a snapshot's tensors do (`gwu_from_snapshots` agrees to the last bit)
+    after = [params[n].detach().contiguous() for n in names]
     deltas = torch._foreach_sub(after, [before[n].to(a.device) for n, a in zip(names, after)])
-    with_grad = [n for n in names if params[n].grad is not None]
+    with_grad = [n for n in names if grads.get(n) is not None]
     w, d = rms_many(after), rms_many(deltas)
-    g = dict(zip(with_grad, rms_many([params[n].grad for n in with_grad])))
+    g = dict(zip(with_grad, rms_many([grads[n].contiguous() for n in with_grad])))
     table: Table = {}
     for name, w_i, d_i in zip(names, w, d):
         g_i = g.get(name)
@@ -236,7 +243,7 @@ def _gradients(model: nn.Module, tokens: torch.Tensor) -> dict[str, torch.Tensor
     """Gradients of the mean next-token cross-entropy on a copy (the model is left untouched)."""
     work = _fresh_copy(model)
     mean_loss(work, tokens).backward()
-    return {name: p.grad for name, p in named_trainable(work).items() if p.grad is not None}
+    return {name: g for name, g in named_trainable(work, grads=True).items() if g is not None}
 
 
 def _fresh_copy(model: nn.Module) -> nn.Module:

@@ -113,7 +113,7 @@ def test_tied_and_view_sharing_tensors_are_saved_once(tmp_path):
     assert cfg.unembed == "tied"
     model = build_model(cfg)
     with torch.no_grad():  # make two parameters share one storage, as weight tying does
-        model.blocks[1].attention.heads[0].W_Q = model.blocks[0].attention.heads[0].W_Q
+        model.blocks[1].attention.W_O = model.blocks[0].attention.W_O
     path = save_snapshot(tmp_path / "tied", model, None)
     snap = load_snapshot(path)
     for name, tensor in model.state_dict().items():

@@ -1,5 +1,5 @@
-"""The unhooked model's fast paths: q/k/v concatenation (its autograd and its no-grad cache), the
-fused path's NaN/inf guard, and torch.compile (no graph breaks, same logits, hooks after compiling).
+"""The unhooked model's fast paths: the packed q/k/v projection (its gradients per head and the
+no-grad cache of its weight guard), the fused path's NaN/inf guard, and torch.compile (no graph breaks, same logits, hooks after compiling).
 
 Compiled runs use the "aot_eager" backend: dynamo and AOTAutograd trace as for inductor, but no
 C++ compiler is needed, so these tests run on any CI machine.
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from models import build_model, get_preset
-from models.attention import ConcatHeads
+from probes.updates import named_trainable
 
 
 def build(name: str = "tiny_shakespeare_gpt_small", **overrides):
@@ -25,28 +25,6 @@ def tokens_for(model, batch: int = 2) -> torch.Tensor:
     return torch.randint(0, model.cfg.d_vocab, (batch, model.cfg.n_ctx))
 
 
-def test_concat_heads_gradcheck_float64():
-    weights = [torch.randn(5, 3, dtype=torch.float64, requires_grad=True) for _ in range(4)]
-    assert torch.autograd.gradcheck(ConcatHeads.apply, weights)
-
-
-def test_concat_heads_grads_equal_cat_and_are_contiguous():
-    """Same values and gradients as torch.cat; each head's gradient is a contiguous block, so
-    autograd adopts it as .grad without another copy."""
-    torch.manual_seed(0)
-    ours = [torch.randn(6, 4, requires_grad=True) for _ in range(3)]
-    ref = [w.detach().clone().requires_grad_() for w in ours]
-    upstream = torch.randn(6, 12)  # [d_model n*d_head]
-    out = ConcatHeads.apply(*ours)
-    assert torch.equal(out, torch.cat(ref, dim=1))
-    (out * upstream).sum().backward()
-    (torch.cat(ref, dim=1) * upstream).sum().backward()
-    for w, r, j in zip(ours, ref, range(3)):
-        assert torch.equal(w.grad, r.grad)
-        assert torch.equal(w.grad, upstream[:, 4 * j: 4 * (j + 1)])  # by hand: head j's columns
-        assert w.grad.is_contiguous()
-
-
 @pytest.mark.parametrize("name", ["tiny_shakespeare_gpt_small", "transformer4_rms_small"])
 def test_training_gradients_reach_every_head(name):
     """A forward+backward through the fused projection gives each head's W_Q/K/V the gradient of a
@@ -56,43 +34,52 @@ def test_training_gradients_reach_every_head(name):
     F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
     attn = model.blocks[0].attention
     x = torch.randn(2, model.cfg.n_ctx, model.cfg.d_model)
-    W = attn.qkv_weights()[0]  # grad on: concatenated afresh, in the graph
-    upstream = torch.randn(2, model.cfg.n_ctx, W.shape[1])
-    grad_W = torch.autograd.grad((x @ W * upstream).sum(), [h.W_K for h in attn.heads])
+    W = attn.qkv_weights()[0]  # the packed parameter, in the graph
     d_head, n = model.cfg.d_head, model.cfg.n_heads
-    for j, g in enumerate(grad_W):
+    grads = named_trainable(model, grads=True)  # the model's own backward, one row per head
+    for j in range(n):
+        for kind in "QKV":
+            g = grads[f"blocks.0.attention.heads.{j}.W_{kind}"]
+            assert g is not None and g.shape == (model.cfg.d_model, d_head) and torch.isfinite(g).all()
+    assert "blocks.0.attention.W_QKV" not in grads
+    W.grad = None
+    upstream = torch.randn(2, model.cfg.n_ctx, W.shape[1])
+    (x @ W * upstream).sum().backward()
+    for j, head in enumerate(attn.heads):
         cols = slice((n + j) * d_head, (n + j + 1) * d_head)  # K block after all heads' Q
-        assert torch.allclose(g, torch.einsum("bpd,bpe->de", x, upstream[..., cols]), atol=1e-4)
-    for head in attn.heads:
-        assert head.W_Q.grad is not None and torch.isfinite(head.W_Q.grad).all()
+        assert torch.allclose(W.grad[:, cols], torch.einsum("bpd,bpe->de", x, upstream[..., cols]), atol=1e-4)
 
 
-def test_qkv_cache_follows_every_way_weights_change():
-    """Without grad the concatenation is reused; an in-place write, load_state_dict, a swapped
+def test_weight_guard_cache_follows_every_way_weights_change():
+    """Without grad the weight guard is reused; an in-place write, load_state_dict, a swapped
     parameter and a dtype change each give the same logits as a freshly built model."""
     model = build()
     tokens = tokens_for(model)
     attn, head = model.blocks[0].attention, model.blocks[0].attention.heads[1]
     with torch.no_grad():
         model(tokens)
-        first = attn._qkv_cache[2][0]
+        first = attn._guard_cache[2]
         model(tokens)
-        assert attn._qkv_cache[2][0] is first  # unchanged weights: reused, not rebuilt
+        assert attn._guard_cache[2] is first  # unchanged weights: reused, not rebuilt
 
         def check():
             fresh = build()
             fresh.load_state_dict(model.state_dict())
             fresh.to(next(model.parameters()).dtype)
-            fresh.blocks[0].attention._qkv_cache = None
+            fresh.blocks[0].attention._guard_cache = None
             assert torch.equal(model(tokens), fresh(tokens))
 
-        head.W_V.mul_(2.0)  # in place, as an optimizer step
+        head.W_V.mul_(2.0)  # in place through the head's view, as an optimizer step
+        check()
+        head.W_K[0, 0] = float("nan")  # the guard must see it: a cached all-zero guard would not
+        assert torch.isnan(model(tokens)).any()
+        head.W_K[0, 0] = 0.0
         check()
         state = model.state_dict()
         state["blocks.0.attention.heads.1.W_Q"] = torch.randn_like(head.W_Q)
         model.load_state_dict(state)
         check()
-        head.W_K = torch.nn.Parameter(torch.randn_like(head.W_K))  # a new parameter object
+        attn.W_QKV = torch.nn.Parameter(torch.randn_like(attn.W_QKV))  # a new parameter object
         check()
         model.double()  # .to(): parameter data swapped under the same objects
         check()

@@ -152,8 +152,12 @@ def test_gpt2_parameter_layout_on_meta():
     """Tied (no W_out), biases on Q/K/V/O, LayerNorm gamma/beta, final norm."""
     with torch.device("meta"):
         model = build_model(get_preset("gpt2_124m"))
-    names = dict(model.named_parameters())
+    names = model.series_parameters()
     assert "W_out" not in names
+    assert names["blocks.11.attention.heads.11.b_Q"].shape == (64,)
+    packed = dict(model.named_parameters())  # in memory: one q/k/v parameter per layer
+    assert packed["blocks.0.attention.W_QKV"].shape == (768, 3 * 768)
+    assert packed["blocks.0.attention.b_QKV"].shape == (3 * 768,)
     assert names["embedding.weight"].shape == (50304, 768)
     assert names["W_pos"].shape == (1024, 768)
     for key in ("attention.heads.11.b_Q", "attention.b_O", "ln1.gamma", "ln1.beta", "ln2.beta"):

@@ -327,7 +327,7 @@ def test_loaded_weights_are_the_series_weights(name):
     """Parameter by parameter, after the AttnNet renaming (attention.W_Q -> heads.0.W_Q)."""
     series, ours = pair(name)
     ours.load_state_dict(series.state_dict(), strict=True)
-    ours_params = dict(ours.named_parameters())
+    ours_params = ours.series_parameters()
     for key, value in series.state_dict().items():
         if not key.startswith(("attention.", "mlp.")):
             our_key = key
@@ -369,7 +369,7 @@ def test_series_log_parameter_names_and_full_size_shapes():
         ours = build_model(get_preset("transformer4_rms"))
         series = SeriesTransformer(FullTokenizer(), 32, 256, 4, 64, 4, 256 * 8, 2,
                                    block_cls=SeriesTransformerBlockRMS)
-    ours_params = {k: tuple(v.shape) for k, v in ours.named_parameters()}
+    ours_params = {k: tuple(v.shape) for k, v in ours.series_parameters().items()}
     series_params = {k: tuple(v.shape) for k, v in series.named_parameters()}
     assert set(SERIES_LOG_NAMES) == set(ours_params)
     assert ours_params == series_params
@@ -378,10 +378,10 @@ def test_series_log_parameter_names_and_full_size_shapes():
 
 
 def test_parameter_order_matches_the_series_log():
-    """A g/w/u table printed in named_parameters() order lists rows as the series' log does."""
+    """A g/w/u table printed in series_parameters() order lists rows as the series' log does."""
     with torch.device("meta"):
         ours = build_model(get_preset("transformer4_rms"))
-    assert [k for k, _ in ours.named_parameters()] == SERIES_LOG_NAMES
+    assert list(ours.series_parameters()) == SERIES_LOG_NAMES
 
 
 def entropy_series_way(attn: torch.Tensor) -> float:
@@ -423,7 +423,7 @@ def test_unscaled_attention_collapses_like_the_series():
 def test_init_distribution_matches_the_series(name):
     """A fresh model of each preset starts from the series' init (same std per parameter)."""
     series, ours = pair(name)
-    ours_params = dict(ours.named_parameters())
+    ours_params = ours.series_parameters()
     for key, value in series.named_parameters():
         mine = ours_params[series_key(key)]
         assert mine.shape == value.shape, key

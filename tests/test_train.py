@@ -140,7 +140,7 @@ def test_gwu_rows_use_series_names_and_match_sgd_nominal_scale(transformer_run):
     record = read_metrics(transformer_run)[-1]
     gwu = record["gwu"]
     assert "blocks.0.attention.heads.3.W_V" in gwu and "W_pos" in gwu and "blocks.1.rms1.gamma" in gwu
-    assert len(gwu) == len(list(load_checkpoint(transformer_run).model.parameters()))
+    assert list(gwu) == list(load_checkpoint(transformer_run).model.series_parameters())  # a row per head
     for name, row in gwu.items():
         assert set(row) == {"g", "w", "u", "u_nominal"}
         assert row["w"] > 0 and row["g"] > 0 and 0 < row["u"] < 1, name

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from models import build_model, get_preset
+from models.packed_heads import named_rows
 from probes.updates import (format_gwu, gwu_from_snapshots, gwu_table, rms, snapshot_params,
                         strip_wrapper_prefix)
 
@@ -100,7 +101,7 @@ def test_wrapped_model_keeps_series_names_and_sgd_identity():
     before = snapshot_params(model)
     torch.optim.SGD(model.parameters(), lr=0.5).step()
     table = gwu_table(model, before, lr=0.5)
-    assert list(table) == [n for n, _ in inner.named_parameters()]
+    assert list(table) == list(inner.series_parameters())  # one row per head, the series' order
     assert "blocks.0.attention.heads.0.W_Q" in table and "blocks.1.rms2.gamma" in table
     for name, row in table.items():
         assert row["u"] == pytest.approx(row["u_nominal"], rel=1e-9), name
@@ -178,7 +179,7 @@ def my_grads(model: nn.Module, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     logits = work(tokens[:, :-1])  # [batch pos-1 vocab]
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
     loss.backward()
-    return {n: p.grad for n, p in work.named_parameters()}
+    return named_rows(work, lambda p: p.grad)  # per head, as the series names them
 
 
 def test_run_sgd_u_equals_lr_g_over_w_and_g_is_my_gradient():
@@ -189,7 +190,7 @@ def test_run_sgd_u_equals_lr_g_over_w_and_g_is_my_gradient():
     for name, row in report.parameters.items():
         g = grads[name].pow(2).mean().sqrt().item()
         assert row["g"] == pytest.approx(g, rel=1e-12)
-        after = model.get_parameter(name).detach() - lr * grads[name]
+        after = model.series_parameters()[name].detach() - lr * grads[name]
         assert row["w"] == pytest.approx(after.pow(2).mean().sqrt().item(), rel=1e-12)
         if row["u"] is not None:
             assert row["u"] == pytest.approx(lr * row["g"] / row["w"], rel=1e-9)
@@ -203,7 +204,7 @@ def test_run_adam_matches_adams_formulas_by_hand():
     for name, grad in my_grads(model, tokens).items():
         m_hat = (1 - 0.9) * grad / (1 - 0.9)  # first step: bias correction undoes (1 - beta)
         v_hat = (1 - 0.999) * grad ** 2 / (1 - 0.999)
-        before = model.get_parameter(name).detach()
+        before = model.series_parameters()[name].detach()
         after = before - lr * m_hat / (v_hat.sqrt() + eps)
         w = after.pow(2).mean().sqrt().item()
         expected_u = (after - before).pow(2).mean().sqrt().item() / w

@@ -13,6 +13,7 @@ import torch
 from models import PRESETS, build_model
 from models.checkpoint import (latest_snapshot, list_snapshots, load_optimizer_state, load_snapshot,
                                resolve_device)
+from models.packed_heads import pack_optimizer_state
 from models.runs import read_run_json
 from train.config import (DistInfo, build_optimizer, lr_at, model_config, resolve_train_config)
 from train.data import check_length, load_corpus
@@ -103,6 +104,7 @@ def restore(snap: Any, resume_from: Path, optimizer: torch.optim.Optimizer, tc: 
     state = load_optimizer_state(resume_from, device)  # torch.load(weights_only=True)
     if state is None:
         raise ValueError(f"--resume: {resume_from} has no optimizer state to continue from")
+    state = pack_optimizer_state(state, optimizer, snap.model)  # saved before heads were packed?
     check_optimizer_state(state, optimizer, resume_from / "optimizer.pt")
     optimizer.load_state_dict(state)
     step = int(snap.step or 0)
