@@ -22,6 +22,7 @@ from models.layers import affine
 from models.packed_heads import KINDS, HeadView, pack_state_dict, packed_source, unpack_state_dict
 
 ATTN_IMPLS = ("auto", "explicit", "fused")
+FINITE = object()  # `qkv_weights`' guard when every q/k weight is finite: nothing to add
 # (output, logsumexp) of causal attention in one fused call; private, so looked up, not assumed
 FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
@@ -83,9 +84,9 @@ class Attention(nn.Module):
 
     def qkv_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """W_QKV, b_QKV (or None) and their `weight_guard`. With gradients on the guard is
-        recomputed at every call; without (probes, sampling) it is kept while the parameters sit
-        at unchanged versions (an optimizer step or `load_state_dict` moves a version; `.to()` /
-        `.half()` clear it in `_apply`)."""
+        recomputed at every call; without (probes, sampling) it is kept (FINITE when it is all
+        zeros) while the parameters sit at unchanged versions (an optimizer step or
+        `load_state_dict` moves a version; `.to()` / `.half()` clear it in `_apply`)."""
         params = self._parameters
         W, b = params["W_QKV"], params.get("b_QKV")
         if (torch.is_grad_enabled() and W.requires_grad) or torch.compiler.is_compiling():
@@ -94,7 +95,9 @@ class Attention(nn.Module):
         key = (id(W), W._version, id(b), None if b is None else b._version)
         if self._guard_cache is None or self._guard_cache[0] != key:
             with torch.no_grad():
-                self._guard_cache = (key, (W, b), self.weight_guard(W, b))
+                guard = self.weight_guard(W, b)
+                # finite weights (the usual case): nothing to add per forward, checked once here
+                self._guard_cache = (key, (W, b), FINITE if not bool(guard.isnan().any()) else guard)
         return W, b, self._guard_cache[2]
 
     def weight_guard(self, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -117,7 +120,8 @@ class Attention(nn.Module):
     def use_fused(self) -> bool:
         if self.impl == "explicit":
             return False
-        hooked = is_hooked(self.hook_attn_scores) or is_hooked(self.hook_pattern)
+        m = self._modules
+        hooked = is_hooked(m["hook_attn_scores"]) or is_hooked(m["hook_pattern"])
         if self.impl == "fused" and hooked:
             raise RuntimeError("attention impl 'fused' cannot feed hooks on scores or pattern")
         return not hooked
@@ -126,8 +130,11 @@ class Attention(nn.Module):
         # x: [batch pos d_model]
         W, b, guard = self.qkv_weights()
         q, k, v = self.project_qkv(x, W, b).unbind(dim=2)  # each [batch pos head d_head]
-        qk_touched = is_hooked(self.hook_q) or is_hooked(self.hook_k)
-        q, k, v = fire(self.hook_q, q), fire(self.hook_k, k), fire(self.hook_v, v)
+        m = self._modules  # not self.hook_q: nn.Module.__getattr__ costs ~1 us a lookup
+        qk_touched = is_hooked(m["hook_q"]) or is_hooked(m["hook_k"])
+        if qk_touched:
+            q, k = fire(m["hook_q"], q), fire(m["hook_k"], k)
+        v = fire(m["hook_v"], v)
         if self.use_fused():
             # a hook on q or k may write non-finite values that no weight shows: check those
             z = self.fused(q, k, v, None if qk_touched else guard)
@@ -135,7 +142,7 @@ class Attention(nn.Module):
             z = self.explicit(q, k, v)
             if self.softmax_sink is not None:
                 self.softmax_sink(q, k, None, None)
-        z = fire(self.hook_z, z)  # [batch pos head d_head]
+        z = fire(m["hook_z"], z)  # [batch pos head d_head]
         return self.output(z)
 
     def explicit(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -149,16 +156,18 @@ class Attention(nn.Module):
         return torch.einsum("bhqk,bkhe->bqhe", pattern, v)
 
     def fused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              guard: torch.Tensor | None = None) -> torch.Tensor:
+              guard: torch.Tensor | object | None = None) -> torch.Tensor:
         """SDPA plus a guard ([batch|1 head 1 1], NaN on a diverged head): `weight_guard` when
-        given, else `nan_guard` on these q and k."""
-        guard = self.nan_guard(q, k) if guard is None else guard.to(q.dtype)
+        given, none for FINITE (weights known finite), else `nan_guard` on these q and k."""
+        guard = self.nan_guard(q, k) if guard is None else guard
         sink = self.softmax_sink
         if sink is not None:
             z = self.fused_with_softmax_stats(q, k, v, sink)
         else:
             z = self.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        return (z + guard).transpose(1, 2)  # [batch pos head d_head]; contiguous: SDPA's layout
+        if guard is not FINITE:
+            z = z + guard.to(z.dtype)
+        return z.transpose(1, 2)  # [batch pos head d_head]
 
     def fused_with_softmax_stats(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink) -> torch.Tensor:
         """The fused attention [batch head pos d_head] of q, k, v [batch pos head d_head] that also
@@ -215,8 +224,8 @@ class Attention(nn.Module):
             result = fire(self.hook_result, torch.einsum("bphe,hed->bphd", z, self.per_head_W_O()))
             out = result.sum(dim=2)  # [batch pos d_model]
         elif self.cfg.attn_out_proj:
-            return affine(z.reshape(batch, pos, self.cfg.d_attn), self.W_O,
-                          self.b_O if self.cfg.has_out_bias else None)  # [batch pos d_model]
+            params = self._parameters
+            return affine(z.reshape(batch, pos, self.cfg.d_attn), params["W_O"], params.get("b_O"))  # [batch pos d_model]
         else:
             return z.reshape(batch, pos, self.cfg.d_attn)  # the series' single head: no W_O
         if self.cfg.has_out_bias:

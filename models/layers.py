@@ -43,7 +43,8 @@ class LayerNorm(nn.Module):
         self.hook_normalized = HookPoint()  # [batch pos d]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (is_hooked(self.hook_scale) or is_hooked(self.hook_normalized)):
+        m = self._modules
+        if not (is_hooked(m["hook_scale"]) or is_hooked(m["hook_normalized"])):
             # nobody looks inside: PyTorch's one fused kernel (the same function to ~1e-7)
             return torch.nn.functional.layer_norm(x, self.normalized_shape, self.gamma, self.beta, self.eps)
         x = x - x.mean(dim=-1, keepdim=True)

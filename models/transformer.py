@@ -27,7 +27,7 @@ from models.config import TransformerConfig
 from models.hooks import fire, rename_hooks_to_tl
 from models.layers import MLP, affine, make_norm, norm_attr
 from models.packed_heads import named_rows
-from models.validation import check_tokens
+from models.validation import check_tokens, vocabulary_error
 
 
 class Block(BlockTLNames, nn.Module):
@@ -57,14 +57,15 @@ class Block(BlockTLNames, nn.Module):
         return F.dropout(x, self.cfg.dropout, True) if self.training and self.cfg.dropout else x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [batch pos d_model]
-        x = fire(self.hook_resid_pre, x)
-        attn_out = fire(self.hook_attn_out, self.dropout(self.attention(self.norm(1, x, "pre"))))
-        x = x + attn_out if self.cfg.residual else attn_out
-        x = fire(self.hook_resid_mid, self.norm(1, x, "post"))
-        mlp_out = fire(self.hook_mlp_out, self.dropout(self.mlp(self.norm(2, x, "pre"))))
-        x = x + mlp_out if self.cfg.residual else mlp_out
-        return fire(self.hook_resid_post, self.norm(2, x, "post"))
+        # x: [batch pos d_model]; submodules read from _modules (nn.Module.__getattr__ costs ~1 us)
+        m, residual = self._modules, self.cfg.residual
+        x = fire(m["hook_resid_pre"], x)
+        attn_out = fire(m["hook_attn_out"], self.dropout(m["attention"](self.norm(1, x, "pre"))))
+        x = x + attn_out if residual else attn_out
+        x = fire(m["hook_resid_mid"], self.norm(1, x, "post"))
+        mlp_out = fire(m["hook_mlp_out"], self.dropout(m["mlp"](self.norm(2, x, "pre"))))
+        x = x + mlp_out if residual else mlp_out
+        return fire(m["hook_resid_post"], self.norm(2, x, "post"))
 
 
 class Transformer(TLWeights, HookedRootModule):
@@ -126,10 +127,17 @@ class Transformer(TLWeights, HookedRootModule):
             block.attention.use_attn_result = on
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = fire(self.hook_embed, self.embedding(tokens))  # [batch pos d_model]
+        try:
+            x = self.embedding(tokens)  # [batch pos d_model]
+        except IndexError:  # an id outside the vocabulary (CPU; on CUDA a device-side assert)
+            error = vocabulary_error(tokens, self.cfg.d_vocab)
+            if error is None:
+                raise
+            raise error from None
+        x = fire(self.hook_embed, x)
         if self.cfg.pos_embed == "learned":
             x = x + fire(self.hook_pos_embed, self.W_pos[: tokens.shape[1]].expand_as(x))
-        return F.dropout(x, self.cfg.dropout, self.training)
+        return F.dropout(x, self.cfg.dropout, True) if self.training and self.cfg.dropout else x
 
     def unembed(self, x: torch.Tensor) -> torch.Tensor:
         if self.cfg.final_norm:
@@ -141,7 +149,8 @@ class Transformer(TLWeights, HookedRootModule):
         return affine(x, self.W_out, self.b_U)  # [batch pos d_vocab]
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        tokens = check_tokens(tokens, self.cfg.d_vocab, self.cfg.n_ctx)  # [batch pos]
+        # ids outside the vocabulary: the embedding lookup raises, `embed` names the id
+        tokens = check_tokens(tokens, self.cfg.d_vocab, self.cfg.n_ctx, check_range=False)  # [batch pos]
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x)

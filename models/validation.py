@@ -6,8 +6,11 @@ import torch
 
 
 def check_tokens(tokens: torch.Tensor, d_vocab: int, n_ctx: int | None = None,
-                 min_len: int = 1) -> torch.Tensor:
-    """Validate a token batch and return it as [batch pos] int64 (a 1-D input gains a batch axis)."""
+                 min_len: int = 1, check_range: bool = True) -> torch.Tensor:
+    """Validate a token batch and return it as [batch pos] int64 (a 1-D input gains a batch axis).
+    `check_range=False` leaves the ids' range to the caller's embedding lookup, which raises
+    IndexError on one outside the vocabulary: `vocabulary_error` then names it. That saves a
+    pass over the ids per forward (the Transformer's forward does this)."""
     if not isinstance(tokens, torch.Tensor):
         raise ValueError(f"tokens must be a torch.Tensor of ids, got {type(tokens).__name__}")
     if tokens.dtype.is_floating_point or tokens.dtype == torch.bool or tokens.is_complex():
@@ -24,9 +27,17 @@ def check_tokens(tokens: torch.Tensor, d_vocab: int, n_ctx: int | None = None,
     # the range check reads min/max: free on the CPU, a host sync per call on an accelerator (where
     # callers check ids on the CPU before moving them; an id out of range still fails in the
     # embedding), and a graph break under torch.compile
-    if tokens.numel() and tokens.device.type == "cpu" and not torch.compiler.is_compiling():
-        low, high = map(int, torch.aminmax(tokens))  # one pass over the ids, not two
-        if low < 0 or high >= d_vocab:
-            bad = low if low < 0 else high
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {d_vocab})")
+    if check_range and tokens.numel() and tokens.device.type == "cpu" and not torch.compiler.is_compiling():
+        error = vocabulary_error(tokens, d_vocab)
+        if error is not None:
+            raise error
     return tokens if tokens.dtype == torch.int64 else tokens.long()
+
+
+def vocabulary_error(tokens: torch.Tensor, d_vocab: int) -> ValueError | None:
+    """The error naming an id of `tokens` outside [0, d_vocab), or None if every id is inside."""
+    low, high = map(int, torch.aminmax(tokens))  # one pass over the ids, not two
+    if low < 0 or high >= d_vocab:
+        bad = low if low < 0 else high
+        return ValueError(f"token id {bad} is outside the vocabulary [0, {d_vocab})")
+    return None
