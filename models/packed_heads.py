@@ -3,7 +3,7 @@
 An `Attention` keeps `W_QKV` [d_model 3*n_heads*d_head] (columns ordered q|k|v, then head, then
 d_head: the layout its one q/k/v matmul wants) and, with biases, `b_QKV` [3*n_heads*d_head]. One
 autograd leaf instead of three per head: a per-head leaf costs its own gradient node and copy,
-about 10 us each per backward (`benchmarks/bench_model.py`, batch 1). What users see keeps the
+10-15 us each per backward (`benchmarks/bench_model.py`, batch 1). What users see keeps the
 series' names:
 
 - `state_dict()` holds `heads.{j}.W_Q|W_K|W_V|b_Q|b_K|b_V` (copies: safetensors refuses tensors
