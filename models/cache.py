@@ -3,8 +3,9 @@
 `cache["pattern", 0]`, `accumulated_resid()`, `decompose_resid()`, `stack_head_results()`,
 `apply_ln_to_stack()` and `logit_attrs()` read the model's `cfg` (see `TransformerConfig`'s
 TransformerLens fields), `blocks[l].attn.W_O` and, for logit attribution, `W_U` and the
-tokenizer. Our parameters keep the series' names and per-head layout (state dicts load
-unchanged); the TransformerLens shapes are read-only stacks of them, built on each access:
+tokenizer. Our state dicts keep the series' per-head names; in memory each layer's q/k/v sit in
+one packed parameter (`models.packed_heads`), and the TransformerLens shapes are built on each
+access (W_Q/W_K/W_V as views of it, W_O and the per-layer stacks as new tensors):
 
     model.blocks[l].attn.W_Q   [head d_model d_head]     model.W_Q   [layer head d_model d_head]
     model.blocks[l].attn.W_O   [head d_head d_model]     model.W_O   [layer head d_head d_model]
@@ -54,8 +55,8 @@ class ScratchCache(ActivationCache):
 
 
 class AttentionWeights:
-    """`blocks[l].attn`: one Attention's weights in TransformerLens shapes (read-only, built on
-    access); any other attribute (hook points, `heads`, `impl`) is the module's own."""
+    """`blocks[l].attn`: one Attention's weights in TransformerLens shapes (built on access);
+    any other attribute (hook points, `heads`, `impl`) is the module's own."""
 
     def __init__(self, attention: torch.nn.Module):
         self.module = attention
@@ -71,8 +72,7 @@ class AttentionWeights:
     def _stack_or_zeros(self, name: str) -> torch.Tensor:
         if hasattr(self.module.heads[0], name):
             return self.module.stacked(name)
-        like = self.module.heads[0].W_Q
-        return like.new_zeros(self.module.cfg.n_heads, self.module.cfg.d_head)  # no biases
+        return self.module.W_QKV.new_zeros(self.module.cfg.n_heads, self.module.cfg.d_head)  # no biases
 
     W_Q = property(lambda self: self.module.stacked("W_Q"), doc="[head d_model d_head]")
     W_K = property(lambda self: self.module.stacked("W_K"), doc="[head d_model d_head]")
@@ -91,7 +91,7 @@ class AttentionWeights:
         """[d_model], zeros when W_O has no bias (or there is no W_O)."""
         if self.module.cfg.has_out_bias:
             return self.module.b_O
-        return self.module.heads[0].W_Q.new_zeros(self.module.cfg.d_model)
+        return self.module.W_QKV.new_zeros(self.module.cfg.d_model)
 
 
 class BlockTLNames:

@@ -10,8 +10,9 @@ series' names:
   that share storage), and `load_state_dict` packs them back, so series `.pt` files and
   snapshots saved before the packing load unchanged;
 - `attention.heads[j].W_Q` is a [d_model d_head] view of the packed parameter (writes go through);
-- `head_rows` splits a packed parameter (or its gradient) into one row per head, which the g/w/u
-  table reports; `pack_optimizer_state` reads optimizer state saved with per-head parameters.
+- `series_layout` / `named_rows` list every parameter (or its gradient) under the series' names,
+  one row per head, as the g/w/u table reports them; `pack_optimizer_state` reads optimizer state
+  saved with per-head parameters.
 """
 
 from __future__ import annotations
@@ -77,28 +78,36 @@ def head_rows(attention: Any, tensors: dict[str, torch.Tensor | None]) -> dict[s
             for name, packed, cols in per_head_names(attention)}
 
 
-def named_rows(model: torch.nn.Module, pick: Any = None) -> dict[str, Any]:
-    """Every trainable parameter by name (`named_parameters` order), a layer's packed q/k/v split
-    into its heads' series names and views; `pick(param)` chooses what is listed (default the
-    parameter; e.g. its gradient, None where it has none)."""
-    pick = pick or (lambda p: p)
-    owners: dict[int, tuple[str, Any]] = {}  # a layer's first packed parameter -> (prefix, layer)
+def series_layout(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Parameter, slice | None]]:
+    """Each trainable parameter under its series name and in the series' order (`named_parameters`
+    order, a layer's heads where its packed q/k/v sits): (name, the parameter holding it now, its
+    columns there or None for a whole parameter)."""
+    layers: dict[int, tuple[str, Any]] = {}  # a layer's first packed parameter -> (prefix, layer)
     later: set[int] = set()  # its other packed parameters: listed with the first
     for prefix, module in model.named_modules():
         packed = [p for n in PACKED.values() if (p := module._parameters.get(n)) is not None]
         if PACKED["W"] in module._parameters:
-            owners[id(packed[0])] = (prefix + "." if prefix else "", module)
+            layers[id(packed[0])] = (prefix + "." if prefix else "", module)
             later.update(id(p) for p in packed[1:])
-    rows: dict[str, Any] = {}
     for name, param in model.named_parameters():
         if not param.requires_grad or id(param) in later:
             continue
-        if id(param) not in owners:
-            rows[name] = pick(param)
+        if id(param) not in layers:
+            yield name, param, None
             continue
-        prefix, module = owners[id(param)]
-        tensors = {n: pick(module._parameters[n]) for n in PACKED.values() if module._parameters.get(n) is not None}
-        rows.update((prefix + key, value) for key, value in head_rows(module, tensors).items())
+        prefix, module = layers[id(param)]
+        for key, packed_name, cols in per_head_names(module):
+            yield prefix + key, module._parameters[packed_name], cols
+
+
+def named_rows(model: torch.nn.Module, pick: Any = None) -> dict[str, Any]:
+    """Every trainable parameter by its series name (`series_layout`), a head as a view of its
+    packed parameter; `pick(param)` chooses what is listed (default the parameter; e.g. its
+    gradient, None where it has none)."""
+    rows: dict[str, Any] = {}
+    for name, param, cols in series_layout(model):
+        value = param if pick is None else pick(param)
+        rows[name] = value if cols is None or value is None else value[..., cols]
     return rows
 
 
@@ -143,33 +152,14 @@ def pack_state_dict(attention: Any, state_dict: dict, prefix: str, local_metadat
 
 # ---------------------------------------------------------------- optimizer state
 
-def series_parameter_order(model: torch.nn.Module) -> list[tuple[int, slice | None]]:
-    """The trainable parameters as they were ordered before the packing: for each, the index of
-    the parameter that holds it now and, for a head's weight or bias, its columns there."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    index = {id(p): i for i, p in enumerate(params)}
-    owner = {id(m._parameters[packed]): m for m in model.modules() if PACKED["W"] in m._parameters
-             for packed in PACKED.values() if m._parameters.get(packed) is not None}
-    order: list[tuple[int, slice | None]] = []
-    for p in params:
-        if id(p) not in owner:
-            order.append((index[id(p)], None))
-        elif id(p) == id(next(owner[id(p)]._parameters[n] for n in PACKED.values()
-                                if owner[id(p)]._parameters.get(n) is not None)):
-            # a layer's first packed parameter stands for all its heads (they came after W_O, b_O)
-            module = owner[id(p)]
-            order += [(index[id(module._parameters[packed])], cols) for _, packed, cols in per_head_names(module)]
-    return order
-
-
 def pack_optimizer_state(state: dict, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> dict:
     """Optimizer state saved when each head had its own parameters, rewritten for the packed
     ones (per-head moments side by side, as the weights are). Each parameter group keeps its
-    parameters in model order, so group by group the saved ids map onto `series_parameter_order`.
+    parameters in model order, so group by group the saved ids map onto `series_layout`.
     State that already fits, or that this cannot map (another model), comes back unchanged for
     `check_optimizer_state` to judge."""
     model_params = [p for p in model.parameters() if p.requires_grad]
-    order = [(model_params[i], cols) for i, cols in series_parameter_order(model)]
+    order = [(param, cols) for _, param, cols in series_layout(model)]  # as the state was saved
     groups = state.get("param_groups") if isinstance(state, dict) else None
     saved = state.get("state") if isinstance(state, dict) else None
     if not isinstance(groups, list) or not isinstance(saved, dict) or len(groups) != len(optimizer.param_groups) \

@@ -30,6 +30,11 @@ from models.packed_heads import named_rows
 from models.validation import check_tokens, vocabulary_error
 
 
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """`F.dropout`, skipped outright when it would be the identity (no op call per forward)."""
+    return F.dropout(x, p, True) if training and p else x
+
+
 class Block(BlockTLNames, nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -54,7 +59,7 @@ class Block(BlockTLNames, nn.Module):
         return self._modules[self._norm_names[index]](x)
 
     def dropout(self, x: torch.Tensor) -> torch.Tensor:
-        return F.dropout(x, self.cfg.dropout, True) if self.training and self.cfg.dropout else x
+        return dropout(x, self.cfg.dropout, self.training)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [batch pos d_model]; submodules read from _modules (nn.Module.__getattr__ costs ~1 us)
@@ -137,7 +142,7 @@ class Transformer(TLWeights, HookedRootModule):
         x = fire(self.hook_embed, x)
         if self.cfg.pos_embed == "learned":
             x = x + fire(self.hook_pos_embed, self.W_pos[: tokens.shape[1]].expand_as(x))
-        return F.dropout(x, self.cfg.dropout, True) if self.training and self.cfg.dropout else x
+        return dropout(x, self.cfg.dropout, self.training)
 
     def unembed(self, x: torch.Tensor) -> torch.Tensor:
         if self.cfg.final_norm:
