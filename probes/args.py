@@ -175,3 +175,22 @@ def updates_parser() -> Parser:
     parser.add_argument("--band", nargs=2, type=float, metavar=("LO", "HI"), default=list(TARGET_BAND),
                         help="healthy band of log10(u) (default -4 -2: makemore's target is -3)")
     return parser
+
+
+def diagnose_parser() -> Parser:
+    examples = ["--ckpt checkpoints/transformer4_nan", "--ckpt checkpoints/transformer4_nan --step 3",
+                f"--ckpt {RUN} --json", "--ckpt runs/x --fail-on warning"]
+    parser = Parser(
+        prog="python -m probes.diagnose",
+        description="The run doctor: read what a run logged (metrics.jsonl, run.json) and say what "
+                    "went wrong, from which step, the evidence, the cause and what to change, ranked by "
+                    "severity. Exit 0 whatever the verdict (see --fail-on), 2 for unusable input.",
+        epilog="examples:\n" + "".join(f"  python -m probes.diagnose {e}\n" for e in examples))
+    parser.add_argument("--ckpt", required=True, metavar="RUN_DIR",
+                        help="a run directory (or a snapshot inside one: the run up to that snapshot)")
+    parser.add_argument("--step", type=NON_NEGATIVE_INT, metavar="N",
+                        help="diagnose the run up to step N only, as if it had stopped there")
+    parser.add_argument("--fail-on", choices=("warning", "failed"),
+                        help="exit 1 when a finding is at least this severe (for scripts and CI)")
+    add_json_argument(parser)
+    return parser

@@ -17,13 +17,10 @@ import torch
 from models.cli import EXIT_BAD_INPUT, run_cli, to_jsonable  # noqa: F401  (re-exported for probes)
 from models.loss import block_len
 from probes.args import add_input_arguments  # noqa: F401  (torch-free; re-exported for callers)
+from probes.errors import ProbeInputError  # noqa: F401  (re-exported for probes)
 
 log = logging.getLogger(__name__)
 
-
-
-class ProbeInputError(ValueError):
-    """Bad input to a probe: the message is one line that names the problem."""
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ import torch
 from probes.args import entropy_parser as build_parser
 from probes.common import (as_batches, check_layer_head, model_device, print_json, require_attention,
                            run_cli, to_jsonable, token_batches, tokens_or_text)
+from probes.timeline import uniform_series_entropy  # noqa: F401 (re-exported)
 from probes.row_stats import EPS, SUMS, PatternStats, collect_stats, log_keys  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
@@ -55,11 +56,6 @@ def normalized_entropy(pattern: torch.Tensor, eps: float = EPS) -> torch.Tensor:
     """H_i / ln(i + 1) for the rows with two or more keys: [... q k] -> [... q-1] (rows 1..q-1)."""
     ent = attention_entropy(pattern, eps)[..., 1:]
     return ent / log_keys(pattern.shape[-2], ent.device)[1:].to(ent.dtype)
-
-
-def uniform_series_entropy(n: int) -> float:
-    """The series' mean entropy of a causal head attending uniformly over n rows: ln(n!) / n."""
-    return math.lgamma(n + 1) / n
 
 
 # ---------------------------------------------------------------- the report

@@ -1,0 +1,325 @@
+"""The run doctor's rules on what the model does inside: attention entropy (collapse, uniform
+heads), attention- and output-logit growth, update ratios per parameter group (and the series'
+slow Q/K under SGD), dead and saturated units. Same contract as `probes.rules_loss`."""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from typing import Any
+
+from probes.finding import (MAKEMORE_ACTIVATIONS, MAKEMORE_UPDATES, SERIES_ADAM, SERIES_ATTENTION,
+                            WORTSMAN, ZHAI, Finding, NotChecked, rule)
+from probes.run_history import RunHistory, as_float
+from probes.signals import first_nonfinite, layer_values, ten_fold
+from probes.thresholds import DoctorThresholds
+from probes.timeline import entropy_timeline, stayed_from
+from probes.update_report import TARGET_BAND, UpdateReport
+
+__all__ = ["activations", "attention", "attn_logit_growth", "output_logit_growth", "update_ratios"]
+
+
+def before_nonfinite(h: RunHistory) -> list[dict[str, Any]]:
+    """The records before the first one holding a NaN (what a diverged run was doing until then)."""
+    bad = first_nonfinite(h)
+    return [r for r in h.records if bad is None or r["step"] < bad[0]]
+
+
+def head_names(pairs: list[tuple[int, int]]) -> tuple[str, ...]:
+    return tuple(f"L{l}H{h}" for l, h in pairs)
+
+
+# ------------------------------------------------------------------ attention entropy
+
+@rule("attention_collapse", "uniform_heads")
+def attention(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
+    records = [r for r in before_nonfinite(h) if r.get("attn_entropy")]
+    n_ctx = h.model.get("n_ctx")
+    if not records:
+        raise NotChecked("not logged: no attention entropy (a model without attention, or no eval steps)")
+    if not isinstance(n_ctx, int) or n_ctx < 2:
+        raise NotChecked("not logged: no n_ctx in run.json or a snapshot's config.json")
+    timeline = entropy_timeline(records, n_ctx, collapse=t.collapse_fraction, uniform=t.uniform_fraction)
+    findings = []
+    collapsed = [(l, hd, s) for l, row in enumerate(timeline.collapsed) for hd, s in enumerate(row) if s is not None]
+    if collapsed:
+        findings.append(collapse_finding(h, timeline, collapsed, records))
+    uniform = [(l, hd) for l, row in enumerate(timeline.uniform) for hd, s in enumerate(row) if s is not None]
+    if uniform and timeline.last_step > timeline.first_step:
+        findings.append(uniform_finding(timeline, uniform))
+    return findings
+
+
+def collapse_finding(h: RunHistory, timeline: Any, collapsed: list[tuple[int, int, int]],
+                     records: list[dict[str, Any]]) -> Finding:
+    whole = [l for l, row in enumerate(timeline.collapsed) if row and all(s is not None for s in row)]
+    step = min(s for _, _, s in collapsed)
+    last = timeline.final_entropy
+    lowest = min(last[l][hd] for l, hd, _ in collapsed)
+    evidence: dict[str, Any] = {"heads_collapsed": len(collapsed), "lowest_entropy_nats": lowest,
+                                "uniform_entropy_nats": timeline.uniform_nats,
+                                "fraction_of_uniform": lowest / timeline.uniform_nats}
+    logits = [max(vs) for r in records for vs in [max_head_logit(r)] if vs]
+    if logits:
+        evidence.update({"attn_logit_max_start": logits[0], "attn_logit_max_last": logits[-1]})
+    unscaled = h.model.get("attn_scale") == "none"
+    where = tuple(f"layer {l} (all heads)" for l in whole) or head_names([(l, hd) for l, hd, _ in collapsed])
+    return Finding(
+        "attention_collapse", "failed" if whole else "warning",
+        f"attention collapsed to one-hot in {', '.join(where)} from step {step} "
+        f"(entropy {lowest:.3g} nats, uniform is {timeline.uniform_nats:.2f})", step=step,
+        warning_step=step, where=where, evidence=evidence,
+        cause=("the scores q.k are not divided by sqrt(d): they grow with d, the softmax saturates "
+               "on one key and its gradient vanishes (entropy collapse)") if unscaled else
+              "the attention scores grew until the softmax saturated on one key; the gradient "
+              "through it vanishes and the head stops learning (entropy collapse)",
+        fix="scale the scores by 1/sqrt(d) (--set attn_scale=sqrt_d_model, as the series did) and "
+            "keep a residual path" if unscaled else
+            "lower the learning rate, or normalise queries and keys (QK-layernorm); Zhai et al. "
+            "bound the scores with sigma-reparam",
+        reference=f"{SERIES_ATTENTION}; {ZHAI}" if unscaled else ZHAI, page="dynamics")
+
+
+def uniform_finding(timeline: Any, uniform: list[tuple[int, int]]) -> Finding:
+    layers = sorted({l for l, _ in uniform})
+    step = min(timeline.uniform[l][hd] for l, hd in uniform)
+    return Finding(
+        "uniform_heads", "info", f"{len(uniform)} head{'s' if len(uniform) > 1 else ''} "
+        f"attend{'s' if len(uniform) == 1 else ''} almost uniformly (layer{'s' if len(layers) > 1 else ''} "
+        f"{', '.join(map(str, layers))}): {'they average' if len(uniform) > 1 else 'it averages'} the context",
+        step=step, where=head_names(uniform),
+        evidence={"heads": len(uniform), "uniform_entropy_nats": timeline.uniform_nats,
+                  "threshold_fraction": timeline.thresholds["uniform"]},
+        cause="the head's scores barely differ between keys, so it passes the mean of its context",
+        fix="often harmless in a first layer; if many heads stay uniform they are spare capacity: "
+            "fewer or wider heads, or a higher learning rate for attention",
+        reference="Clark et al. 2019, What Does BERT Look At? (broad attention heads)", page="attention")
+
+
+# ------------------------------------------------------------------ logit growth
+
+def max_head_logit(record: dict[str, Any]) -> list[float]:
+    return [v for vs in layer_values(record.get("attn_logit_max")).values() for v in vs if math.isfinite(v)]
+
+
+@rule("attn_logit_growth")
+def attn_logit_growth(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
+    records = [r for r in before_nonfinite(h) if r.get("attn_logit_max")]
+    if not records:
+        raise NotChecked("not logged: attn_logit_max is not in metrics.jsonl (a run trained before "
+                         "it was logged, or a model without attention)")
+    flagged = []
+    for layer, heads in layer_values(records[-1]["attn_logit_max"]).items():
+        for head in range(len(heads)):
+            pick = lambda r, l=layer, i=head: (lambda vs: vs[i] if i < len(vs) else math.nan)(  # noqa: E731
+                layer_values(r["attn_logit_max"]).get(l, []))
+            hit = ten_fold(records, pick, t.growth_orders)
+            peak = max((v for r in records if math.isfinite(v := pick(r))), default=math.nan)
+            if hit and peak >= t.attn_logit_max:
+                flagged.append((int(layer), head, hit[0], pick(records[0]), peak))
+    if not flagged:
+        return []
+    step = min(f[2] for f in flagged)
+    worst = max(flagged, key=lambda f: f[4])
+    return [Finding(
+        "attn_logit_growth", "warning", f"attention logits grew more than ten-fold in "
+        f"{len(flagged)} head{'s' if len(flagged) > 1 else ''}, to {worst[4]:.1f} in L{worst[0]}H{worst[1]}",
+        step=step, where=head_names([(f[0], f[1]) for f in flagged]),
+        evidence={"heads": len(flagged), "start": worst[3], "peak": worst[4],
+                  "growth": worst[4] / worst[3] if worst[3] > 0 else math.nan},
+        cause="query and key weights grow together, so the scores grow quadratically and the "
+              "softmax heads for one-hot (the precursor of entropy collapse and loss spikes)",
+        fix="normalise queries and keys (QK-layernorm) or lower the learning rate",
+        reference=WORTSMAN, page="dynamics")]
+
+
+@rule("output_logit_growth")
+def output_logit_growth(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
+    records = [r for r in before_nonfinite(h) if "logit_max" in r]
+    if not records:
+        raise NotChecked("not logged: logit_max is not in metrics.jsonl (a run trained before it was logged)")
+    value = lambda r: as_float(r.get("logit_max"))  # noqa: E731
+    hit = ten_fold(records, value, t.growth_orders)
+    peak = max((v for r in records if math.isfinite(v := value(r))), default=math.nan)
+    if not hit or not peak >= t.output_logit_max:
+        return []
+    return [Finding(
+        "output_logit_growth", "warning", f"the largest output logit grew {hit[1]:.0f}x, to {peak:.1f}",
+        step=hit[0], where=("output logits",),
+        evidence={"start": value(records[0]), "peak": peak, "growth_at_step": hit[1]},
+        cause="the output logits drift apart from the log-probabilities' scale (output-logit "
+              "divergence): the softmax saturates and the loss becomes unstable",
+        fix="add a z-loss (1e-4 * log^2 Z) or weight decay on the unembedding",
+        reference=WORTSMAN, page="dynamics")]
+
+
+# ------------------------------------------------------------------ update ratios
+
+BLOCK = re.compile(r"^blocks\.(\d+)\.")
+MIN_WINDOW = 3  # logged g/w/u steps in the later half before the Q/K gap is judged
+
+
+@rule("update_ratio_high", "update_ratio_low", "slow_qk")
+def update_ratios(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
+    logged = [r for r in before_nonfinite(h) if isinstance(r.get("gwu"), dict) and r["gwu"]]
+    if not logged:
+        raise NotChecked("not logged: no g/w/u table in metrics.jsonl")
+    reports = [UpdateReport.from_table(r["gwu"], step=r["step"]) for r in logged]
+    window = reports[len(reports) // 2:]  # the later half: past the first steps' transients
+    medians = {g: statistics.median(vs) for g in window[-1].groups
+               if (vs := [r.groups[g]["median_log10_u"] for r in window
+                          if g in r.groups and r.groups[g]["median_log10_u"] is not None])}
+    findings = [f for f in (ratio_high(reports, medians, t), ratio_low(reports, window, medians, t)) if f]
+    gap = slow_qk(h, reports, window, t)
+    return findings + ([gap] if gap else [])
+
+
+def stayed_beyond(reports: list[UpdateReport], group: str, beyond: Any) -> int:
+    flags = [beyond(r.groups[group]["median_log10_u"]) if group in r.groups
+             and r.groups[group]["median_log10_u"] is not None else False for r in reports]
+    start = stayed_from([r.step for r in reports], flags)
+    return start if start is not None else next(r.step for r, f in zip(reports, flags) if f)
+
+
+def ratio_high(reports: list[UpdateReport], medians: dict[str, float], t: DoctorThresholds) -> Finding | None:
+    high = {g: m for g, m in medians.items() if m > TARGET_BAND[1]}
+    if not high:
+        return None
+    worst = max(high, key=high.get)
+    step = stayed_beyond(reports, worst, lambda v: v > TARGET_BAND[1])
+    return Finding(
+        "update_ratio_high", "warning" if high[worst] > t.u_high else "info",
+        f"{', '.join(high)} update{'s' if len(high) == 1 else ''} too fast: median log10 u "
+        f"{high[worst]:+.2f} ({worst}), above the band's {TARGET_BAND[1]:g}", step=step,
+        where=tuple(high), evidence={f"log10_u {g}": m for g, m in high.items()},
+        cause="each step moves these weights by more than a hundredth of their size: the learning "
+              "rate is too high for them",
+        fix="lower the learning rate (or that group's), or add warmup", reference=MAKEMORE_UPDATES,
+        page="dynamics")
+
+
+def ratio_low(reports: list[UpdateReport], window: list[UpdateReport], medians: dict[str, float],
+              t: DoctorThresholds) -> Finding | None:
+    low = {g: m for g, m in medians.items() if m < TARGET_BAND[0]}
+    frozen = sorted({n for r in window for n in r.parameters}
+                    - {n for r in window for n, row in r.parameters.items() if row["u"] != 0})
+    if not low and not frozen:
+        return None
+    severe = frozen or any(m < t.u_low for m in low.values())
+    step = stayed_beyond(reports, min(low, key=low.get), lambda v: v < TARGET_BAND[0]) if low else window[0].step
+    names = list(low) + ([f"{len(frozen)} frozen parameters"] if frozen else [])
+    return Finding(
+        "update_ratio_low", "warning" if severe else "info",
+        f"{', '.join(names)} barely move: " + (", ".join(f"median log10 u {m:+.2f} ({g})" for g, m in low.items())
+                                              or "u = 0 at every logged step"), step=step,
+        where=tuple(low) + tuple(frozen[:5]),
+        evidence={**{f"log10_u {g}": m for g, m in low.items()}, "frozen": len(frozen)},
+        cause="each step moves these weights by less than a ten-thousandth of their size, so they "
+              "hardly train" + (" (u = 0: they do not move at all)" if frozen else ""),
+        fix="raise the learning rate (or that group's); check that frozen parameters get a gradient",
+        reference=MAKEMORE_UPDATES, page="dynamics")
+
+
+def block_gaps(report: UpdateReport) -> dict[int, tuple[float, float]]:
+    """{block: (Q/K median log10 u, MLP median log10 u)} for the blocks that have both."""
+    logs: dict[tuple[int, str], list[float]] = {}
+    for name, row in report.parameters.items():
+        match = BLOCK.match(name)
+        group = report.group_of[name]
+        if match and row["log10_u"] is not None and group in ("attention Q/K", "MLP"):
+            logs.setdefault((int(match.group(1)), group), []).append(row["log10_u"])
+    return {b: (statistics.median(logs[b, "attention Q/K"]), statistics.median(logs[b, "MLP"]))
+            for b, g in logs if g == "MLP" and (b, "attention Q/K") in logs}
+
+
+def slow_qk(h: RunHistory, reports: list[UpdateReport], window: list[UpdateReport],
+            t: DoctorThresholds) -> Finding | None:
+    if len(window) < MIN_WINDOW:
+        return None  # a gap over one or two steps says more about the first steps than the optimizer
+    per_step = [block_gaps(r) for r in window]
+    blocks = sorted(set().union(*per_step)) if per_step else []
+    gaps = {b: statistics.median([g[b][1] - g[b][0] for g in per_step if b in g]) for b in blocks}
+    slow = {b: gap for b, gap in gaps.items() if gap >= t.slow_qk_orders}
+    if not slow:
+        return None
+    worst = max(slow, key=slow.get)
+    optimizer = h.train_config("optimizer")
+    qk, mlp = (statistics.median([g[worst][i] for g in per_step if worst in g]) for i in (0, 1))
+    sgd = optimizer in ("sgd", None)
+    return Finding(
+        "slow_qk", "warning", f"block {worst}'s attention Q/K moves {slow[worst]:.2f} orders of magnitude "
+        f"slower than its MLP" + (f" under {optimizer.upper()}" if optimizer else ""),
+        step=window[0].step, where=tuple(f"blocks.{b} Q/K" for b in slow),
+        evidence={"gap_orders": slow[worst], "qk_log10_u": qk, "mlp_log10_u": mlp,
+                  "optimizer": optimizer or "not logged", **{f"gap block {b}": g for b, g in slow.items()}},
+        cause="SGD moves each weight in proportion to its gradient, and the Q/K gradients are far "
+              "smaller than the MLP's: attention learns last" if sgd else
+              "the Q/K gradients are far smaller than the MLP's, so attention learns last",
+        fix="use Adam (--optimizer adam --lr 1e-3): its per-parameter steps close the gap (the "
+            "series: about one order under SGD, 0.3 under Adam)" if sgd else
+            "raise the attention's learning rate or check the Q/K init",
+        reference=SERIES_ADAM, page="dynamics")
+
+
+# ------------------------------------------------------------------ activation health
+
+@rule("dead_units", "saturated_units")
+def activations(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
+    logged = [r for r in before_nonfinite(h) if isinstance(r.get("activations"), dict) and r["activations"]]
+    if not logged:
+        raise NotChecked("not logged: no activation health in metrics.jsonl (no eval steps, or a "
+                         "run trained before it was logged)")
+    act_fn = h.model.get("act_fn", "relu")
+    last = {layer: (as_float(s.get("dead")), as_float(s.get("saturated")))
+            for layer, s in logged[-1]["activations"].items() if isinstance(s, dict)}
+    history = [(r["step"], r["activations"]) for r in logged]
+    dead = {l: d for l, (d, zeros) in last.items()
+            if d >= t.dead_info or (act_fn == "relu" and zeros >= t.relu_zero_info)}
+    flat = {l: sat for l, (_, sat) in last.items() if act_fn != "relu" and sat >= t.saturated_info}
+    findings = [dead_finding(dead, last, act_fn, history, t)] if dead else []
+    return findings + ([saturated_finding(flat, act_fn, history, t)] if flat else [])
+
+
+def since(history: list[tuple[int, dict]], layer: str, key: str, limit: float) -> int:
+    """The logged step from which `layer`'s `key` stayed at or above `limit`."""
+    flags = [as_float((stats.get(layer) or {}).get(key)) >= limit for _, stats in history]
+    start = stayed_from([s for s, _ in history], flags)
+    return start if start is not None else history[-1][0]
+
+
+def dead_finding(dead: dict[str, float], last: dict[str, tuple[float, float]], act_fn: str,
+                 history: list[tuple[int, dict]], t: DoctorThresholds) -> Finding:
+    worst = max(dead, key=lambda l: (dead[l], last[l][1]))
+    share, zeros = last[worst]
+    relu = act_fn == "relu" and math.isfinite(zeros)
+    step = min(since(history, l, "dead", t.dead_info) if dead[l] >= t.dead_info
+               else since(history, l, "saturated", t.relu_zero_info) for l in dead)
+    zero_text = f", {zeros:.0%} of its ReLU outputs are zero" if relu else ""
+    others = f" (and {len(dead) - 1} more layer{'s' if len(dead) > 2 else ''})" if len(dead) > 1 else ""
+    return Finding(
+        "dead_units", "warning" if max(dead.values()) >= t.dead_warning else "info",
+        f"{worst}: {share:.0%} of units dead{zero_text}{others}", step=step, where=tuple(dead),
+        evidence={"dead_share": share, **({"zero_share": zeros} if relu else {}), "act_fn": act_fn,
+                  **{f"dead {l}": d for l, d in dead.items() if l != worst}},
+        cause="units whose input never turns positive get no gradient and never come back (dead "
+              "ReLUs); a layer whose outputs are mostly zero uses little of its width",
+        fix="lower the learning rate or fix the init (Kaiming: std = gain / sqrt(fan_in)); a "
+            "smoother activation (GELU) keeps units alive",
+        reference=MAKEMORE_ACTIVATIONS, page="overview")
+
+
+def saturated_finding(flat: dict[str, float], act_fn: str, history: list[tuple[int, dict]],
+                      t: DoctorThresholds) -> Finding:
+    worst = max(flat, key=flat.get)
+    others = f" (and {len(flat) - 1} more layer{'s' if len(flat) > 2 else ''})" if len(flat) > 1 else ""
+    return Finding(
+        "saturated_units", "warning" if flat[worst] >= t.saturated_warning else "info",
+        f"{worst}: {flat[worst]:.0%} of {act_fn} activations in the flat tail{others}",
+        step=min(since(history, l, "saturated", t.saturated_info) for l in flat), where=tuple(flat),
+        evidence={"saturated_share": flat[worst], "act_fn": act_fn,
+                  **{f"saturated {l}": v for l, v in flat.items() if l != worst}},
+        cause=f"pre-activations too large in magnitude put {act_fn} where its slope is ~0, so "
+              "little gradient flows back through those units",
+        fix="shrink the layer's init (makemore: tanh gain 5/3 / sqrt(fan_in)) or normalise its input",
+        reference=MAKEMORE_ACTIVATIONS, page="overview")

@@ -1,0 +1,237 @@
+"""The run doctor's rules on the losses and the gradient norm: the initial loss, divergence (and
+what grew before it), overfitting, plateaus and gradient spikes. Each rule takes a RunHistory and
+the thresholds and returns findings, or raises NotChecked saying why it could not look."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from probes.finding import (MAKEMORE_INIT, MAKEMORE_SPLITS, PASCANU, SERIES_RMSNORM, WORTSMAN, Finding,
+                            NotChecked, rule)
+from probes.run_history import RunHistory, as_float
+from probes.signals import first_nonfinite, growth_signals, max_group_log10_u, max_value
+from probes.thresholds import DoctorThresholds
+
+__all__ = ["divergence", "grad_spike", "init_loss", "overfitting", "plateau"]
+
+
+def finite_series(h: RunHistory, key: str) -> list[tuple[int, float]]:
+    return [(s, v) for s, v in h.series(key) if math.isfinite(v)]
+
+
+def loss_key(h: RunHistory, min_points: int = 3) -> str:
+    """val_loss where enough evals were logged (fixed batches: only the weights move it), else
+    the train loss; NotChecked when neither has `min_points` finite values."""
+    for key in ("val_loss", "train_loss"):
+        if len(finite_series(h, key)) >= min_points:
+            return key
+    raise NotChecked(f"not enough data: fewer than {min_points} logged losses")
+
+
+# ------------------------------------------------------------------ the initial loss
+
+@rule("init_loss_high")
+def init_loss(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
+    d_vocab = h.model.get("d_vocab")
+    if not isinstance(d_vocab, int) or d_vocab < 2:
+        raise NotChecked("not logged: no d_vocab in run.json or a snapshot's config.json")
+    start = next((r for r in h.records if r["step"] == 0 and "val_loss" in r), None)
+    key = "val_loss"
+    if start is None:  # no eval at step 0: a train loss over step 0 alone (--log-every 1) will do
+        start, key = next((r for r in h.records if r["step"] == 1 and "train_loss" in r), None), "train_loss"
+        if start is None or h.train_config("log_every") != 1:
+            raise NotChecked("not enough data: no loss logged at step 0")
+    loss = as_float(start[key])
+    if not math.isfinite(loss):
+        return []  # the divergence rule reports a loss that is non-finite from the start
+    expected = math.log(d_vocab)
+    excess = loss - expected
+    if excess <= t.init_excess_info:
+        return []
+    return [Finding(
+        "init_loss_high", "warning" if excess > t.init_excess_warning else "info",
+        f"initial loss {loss:.2f} is {excess:.2f} nats above ln({d_vocab}) = {expected:.2f}",
+        step=start["step"], where=("output logits at init",),
+        evidence={"initial_loss": loss, "expected_ln_vocab": expected, "excess_nats": excess},
+        cause="the logits at init are far from zero, so the model starts confidently wrong and its "
+              "first steps are spent shrinking them (makemore's hockey-stick loss)",
+        fix="initialise the output layer small (e.g. scale W_out by 0.01 and zero its bias) so "
+            "the first predictions are near uniform",
+        reference=MAKEMORE_INIT, page="overview")]
+
+
+# ------------------------------------------------------------------ divergence
+
+@rule("divergence")
+def divergence(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
+    bad = first_nonfinite(h)
+    limit = bad[0] if bad else None
+    signals = growth_signals(h, t, before=limit)
+    if bad is None:
+        return rising_loss(h, t, signals)
+    step, what = bad
+    warning = signals[0] if signals and signals[0][0] < step else None
+    evidence: dict[str, Any] = {"first_nonfinite_step": step, "nonfinite": "; ".join(what)}
+    if warning:
+        evidence.update({"grew_first": warning[1], "grew_first_step": warning[0],
+                         "grew_first_by": warning[2], "steps_of_warning": step - warning[0]})
+    evidence["then"] = "; ".join(f"{label} at step {s} ({by})" for s, label, by in signals[1:4]) or "-"
+    evidence.update(before_failure(h, step))
+    return [Finding(
+        "divergence", "failed", f"the run diverged: {what[0]} at step {step}", step=step,
+        warning_step=warning[0] if warning else None, where=tuple(what), evidence=evidence,
+        cause="activations or weights grew until they overflowed"
+              + (f"; the first sign was the {warning[1]} at step {warning[0]}" if warning else ""),
+        fix=divergence_fix(h), reference=f"{SERIES_RMSNORM}; {WORTSMAN}", page="dynamics")]
+
+
+def rising_loss(h: RunHistory, t: DoctorThresholds, signals: list[tuple[int, str, str]]) -> list[Finding]:
+    """No NaN yet, but the train loss climbed a nat above its best so far and is still there."""
+    key = "train_loss" if finite_series(h, "train_loss") else "val_loss"
+    series = finite_series(h, key)
+    if len(series) < 2:
+        return []
+    best_step, best = min(series[:-1], key=lambda sv: sv[1])
+    last_step, last = series[-1]
+    if last - best < t.loss_rise or last_step <= best_step:
+        return []
+    start = next(s for s, v in series if s > best_step and v - best >= t.loss_rise)
+    warning = signals[0][0] if signals else start
+    return [Finding(
+        "divergence", "warning", f"the {key.replace('_', ' ')} is rising: {best:.2f} at step "
+        f"{best_step} -> {last:.2f} at step {last_step}", step=start, warning_step=min(warning, start),
+        where=(key.replace("_", " "),),
+        evidence={"best_loss": best, "best_step": best_step, "last_loss": last, "rise_nats": last - best,
+                  "signals": "; ".join(f"{label} at step {s} ({by})" for s, label, by in signals[:4]) or "-",
+                  **before_failure(h, last_step + 1)},
+        cause="the updates are too large for the loss surface: each step overshoots",
+        fix=divergence_fix(h), reference=f"{SERIES_RMSNORM}; {WORTSMAN}", page="dynamics")]
+
+
+def divergence_fix(h: RunHistory) -> str:
+    lr = h.train_config("lr")
+    lower = f"lower the learning rate (it is {lr:g}; try 3-10x less)" if isinstance(lr, (int, float)) \
+        else "lower the learning rate"
+    if h.model.get("family") == "transformer" and h.model.get("norm") == "none":
+        return f"normalise (RMSNorm before attention and MLP: --set norm=rms) and {lower}"
+    return f"{lower}; add warmup or gradient clipping (--grad-clip 1.0)"
+
+
+def before_failure(h: RunHistory, step: int) -> dict[str, Any]:
+    """The last finite gradient norm, largest group update ratio and residual rms before `step`."""
+    out: dict[str, Any] = {}
+    earlier = [r for r in h.records if r["step"] < step]
+    for label, value in (("grad_norm_before", lambda r: as_float(r.get("grad_norm"))),
+                         ("max_log10_u_before", max_group_log10_u),
+                         ("resid_rms_before", lambda r: max_value(r.get("resid_rms")))):
+        found = [(r["step"], v) for r in earlier if math.isfinite(v := value(r))]
+        if found:
+            out[label] = found[-1][1]
+    return out
+
+
+# ------------------------------------------------------------------ overfitting and plateaus
+
+@rule("overfitting")
+def overfitting(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
+    val = finite_series(h, "val_loss")
+    if len(val) < 3:
+        raise NotChecked("not enough data: fewer than 3 eval steps with a val loss")
+    best_step, best = min(val, key=lambda sv: sv[1])
+    last_step, last = val[-1]
+    train = finite_series(h, "train_loss")
+    train_then = [v for s, v in train if s <= best_step] or [v for s, v in train[:1]]
+    train_now = train[-1][1] if train else math.nan
+    if last - best < t.overfit_rise or not train_then or not train_now < train_then[-1]:
+        return []
+    snapshot = best_snapshot(h, dict(val))
+    return [Finding(
+        "overfitting", "warning", f"val loss rose {last - best:.3f} nats from its best ({best:.3f} at "
+        f"step {best_step}) while the train loss kept falling", step=best_step,
+        where=("val loss",), evidence={"best_val_loss": best, "best_step": best_step, "last_val_loss": last,
+                                       "train_loss_at_best": train_then[-1], "train_loss_last": train_now,
+                                       "best_snapshot": snapshot or "none saved near the best step"},
+        cause="the model memorises the training text: what it learns stops carrying over to held-out text",
+        fix=(f"use the best snapshot ({snapshot})" if snapshot else "save snapshots more often (--save-every)")
+            + "; regularise (--set dropout=0.2, weight decay) or train on more text",
+        reference=MAKEMORE_SPLITS, page="overview")]
+
+
+def best_snapshot(h: RunHistory, val_at: dict[int, float]) -> str | None:
+    scored = [(val_at[s], s) for s in h.snapshot_steps if s in val_at]
+    return f"step_{min(scored)[1]:06d}" if scored else None
+
+
+@rule("plateau")
+def plateau(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
+    key = loss_key(h)
+    series = finite_series(h, key)
+    window = t.plateau_fraction * h.span
+    found = final_plateau(series, window, t.plateau_nats, t.loss_rise)
+    if found is None:
+        return []
+    start, end, level = found
+    learned = series[0][1] - level
+    stuck = learned < t.not_learning_nats
+    lr = h.train_config("lr")
+    return [Finding(
+        "plateau", "warning" if stuck else "info",
+        f"the {key.replace('_', ' ')} has not improved by {t.plateau_nats} nats since step {start} "
+        f"({end - start} steps)" + (" (it never left its initial value)" if stuck else ""), step=start,
+        where=(key.replace("_", " "),),
+        evidence={"loss_at_start": level, "plateau_steps": end - start, "window_steps": round(window),
+                  "learned_before_nats": learned, "lr": as_float(lr)},
+        cause="the updates are too small to move the loss" if stuck
+              else "the loss has flattened at this learning rate",
+        fix="raise the learning rate (check the warmup and the schedule) and check that the targets "
+            "are the next tokens" if stuck else
+            "decay the learning rate (--schedule cosine) or stop here: more steps at this rate buy "
+            "little; a larger model or context may",
+        reference=MAKEMORE_SPLITS, page="overview")]
+
+
+def final_plateau(series: list[tuple[int, float]], window: float, tolerance: float,
+                  rise: float) -> tuple[int, int, float] | None:
+    """(start, last step, best loss at start) of the stretch at the end of the run in which the
+    best loss improved by less than `tolerance`, when it lasts at least `window` steps and three
+    evals. A plateau the run has since left is history, and a loss climbing more than `rise`
+    above its best is diverging: neither is a plateau."""
+    for i, (start, _) in enumerate(series):
+        best = min(v for _, v in series[: i + 1])
+        stretch = [v for _, v in series[i + 1:]]
+        if all(best - v < tolerance for v in stretch):
+            end = series[-1][0]
+            flat = len(stretch) >= 2 and max(stretch) - best < rise
+            return (start, end, best) if flat and end - start >= window else None
+    return None
+
+
+# ------------------------------------------------------------------ gradient spikes
+
+@rule("grad_spike")
+def grad_spike(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
+    norms = [(s, v) for s, v in h.series("grad_norm")]
+    if len(norms) < 4:
+        raise NotChecked("not enough data: fewer than 4 logged gradient norms" if norms
+                         else "not logged: no grad_norm in metrics.jsonl")
+    spikes = []
+    for i, (step, value) in enumerate(norms):
+        earlier = [v for _, v in norms[max(0, i - 20):i] if math.isfinite(v)]
+        if len(earlier) >= 3 and math.isfinite(value) and value > t.grad_spike * statistics.median(earlier):
+            spikes.append((step, value, value / statistics.median(earlier)))
+    if not spikes:
+        return []
+    worst = max(spikes, key=lambda s: s[2])
+    return [Finding(
+        "grad_spike", "warning", f"{len(spikes)} gradient-norm spike{'s' if len(spikes) > 1 else ''}, "
+        f"the first at step {spikes[0][0]} ({spikes[0][2]:.0f}x the median before it)", step=spikes[0][0],
+        where=("gradient norm",),
+        evidence={"spikes": len(spikes), "first_spike_step": spikes[0][0], "largest_ratio": worst[2],
+                  "largest_at_step": worst[0], "largest_norm": worst[1]},
+        cause="a batch or a weight configuration produced a gradient far larger than usual; one such "
+              "step can throw the weights out of their basin",
+        fix="clip gradients (--grad-clip 1.0), lower the learning rate or add warmup",
+        reference=PASCANU, page="dynamics")]
+

@@ -1,0 +1,128 @@
+"""A run's logged history as the run doctor reads it: metrics.jsonl records (up to a step, as if
+the run had stopped there), run.json's model and training config, and the snapshot steps on disk.
+
+Torch-free and model-free: the doctor judges a run from what training logged, in well under a
+second. Values that JSON could not hold (NaN, inf) were written as null; here they read as NaN,
+while a key that is absent means "not logged".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from models.runs import (SNAPSHOT_CONFIG, CheckpointError, is_run_dir, is_snapshot_dir,
+                         list_snapshots, read_json_object, read_metrics, read_run_json, snapshot_step)
+from probes.errors import ProbeInputError
+
+__all__ = ["RunHistory", "as_float", "is_finite", "resolve_run"]
+
+NAN = float("nan")
+
+
+def as_float(value: Any) -> float:
+    """A logged number as a float: null/NaN/inf and non-numbers read as NaN."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return NAN
+    return float(value)
+
+
+def is_finite(value: Any) -> bool:
+    return math.isfinite(as_float(value))
+
+
+def resolve_run(path: str | Path) -> tuple[Path, int | None]:
+    """(run directory, step limit): a run directory as it is, or a snapshot inside a run as the
+    run up to that snapshot's step. Anything else is a ProbeInputError naming the path."""
+    path = Path(path)
+    if not path.exists():
+        raise ProbeInputError(f"{path}: no such run directory")
+    step = snapshot_step(path)
+    if is_snapshot_dir(path) and step is not None and is_run_dir(path.parent):
+        return path.parent, step
+    if not is_run_dir(path):
+        what = "a snapshot outside a run" if is_snapshot_dir(path) else "not a run directory"
+        raise ProbeInputError(f"{path}: {what}; the doctor reads a run directory (its metrics.jsonl)")
+    return path, None
+
+
+@dataclass
+class RunHistory:
+    """What one run logged, oldest record first, cut at `upto` (a step) when given."""
+
+    path: Path
+    records: list[dict[str, Any]]
+    info: dict[str, Any] = field(default_factory=dict)  # run.json (empty when there is none)
+    model: dict[str, Any] = field(default_factory=dict)  # the model config
+    snapshot_steps: list[int] = field(default_factory=list)
+    upto: int | None = None
+
+    @classmethod
+    def read(cls, run_dir: str | Path, upto: int | None = None) -> RunHistory:
+        run_dir, snapshot_limit = resolve_run(run_dir)
+        if upto is None:
+            upto = snapshot_limit
+        try:
+            records = read_metrics(run_dir)
+            info = read_run_json(run_dir) or {}
+            snapshots = list_snapshots(run_dir)
+        except CheckpointError as err:
+            raise ProbeInputError(str(err)) from None
+        if not records:
+            raise ProbeInputError(f"{run_dir}: no metrics.jsonl records to diagnose (was the run "
+                                  "trained with `python -m train`?)")
+        by_step = {r["step"]: r for r in records}  # a record redone after a resume replaces the old
+        kept = [by_step[s] for s in sorted(by_step) if upto is None or s <= upto]
+        if not kept:
+            raise ProbeInputError(f"{run_dir}: no records at or before step {upto} "
+                                  f"(the first is step {min(by_step)})")
+        steps = [s for p in snapshots if (s := snapshot_step(p)) is not None and (upto is None or s <= upto)]
+        return cls(run_dir, kept, info, _model_config(info, snapshots), steps, upto)
+
+    # ------------------------------------------------------------------ facts about the run
+
+    @property
+    def first_step(self) -> int:
+        return self.records[0]["step"]
+
+    @property
+    def last_step(self) -> int:
+        return self.records[-1]["step"]
+
+    @property
+    def planned_steps(self) -> int:
+        """The run's length as trained: its --steps, or its last record when run.json lacks it."""
+        steps = (self.info.get("train") or {}).get("steps")
+        return steps if isinstance(steps, int) and steps > 0 else max(self.last_step, 1)
+
+    @property
+    def span(self) -> int:
+        """Steps covered by the records read (the whole run, or up to --step)."""
+        return max(self.last_step - self.first_step, 1)
+
+    def train_config(self, key: str, default: Any = None) -> Any:
+        return (self.info.get("train") or {}).get(key, default)
+
+    def series(self, key: str) -> list[tuple[int, float]]:
+        """(step, value) of every record that logged `key` (NaN where it logged null)."""
+        return [(r["step"], as_float(r[key])) for r in self.records if key in r]
+
+    def with_key(self, key: str) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get(key) is not None]
+
+
+def _model_config(info: dict[str, Any], snapshots: list[Path]) -> dict[str, Any]:
+    """run.json's model config, else that of the newest snapshot's config.json (JSON only)."""
+    model = info.get("model")
+    if isinstance(model, dict):
+        return model
+    for snapshot in reversed(snapshots):
+        try:
+            config = read_json_object(snapshot / SNAPSHOT_CONFIG)
+        except CheckpointError:
+            continue
+        if isinstance(config.get("model"), dict):
+            return config["model"]
+    return {}

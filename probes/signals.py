@@ -1,0 +1,121 @@
+"""What the run doctor reads off each logged record: the first non-finite value of a run, and the
+series that grow before a failure (loss, gradient norm, update ratio, residual rms, attention and
+output logits, attention entropy), each with the step it first left its starting regime."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from probes.run_history import RunHistory, as_float, is_finite
+from probes.thresholds import DoctorThresholds
+from probes.timeline import uniform_series_entropy
+from probes.update_report import UpdateReport
+
+__all__ = ["first_nonfinite", "growth_signals", "layer_values", "max_group_log10_u", "max_value"]
+
+Signal = tuple[int, str, str]  # (step, what grew, by how much)
+
+
+def layer_values(raw: Any) -> dict[str, list[float]]:
+    """A logged {layer: value or [per head]} as {layer: [floats]} (NaN for null); {} if malformed."""
+    if not isinstance(raw, dict):
+        return {}
+    out = {}
+    for layer, value in raw.items():
+        values = value if isinstance(value, list) else [value]
+        out[str(layer)] = [as_float(v) for v in values]
+    return out
+
+
+def max_value(raw: Any) -> float:
+    """The largest finite value of a {layer: value or [per head]} record field (NaN if none)."""
+    values = [v for vs in layer_values(raw).values() for v in vs if math.isfinite(v)]
+    return max(values) if values else math.nan
+
+
+def max_group_log10_u(record: dict[str, Any]) -> float:
+    """The largest group median log10(u) of a record's g/w/u table (NaN if none)."""
+    table = record.get("gwu")
+    if not isinstance(table, dict) or not table:
+        return math.nan
+    medians = [g["median_log10_u"] for g in UpdateReport.from_table(table).groups.values()
+               if g["median_log10_u"] is not None]
+    return max(medians) if medians else math.nan
+
+
+def nonfinite_in(record: dict[str, Any]) -> list[str]:
+    """What in one record is NaN/inf (logged as null): losses, grad norm, entropies, parameters."""
+    bad = [key.replace("_", " ") for key in ("train_loss", "val_loss", "grad_norm")
+           if key in record and not is_finite(record[key])]
+    for name, label in (("attn_entropy", "attention entropy"), ("resid_rms", "residual rms"),
+                        ("attn_logit_max", "max attention logit")):
+        layers = [l for l, vs in layer_values(record.get(name)).items() if not all(map(math.isfinite, vs))]
+        if layers:
+            bad.append(f"{label} of layer{'s' if len(layers) > 1 else ''} {', '.join(layers)}")
+    table = record.get("gwu") if isinstance(record.get("gwu"), dict) else {}
+    params = [n for n, row in table.items() if isinstance(row, dict) and not is_finite(row.get("w"))]
+    if params:
+        shown = ", ".join(params[:3]) + (f" and {len(params) - 3} more" if len(params) > 3 else "")
+        bad.append(f"parameters {shown}")
+    if not bad and isinstance(record.get("diverged"), dict):
+        bad.append(str(record["diverged"].get("reason", "training reported a divergence")))
+    return bad
+
+
+def first_nonfinite(h: RunHistory) -> tuple[int, list[str]] | None:
+    """(step, what) of the first record holding a non-finite value, or None."""
+    for record in h.records:
+        bad = nonfinite_in(record)
+        if bad:
+            return record["step"], bad
+    return None
+
+
+def growth_signals(h: RunHistory, t: DoctorThresholds, before: int | None = None) -> list[Signal]:
+    """Each series' first step (before `before`) at which it left its starting regime: a loss a
+    nat above its start, a quantity ten-fold its first value, a head's entropy collapsed, a group's
+    update ratio above the warning line. Sorted by step: the first is the earliest warning."""
+    records = [r for r in h.records if before is None or r["step"] < before]
+    found: list[Signal] = []
+    for key in ("val_loss", "train_loss"):
+        series = [(r["step"], as_float(r[key])) for r in records if is_finite(r.get(key))]
+        if series:
+            start = series[0][1]
+            hit = next(((s, v) for s, v in series if v - start >= t.loss_rise), None)
+            if hit:
+                found.append((hit[0], key.replace("_", " "), f"+{hit[1] - start:.2f} nats"))
+    scalar = lambda key: (lambda r: as_float(r.get(key)))  # noqa: E731
+    for label, value in (("gradient norm", scalar("grad_norm")), ("max |output logit|", scalar("logit_max")),
+                         ("residual rms", lambda r: max_value(r.get("resid_rms"))),
+                         ("max attention logit", lambda r: max_value(r.get("attn_logit_max")))):
+        hit = ten_fold(records, value, t.growth_orders)
+        if hit:
+            found.append((hit[0], label, f"{hit[1]:.0f}x"))
+    found += entropy_collapse_signal(h, records, t)
+    u_hit = next((r["step"] for r in records if max_group_log10_u(r) > t.u_high), None)
+    if u_hit is not None:
+        found.append((u_hit, "update ratio", f"a group's median log10 u above {t.u_high}"))
+    return sorted(found, key=lambda s: s[0])
+
+
+def ten_fold(records: list[dict[str, Any]], value: Any, orders: float) -> tuple[int, float] | None:
+    """(step, growth) where value(record) first reached 10**orders times its first positive value."""
+    series = [(r["step"], v) for r in records if math.isfinite(v := value(r))]
+    base = next((v for _, v in series if v > 0), None)
+    if base is None:
+        return None
+    return next(((s, v / base) for s, v in series if v >= base * 10 ** orders), None)
+
+
+def entropy_collapse_signal(h: RunHistory, records: list[dict[str, Any]], t: DoctorThresholds) -> list[Signal]:
+    n_ctx = h.model.get("n_ctx")
+    if not isinstance(n_ctx, int) or n_ctx < 2:
+        return []
+    floor = t.collapse_fraction * uniform_series_entropy(n_ctx)
+    for r in records:
+        layers = [l for l, vs in layer_values(r.get("attn_entropy")).items()
+                  if any(math.isfinite(v) and v < floor for v in vs)]
+        if layers and r["step"] > records[0]["step"]:  # collapsed at init is the attention rule's
+            return [(r["step"], "attention entropy", f"collapsed in layer {', '.join(layers)}")]
+    return []
