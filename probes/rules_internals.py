@@ -240,7 +240,8 @@ def slow_qk(h: RunHistory, reports: list[UpdateReport], window: list[UpdateRepor
     per_step = [block_gaps(r) for r in window]
     blocks = sorted(set().union(*per_step)) if per_step else []
     gaps = {b: statistics.median([g[b][1] - g[b][0] for g in per_step if b in g]) for b in blocks}
-    slow = {b: gap for b, gap in gaps.items() if gap >= t.slow_qk_orders}
+    mlp_moves = {b: statistics.median([g[b][1] for g in per_step if b in g]) >= TARGET_BAND[0] for b in blocks}
+    slow = {b: gap for b, gap in gaps.items() if gap >= t.slow_qk_orders and mlp_moves[b]}
     if not slow:
         return None
     worst = max(slow, key=slow.get)

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from models.cli import Parser
+from models.cli import NON_NEGATIVE_INT, Parser
 
 # Built-in defaults, used when neither a flag, a resumed run nor the preset's recipe gives one.
 TRAIN_DEFAULTS: dict[str, Any] = {
@@ -94,6 +94,9 @@ def build_parser() -> Parser:
     p.add_argument("--keep-going", action="store_true",
                    help="train on after the loss or an entropy turns NaN/inf (default: save a "
                         "snapshot of that moment and stop with exit code 3)")
+    p.add_argument("--diagnose-every", type=NON_NEGATIVE_INT, default=0, metavar="N",
+                   help="run the run doctor (probes.diagnose) every N steps and print each new "
+                        "finding once; 0 = only when training stops")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar over steps (default: on when stderr is a terminal)")
     p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")

@@ -32,6 +32,7 @@ from models.runs import METRICS_FILE
 from probes.updates import gwu_table, snapshot_params
 from train.args import build_parser
 from train.config import init_distributed, lr_at
+from train.doctor import LiveDoctor
 from train.data import block_len, lm_loss, predictions_per_block, sample_blocks
 from train.records import (console_line, run_description, to_json_line, trim_metrics, write_record,
                            write_run_json_for)
@@ -148,6 +149,8 @@ def run_steps(state: TrainState) -> None:
                 n = 0
                 if dist.mean(float("diverged" in record)) > 0 and on_divergence(state, record):
                     break
+            if state.doctor is not None and state.doctor.due(state.step):
+                state.doctor.check()
             if is_due(state.step, tc["save_every"], last):
                 save(state)
             if n == 0:
@@ -186,6 +189,8 @@ def on_divergence(state: TrainState, record: dict[str, Any]) -> bool:
         if first:
             log.warning("training diverged at step %d (%s); --keep-going: training on. Saved %s",
                         state.step, describe_divergence(record), snapshot_name(state.step))
+            if state.doctor is not None:
+                state.doctor.check()
         return False
     return True
 
@@ -221,10 +226,14 @@ def train(args: argparse.Namespace) -> int:
                 save(state)
         log.info("training %s on %s for %d steps (%s)", state.tc["preset"], state.device,
                  state.tc["steps"], "resumed at step %d" % state.step if state.step else "fresh")
+        if dist.is_main:
+            state.doctor = LiveDoctor(args.out, args.diagnose_every)
         with state.signals():
             run_steps(state)
         save(state)
         dump_rank_state(state)
+        if state.doctor is not None:
+            state.doctor.report()
         if state.diverged_at is not None and not state.args.keep_going:
             record = next((r for r in reversed(read_metrics(args.out)) if r.get("diverged")), {})
             log.error("training diverged at step %d: %s. Saved %s; lower --lr, add a norm "

@@ -40,6 +40,7 @@ class TrainState:
     first_loss: float | None = None  # train loss of the first record, for the flat-loss warning
     flat_checked: bool = False
     diverged_at: int | None = None  # first step whose loss was non-finite (--keep-going: reported once)
+    doctor: Any = None  # train.doctor.LiveDoctor on rank 0: --diagnose-every and the final report
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
