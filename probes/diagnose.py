@@ -62,10 +62,17 @@ class Diagnosis:
 
     def fixes(self) -> list[str]:
         """What to try, most urgent first, each fix once (info findings' fixes when nothing else)."""
+        return list(self.fixes_with_sources())
+
+    def fixes_with_sources(self) -> dict[str, list[Finding]]:
         chosen = self.above_info() or self.findings
-        return list(dict.fromkeys(f.fix for f in chosen))
+        out: dict[str, list[Finding]] = {}
+        for f in chosen:
+            out.setdefault(f.fix, []).append(f)
+        return out
 
     def format(self) -> str:
+        """A short ranked list (headline, evidence, cause), then what to try with its sources."""
         span = f"steps {self.first_step}-{self.last_step}" + (f", cut at --step {self.upto}" if self.upto is not None else "")
         lines = [f"{self.run} ({span}): {self.verdict.upper()}"]
         if not self.findings:
@@ -75,16 +82,23 @@ class Diagnosis:
             if f.warning_step is not None and f.severity == "failed" and f.warning_step != f.step:
                 when += f" (first warning at step {f.warning_step})"
             lines += [f"{i:>3}. [{f.severity}] {f.code} at {when}: {f.title}",
-                      f"       evidence: {f.evidence_text()}", f"       cause: {f.cause}",
-                      f"       fix: {f.fix}", f"       see: {f.reference}"]
-        fixes = self.fixes()
+                      f"       evidence: {f.evidence_text()}", f"       why: {f.cause}"]
+        fixes = self.fixes_with_sources()
         if fixes:
             lines.append("what to try:" if self.above_info() else "what to try (optional: nothing above info):")
-            lines += [f"  - {fix}" for fix in fixes]
+            for fix, sources in fixes.items():
+                refs = "; ".join(dict.fromkeys(short_reference(f.reference) for f in sources))
+                lines.append(f"  - {fix} [{', '.join(dict.fromkeys(f.code for f in sources))}; {refs}]")
         if self.not_checked:
             lines.append("not checked:")
             lines += [f"  - {code}: {why}" for code, why in self.not_checked.items()]
         return "\n".join(lines)
+
+
+def short_reference(reference: str) -> str:
+    """'Zhai et al. 2023, Stabilizing ...' -> 'Zhai et al. 2023'; 'the series, X: ...' -> 'the series, X'."""
+    return "; ".join(part.split(",")[0] if " et al. " in part else part.split(":")[0]
+                     for part in reference.split("; "))
 
 
 def diagnose_history(history: RunHistory, thresholds: DoctorThresholds | None = None) -> Diagnosis:

@@ -17,7 +17,7 @@ nbclient = pytest.importorskip("nbclient")
 ROOT = Path(__file__).resolve().parent.parent
 TOUR = ROOT / "notebooks" / "tour.ipynb"
 PROBES = ("entropy.run", "degenerate.run", "entropy.head_pattern", "neighbours.run", "projection.run",
-          "logit_lens.run", "updates.from_run", "activations.run", "run_with_cache")
+          "logit_lens.run", "updates.from_run", "activations.run", "diagnose.run", "run_with_cache")
 
 
 def code_cells(nb) -> list:
@@ -75,3 +75,7 @@ def test_tour_prints_what_the_probes_compute(executed):
     assert lines[0].startswith("attn1_noscale") and "collapsed" in lines[0]
     noscale = load_checkpoint(ROOT / "checkpoints" / "attn1_noscale")
     assert degenerate.run(noscale.model, noscale.encode(text)).verdicts == [["collapsed"]]
+    doctor_cell = next(c for c in cells if "diagnose.run" in c.source)
+    doctor = printed(doctor_cell).splitlines()
+    assert doctor[0] == "attn1_noscale: failed" and "attention_collapse" in doctor[1]
+    assert "transformer4_nan: failed" in doctor
