@@ -27,7 +27,7 @@ from train.config import build_optimizer, lr_at, resolve_train_config
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORDS = "the king queen lord my good sir shall not be what is this that thou art and".split()
 RECORD_KEYS = {"step", "tokens", "lr", "train_loss", "step_time_ms", "gwu"}
-EVAL_KEYS = {"val_loss", "val_ppl", "bpc", "activations"}
+EVAL_KEYS = {"val_loss", "val_ppl", "bpc", "activations", "attn_logit_max", "resid_rms", "logit_max"}
 
 
 def tiny_text(n_chars: int = 4000, seed: int = 0) -> str:

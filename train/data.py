@@ -125,27 +125,65 @@ def sample_blocks(ids: torch.Tensor, batch_size: int, length: int,
     return ids[starts[:, None] + offsets[None, :]]
 
 
-def attention_entropy_by_layer(model: Any, block: torch.Tensor) -> dict[str, list[float]]:
-    """{"0": [per-head series entropy, nats], ...} on the inputs of `block`, reduced in the hooks.
+# The run doctor's numbers (attn_logit_max, resid_rms, logit_max) ride on the eval forward that
+# already measures attention entropy; False skips them (benchmarks price them this way).
+DOCTOR_METRICS = True
 
-    The formula is `probes.entropy.series_entropy`: -(p * (p + 1e-10).log()).sum(-1), averaged
-    over the batch and all query rows (row 0 included), as the series logged it.
+
+def _layer(hook: Any) -> str:
+    return hook.name.split(".")[1]  # "blocks.3.attn.hook_pattern" -> "3"
+
+
+def eval_batch_stats(model: Any, block: torch.Tensor, doctor: bool = True) -> dict[str, Any]:
+    """One hooked forward on the inputs of `block` [batch length], each hook reducing its
+    activation at once (memory stays at one layer's worth); non-finite values stay NaN / inf
+    (metrics.jsonl writes them as null). Keys (transformers; the MLP family has `logit_max` only):
+
+    - attn_entropy {"layer": [per-head series entropy, nats]}: `probes.entropy.series_entropy`,
+      -(p * (p + 1e-10).log()).sum(-1) averaged over the batch and all query rows (row 0
+      included), as the series logged it;
+    - attn_logit_max {"layer": [per head the largest pre-softmax score over the batch and the
+      visible (causal) query/key pairs]}: attention-logit growth (Wortsman et al. 2023);
+    - resid_rms {"layer": sqrt(mean(x^2)) of blocks.{l}.hook_resid_post over batch, pos, d_model};
+    - logit_max: the largest |logit| of the model's output on the batch.
+
+    `doctor=False` computes attn_entropy only (the eval record as it was before the others).
     """
-    out: dict[str, list[float]] = {}
+    inputs = block[:, :-1]  # [batch pos]
+    if not isinstance(model.cfg, TransformerConfig):
+        return {"logit_max": float(model(inputs).abs().amax().float())} if doctor else {}
+    entropy: dict[str, list[float]] = {}
+    score_max: dict[str, torch.Tensor] = {}
+    rms: dict[str, torch.Tensor] = {}
 
-    def hook(pattern: torch.Tensor, hook: Any) -> None:  # pattern [batch head q k]
-        layer = hook.name.split(".")[1]
-        out[layer] = [round(float(h), 6) for h in series_entropy(pattern.float())]
+    def on_pattern(pattern: torch.Tensor, hook: Any) -> None:  # pattern [batch head q k]
+        entropy[_layer(hook)] = [round(float(h), 6) for h in series_entropy(pattern.float())]
 
-    model.run_with_hooks(block[:, :-1], fwd_hooks=[(lambda n: n.endswith("attn.hook_pattern"), hook)])
-    return out
+    def on_scores(scores: torch.Tensor, hook: Any) -> None:  # [batch head q k], -inf where masked
+        score_max[_layer(hook)] = scores.amax(dim=(0, 2, 3)).float()  # [head]; max is exact in bf16
+
+    def on_resid(resid: torch.Tensor, hook: Any) -> None:  # [batch pos d_model]
+        rms[_layer(hook)] = resid.float().square().mean().sqrt()  # []
+
+    hooks = [(lambda n: n.endswith("attn.hook_pattern"), on_pattern)]
+    if doctor:
+        hooks += [(lambda n: n.endswith("attn.hook_attn_scores"), on_scores),
+                  (lambda n: n.startswith("blocks.") and n.endswith(".hook_resid_post"), on_resid)]
+    logits = model.run_with_hooks(inputs, fwd_hooks=hooks)  # [batch pos d_vocab]
+    if not doctor:
+        return {"attn_entropy": entropy}
+    return {"attn_entropy": entropy,
+            "attn_logit_max": {layer: m.tolist() for layer, m in score_max.items()},
+            "resid_rms": {layer: float(r) for layer, r in rms.items()},
+            "logit_max": float(logits.abs().amax().float())}
 
 
 @torch.no_grad()
 def evaluate(model: Any, blocks: torch.Tensor, batch_size: int, chars_per_token: float,
              autocast: Any) -> dict[str, Any]:
-    """val_loss / val_ppl / bpc over fixed val `blocks` [n length]; attn_entropy and the compact
-    activation health (`probes.activations`) on the first batch.
+    """val_loss / val_ppl / bpc over fixed val `blocks` [n length]; on the first batch the compact
+    activation health (`probes.activations`) and `eval_batch_stats` (attn_entropy and the run
+    doctor's attn_logit_max, resid_rms, logit_max).
 
     bpc = log2(ppl) / chars_per_token (bits per token over characters per token).
     """
@@ -157,15 +195,11 @@ def evaluate(model: Any, blocks: torch.Tensor, batch_size: int, chars_per_token:
             for chunk in torch.split(blocks, batch_size):
                 total += float(lm_loss(model, chunk)) * chunk.shape[0]
                 count += chunk.shape[0]
-            entropy = (attention_entropy_by_layer(model, blocks[:batch_size])
-                       if isinstance(model.cfg, TransformerConfig) else None)
+            stats = eval_batch_stats(model, blocks[:batch_size], doctor=DOCTOR_METRICS)
             health = activations.run(model, blocks[:batch_size, :-1], grads=False).compact()
     finally:
         model.train(was_training)
     val_loss = total / count  # nats per token
     ppl = math.inf if val_loss > 709 else math.exp(val_loss)
     bpc = val_loss / math.log(2) / chars_per_token  # = log2(ppl) / chars_per_token
-    result = {"val_loss": val_loss, "val_ppl": ppl, "bpc": bpc, "activations": health}
-    if entropy is not None:
-        result["attn_entropy"] = entropy
-    return result
+    return {"val_loss": val_loss, "val_ppl": ppl, "bpc": bpc, "activations": health, **stats}
