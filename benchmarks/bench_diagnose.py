@@ -12,13 +12,17 @@ median step time of each side, evals and records included, gives the ratio. Goal
 Because one eval in 100 steps hides in the noise of a shared machine, the eval alone is also
 timed with and without them (alternated, median) and its difference spread over eval_every steps.
 
-(Part one, diagnosing each shipped run, goes in its own function beside `bench_logging_cost`.)
+Part one: diagnosing each shipped run (`probes.diagnose.run`), in this process after the import
+(median of --diagnose-rounds calls) and in fresh processes, `import probes.diagnose` alone against
+the import plus one diagnosis (alternated, median): the doctor's own time beyond its imports.
+Goal: under 0.5 s per run, and no torch import (no model is loaded).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +32,41 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 DATA = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 GOAL = 1.03
+DIAGNOSE_GOAL = 0.5  # seconds per shipped run beyond imports
+
+
+def fresh_process_seconds(code: str) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def bench_diagnose_runs(args: argparse.Namespace) -> list[str]:
+    """Part one: each shipped run diagnosed in-process (after import) and in fresh processes."""
+    t0 = time.perf_counter()
+    from probes import diagnose
+
+    import_s = time.perf_counter() - t0
+    runs = sorted(p for p in (REPO / "checkpoints").iterdir() if p.is_dir())
+    lines = [f"== diagnosing the shipped runs ({args.diagnose_rounds} calls each, median; "
+             f"import probes.diagnose here: {import_s * 1e3:.0f} ms)"]
+    for run in runs:
+        times = []
+        for _ in range(args.diagnose_rounds):
+            t0 = time.perf_counter()
+            result = diagnose.run(run)
+            times.append(time.perf_counter() - t0)
+        lines.append(f"{run.name:<24}{statistics.median(times) * 1e3:8.1f} ms  {result.verdict:<8}"
+                     f"{len(result.findings)} findings")
+    lines.append(f"torch imported by the doctor: {'yes' if 'torch' in sys.modules else 'no'}")
+    slowest = max(runs, key=lambda r: (r / "metrics.jsonl").stat().st_size)
+    bare = "import probes.diagnose"
+    full = f"{bare}; probes.diagnose.run({str(slowest)!r})"
+    pairs = [(fresh_process_seconds(bare), fresh_process_seconds(full)) for _ in range(args.process_rounds)]
+    base, both = (statistics.median(p[i] for p in pairs) for i in (0, 1))
+    lines += [f"fresh process, import alone / import + diagnose {slowest.name}: {base:.3f} / {both:.3f} s",
+              f"beyond imports                          {both - base:9.3f} s   (goal < {DIAGNOSE_GOAL} s)"]
+    return lines
 
 
 def training_state(preset: str, batch: int | None, sets: list[str], out: Path, device: str):
@@ -142,6 +181,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=None, help="cycles per side (default 7; --quick 5)")
     p.add_argument("--eval-rounds", type=int, default=None,
                    help="evals per side timed alone (default 60; --quick 30)")
+    p.add_argument("--diagnose-rounds", type=int, default=5, help="in-process diagnoses per shipped run")
+    p.add_argument("--process-rounds", type=int, default=5, help="fresh-process pairs for the import comparison")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: on a shared CPU more threads add spin-wait noise)")
@@ -151,6 +192,8 @@ def main(argv: list[str] | None = None) -> None:
         args.batch_size = 64  # the recipe's 4096 windows is a GPU's batch
     args.rounds = args.rounds or (5 if args.quick else 7)
     args.eval_rounds = args.eval_rounds or (30 if args.quick else 60)
+    for line in bench_diagnose_runs(args):  # first: before this process imports torch
+        print(line, flush=True)
     import torch
 
     torch.set_num_threads(args.threads)
