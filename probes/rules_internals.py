@@ -124,7 +124,7 @@ def attn_logit_growth(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     worst = max(flagged, key=lambda f: f[4])
     return [Finding(
         "attn_logit_growth", "warning", f"attention logits grew more than ten-fold in "
-        f"{len(flagged)} head{'s' if len(flagged) > 1 else ''}, to {worst[4]:.1f} in L{worst[0]}H{worst[1]}",
+        f"{len(flagged)} head{'s' if len(flagged) > 1 else ''}, to {worst[4]:.3g} in L{worst[0]}H{worst[1]}",
         step=step, where=head_names([(f[0], f[1]) for f in flagged]),
         evidence={"heads": len(flagged), "start": worst[3], "peak": worst[4],
                   "growth": worst[4] / worst[3] if worst[3] > 0 else math.nan},
@@ -145,7 +145,7 @@ def output_logit_growth(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     if not hit or not peak >= t.output_logit_max:
         return []
     return [Finding(
-        "output_logit_growth", "warning", f"the largest output logit grew {hit[1]:.0f}x, to {peak:.1f}",
+        "output_logit_growth", "warning", f"the largest output logit grew {hit[1]:.3g}x, to {peak:.3g}",
         step=hit[0], where=("output logits",),
         evidence={"start": value(records[0]), "peak": peak, "growth_at_step": hit[1]},
         cause="the output logits drift apart from the log-probabilities' scale (output-logit "
