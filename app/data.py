@@ -102,13 +102,19 @@ def metrics(run: Path) -> list[dict[str, Any]]:
     return read_metrics(run) if run.is_dir() else []
 
 
-def data_file(run: Path) -> Path | None:
-    """The text file a run was trained on, if it is still where run.json says (or beside us)."""
+def recorded_data(run: Path) -> str | None:
+    """The data path a run's run.json records (relative to the repository for the shipped runs)."""
     info = (read_run_json(run) or {}).get("data") or {} if is_run_dir(run) else {}
-    recorded = info.get("path")
+    return info.get("path") or None
+
+
+def data_file(run: Path) -> Path | None:
+    """The text file a run was trained on, if it is still where run.json says: as recorded, from
+    the repository root, beside the run, or by name in the repository's data/."""
+    recorded = recorded_data(run)
     if not recorded:
         return None
-    for candidate in (Path(recorded), REPO / recorded, REPO.parent / "shared" / "data" / Path(recorded).name):
+    for candidate in (Path(recorded), REPO / recorded, run / recorded, REPO / "data" / Path(recorded).name):
         if candidate.is_file():
             return candidate
     return None

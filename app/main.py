@@ -49,6 +49,9 @@ def typed_source() -> data.Source | None:
 def pick_text(run: data.Source) -> str:
     st.sidebar.markdown("**Text to probe**")
     corpus = data.data_file(run.path) if run.is_run else None
+    if run.is_run and corpus is None and data.recorded_data(run.path):
+        st.sidebar.caption(f"The run's data file {data.recorded_data(run.path)} is not here, "
+                           "so random passages are off.")
     if corpus is not None and st.sidebar.button("Random passage from the run's data", width="stretch"):
         st.session_state["seed"] = st.session_state.get("seed", 0) + 1
         st.session_state["text"] = data.random_passage(corpus, 240, st.session_state["seed"])

@@ -30,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-DATA = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
+DATA = REPO / "data" / "tinyshakespeare.txt"
 GOAL = 1.03
 DIAGNOSE_GOAL = 0.5  # seconds per shipped run beyond imports
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-DATA = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
+DATA = REPO / "data" / "tinyshakespeare.txt"
 
 
 def median_time(fn, repeats: int) -> float:

@@ -15,7 +15,7 @@ in the MLP family):
 - mean / std of the activations, and (with `grads=True`) of the gradient of the mean
   next-token cross-entropy with respect to them, each with a histogram.
 
-    python -m probes.activations --ckpt checkpoints/shakespeare_rms4 --data ../shared/data/tinyshakespeare.txt
+    python -m probes.activations --ckpt checkpoints/shakespeare_rms4 --data data/tinyshakespeare.txt
 """
 
 from __future__ import annotations

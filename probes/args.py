@@ -17,7 +17,7 @@ MAX_BATCH = 65536  # windows in one forward pass (probes.common.check_batch_size
 NEIGHBOUR_TABLES = ("input", "output", "cross")  # probes.neighbours.TABLES is this tuple
 STEP_OPTIMIZERS = ("adam", "adamw", "sgd")  # probes.updates.OPTIMIZERS (likewise)
 RUN = "checkpoints/shakespeare_rms4"  # a shipped run, for the examples
-DATA = "../shared/data/tinyshakespeare.txt"  # the shipped Tiny Shakespeare text (or your own file)
+DATA = "data/tinyshakespeare.txt"  # the shipped Tiny Shakespeare text (or your own file)
 
 
 def probe_parser(name: str, description: str, *examples: str, **kwargs) -> Parser:

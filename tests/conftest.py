@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-TINY_SHAKESPEARE = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+TINY_SHAKESPEARE = REPO_ROOT / "data" / "tinyshakespeare.txt"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -27,10 +27,9 @@ def _torch_threads() -> None:
 
 
 @pytest.fixture(scope="session")
-def shared_data() -> Path:
-    """Path to ``shared/data/tinyshakespeare.txt`` beside the checkout; skips if absent."""
-    if not TINY_SHAKESPEARE.is_file():
-        pytest.skip(f"shared data absent: {TINY_SHAKESPEARE} not found (shared/ must sit beside the repo)")
+def shakespeare() -> Path:
+    """``data/tinyshakespeare.txt``, shipped with the repository: its absence is a failure."""
+    assert TINY_SHAKESPEARE.is_file(), f"{TINY_SHAKESPEARE} is missing: it ships with the repository"
     return TINY_SHAKESPEARE
 
 

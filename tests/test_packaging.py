@@ -85,11 +85,12 @@ def _code_blocks(markdown: str) -> list[list[str]]:
 
 
 def test_readme_quick_start_commands() -> None:
-    setup, run = _code_blocks((ROOT / "README.md").read_text())[:2]
+    setup, main_job, tests = _code_blocks((ROOT / "README.md").read_text())[:3]
     assert setup[0].startswith("python3 -m venv .venv")
     assert "--index-url https://download.pytorch.org/whl/cpu" in setup[1]  # the CPU choice first
     assert setup[-1] == 'pip install -e ".[dev]"'
-    assert run == ["streamlit run app/main.py", "python -m pytest"]  # the main job, then the tests
+    # the main job, then the tests in a block of their own (streamlit run does not return)
+    assert main_job == ["streamlit run app/main.py"] and tests == ["python -m pytest"]
     assert 'pip install -e ".[dev]"' in (ROOT / ".ci" / "run").read_text()
 
 

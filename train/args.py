@@ -56,9 +56,9 @@ def train_config_flags(p: argparse.ArgumentParser) -> None:
 
 
 EXAMPLES = """examples:
-  python -m train --preset transformer4_rms_small --data ../shared/data/tinyshakespeare.txt --out runs/x
+  python -m train --preset transformer4_rms_small --data data/tinyshakespeare.txt --out runs/x
   python -m train --out runs/x --resume --steps 3000
-  torchrun --nproc_per_node=2 -m train --preset tiny_shakespeare_gpt --data ../shared/data/tinyshakespeare.txt --out runs/gpt --dtype bf16
+  torchrun --nproc_per_node=2 -m train --preset tiny_shakespeare_gpt --data data/tinyshakespeare.txt --out runs/gpt --dtype bf16
 """
 
 

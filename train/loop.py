@@ -1,7 +1,7 @@
 """Train a preset on a text file and write a run directory the probes and the app read.
 
-    python -m train --preset transformer4_rms_small --data ../shared/data/tinyshakespeare.txt --out runs/x
-    torchrun --nproc_per_node=2 -m train --preset tiny_shakespeare_gpt --data ../shared/data/tinyshakespeare.txt \\
+    python -m train --preset transformer4_rms_small --data data/tinyshakespeare.txt --out runs/x
+    torchrun --nproc_per_node=2 -m train --preset tiny_shakespeare_gpt --data data/tinyshakespeare.txt \\
         --out runs/gpt --dtype bf16
 
 RUN_DIR gets run.json (what produced it), metrics.jsonl (one record per logged step: loss,

@@ -53,11 +53,37 @@ def to_json_line(record: dict[str, Any]) -> str:
     return json.dumps(to_jsonable(record)) + "\n"
 
 
+PATH_FLAGS = ("--data", "--out")  # recorded relative to the working directory when inside it
+
+
+def portable_path(path: str | Path) -> str:
+    """An absolute path inside the working directory (the repository, for its users) as a
+    relative one, so that run.json names no machine's directories; others as given."""
+    path = Path(path)
+    if path.is_absolute():
+        try:
+            return str(path.relative_to(Path.cwd()))
+        except ValueError:
+            return str(path)
+    return str(path)
+
+
+def portable_argv(argv: list[str]) -> list[str]:
+    out = list(argv)
+    for i, word in enumerate(argv):
+        if word in PATH_FLAGS and i + 1 < len(argv):
+            out[i + 1] = portable_path(argv[i + 1])
+        elif word.split("=", 1)[0] in PATH_FLAGS and "=" in word:
+            flag, value = word.split("=", 1)
+            out[i] = f"{flag}={portable_path(value)}"
+    return out
+
+
 def run_description(args: argparse.Namespace, cfg: Any, tc: dict[str, Any], corpus: Corpus,
                     device: torch.device, dist: DistInfo, preset: str | None) -> dict[str, Any]:
-    argv = sys.argv[1:] if args.argv is None else list(args.argv)
+    argv = portable_argv(sys.argv[1:] if args.argv is None else list(args.argv))
     return {"preset": preset, "model": cfg.to_dict(), "overrides": args.set, "train": tc,
-            "data": corpus.describe(),
+            "data": {**corpus.describe(), "path": portable_path(corpus.path)},
             "tokenizer": {"kind": corpus.tokenizer.kind, "vocab_size": corpus.tokenizer.vocab_size},
             "torch": torch.__version__, "device": str(device), "world_size": dist.world_size,
             "compile": args.compile, "argv": argv,
