@@ -32,8 +32,9 @@ def body(sel: Selection) -> None:
     if not records:
         st.info("No metrics yet: training has not logged its first step.")
         return
-    st.caption(f"{len(records)} records, steps {records[0]['step']}..{records[-1]['step']}; dashed rules "
-               "mark where the run doctor's findings start (red failed, orange warning, blue info)")
+    st.caption(f"{len(records)} records, steps {records[0]['step']}..{records[-1]['step']}")
+    st.caption("Dashed rules mark where the run doctor's findings start (red failed, orange warning, "
+               "blue info; hover one for its code and title): see the Overview for the diagnosis.")
     marks = doctor.marks(sel.run)
     entropy_over_steps(records, marks)
     updates_over_steps(sel, marks)
