@@ -94,6 +94,24 @@ def nan_marks(steps: list[int], title: str = "NaN") -> alt.Chart:
         color="red", strokeWidth=2).encode(x="step:Q", tooltip=["step", "what"])
 
 
+SEVERITY_COLOURS = {"info": "#4c78a8", "warning": "#f58518", "failed": "#d62728"}
+
+
+def with_findings(chart: alt.TopLevelMixin, marks: pd.DataFrame) -> alt.TopLevelMixin:
+    """`chart` with a dashed vertical rule at each finding's step (columns step, code, severity,
+    title), coloured by severity, the finding in its tooltip; `chart` itself when there are none."""
+    if marks is None or marks.empty:
+        return chart
+    severities = list(SEVERITY_COLOURS)
+    rules = alt.Chart(marks[["step", "code", "severity", "title"]]).mark_rule(
+        strokeWidth=2, strokeDash=[5, 3], opacity=0.8).encode(
+        x="step:Q",
+        color=alt.Color("severity:N", legend=None,
+                        scale=alt.Scale(domain=severities, range=[SEVERITY_COLOURS[s] for s in severities])),
+        tooltip=["step", "severity", "code", "title"])
+    return alt.layer(chart, rules).resolve_scale(color="independent")
+
+
 def band_layer(lo: float = BAND[0], hi: float = BAND[1]) -> alt.Chart:
     """The healthy g/w/u band as a shaded area, with makemore's 1e-3 as a dashed line."""
     band = alt.Chart(pd.DataFrame({"lo": [lo], "hi": [hi]})).mark_rect(opacity=0.12, color="green").encode(

@@ -19,7 +19,7 @@ import torch
 from models.checkpoint import is_run_dir, is_snapshot_dir, list_snapshots, load_checkpoint, read_metrics
 from models.runs import read_run_json
 from models.sample import continue_text
-from probes import degenerate, entropy, logit_lens, neighbours, projection, updates
+from probes import degenerate, diagnose, entropy, logit_lens, neighbours, projection, updates
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun."
@@ -191,6 +191,17 @@ def update_history(run: Path, modified: float) -> updates.UpdateHistory:
 @st.cache_data(max_entries=16, show_spinner=False)
 def _update_history(run: str, modified: float) -> updates.UpdateHistory:
     return updates.from_run(run)
+
+
+def diagnosis(run: Path) -> diagnose.Diagnosis:
+    """The run doctor's report on the whole run (raises ProbeInputError, one line, when its metrics
+    are unusable); re-read when metrics.jsonl changes."""
+    return _diagnosis(str(run), metrics_mtime(run))
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def _diagnosis(run: str, modified: float) -> diagnose.Diagnosis:
+    return diagnose.run(run)
 
 
 def metrics_mtime(run: Path) -> float:

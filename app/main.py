@@ -19,7 +19,7 @@ if str(ROOT) not in sys.path:  # streamlit runs this file as a script: make the 
 import streamlit as st  # noqa: E402
 
 from app import data  # noqa: E402
-from app.views.common import Selection  # noqa: E402
+from app.views.common import PAGES, Selection  # noqa: E402
 
 
 def run_roots() -> list[Path]:
@@ -81,10 +81,6 @@ def sidebar() -> Selection | None:
     name = st.sidebar.select_slider("snapshot", names, value=names[-1], key=f"snap:{chosen.path}") \
         if len(names) > 1 else names[0]
     return Selection(chosen, snaps[names.index(name)], pick_text(chosen), sources)
-
-
-PAGES = [("overview", "Overview"), ("attention", "Attention"), ("dynamics", "Training dynamics"),
-         ("embeddings", "Embeddings"), ("lens", "Logit lens"), ("compare", "Compare")]
 
 
 def main() -> None:

@@ -132,7 +132,7 @@ def test_dynamics_charts_carry_the_logged_entropy_and_update_ratios(app, runs):
         sorted(records[-1]["attn_entropy"]["0"]))
     history = updates.from_run(runs / "a_rms")
     gwu, _ = chart_data(app, 4)
-    medians = gwu[-1]
+    medians = next(f for f in gwu if "u (median)" in f.columns)  # beside the band and finding rules
     last = medians[medians["step"] == 20].set_index("group")["u (median)"]
     for group, info in history.latest.groups.items():
         if info["median_log10_u"] is not None:

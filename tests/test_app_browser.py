@@ -143,3 +143,13 @@ def test_a_collapsed_run_shows_its_verdict_and_an_mlp_run_an_error_box(server, b
     page.locator('[data-testid="stAlertContentError"]').first.wait_for(timeout=120_000)
     assert "no attention heads" in page.locator('[data-testid="stAlertContentError"]').first.inner_text()
     page.close()
+
+
+def test_the_overview_opens_with_the_run_doctors_verdict(server, browser):
+    page = open_page(browser, server, "overview", run="transformer4_nan")
+    verdict = page.locator('[data-testid="stAlertContentError"]').filter(has_text="Verdict")
+    verdict.first.wait_for(timeout=60_000)
+    assert "Verdict: failed" in verdict.first.inner_text()
+    assert page.get_by_text("the run diverged", exact=False).count() >= 1  # the divergence finding
+    assert page.get_by_text("see it on Training dynamics", exact=False).count() >= 1
+    page.close()

@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, data
+from app.views import doctor
 from app.views.common import Selection, page, show
 from probes.update_report import GROUPS
 
@@ -32,11 +33,14 @@ def body(sel: Selection) -> None:
         st.info("No metrics yet: training has not logged its first step.")
         return
     st.caption(f"{len(records)} records, steps {records[0]['step']}..{records[-1]['step']}")
-    entropy_over_steps(records)
-    updates_over_steps(sel)
+    st.caption("Dashed rules mark where the run doctor's findings start (red failed, orange warning, "
+               "blue info; hover one for its code and title): see the Overview for the diagnosis.")
+    marks = doctor.marks(sel.run)
+    entropy_over_steps(records, marks)
+    updates_over_steps(sel, marks)
 
 
-def entropy_over_steps(records: list[dict]) -> None:
+def entropy_over_steps(records: list[dict], marks: pd.DataFrame) -> None:
     st.subheader("Attention entropy per head")
     rows, bad = [], []
     for r in records:
@@ -59,11 +63,11 @@ def entropy_over_steps(records: list[dict]) -> None:
         nan_steps = sorted({step for l, step in bad if l == layer})
         if nan_steps:
             chart = chart + charts.nan_marks(nan_steps[:1], "first NaN")
-        show(chart, columns[i % len(columns)], stretch=True)
+        show(charts.with_findings(chart, marks), columns[i % len(columns)], stretch=True)
     st.caption("A line falling to 0 is a head collapsing to one-hot; a red rule marks where values turned NaN.")
 
 
-def updates_over_steps(sel: Selection) -> None:
+def updates_over_steps(sel: Selection, marks: pd.DataFrame) -> None:
     st.subheader("Update ratio u = |Δw| / |w| per step")
     try:
         history = data.update_history(sel.run.path, data.metrics_mtime(sel.run.path))
@@ -84,7 +88,7 @@ def updates_over_steps(sel: Selection) -> None:
         chart = charts.lines_over_steps(frame, "u (median)", "group", "median u per parameter group",
                                         log=True, height=300)
     lo, hi = (10 ** b for b in history.latest.band)
-    show(charts.band_layer(lo, hi) + chart, stretch=True)
+    show(charts.with_findings(charts.band_layer(lo, hi) + chart, marks), stretch=True)
     st.caption("Shaded: the healthy band; dashed: makemore's target 1e-3. Under SGD the series saw "
                "attention Q/K far below the MLP; Adam closes the gap.")
     table_at_step(history)
@@ -92,7 +96,11 @@ def updates_over_steps(sel: Selection) -> None:
 
 def table_at_step(history) -> None:
     st.subheader("The series' g / w / u table")
-    step = st.select_slider("step", history.steps, value=history.steps[-1], key="gwu_step")
+    linked = linked_step(history.steps)
+    if linked is not None:  # a finding's link: show its step (the widget then keeps the user's choice)
+        st.session_state["gwu_step"] = linked
+    step = st.select_slider("step", history.steps, key="gwu_step",
+                            **({} if linked is not None else {"value": history.steps[-1]}))
     report = history.at(step)
     rows = [{"parameter": name, "group": report.group_of[name], "g": row["g"], "w": row["w"], "u": row["u"],
              "u_nominal": row["u_nominal"], "log10 u": row["log10_u"],
@@ -107,3 +115,18 @@ def table_at_step(history) -> None:
                  .format({"log10 u": "{:+.2f}"}, na_rep="-")
                  .map(lambda v: "color: #d62728; font-weight: bold" if v else "", subset=["flag"]),
                  width="stretch", height=360)
+
+
+def linked_step(steps: list[int]) -> int | None:
+    """The logged step nearest a `?step=N` link (the Overview's findings link here), once per link:
+    None without one, or when this link was already applied and the user may have moved on."""
+    wanted = st.query_params.get("step")
+    if wanted is None or st.session_state.get("linked_step") == wanted:
+        return None
+    st.session_state["linked_step"] = wanted
+    try:
+        target = int(wanted)
+    except ValueError:
+        st.warning(f"?step={wanted} is not a step number: showing the last logged step")
+        return None
+    return min(steps, key=lambda s: (abs(s - target), s))

@@ -6,11 +6,13 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, data
+from app.views import doctor
 from app.views.common import Selection, first_line, page, show
 
 
 @page("Overview", "What is this model, how did training go, and what does it write?")
 def render(sel: Selection) -> None:
+    doctor.section(sel)  # first: it reads the run's log, so it shows even when a snapshot is broken
     snap = data.snapshot(sel.snapshot, sel.run.preset)
     cfg = snap.config
     n_params = sum(p.numel() for p in snap.model.parameters())
@@ -39,7 +41,8 @@ def curves(sel: Selection) -> None:
         st.info("This run logged no losses yet.")
         return
     left, right = st.columns(2)
-    show(charts.lines_over_steps(pd.DataFrame(rows), "value", "curve", "loss (nats per token)"), left, stretch=True)
+    loss = charts.lines_over_steps(pd.DataFrame(rows), "value", "curve", "loss (nats per token)")
+    show(charts.with_findings(loss, doctor.marks(sel.run)), left, stretch=True)
     bpc = pd.DataFrame([{"step": r["step"], "curve": "val BPC", "BPC": r["bpc"]}
                         for r in records if isinstance(r.get("bpc"), (int, float))])
     if len(bpc):

@@ -1,0 +1,104 @@
+"""The run doctor in the app: the Overview's diagnosis section, and the finding steps the charts mark.
+
+Every word and number comes from `probes.diagnose` (cached in `app.data.diagnosis`); this module
+only lays them out and links each finding to the page that shows its evidence.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from app import data
+from app.views.common import PAGES, Selection, first_line
+from probes.finding import SEVERITIES, Finding
+
+TITLES = dict(PAGES)
+BADGES = {"info": "blue", "warning": "orange", "failed": "red"}  # markdown badge colours
+MARK_COLUMNS = ["step", "code", "severity", "title"]
+
+
+def section(sel: Selection) -> None:
+    """The diagnosis of the selected run: verdict, findings, what to try, what was not checked."""
+    st.subheader("Run doctor")
+    if not sel.run.is_run:
+        st.info("The run doctor reads a run directory (its metrics.jsonl): open a run to see its diagnosis.")
+        return
+    try:
+        diagnosis = data.diagnosis(sel.run.path)
+    except Exception as exc:  # noqa: BLE001 - unusable metrics: one line here, the page goes on
+        st.error(f"The run doctor could not read this run: {first_line(exc)}")
+        return
+    verdict(diagnosis)
+    for finding in diagnosis.findings:
+        show_finding(finding, sel.run.label)
+    fixes = diagnosis.fixes()
+    if fixes:
+        st.markdown("**What to try**" + ("" if diagnosis.above_info() else " (optional: nothing above info)"))
+        st.markdown("\n".join(f"- {fix}" for fix in fixes))
+    if diagnosis.not_checked:
+        with st.expander(f"not checked ({len(diagnosis.not_checked)} rules)", expanded=False):
+            st.markdown("\n".join(f"- `{code}`: {why}" for code, why in diagnosis.not_checked.items()))
+
+
+def verdict(diagnosis: Any) -> None:
+    counts = Counter(f.severity for f in diagnosis.findings)
+    found = ", ".join(f"{counts[s]} {s}" for s in reversed(SEVERITIES) if counts[s]) or "no findings"
+    span = f"steps {diagnosis.first_step}..{diagnosis.last_step}"
+    box = {"healthy": st.success, "warning": st.warning, "failed": st.error}[diagnosis.verdict]
+    box(f"Verdict: **{diagnosis.verdict}** ({found}; {span})")
+
+
+def show_finding(f: Finding, run_label: str) -> None:
+    when = "" if f.step is None else f" at step {f.step}"
+    label = f":{BADGES[f.severity]}-badge[{f.severity}] `{f.code}`{when}: {f.title}"
+    with st.expander(label, expanded=f.severity != "info"):
+        text, numbers = st.columns([3, 2])
+        lines = [f"**starts** at step {f.step}" if f.step is not None else "**starts** -"]
+        if f.severity == "failed" and f.warning_step not in (None, f.step):
+            lines[0] += f"; **first warning** at step {f.warning_step}"
+        if f.where:
+            lines.append("**where** " + ", ".join(f.where))
+        lines += [f"**cause** {f.cause}", f"**fix** {f.fix}", f"**reference** {f.reference}"]
+        text.markdown("\n\n".join(lines))
+        link(f, run_label, text)
+        if f.evidence:
+            numbers.table(pd.DataFrame({"evidence": list(f.evidence),
+                                        "value": [shown(v) for v in f.evidence.values()]}).set_index("evidence"))
+
+
+def link(f: Finding, run_label: str, where: Any) -> None:
+    """A link to the page (and step) that shows the finding's evidence."""
+    if f.page not in TITLES:
+        return
+    params = {"run": run_label} if f.step is None else {"run": run_label, "step": str(f.step)}
+    where.page_link(f"screens/{f.page}.py", icon=":material/arrow_forward:", query_params=params,
+                    label=f"see it on {TITLES[f.page]}" + ("" if f.step is None else f" at step {f.step}"))
+
+
+def shown(value: Any) -> str:
+    """An evidence value as table text (the numbers as the doctor logged them, rounded to show)."""
+    if isinstance(value, float):
+        return "nan" if not math.isfinite(value) else f"{value:.3g}" if abs(value) >= 1e-3 or value == 0 \
+            else f"{value:.2e}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(shown(v) for v in value)
+    return str(value)
+
+
+def marks(run: Any) -> pd.DataFrame:
+    """The run's findings that start at a step, as rows {step, code, severity, title} for
+    `charts.with_findings`; empty for a lone snapshot or a run the doctor cannot read (the
+    Overview says why)."""
+    rows: list[dict[str, Any]] = []
+    if run.is_run:
+        try:
+            rows = [{"step": f.step, "code": f.code, "severity": f.severity, "title": f.title}
+                    for f in data.diagnosis(run.path).findings if f.step is not None]
+        except Exception:  # noqa: BLE001 - the charts still draw, without marks
+            rows = []
+    return pd.DataFrame(rows, columns=MARK_COLUMNS)
