@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 
 from models.cli import add_ckpt_arguments  # noqa: F401  (torch-free, re-exported here)
 from models.config import ModelConfig
+from models.interrupts import deferred_signals
 from models.runs import (CheckpointError, append_metrics, current_umask, dumps_json, fsync_dir,
                          fsync_file, is_run_dir, is_snapshot_dir, latest_snapshot, list_snapshots,
                          read_json_object, read_metrics, read_run_json, snapshot_name, snapshot_step,
@@ -105,8 +106,8 @@ def save_snapshot(directory: str | Path, model, tokenizer: Tokenizer | None, *, 
     """Write a snapshot atomically: build it in ``.<name>.tmp-<pid>`` beside the target, then rename.
 
     An existing snapshot is renamed aside (``.<name>.old-<pid>``) first and deleted only once the
-    new one is in place; on failure the old one is put back. ``optimizer`` may be an optimizer or
-    its state_dict.
+    new one is in place; on failure the old one is put back. A Ctrl-C or SIGTERM that comes
+    meanwhile is held until this is done. ``optimizer`` may be an optimizer or its state_dict.
     """
     target = Path(directory)
     cfg = model.cfg
@@ -125,16 +126,17 @@ def save_snapshot(directory: str | Path, model, tokenizer: Tokenizer | None, *, 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     aside = target.parent / f".{target.name}.old-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        _write_snapshot_files(tmp, model, tokenizer, meta, optimizer)
-        _swap_into_place(tmp, target, aside)
-    except (OSError, RuntimeError, SafetensorError) as exc:  # disk full, quota, I/O error
-        raise CheckpointError(f"cannot save snapshot {target}: {_first_line(exc)}; any earlier "
-                              "snapshot is intact") from None
-    finally:
+    with deferred_signals():  # Ctrl-C / SIGTERM wait until the snapshot is in place (or abandoned)
         shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            _write_snapshot_files(tmp, model, tokenizer, meta, optimizer)
+            _swap_into_place(tmp, target, aside)
+        except (OSError, RuntimeError, SafetensorError) as exc:  # disk full, quota, I/O error
+            raise CheckpointError(f"cannot save snapshot {target}: {_first_line(exc)}; any earlier "
+                                  "snapshot is intact") from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     logger.info("saved snapshot %s", target)
     return target
 
