@@ -30,7 +30,9 @@ per-layer affine translator applied before `super().decode`).
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # --help and bad arguments answered before torch is imported (~4 s)
+if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on; --help and bad arguments
+    from models.interrupts import quiet_signals  # answered before torch is imported (~4 s)
+    quiet_signals()
     from probes.args import logit_lens_parser
     logit_lens_parser().parse_early()
 
