@@ -149,12 +149,32 @@ def test_garbage_metrics_line_does_not_block_resume(data, tmp_path, caplog):
     assert any("metrics.jsonl: skipping line 3" in r.getMessage() for r in caplog.records)
 
 
-def test_lock_file_is_not_a_snapshot_and_a_failed_fresh_run_leaves_nothing(data, tmp_path):
+def test_the_lock_file_goes_with_a_clean_exit_and_a_failed_fresh_run_leaves_nothing(data, tmp_path):
     out = tmp_path / "run"
     assert main(["--preset", "no_such_preset", "--data", str(data), "--out", str(out), "-q"]) == 2
     assert not out.exists()
     assert train(data, out, "--steps", "2") == 0
-    assert (out / LOCK_FILE).is_file() and LOCK_FILE not in [p.name for p in list_snapshots(out)]
+    assert not (out / LOCK_FILE).exists()  # it used to stay in every finished run
+    assert train(data, out, "--resume", "--steps", "2") == 2  # refused after locking: still none left
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl", "run.json", "step_000000", "step_000002"]
+
+
+def test_the_lock_is_exclusive_while_held_and_a_stale_handle_does_not_share_it(tmp_path):
+    import fcntl
+
+    from train.guard import RunLock
+
+    held = RunLock(tmp_path).acquire()
+    with pytest.raises(ValueError, match=f"being trained by another process \\(pid {os.getpid()}\\)"):
+        RunLock(tmp_path).acquire()
+    stale = os.open(held.path, os.O_RDWR)  # a trainer that opened the file just before it went
+    held.release()
+    assert not held.path.exists()
+    fcntl.flock(stale, fcntl.LOCK_EX | fcntl.LOCK_NB)  # it locks the unlinked file...
+    again = RunLock(tmp_path).acquire()  # ...which does not keep the next trainer out, nor share with it
+    assert again._still_linked(again.fd) and not again._still_linked(stale)
+    os.close(stale)
+    again.release()
 
 
 # --------------------------------------------------------------------------- bad settings and files
