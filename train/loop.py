@@ -213,19 +213,8 @@ def train(args: argparse.Namespace) -> int:
         state.bf16 = state.tc["dtype"] == "bf16"
         state.make_val_blocks()
         wrap_model(state)
-        if dist.is_main:
-            if state.resumed_from is not None:
-                trim_metrics(args.out, state.step)
-            write_run_json_for(state)  # after every check: a failed --resume appends nothing
-            if state.resumed_from is not None:
-                state.last_saved = state.step
-            else:
-                (args.out / METRICS_FILE).unlink(missing_ok=True)  # stale, from a run with no snapshot
-                write_record(state, {"step": 0, "tokens": 0, "lr": lr_at(0, state.tc)}, True)
-                save(state)
-        log.info("training %s on %s for %d steps (%s)", state.tc["preset"], state.device,
-                 state.tc["steps"], "resumed at step %d" % state.step if state.step else "fresh")
         with state.signals():  # a signal from here on only stops the loop: the last step is saved
+            open_run(state)
             run_steps(state)
             save(state)
             dump_rank_state(state)
@@ -235,6 +224,24 @@ def train(args: argparse.Namespace) -> int:
             if lock is not None:
                 lock.release()
             dist.close()
+
+
+def open_run(state: TrainState) -> None:
+    """run.json, and for a fresh run the step-0 record and snapshot (a run directory from the
+    first write on: a signal meanwhile stops training at step 0, after them)."""
+    args = state.args
+    if state.dist.is_main:
+        if state.resumed_from is not None:
+            trim_metrics(args.out, state.step)
+        write_run_json_for(state)  # after every check: a failed --resume appends nothing
+        if state.resumed_from is not None:
+            state.last_saved = state.step
+        else:
+            (args.out / METRICS_FILE).unlink(missing_ok=True)  # stale, from a run with no snapshot
+            write_record(state, {"step": 0, "tokens": 0, "lr": lr_at(0, state.tc)}, True)
+            save(state)
+    log.info("training %s on %s for %d steps (%s)", state.tc["preset"], state.device,
+             state.tc["steps"], "resumed at step %d" % state.step if state.step else "fresh")
 
 
 def outcome(state: TrainState) -> int:
