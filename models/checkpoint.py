@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 
 from models.cli import add_ckpt_arguments  # noqa: F401  (torch-free, re-exported here)
 from models.config import ModelConfig
+from models.interrupts import deferred_signals
 from models.runs import (CheckpointError, append_metrics, current_umask, dumps_json, fsync_dir,
                          fsync_file, is_run_dir, is_snapshot_dir, latest_snapshot, list_snapshots,
                          read_json_object, read_metrics, read_run_json, snapshot_name, snapshot_step,
@@ -105,8 +106,8 @@ def save_snapshot(directory: str | Path, model, tokenizer: Tokenizer | None, *, 
     """Write a snapshot atomically: build it in ``.<name>.tmp-<pid>`` beside the target, then rename.
 
     An existing snapshot is renamed aside (``.<name>.old-<pid>``) first and deleted only once the
-    new one is in place; on failure the old one is put back. ``optimizer`` may be an optimizer or
-    its state_dict.
+    new one is in place; on failure the old one is put back. A Ctrl-C or SIGTERM that comes
+    meanwhile is held until this is done. ``optimizer`` may be an optimizer or its state_dict.
     """
     target = Path(directory)
     cfg = model.cfg
@@ -125,16 +126,17 @@ def save_snapshot(directory: str | Path, model, tokenizer: Tokenizer | None, *, 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     aside = target.parent / f".{target.name}.old-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        _write_snapshot_files(tmp, model, tokenizer, meta, optimizer)
-        _swap_into_place(tmp, target, aside)
-    except (OSError, RuntimeError, SafetensorError) as exc:  # disk full, quota, I/O error
-        raise CheckpointError(f"cannot save snapshot {target}: {_first_line(exc)}; any earlier "
-                              "snapshot is intact") from None
-    finally:
+    with deferred_signals():  # Ctrl-C / SIGTERM wait until the snapshot is in place (or abandoned)
         shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            _write_snapshot_files(tmp, model, tokenizer, meta, optimizer)
+            _swap_into_place(tmp, target, aside)
+        except (OSError, RuntimeError, SafetensorError) as exc:  # disk full, quota, I/O error
+            raise CheckpointError(f"cannot save snapshot {target}: {_first_line(exc)}; any earlier "
+                                  "snapshot is intact") from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     logger.info("saved snapshot %s", target)
     return target
 
@@ -249,9 +251,11 @@ def load_checkpoint(path: str | Path, *, preset: str | None = None, config: str 
     """Resolve ``--ckpt``: a snapshot directory, a run directory (its latest snapshot) or a series
     ``.pt`` state dict with ``preset`` (a preset name) or ``config`` (a JSON config file)."""
     path = Path(path)
-    if is_snapshot_dir(path) or (path / MODEL_FILE).is_file():  # the latter: a broken snapshot
-        if preset or config:
-            logger.warning("ignoring --preset/--config: snapshot %s carries its own config", path)
+    snapshot = is_snapshot_dir(path) or (path / MODEL_FILE).is_file()  # the latter: a broken snapshot
+    if (snapshot or is_run_dir(path)) and (preset or config):
+        logger.warning("ignoring --preset/--config: %s %s carries its own config",
+                       "snapshot" if snapshot else "run", path)
+    if snapshot:
         return load_snapshot(path, device)
     if is_run_dir(path):
         return load_snapshot(latest_snapshot(path), device)
@@ -280,7 +284,19 @@ def resolve_device(name: str | None = "auto") -> torch.device:
         raise ValueError(f"device {name!r} requested but Apple's MPS is not available here; use --device cpu")
     if device.type not in ("cpu", "cuda", "mps"):
         raise ValueError(f"device {name!r} cannot run a model here; use auto, cpu or cuda")
+    _check_device_index(name, device)
     return device
+
+
+def _check_device_index(name: str, device: torch.device) -> None:
+    """torch accepts any index (cpu:1, cuda:7) and fails later, or never (cpu): refuse it here."""
+    if device.index is None:
+        return
+    count = {"cpu": 1, "mps": 1}.get(device.type) or torch.cuda.device_count()
+    if device.index >= count:
+        have = "only cpu (or cpu:0)" if device.type == "cpu" else \
+            f"{count} {device.type} device(s): {', '.join(f'{device.type}:{i}' for i in range(count))}"
+        raise ValueError(f"device {name!r} does not exist: this machine has {have}")
 
 
 def load_from_args(args: argparse.Namespace) -> Snapshot:

@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from models.interrupts import EXIT_INTERRUPTED, EXIT_TERMINATED, exit_line, raising_signals  # noqa: F401
+
 EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
 
 
 class UsageError(ValueError):
@@ -151,9 +152,11 @@ def to_jsonable(value: Any) -> Any:
 
 
 def run_cli(body: Callable[[], int | None]) -> int:
-    """Run a CLI body; bad input (any ValueError) becomes one line on stderr and exit code 2."""
+    """Run a CLI body; bad input (any ValueError) becomes one line on stderr and exit code 2;
+    Ctrl-C and SIGTERM (Terminated) one line and 130 / 143 (see models.interrupts)."""
     try:
-        return body() or 0
+        with raising_signals():
+            return body() or 0
     except BrokenPipeError:  # `... | head` closed stdout: stop quietly, as Python's docs advise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
@@ -164,6 +167,7 @@ def run_cli(body: Callable[[], int | None]) -> int:
     except MemoryError:
         print("error: out of memory: use a smaller --batch-size, --samples or input", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:  # Ctrl-C outside training's own handler (loading, setting up)
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM outside training's loop (loading, setting up)
+        line, code = exit_line(exc)
+        print(line, file=sys.stderr)
+        return code

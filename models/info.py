@@ -12,16 +12,18 @@ shape is listed too. Errors print one ``error: ...`` line on stderr and exit wit
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on; --help and bad arguments
+    from models.interrupts import quiet_signals  # answered before torch is imported (~4 s)
+    quiet_signals()
+    from models.parsers import info_parser
+    info_parser().parse_early()
+
 import argparse
 import json
 import logging
 import sys
 from pathlib import Path
 from typing import Any
-
-if __name__ == "__main__":  # --help and bad arguments answered before torch is imported (~4 s)
-    from models.parsers import info_parser
-    info_parser().parse_early()
 
 import torch
 

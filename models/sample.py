@@ -8,12 +8,14 @@ Notebook: `generate(model, tokens, max_new_tokens=100, temperature=0.8, seed=0)`
 
 from __future__ import annotations
 
-import sys
-from typing import Any
-
-if __name__ == "__main__":  # --help and bad arguments answered before torch is imported (~4 s)
+if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on; --help and bad arguments
+    from models.interrupts import quiet_signals  # answered before torch is imported (~4 s)
+    quiet_signals()
     from models.parsers import sample_parser
     sample_parser().parse_early()
+
+import sys
+from typing import Any
 
 import torch
 

@@ -20,7 +20,9 @@ in the MLP family):
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # --help and bad arguments answered before torch is imported (~4 s)
+if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on; --help and bad arguments
+    from models.interrupts import quiet_signals  # answered before torch is imported (~4 s)
+    quiet_signals()
     from probes.args import activations_parser
     activations_parser().parse_early()
 

@@ -19,6 +19,10 @@ loads a model and never retrains, so it answers in well under a second. Each rul
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on (see models.interrupts)
+    from models.interrupts import quiet_signals
+    quiet_signals()
+
 import json
 import sys
 from dataclasses import dataclass, field

@@ -19,7 +19,9 @@ hook_pattern, so memory stays at about one layer's attention. `PatternStats` als
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # --help and bad arguments answered before torch is imported (~4 s)
+if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on; --help and bad arguments
+    from models.interrupts import quiet_signals  # answered before torch is imported (~4 s)
+    quiet_signals()
     from probes.args import entropy_parser
     entropy_parser().parse_early()
 

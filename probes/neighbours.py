@@ -21,7 +21,9 @@ keeps a running top k per row; the result is exact.
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # --help and bad arguments answered before torch is imported (~4 s)
+if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on; --help and bad arguments
+    from models.interrupts import quiet_signals  # answered before torch is imported (~4 s)
+    quiet_signals()
     from probes.args import neighbours_parser
     neighbours_parser().parse_early()
 

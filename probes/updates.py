@@ -25,7 +25,9 @@ gradient has g = None. The pure functions below take tensors and modules: no hoo
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # --help and bad arguments answered before torch is imported (~4 s)
+if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on; --help and bad arguments
+    from models.interrupts import quiet_signals  # answered before torch is imported (~4 s)
+    quiet_signals()
     from probes.args import updates_parser
     updates_parser().parse_early()
 

@@ -37,6 +37,7 @@ def test_every_run_of_the_story_is_shipped_within_the_budget():
     assert [r.name for r in RUNS] == sorted(STORY)
     total = sum(f.stat().st_size for f in CHECKPOINTS.rglob("*") if f.is_file())
     assert total <= BUDGET_BYTES, f"checkpoints/ holds {total / 2**20:.1f} MB"
+    assert not list(CHECKPOINTS.rglob(".train.lock")), "a training lock shipped in checkpoints/"
     cards = (CHECKPOINTS / "README.md").read_text(encoding="utf-8")
     for name in STORY:
         assert f"### `{name}`" in cards, f"no model card for {name}"

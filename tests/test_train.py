@@ -304,7 +304,7 @@ def test_ddp_two_ranks_on_cpu(text_file, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((out / "run.json").read_text())["world_size"] == 2
     assert sorted(p.name for p in out.iterdir()) == [
-        ".train.lock", "metrics.jsonl", "run.json", "step_000000", "step_000004"]
+        "metrics.jsonl", "run.json", "step_000000", "step_000004"]  # no .train.lock left
     records = read_metrics(out)
     assert [r["step"] for r in records] == [0, 2, 4]  # one writer: no duplicated records
     assert records[-1]["tokens"] == 4 * 2 * 8 * 16  # both ranks' windows counted

@@ -29,7 +29,9 @@ class RunLock:
     """An exclusive `flock` on RUN_DIR/.train.lock, held for the whole training.
 
     The kernel drops it when the process dies, however it dies, so a killed trainer never
-    leaves a run locked; the pid written into the file is only there to name the holder.
+    leaves a run locked; the pid written into the file is only there to name the holder. The
+    file is removed on release (while still locked), so finished runs carry none: a trainer that
+    opened it just before then finds its locked file unlinked and takes a fresh one.
     """
 
     def __init__(self, run_dir: Path):
@@ -38,26 +40,41 @@ class RunLock:
         self.created_dir = False  # --out was made for this training: remove it if nothing came of it
 
     def acquire(self) -> RunLock:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666 & ~current_umask())
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
-            os.close(fd)
-            raise ValueError(f"{self.path.parent} is being trained by another process (pid {holder}); "
-                             "wait for it to finish or choose another --out") from None
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666 & ~current_umask())
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
+                os.close(fd)
+                raise ValueError(f"{self.path.parent} is being trained by another process (pid "
+                                 f"{holder}); wait for it to finish or choose another --out") from None
+            if self._still_linked(fd):
+                break
+            os.close(fd)  # its holder removed it as we opened it: lock the file that is there now
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode("ascii"))
         self.fd = fd
         return self
 
+    def _still_linked(self, fd: int) -> bool:
+        try:
+            there = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        held = os.fstat(fd)
+        return (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino)
+
     def release(self) -> None:
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
-        if self.created_dir and [p.name for p in self.path.parent.iterdir()] == [LOCK_FILE]:
-            self.path.unlink(missing_ok=True)  # a run that failed its checks leaves nothing behind
+        """Remove the lock file (still holding the lock), then unlock; an --out made for a
+        training that failed its checks goes too, so it leaves nothing behind."""
+        if self.fd is None:
+            return
+        self.path.unlink(missing_ok=True)
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+        self.fd = None
+        if self.created_dir and not any(self.path.parent.iterdir()):
             self.path.parent.rmdir()
 
 

@@ -14,6 +14,10 @@ Every sampled batch is a function of (seed, rank, step), so a resumed run contin
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on (`python -m train` is the usual way)
+    from models.interrupts import quiet_signals
+    quiet_signals()
+
 import argparse
 import logging
 import math
@@ -28,6 +32,7 @@ import torch
 
 from models.checkpoint import read_metrics, save_snapshot, snapshot_name
 from models.cli import run_cli
+from models.interrupts import EXIT_INTERRUPTED, deferred_signals, signal_exit
 from models.runs import METRICS_FILE
 from probes.updates import gwu_table, snapshot_params
 from train.args import build_parser
@@ -42,7 +47,6 @@ from train.state import TrainState
 
 log = logging.getLogger("train")
 
-EXIT_INTERRUPTED = 130
 EXIT_DIVERGED = 3  # the loss or an attention entropy turned NaN/inf (see --keep-going)
 RANK_DUMP_ENV = "SCRATCHSCOPE_RANK_STATE_DIR"  # tests: every rank saves its final weights here
 
@@ -215,40 +219,54 @@ def train(args: argparse.Namespace) -> int:
         state.make_val_blocks()
         wrap_model(state)
         if dist.is_main:
-            if state.resumed_from is not None:
-                trim_metrics(args.out, state.step)
-            write_run_json_for(state)  # after every check: a failed --resume appends nothing
-            if state.resumed_from is not None:
-                state.last_saved = state.step
-            else:
-                (args.out / METRICS_FILE).unlink(missing_ok=True)  # stale, from a run with no snapshot
-                write_record(state, {"step": 0, "tokens": 0, "lr": lr_at(0, state.tc)}, True)
-                save(state)
-        log.info("training %s on %s for %d steps (%s)", state.tc["preset"], state.device,
-                 state.tc["steps"], "resumed at step %d" % state.step if state.step else "fresh")
-        if dist.is_main:
             state.doctor = LiveDoctor(args.out, args.diagnose_every)
-        with state.signals():
+        with state.signals():  # a signal from here on only stops the loop: the last step is saved
+            open_run(state)
             run_steps(state)
-        save(state)
-        dump_rank_state(state)
+            save(state)
+            dump_rank_state(state)
         if state.doctor is not None:
-            state.doctor.report()
-        if state.diverged_at is not None and not state.args.keep_going:
-            record = next((r for r in reversed(read_metrics(args.out)) if r.get("diverged")), {})
-            log.error("training diverged at step %d: %s. Saved %s; lower --lr, add a norm "
-                      "(--set norm=rms) or pass --keep-going", state.diverged_at,
-                      describe_divergence(record), snapshot_name(state.diverged_at))
-            return EXIT_DIVERGED
-        if state.interrupted:
-            log.warning("interrupted at step %d: saved %s", state.step, snapshot_name(state.step))
-            return EXIT_INTERRUPTED
-        log.info("training finished at step %d", state.step)
-        return 0
+            state.doctor.report()  # the diagnosis when training stops, before its last line
+        return outcome(state)
     finally:
-        if lock is not None:
-            lock.release()
-        dist.close()
+        with deferred_signals():  # the lock file goes whole, even on a second signal
+            if lock is not None:
+                lock.release()
+            dist.close()
+
+
+def open_run(state: TrainState) -> None:
+    """run.json, and for a fresh run the step-0 record and snapshot (a run directory from the
+    first write on: a signal meanwhile stops training at step 0, after them)."""
+    args = state.args
+    if state.dist.is_main:
+        if state.resumed_from is not None:
+            trim_metrics(args.out, state.step)
+        write_run_json_for(state)  # after every check: a failed --resume appends nothing
+        if state.resumed_from is not None:
+            state.last_saved = state.step
+        else:
+            (args.out / METRICS_FILE).unlink(missing_ok=True)  # stale, from a run with no snapshot
+            write_record(state, {"step": 0, "tokens": 0, "lr": lr_at(0, state.tc)}, True)
+            save(state)
+    log.info("training %s on %s for %d steps (%s)", state.tc["preset"], state.device,
+             state.tc["steps"], "resumed at step %d" % state.step if state.step else "fresh")
+
+
+def outcome(state: TrainState) -> int:
+    """The exit code of a training that ran its loop, and its last line."""
+    if state.diverged_at is not None and not state.args.keep_going:
+        record = next((r for r in reversed(read_metrics(state.args.out)) if r.get("diverged")), {})
+        log.error("training diverged at step %d: %s. Saved %s; lower --lr, add a norm "
+                  "(--set norm=rms) or pass --keep-going", state.diverged_at,
+                  describe_divergence(record), snapshot_name(state.diverged_at))
+        return EXIT_DIVERGED
+    if state.interrupted:
+        line, code = signal_exit(state.stop_signal)
+        log.warning("%s at step %d: saved %s", line, state.step, snapshot_name(state.step))
+        return code
+    log.info("training finished at step %d", state.step)
+    return 0
 
 
 def dump_rank_state(state: TrainState) -> None:

@@ -37,6 +37,7 @@ class TrainState:
     val_blocks: torch.Tensor | None = None  # [n block_len], fixed for the whole run
     bf16: bool = False
     interrupted: bool = False
+    stop_signal: int | None = None  # the first SIGINT / SIGTERM seen by the loop (sets the exit code)
     first_loss: float | None = None  # train loss of the first record, for the flat-loss warning
     flat_checked: bool = False
     diverged_at: int | None = None  # first step whose loss was non-finite (--keep-going: reported once)
@@ -61,10 +62,11 @@ class TrainState:
 
     @contextmanager
     def signals(self) -> Iterator[None]:
-        """SIGINT/SIGTERM finish the current step, then the loop saves and stops."""
+        """SIGINT/SIGTERM finish the current step, then the loop saves and stops (saying so in
+        one line at the end: a handler that logs could print mid-line, and twice on two signals)."""
         def handler(signum: int, _frame: Any) -> None:
-            log.warning("signal %d: stopping after this step and saving a snapshot", signum)
             self.interrupted = True
+            self.stop_signal = self.stop_signal or signum
 
         if threading.current_thread() is not threading.main_thread():
             yield  # signal handlers can only be installed from the main thread
