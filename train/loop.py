@@ -225,8 +225,8 @@ def train(args: argparse.Namespace) -> int:
             run_steps(state)
             save(state)
             dump_rank_state(state)
-        if state.doctor is not None:
-            state.doctor.report()  # the diagnosis when training stops, before its last line
+        if state.doctor is not None and not state.interrupted:  # a signal gets its one line only
+            state.doctor.report()  # the diagnosis when training ends or diverges, before its last line
         return outcome(state)
     finally:
         with deferred_signals():  # the lock file goes whole, even on a second signal
