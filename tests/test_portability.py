@@ -27,7 +27,7 @@ def tracked_text_files() -> list[Path]:
 
 def machine_paths() -> list[str]:
     """Directories of this machine a shipped file must not name (built here, so this file does not
-    name them itself): the checkout's parent (where ../shared lives), the home and temp folders."""
+    name them itself): the checkout's parent (where the shared folder lives), the home and temp folders."""
     return [".." + "/shared", str(REPO.parent) + "/", str(Path.home()) + "/", "/" + "tmp/"]
 
 
