@@ -249,9 +249,11 @@ def load_checkpoint(path: str | Path, *, preset: str | None = None, config: str 
     """Resolve ``--ckpt``: a snapshot directory, a run directory (its latest snapshot) or a series
     ``.pt`` state dict with ``preset`` (a preset name) or ``config`` (a JSON config file)."""
     path = Path(path)
-    if is_snapshot_dir(path) or (path / MODEL_FILE).is_file():  # the latter: a broken snapshot
-        if preset or config:
-            logger.warning("ignoring --preset/--config: snapshot %s carries its own config", path)
+    snapshot = is_snapshot_dir(path) or (path / MODEL_FILE).is_file()  # the latter: a broken snapshot
+    if (snapshot or is_run_dir(path)) and (preset or config):
+        logger.warning("ignoring --preset/--config: %s %s carries its own config",
+                       "snapshot" if snapshot else "run", path)
+    if snapshot:
         return load_snapshot(path, device)
     if is_run_dir(path):
         return load_snapshot(latest_snapshot(path), device)
@@ -280,7 +282,19 @@ def resolve_device(name: str | None = "auto") -> torch.device:
         raise ValueError(f"device {name!r} requested but Apple's MPS is not available here; use --device cpu")
     if device.type not in ("cpu", "cuda", "mps"):
         raise ValueError(f"device {name!r} cannot run a model here; use auto, cpu or cuda")
+    _check_device_index(name, device)
     return device
+
+
+def _check_device_index(name: str, device: torch.device) -> None:
+    """torch accepts any index (cpu:1, cuda:7) and fails later, or never (cpu): refuse it here."""
+    if device.index is None:
+        return
+    count = {"cpu": 1, "mps": 1}.get(device.type) or torch.cuda.device_count()
+    if device.index >= count:
+        have = "only cpu (or cpu:0)" if device.type == "cpu" else \
+            f"{count} {device.type} device(s): {', '.join(f'{device.type}:{i}' for i in range(count))}"
+        raise ValueError(f"device {name!r} does not exist: this machine has {have}")
 
 
 def load_from_args(args: argparse.Namespace) -> Snapshot:

@@ -8,8 +8,10 @@ that names the first offending tensor; ``parse_config`` validates a model config
 
 from __future__ import annotations
 
+import logging
 import pickle
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,8 @@ from models.runs import CheckpointError, snapshot_step
 from models.tokenizers import Tokenizer
 
 __all__ = ["Snapshot", "load_weights", "parse_config", "torch_load"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,7 +134,9 @@ def check_counts(config: ModelConfig, state: dict[str, Any], source: Path) -> No
 def load_weights(model: torch.nn.Module, state: dict[str, Any], source: Path, *,
                  exact_names: bool) -> None:
     """strict=True load; a mismatch names the first offending tensor (and both shapes)."""
-    check_state(model.state_dict(), state, source, exact_names=exact_names)
+    expected = model.state_dict()
+    check_state(expected, state, source, exact_names=exact_names)
+    note_low_precision(expected, state, source)
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:
@@ -150,6 +156,10 @@ def check_state(expected: dict[str, torch.Tensor], state: dict[str, Any], source
         if name in state and state[name].shape != want.shape:
             raise CheckpointError(f"{source}: tensor {name!r} has shape {list(state[name].shape)} "
                                   f"but the config expects {list(want.shape)}")
+        if name in state and want.is_floating_point() and not state[name].is_floating_point():
+            raise CheckpointError(f"{source}: tensor {name!r} is stored as {_dtype(state[name])}, "
+                                  f"but the model expects floating-point weights ({_dtype(want)}): "
+                                  "the file is corrupt or was not written from a model")
     if exact_names:
         missing = [k for k in expected if k not in state]
         unexpected = [k for k in state if k not in expected]
@@ -167,10 +177,26 @@ def check_state(expected: dict[str, torch.Tensor], state: dict[str, Any], source
                               f"{len(state)}: it is a smaller model than the config says")
 
 
+def note_low_precision(expected: dict[str, torch.Tensor], state: dict[str, Any], source: Path) -> None:
+    """float16/bfloat16 weights load (upcast by load_state_dict): said in one line per load."""
+    low = [name for name, want in expected.items() if name in state and want.is_floating_point()
+           and state[name].dtype in (torch.float16, torch.bfloat16) and want.dtype == torch.float32]
+    if low:
+        kinds = sorted({_dtype(state[name]) for name in low})
+        logger.warning("%s: %d of %d tensors are stored as %s; loaded as float32", source, len(low),
+                       len(expected), " and ".join(kinds))
+
+
+def _dtype(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
 def torch_load(path: Path, device: str | torch.device = "cpu") -> Any:
     """``torch.load(weights_only=True)``; any failure becomes one CheckpointError line."""
     try:
-        return torch.load(path, map_location=device, weights_only=True)
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": our one line says more
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location=device, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - untrusted file: every failure becomes one message
         why = (" (only tensors and plain containers are accepted; pickled objects are refused)"
                if isinstance(exc, pickle.UnpicklingError) else "")

@@ -35,7 +35,6 @@ if __name__ == "__main__":  # --help and bad arguments answered before torch is 
     logit_lens_parser().parse_early()
 
 import logging
-import math
 import sys
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -51,6 +50,7 @@ from probes.neighbours import token_piece
 log = logging.getLogger(__name__)
 
 READOUT_TOLERANCE = 1e-4  # the last layer must reproduce the model's logits; warn past this
+NOT_FINITE = "(NaN)"  # shown instead of a top token where a layer's distribution is not finite
 
 
 # ---------------------------------------------------------------- pure functions on logits
@@ -83,6 +83,7 @@ class LayerStats:
     rank: torch.Tensor  # [batch pos-1] tokens with a strictly higher logit than the next token
     top_probs: torch.Tensor  # [batch pos k]
     top_ids: torch.Tensor  # [batch pos k]
+    finite: torch.Tensor  # [batch pos] bool: the layer's logits are all finite there
 
 
 def layer_stats(logits: torch.Tensor, final: FinalDistribution, tokens: torch.Tensor, k: int) -> LayerStats:
@@ -94,9 +95,11 @@ def layer_stats(logits: torch.Tensor, final: FinalDistribution, tokens: torch.Te
     target_logit = logits[:, :-1].gather(-1, targets)  # [batch pos-1 1]
     cross_entropy = lse[:, :-1] - target_logit.squeeze(-1)
     rank = (logits[:, :-1] > target_logit).sum(-1).float()
-    rank[~torch.isfinite(logits[:, :-1]).all(-1)] = float("nan")  # NaN logits rank nothing first
+    finite = torch.isfinite(logits).all(-1)  # [batch pos]
+    rank[~finite[:, :-1]] = float("nan")  # NaN logits rank nothing first
     top_logits, top_ids = logits.topk(min(k, logits.shape[-1]), dim=-1)  # [batch pos k]
-    return LayerStats(kl.clamp_min(0.0), cross_entropy, rank, (top_logits - lse.unsqueeze(-1)).exp(), top_ids)
+    return LayerStats(kl.clamp_min(0.0), cross_entropy, rank, (top_logits - lse.unsqueeze(-1)).exp(),
+                      top_ids, finite)
 
 
 # ---------------------------------------------------------------- the lens
@@ -217,7 +220,7 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, k: int = 5
 
 
 def _to_cpu(s: LayerStats) -> LayerStats:
-    return LayerStats(*(t.cpu() for t in (s.kl, s.cross_entropy, s.rank, s.top_probs, s.top_ids)))
+    return LayerStats(*(t.cpu() for t in (s.kl, s.cross_entropy, s.rank, s.top_probs, s.top_ids, s.finite)))
 
 
 # ---------------------------------------------------------------- the result
@@ -263,6 +266,12 @@ class LogitLensResult:
                 for l in range(len(self.layers))]
 
     @property
+    def nonfinite_layers(self) -> list[str]:
+        """Labels of the layers whose logits hold NaN or inf at some position."""
+        return [label for l, label in enumerate(self.layers)
+                if not all(bool(part.all()) for part in self._field(l, "finite"))]
+
+    @property
     def tokens(self) -> list[list[int]]:
         return [row for toks, _ in self.batches for row in toks.tolist()]
 
@@ -270,14 +279,15 @@ class LogitLensResult:
         return token_piece(self.tokenizer, i)
 
     def top_k(self) -> list[list[list[list[dict[str, Any]]]]]:
-        """[layer][sequence][pos] -> [{id, piece, prob}] best first."""
+        """[layer][sequence][pos] -> [{id, piece, prob}] best first; [] where the layer's
+        distribution is not finite (NaN logits have no top token)."""
         out = []
         for l in range(len(self.layers)):
             seqs = []
-            for probs, ids in zip(self._field(l, "top_probs"), self._field(l, "top_ids")):
-                for p_row, i_row in zip(probs.tolist(), ids.tolist()):
+            for probs, ids, ok in zip(*(self._field(l, f) for f in ("top_probs", "top_ids", "finite"))):
+                for p_row, i_row, ok_row in zip(probs.tolist(), ids.tolist(), ok.tolist()):
                     seqs.append([[{"id": i, "piece": self.piece(i), "prob": p} for p, i in zip(ps, is_)]
-                                 for ps, is_ in zip(p_row, i_row)])
+                                 if fine else [] for ps, is_, fine in zip(p_row, i_row, ok_row)])
             out.append(seqs)
         return out
 
@@ -304,10 +314,10 @@ class LogitLensResult:
             for start in range(0, len(toks), columns):
                 lines += ["", f"sequence {s}, positions {start}..{min(start + columns, len(toks)) - 1}"]
                 lines += self._grid_block(top, s, toks, range(start, min(start + columns, len(toks))))
-            lines.append(f"top-{len(top[0][s][-1])} at the last position:")
+            lines.append(f"top-{self.batches[0][1][0].top_ids.shape[-1]} at the last position:")
             for label, layer in zip(self.layers, top):
-                lines.append(f"{label:<8}" + "  ".join(f"{self._show(e['id'])} {e['prob']:.2f}"
-                                                       for e in layer[s][-1]))
+                lines.append(f"{label:<8}" + ("  ".join(f"{self._show(e['id'])} {e['prob']:.2f}"
+                                                        for e in layer[s][-1]) or NOT_FINITE))
         if len(self.tokens) > max_sequences:
             lines.append(f"({len(self.tokens) - max_sequences} more sequence(s) in --json)")
         return "\n".join(lines)
@@ -324,6 +334,9 @@ class LogitLensResult:
         for label, layer in zip(self.layers, top):
             cells = []
             for p, n in zip(positions, nxt):
+                if not layer[s][p]:
+                    cells.append(NOT_FINITE.ljust(cell))
+                    continue
                 best = layer[s][p][0]
                 mark = "*" if best["id"] == n else " "
                 cells.append(f"{self._show(best['id'])} {best['prob']:.2f}{mark}".ljust(cell))
@@ -332,6 +345,21 @@ class LogitLensResult:
 
 
 # ---------------------------------------------------------------- CLI
+
+def cli_warnings(result: LogitLensResult) -> list[str]:
+    """What the CLI says below the table: non-finite layers (named, only those), a final layer
+    that makes every KL non-finite, and a text too short to have a next token."""
+    lines = []
+    bad = result.nonfinite_layers
+    if bad:
+        kl = "; KL to the final layer is not a number at any layer" if result.layers[-1] in bad else ""
+        lines.append(f"the lens at {', '.join(bad)} is NaN or inf (a diverged model): cross-entropy, "
+                     f"rank and top tokens are not numbers there (JSON shows null, top_k []){kl}")
+    if all(len(row) < 2 for row in result.tokens):
+        lines.append("the text is one token, which has no next token: cross-entropy and rank need "
+                     "at least two tokens (they show nan; JSON null)")
+    return lines
+
 
 def main(argv: list[str] | None = None) -> int:
     def body() -> int:
@@ -346,10 +374,8 @@ def main(argv: list[str] | None = None) -> int:
             print_json(result.to_dict())
         else:
             print(result.format(args.columns))
-        bad = [label for label, kl in zip(result.layers, result.kl_to_final) if not math.isfinite(kl)]
-        if bad:
-            print(f"warning: the lens at {', '.join(bad)} is NaN or inf (a diverged model): KL, "
-                  "cross-entropy and rank are not numbers there (JSON shows null)", file=sys.stderr)
+        for line in cli_warnings(result):
+            print(f"warning: {line}", file=sys.stderr)
         return 0
 
     return run_cli(body)

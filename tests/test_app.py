@@ -198,3 +198,15 @@ def test_a_run_still_training_is_followed_and_a_half_written_line_tolerated(app,
     after = next(c.value for c in app.caption if "records" in c.value)
     assert before != after and after.endswith("..25")
     shutil.rmtree(live)
+
+
+def test_lens_cells_show_no_top_token_where_a_layer_is_nan():
+    from app.views.lens import lens_cells
+
+    top = [{"id": 1, "piece": "b", "prob": 0.7}]
+    result = {"layers": ["embed", "0_post"], "pieces": [["a", "b"]], "top_k": [[[top, top]], [[[], []]]],
+              "kl_to_final_per_position": [[[0.1, 0.2]], [[None, None]]],
+              "target_rank_per_position": [[[0, None]], [[None, None]]]}
+    cells = lens_cells(result)
+    assert list(cells["top-1"]) == ["b", "b", "(NaN)", "(NaN)"]
+    assert cells["top-1 probability"].isna().tolist() == [False, False, True, True]

@@ -218,7 +218,10 @@ def test_nan_weights_are_reported_as_non_finite_not_as_healthy_numbers(tmp_path)
     data = json.loads(lens.stdout)
     assert data["target_rank"][-1] is None and data["kl_to_final"][-1] is None
     assert data["target_rank"][0] is not None  # the embedding, before the NaN, still reads
-    assert "NaN or inf" in run("logit_lens").stderr
+    assert data["top_k"][3][0][0] == [] and data["top_k"][2][0][0] != []  # no top token where NaN
+    table = run("logit_lens")
+    assert "warning: the lens at 2_post, 3_post is NaN or inf" in table.stderr  # only those layers
+    assert "3_post  (NaN)\n" in table.stdout and "'d' nan" not in table.stdout
     ent = run("entropy")
     assert ent.returncode == 0 and "warning: attention in layer(s) 2, 3 is NaN or inf" in ent.stderr
     assert json.loads(run("entropy", "--json").stdout)["entropy"][2][0] is None
@@ -235,6 +238,7 @@ def snap_dir(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("args, message", [
     (("--device", "meta"), "cannot run a model"),
     (("--device", "mps"), "MPS is not available"),
+    (("--device", "cpu:1"), "device 'cpu:1' does not exist: this machine has only cpu"),
     (("--batch-size", "100000000"), "batch size 100000000"),
     (("--text-file", "/dev/zero"), "larger than 256 MB"),
 ])
@@ -260,6 +264,7 @@ def test_samples_beyond_the_memory_limit_and_ignored_flags(snap_dir, tmp_path, c
 
 @pytest.mark.parametrize("args, message", [
     (("--device", "meta"), "cannot run a model"),
+    (("--device", "cpu:3"), "device 'cpu:3' does not exist"),
     (("--batch-size", "100000000"), "more than any machine holds"),
 ])
 def test_training_inputs_that_crashed_are_one_line(args, message, data, tmp_path, capsys):
@@ -305,8 +310,67 @@ def test_a_config_far_bigger_than_the_weights_fails_before_allocating(tmp_path):
     assert "model.pt: the config has 3000 blocks but the weights have 4" in proc.stderr
 
 
-def test_preset_with_a_snapshot_is_warned_about(snap_dir, capsys, caplog):
+@pytest.mark.parametrize("kind", ["snapshot", "run"])
+def test_preset_with_a_snapshot_or_a_run_is_warned_about(kind, snap_dir, tmp_path, caplog):
     from probes import entropy
 
-    assert entropy.main(["--ckpt", str(snap_dir), "--preset", "gpt2_124m", "--text", "abc"]) == 0
-    assert any("ignoring --preset/--config" in r.getMessage() for r in caplog.records)
+    ckpt = snap_dir
+    if kind == "run":
+        ckpt = tmp_path / "run"
+        ckpt.mkdir()
+        (ckpt / "step_000003").symlink_to(snap_dir)
+    assert entropy.main(["--ckpt", str(ckpt), "--preset", "gpt2_124m", "--text", "abc"]) == 0
+    assert [r.getMessage() for r in caplog.records if "ignoring --preset" in r.getMessage()] == [
+        f"ignoring --preset/--config: {kind} {ckpt} carries its own config"]
+
+
+def rewrite_weights(snap: Path, edit) -> None:
+    """Change model.safetensors and record its new sha256, as a tool that rewrote it would."""
+    import hashlib
+
+    from safetensors.torch import load_file, save_file
+
+    weights = snap / "model.safetensors"
+    state = load_file(str(weights))
+    edit(state)
+    save_file(state, str(weights))
+    meta = json.loads((snap / "config.json").read_text())
+    meta["tensors_sha256"] = hashlib.sha256(weights.read_bytes()).hexdigest()
+    (snap / "config.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.bool])
+def test_integer_weights_are_refused_naming_the_tensor(dtype, tmp_path):
+    from models.checkpoint import CheckpointError
+
+    snap = saved(tmp_path)
+    name = "blocks.1.mlp.net.0.weight"
+    rewrite_weights(snap, lambda state: state.update({name: torch.zeros_like(state[name], dtype=dtype)}))
+    kind = str(dtype).removeprefix("torch.")
+    with pytest.raises(CheckpointError, match=f"tensor '{name}' is stored as {kind}, but the model "
+                                              r"expects floating-point weights \(float32\)"):
+        load_snapshot(snap)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_weights_load_and_are_said_once(dtype, tmp_path, caplog):
+    snap = saved(tmp_path)
+    rewrite_weights(snap, lambda state: state.update({k: v.to(dtype) for k, v in state.items()}))
+    loaded = load_snapshot(snap)
+    assert {p.dtype for p in loaded.model.parameters()} == {torch.float32}
+    said = [r.getMessage() for r in caplog.records if "stored as" in r.getMessage()]
+    assert len(said) == 1 and str(dtype).removeprefix("torch.") in said[0], said
+
+
+def test_a_pickle_protocol_warning_does_not_precede_the_one_line_error(tmp_path):
+    import warnings
+
+    from models.checkpoint import CheckpointError, load_checkpoint
+
+    # torch warns of protocol 4 (two lines), then its weights_only unpickler fails on it
+    torch.save({"W_out": torch.zeros(2)}, tmp_path / "old.pt", pickle_protocol=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(CheckpointError, match="cannot load with torch.load"):
+            load_checkpoint(tmp_path / "old.pt", preset="transformer4_rms_small")
+    assert [str(w.message) for w in caught] == []

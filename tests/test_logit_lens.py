@@ -268,3 +268,11 @@ def test_cli_bad_input_is_one_line_and_exit_2(snapshot, capsys, preset, args, me
     assert captured.out == ""
     assert captured.err.startswith("error: ") and message in captured.err
     assert captured.err.count("\n") == 1
+
+
+@pytest.mark.parametrize("text, warned", [("t", True), ("th", False)])
+def test_cli_says_that_one_token_has_no_next_token(snapshot, capsys, text, warned):
+    assert logit_lens.main(["--ckpt", snapshot(), "--text", text]) == 0
+    err = capsys.readouterr().err
+    assert ("warning: the text is one token, which has no next token" in err) == warned, err
+    assert err.count("\n") == int(warned)

@@ -32,9 +32,10 @@ def lens_cells(result: dict) -> pd.DataFrame:
     rows = []
     for l, label in enumerate(result["layers"]):
         for pos, top in enumerate(result["top_k"][l][0]):
+            best = top[0] if top else {"piece": "(NaN)", "prob": None}  # [] where the layer is NaN
             rows.append({"layer": label, "label": f"{pos}: {data.shown(pieces[pos])}",
-                         "top-1": data.shown(top[0]["piece"] or str(top[0]["id"])),
-                         "top-1 probability": top[0]["prob"],
+                         "top-1": data.shown(best["piece"] or str(best["id"])),
+                         "top-1 probability": best["prob"],
                          "KL to final (nats)": result["kl_to_final_per_position"][l][0][pos],
                          "rank of the true next token": result["target_rank_per_position"][l][0][pos],
                          "top-k": json.dumps([(t["piece"], round(t["prob"], 3)) for t in top],
