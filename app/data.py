@@ -17,7 +17,7 @@ import streamlit as st
 import torch
 
 from models.checkpoint import is_run_dir, is_snapshot_dir, list_snapshots, load_checkpoint, read_metrics
-from models.runs import read_run_json
+from models.store.run import read_run_json
 from models.sample import continue_text
 from probes import degenerate, entropy, logit_lens, neighbours, projection, updates
 

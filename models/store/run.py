@@ -1,9 +1,10 @@
-"""Run directories and durable file writes.
+"""Our run directories, and folders of nanoGPT checkpoints read as runs.
 
 A run is a directory of snapshots ``step_000000/ step_000500/ ...`` plus ``metrics.jsonl`` (one
 JSON object per logged step) and ``run.json``. Dot-directories (temporary or set-aside snapshots
-of an interrupted save) are never listed. Every write here fsyncs; whole-file writes go to a
-temporary name in the same directory first and are renamed into place.
+of an interrupted save) are never listed. A folder of numbered checkpoint files (``ckpt_500.pt``,
+``ckpt-1000.pt``, ``2000.pt``: what a nanoGPT user who saves every N steps has) is a run too:
+its snapshots are those files, its step the number in each name. Torch-free.
 """
 
 from __future__ import annotations
@@ -12,87 +13,24 @@ import json
 import logging
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from models.store.files import (CheckpointError, dumps_json, read_json_object,  # noqa: F401
+                                write_bytes_atomic)
+
 logger = logging.getLogger(__name__)
 
-__all__ = ["CheckpointError", "METRICS_FILE", "RUN_FILE", "append_metrics", "fsync_dir", "fsync_file",
-           "is_run_dir", "is_snapshot_dir", "latest_snapshot", "list_snapshots", "read_metrics",
-           "read_run_json", "snapshot_name", "snapshot_step", "write_bytes_atomic", "write_run_json"]
+__all__ = ["METRICS_FILE", "RUN_FILE", "append_metrics", "is_run_dir", "is_snapshot_dir",
+           "latest_snapshot", "list_snapshots", "read_metrics", "read_run_json", "snapshot_name",
+           "snapshot_step", "write_run_json", "checkpoint_files"]
 
 METRICS_FILE = "metrics.jsonl"
 RUN_FILE = "run.json"
 SNAPSHOT_CONFIG = "config.json"
 _SNAPSHOT_RE = re.compile(r"^step_(\d{6,})$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint, run directory or metrics file is missing, malformed or inconsistent."""
-
-
-# --------------------------------------------------------------------------- durable writes
-
-
-def fsync_file(path: str | Path) -> None:
-    """Flush a file's contents to disk."""
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def fsync_dir(path: str | Path) -> None:
-    """Make renames inside a directory durable (POSIX); a no-op where directories can't be opened."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def current_umask() -> int:
-    """The process umask (reading it means setting it, so it is put straight back)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to a temporary file beside ``path``, fsync, rename over ``path``."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; a plain open() honours the umask
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-    return path
-
-
-def _json_default(obj: Any) -> Any:
-    """Tensors, numpy scalars/arrays and paths in records become plain JSON values."""
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    if hasattr(obj, "item"):
-        return obj.item()
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
-
-
-def dumps_json(obj: Any, **kwargs: Any) -> str:
-    return json.dumps(obj, default=_json_default, **kwargs)
+# a numbered checkpoint file: an optional word and separator, the step, .pt (not "mha4.pt")
+_CKPT_FILE_RE = re.compile(r"^(?:[A-Za-z]+[_\-])?(\d+)\.(?:pt|pth)$")
 
 
 # --------------------------------------------------------------------------- run directories
@@ -106,8 +44,10 @@ def snapshot_name(step: int) -> str:
 
 
 def snapshot_step(path: str | Path) -> int | None:
-    """The step encoded in a snapshot directory's name, or None if it is not ``step_NNNNNN``."""
-    match = _SNAPSHOT_RE.match(Path(path).name)
+    """The step encoded in a snapshot's name (``step_000500``, or a numbered checkpoint file such
+    as ``ckpt_500.pt``), or None if the name holds none."""
+    name = Path(path).name
+    match = _SNAPSHOT_RE.match(name) or _CKPT_FILE_RE.match(name)
     return int(match.group(1)) if match else None
 
 
@@ -118,23 +58,35 @@ def is_snapshot_dir(path: str | Path) -> bool:
 
 
 def _step_dirs(run_dir: Path) -> list[Path]:
-    return [p for p in run_dir.iterdir() if snapshot_step(p) is not None and p.is_dir()]
+    return [p for p in run_dir.iterdir() if _SNAPSHOT_RE.match(p.name) and p.is_dir()]
+
+
+def checkpoint_files(folder: str | Path) -> list[Path]:
+    """The numbered checkpoint files (``ckpt_500.pt``, ...) directly inside ``folder``."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return [p for p in folder.iterdir() if _CKPT_FILE_RE.match(p.name) and p.is_file()]
 
 
 def is_run_dir(path: str | Path) -> bool:
-    """A directory (not itself a snapshot) with step_NNNNNN/ snapshots, metrics.jsonl or run.json."""
+    """A directory (not itself a snapshot) with step_NNNNNN/ snapshots, metrics.jsonl or run.json,
+    or a folder of numbered checkpoint files."""
     path = Path(path)
     if not path.is_dir() or is_snapshot_dir(path):
         return False
-    return bool((path / RUN_FILE).is_file() or (path / METRICS_FILE).is_file() or _step_dirs(path))
+    return bool((path / RUN_FILE).is_file() or (path / METRICS_FILE).is_file() or _step_dirs(path)
+                or checkpoint_files(path))
 
 
 def list_snapshots(run_dir: str | Path) -> list[Path]:
-    """The run's ``step_NNNNNN`` snapshot directories sorted by step (dot-directories ignored)."""
+    """The run's snapshots sorted by step: its ``step_NNNNNN`` directories (dot-directories
+    ignored), or for a folder of checkpoint files without any, those files."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"{run_dir}: run directory not found")
-    return sorted(_step_dirs(run_dir), key=lambda p: snapshot_step(p) or 0)
+    found = _step_dirs(run_dir) or checkpoint_files(run_dir)
+    return sorted(found, key=lambda p: (snapshot_step(p) or 0, p.name))
 
 
 def latest_snapshot(run_dir: str | Path) -> Path:
@@ -156,17 +108,6 @@ def read_run_json(run_dir: str | Path) -> dict[str, Any] | None:
     """The run's ``run.json`` as a dict, or None if there is none."""
     path = Path(run_dir) / RUN_FILE
     return read_json_object(path) if path.is_file() else None
-
-
-def read_json_object(path: Path) -> dict[str, Any]:
-    """A JSON file holding one object; anything else is a CheckpointError naming the file."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
 
 
 # --------------------------------------------------------------------------- metrics.jsonl

@@ -4,8 +4,7 @@ The file is read with ``torch.load(weights_only=True)``; a checkpoint dict's ``"
 ``"state_dict"`` entry and ``torch.compile``/DDP name prefixes are unwrapped, and the weights are
 loaded strictly into ``build_model(config)``. The series' single-block AttnNet names are mapped
 to ours by the Transformer's own load hook (:func:`models.transformer.series_key`). A
-``vocab.json`` beside the file becomes the tokenizer. Also importable from
-:mod:`models.checkpoint`.
+``vocab.json`` beside the file becomes the tokenizer.
 """
 
 from __future__ import annotations
@@ -18,9 +17,10 @@ import torch
 
 from models import get_preset
 from models.config import ModelConfig
-from models.runs import CheckpointError
+from models.store.files import CheckpointError
+from models.store.result import Snapshot
+from models.store.weights import build_and_load, parse_config, strip_prefixes, torch_load
 from models.tokenizers import CharTokenizer, Tokenizer, TokenizerError
-from models.weights import Snapshot, build_and_load, parse_config, torch_load
 
 __all__ = ["SERIES_SUFFIXES", "VOCAB_FILE", "load_series_checkpoint", "load_series_state_dict"]
 
@@ -38,20 +38,18 @@ def _unwrap_state_dict(obj: Any, path: Path) -> dict[str, Any]:
     if not isinstance(obj, dict) or not obj:
         raise CheckpointError(f"{path}: expected a state dict (name -> tensor), or a dict with a "
                               f"'model' or 'state_dict' entry; got {type(obj).__name__}")
-    for prefix in ("_orig_mod.", "module."):
-        if all(isinstance(k, str) and k.startswith(prefix) for k in obj):
-            obj = {k[len(prefix):]: v for k, v in obj.items()}
-    return dict(obj)
+    return strip_prefixes(obj)
 
 
 def load_series_state_dict(path: str | Path, config: ModelConfig, tokenizer: Tokenizer | None = None,
-                           device: str | torch.device = "cpu") -> Snapshot:
+                           device: str | torch.device = "cpu", *, loaded: Any = None) -> Snapshot:
     """Load a series ``.pt`` state dict into ``build_model(config)`` (strict); vocab.json beside it
-    becomes the tokenizer unless one is given."""
+    becomes the tokenizer unless one is given. `loaded`: the file's object when the caller has
+    already read it (``load_checkpoint`` does, to detect the format)."""
     path = Path(path)
-    if not path.is_file():
+    if loaded is None and not path.is_file():
         raise CheckpointError(f"{path}: file not found")
-    state = _unwrap_state_dict(torch_load(path), path)
+    state = _unwrap_state_dict(torch_load(path) if loaded is None else loaded, path)
     if tokenizer is None and (path.parent / VOCAB_FILE).is_file():
         try:
             tokenizer = CharTokenizer.load(path.parent)
@@ -60,11 +58,7 @@ def load_series_state_dict(path: str | Path, config: ModelConfig, tokenizer: Tok
     if tokenizer is not None and tokenizer.vocab_size > config.d_vocab:
         raise CheckpointError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the config's "
                               f"d_vocab is {config.d_vocab}")
-    try:
-        model = build_and_load(config, state, path, exact_names=False)  # shapes checked on meta first
-    except (RuntimeError, MemoryError) as exc:
-        raise CheckpointError(f"{path}: cannot build the model the config describes "
-                              f"({' '.join(str(exc).split())[:200]})") from None
+    model = build_and_load(config, state, path, exact_names=False)  # shapes checked on meta first
     meta = {"format_version": None, "source": "series_pt", "model": config.to_dict(),
             "tokenizer": None if tokenizer is None else
             {"kind": tokenizer.kind, "files": list(tokenizer.files)},
@@ -73,9 +67,10 @@ def load_series_state_dict(path: str | Path, config: ModelConfig, tokenizer: Tok
 
 
 def load_series_checkpoint(path: Path, *, preset: str | None, config: str | Path | None,
-                           device: str | torch.device = "cpu") -> Snapshot:
+                           device: str | torch.device = "cpu", loaded: Any = None) -> Snapshot:
     """A series ``.pt`` with ``config`` (a JSON config file) or else ``preset`` (a preset name)."""
-    return load_series_state_dict(path, _series_config(path, preset, config), device=device)
+    return load_series_state_dict(path, _series_config(path, preset, config), device=device,
+                                  loaded=loaded)
 
 
 def _series_config(path: Path, preset: str | None, config: str | Path | None) -> ModelConfig:

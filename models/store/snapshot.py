@@ -1,20 +1,13 @@
-"""Snapshots (save/load, atomic, hash-checked) and the ``--ckpt`` resolution every CLI uses.
+"""Our snapshot directory: save (atomic, hash-recorded) and load (validated, hash-checked).
 
 A snapshot directory holds ``config.json`` (format version, model config, tokenizer kind and
 files, step, tokens seen, training config, sha256 of the weights, creation time),
-``model.safetensors``, the tokenizer file(s) and optionally ``optimizer.pt``. ``--ckpt`` accepts
-a snapshot, a run directory (its latest snapshot) or a series ``.pt`` state dict with
-``--preset``/``--config``. Nothing is ever unpickled with ``weights_only=False``.
-
-:class:`Snapshot` and the guarded weight loading live in :mod:`models.weights`, the series ``.pt``
-loading in :mod:`models.series_ckpt`, run directories in :mod:`models.runs`; the names every
-caller uses are re-exported here.
+``model.safetensors``, the tokenizer file(s) and optionally ``optimizer.pt`` (read with
+``torch.load(weights_only=True)``). Nothing is ever unpickled with ``weights_only=False``.
 """
-
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import logging
 import os
@@ -27,25 +20,17 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from models.cli import add_ckpt_arguments  # noqa: F401  (torch-free, re-exported here)
 from models.config import ModelConfig
-from models.runs import (CheckpointError, append_metrics, current_umask, dumps_json, fsync_dir,
-                         fsync_file, is_run_dir, is_snapshot_dir, latest_snapshot, list_snapshots,
-                         read_json_object, read_metrics, read_run_json, snapshot_name, snapshot_step,
-                         write_bytes_atomic, write_run_json)
-from models.series_ckpt import (SERIES_SUFFIXES, VOCAB_FILE, load_series_checkpoint,
-                                load_series_state_dict)
+from models.store.files import (CheckpointError, current_umask, dumps_json, fsync_dir, fsync_file,
+                                read_json_object, write_bytes_atomic)
+from models.store.result import Snapshot
+from models.store.weights import build_and_load, parse_config, torch_load
 from models.tokenizers import Tokenizer, TokenizerError, load_tokenizer
-from models.weights import Snapshot, build_and_load, parse_config, torch_load
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CONFIG_FILE", "FORMAT_VERSION", "MODEL_FILE", "OPTIMIZER_FILE", "VOCAB_FILE",
-           "CheckpointError", "Snapshot", "add_ckpt_arguments", "append_metrics", "is_run_dir",
-           "is_snapshot_dir", "latest_snapshot", "list_snapshots", "load_checkpoint",
-           "load_from_args", "load_optimizer_state", "load_series_state_dict", "load_snapshot",
-           "read_metrics", "read_run_json", "resolve_device", "save_snapshot", "snapshot_name",
-           "snapshot_step", "write_run_json"]
+__all__ = ["CONFIG_FILE", "FORMAT_VERSION", "MODEL_FILE", "OPTIMIZER_FILE", "load_optimizer_state",
+           "load_snapshot", "read_safetensors", "save_snapshot"]
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
@@ -193,22 +178,23 @@ def load_snapshot(directory: str | Path, device: str | torch.device = "cpu") -> 
     weights = directory / MODEL_FILE
     if not weights.is_file():
         raise CheckpointError(f"{weights}: missing; the snapshot has no weights")
-    try:
-        state = load_file(str(weights), device="cpu")
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(f"{weights}: truncated or corrupt safetensors file ({exc})") from None
+    state = read_safetensors(weights)
     digest = _sha256(weights)
     if digest != meta["tensors_sha256"]:
         raise CheckpointError(f"{weights}: sha256 mismatch: file hashes to {digest[:16]}..., "
                               f"{CONFIG_FILE} records {str(meta['tensors_sha256'])[:16]}... "
                               "(the file was modified or corrupted)")
     tokenizer = _load_snapshot_tokenizer(directory, meta["tokenizer"], config)
-    try:
-        model = build_and_load(config, state, weights, exact_names=True)  # shapes checked on meta first
-    except (RuntimeError, MemoryError) as exc:  # e.g. an absurd n_ctx or d_vocab in config.json
-        raise CheckpointError(f"{directory / CONFIG_FILE}: cannot build the model it describes "
-                              f"({' '.join(str(exc).split())[:200]})") from None
+    model = build_and_load(config, state, weights, exact_names=True, described_by=directory / CONFIG_FILE)
     return Snapshot(model.to(device).eval(), tokenizer, config, meta, directory)
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors on the CPU; a truncated or corrupt file is one CheckpointError."""
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"{path}: truncated or corrupt safetensors file ({exc})") from None
 
 
 def _load_snapshot_tokenizer(directory: Path, info: Any, config: ModelConfig) -> Tokenizer | None:
@@ -242,66 +228,3 @@ def load_optimizer_state(directory: str | Path, device: str | torch.device = "cp
     if not path.is_file():
         return None
     return torch_load(path, device)
-
-
-def load_checkpoint(path: str | Path, *, preset: str | None = None, config: str | Path | None = None,
-                    device: str | torch.device = "cpu") -> Snapshot:
-    """Resolve ``--ckpt``: a snapshot directory, a run directory (its latest snapshot) or a series
-    ``.pt`` state dict with ``preset`` (a preset name) or ``config`` (a JSON config file)."""
-    path = Path(path)
-    snapshot = is_snapshot_dir(path) or (path / MODEL_FILE).is_file()  # the latter: a broken snapshot
-    if (snapshot or is_run_dir(path)) and (preset or config):
-        logger.warning("ignoring --preset/--config: %s %s carries its own config",
-                       "snapshot" if snapshot else "run", path)
-    if snapshot:
-        return load_snapshot(path, device)
-    if is_run_dir(path):
-        return load_snapshot(latest_snapshot(path), device)
-    if path.is_file() and path.suffix in SERIES_SUFFIXES:
-        return load_series_checkpoint(path, preset=preset, config=config, device=device)
-    if not path.exists():
-        raise CheckpointError(f"{path}: not found")
-    raise CheckpointError(f"{path}: expected a snapshot directory (with {CONFIG_FILE}), a run "
-                          "directory (with step_NNNNNN/ snapshots) or a series .pt state dict")
-
-
-# --------------------------------------------------------------------------- CLI helpers
-
-
-def resolve_device(name: str | None = "auto") -> torch.device:
-    """'auto' -> cuda if available else cpu; otherwise validated (cuda without CUDA is an error)."""
-    if name in (None, "", "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"unknown device {name!r} ({exc})") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but CUDA is not available; use --device cpu")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"device {name!r} requested but Apple's MPS is not available here; use --device cpu")
-    if device.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"device {name!r} cannot run a model here; use auto, cpu or cuda")
-    _check_device_index(name, device)
-    return device
-
-
-def _check_device_index(name: str, device: torch.device) -> None:
-    """torch accepts any index (cpu:1, cuda:7) and fails later, or never (cpu): refuse it here."""
-    if device.index is None:
-        return
-    count = {"cpu": 1, "mps": 1}.get(device.type) or torch.cuda.device_count()
-    if device.index >= count:
-        have = "only cpu (or cpu:0)" if device.type == "cpu" else \
-            f"{count} {device.type} device(s): {', '.join(f'{device.type}:{i}' for i in range(count))}"
-        raise ValueError(f"device {name!r} does not exist: this machine has {have}")
-
-
-def load_from_args(args: argparse.Namespace) -> Snapshot:
-    """The Snapshot named by parsed --ckpt/--preset/--config/--device."""
-    try:
-        device = resolve_device(getattr(args, "device", "auto"))
-    except ValueError as exc:
-        raise CheckpointError(str(exc)) from None
-    return load_checkpoint(args.ckpt, preset=getattr(args, "preset", None),
-                           config=getattr(args, "config", None), device=device)

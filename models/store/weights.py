@@ -1,9 +1,10 @@
-"""What every checkpoint loader shares: the :class:`Snapshot` it returns and guarded loading.
+"""What every format's loader shares once it has a config and a state dict in our names.
 
 ``torch_load`` only ever unpickles with ``weights_only=True`` and turns any failure into one
-:class:`~models.runs.CheckpointError` line; ``load_weights`` does a strict ``load_state_dict``
-that names the first offending tensor; ``parse_config`` validates a model config. Used by
-:mod:`models.checkpoint` (snapshots) and :mod:`models.series_ckpt` (series ``.pt`` files).
+:class:`~models.store.files.CheckpointError` line; ``build_and_load`` checks names and shapes on
+a meta-device skeleton, then builds the model without its random init (every tensor is
+overwritten) and does a strict ``load_state_dict`` that names the first offending tensor;
+``parse_config`` validates a model config.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import logging
 import pickle
 import re
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,70 +20,12 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from models import build_model, config_from_dict
-from models.cache import text_to_tokens
 from models.config import ModelConfig
-from models.runs import CheckpointError, snapshot_step
-from models.tokenizers import Tokenizer
+from models.store.files import CheckpointError
 
-__all__ = ["Snapshot", "load_weights", "parse_config", "torch_load"]
+__all__ = ["SkipInit", "build_and_load", "load_weights", "parse_config", "strip_prefixes", "torch_load"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, eq=False)
-class Snapshot:
-    """A loaded model (eval mode) with its tokenizer (None for a bare .pt), config and metadata."""
-
-    model: torch.nn.Module
-    tokenizer: Tokenizer | None
-    config: ModelConfig
-    meta: dict[str, Any]  # the parsed config.json (synthesised for a .pt)
-    path: Path
-
-    def __post_init__(self) -> None:
-        # TransformerLens habit: text goes in through model.tokenizer (a plain attribute, not a
-        # submodule: the state dict is unchanged)
-        self.model.tokenizer = self.tokenizer
-
-    @property
-    def name(self) -> str:
-        """``run/step_000500`` for a snapshot of a run, otherwise the directory or file name."""
-        if snapshot_step(self.path) is not None and self.path.parent.name:
-            return f"{self.path.parent.name}/{self.path.name}"
-        return self.path.name
-
-    @property
-    def step(self) -> int | None:
-        return self.meta.get("step")
-
-    @property
-    def tokens_seen(self) -> int | None:
-        return self.meta.get("tokens_seen")
-
-    def encode(self, text: str) -> torch.Tensor:
-        """Text as a [1 pos] batch of token ids on the model's device, ready for `model(...)`
-        or any probe's `run` (longer than the context is fine there: probes window it)."""
-        if self.tokenizer is None:
-            raise ValueError(f"{self.name} has no tokenizer (a bare .pt state dict): put the series' "
-                             "vocab.json beside it, or pass token ids")
-        return text_to_tokens(self.tokenizer, text, next(self.model.parameters()).device, self.name)
-
-    def decode(self, ids: torch.Tensor | list[int]) -> str:
-        """Token ids ([pos] or [1 pos], a tensor or a list) back to text."""
-        if self.tokenizer is None:
-            raise ValueError(f"{self.name} has no tokenizer (a bare .pt state dict)")
-        flat = ids.reshape(-1).tolist() if isinstance(ids, torch.Tensor) else list(ids)
-        return self.tokenizer.decode(flat)
-
-    def nonfinite_params(self) -> list[str]:
-        """Names of parameters/buffers holding NaN or inf (a diverged run loads; probes report it)."""
-        return nonfinite_tensors(self.model)
-
-
-def nonfinite_tensors(model: torch.nn.Module) -> list[str]:
-    """State-dict names of the floating tensors holding NaN or inf, in module order."""
-    return [name for name, t in model.state_dict().items()
-            if t.is_floating_point() and not bool(torch.isfinite(t).all())]
 
 
 def parse_config(data: Any, source: Path) -> ModelConfig:
@@ -107,15 +49,21 @@ class SkipInit(TorchFunctionMode):
 
 
 def build_and_load(config: ModelConfig, state: dict[str, Any], source: Path, *,
-                   exact_names: bool) -> torch.nn.Module:
+                   exact_names: bool, described_by: Path | None = None) -> torch.nn.Module:
     """The model of `config` with `state` loaded; names and shapes are checked first on the meta
     device, so a config that does not fit the weights (n_layers=3000, say) fails in one line
-    before gigabytes are allocated."""
+    before gigabytes are allocated. A config that cannot be built at all (an absurd n_ctx) is one
+    CheckpointError naming `described_by` (the file the config came from; default `source`)."""
     check_counts(config, state, source)
-    with torch.device("meta"), SkipInit():
-        skeleton = build_model(config)
-    check_state(skeleton.state_dict(), state, source, exact_names=exact_names)
-    model = build_model(config)
+    try:
+        with torch.device("meta"), SkipInit():
+            skeleton = build_model(config)
+        check_state(skeleton.state_dict(), state, source, exact_names=exact_names)
+        with SkipInit():  # the strict load below overwrites every tensor: a random init is wasted time
+            model = build_model(config)
+    except (RuntimeError, MemoryError) as exc:
+        raise CheckpointError(f"{described_by or source}: cannot build the model it describes "
+                              f"({' '.join(str(exc).split())[:200]})") from None
     load_weights(model, state, source, exact_names=exact_names)
     return model
 
@@ -189,6 +137,15 @@ def note_low_precision(expected: dict[str, torch.Tensor], state: dict[str, Any],
 
 def _dtype(tensor: torch.Tensor) -> str:
     return str(tensor.dtype).removeprefix("torch.")
+
+
+def strip_prefixes(state: dict[str, Any]) -> dict[str, Any]:
+    """The state dict without the name prefix torch.compile (``_orig_mod.``) or DDP (``module.``)
+    leaves on every key."""
+    for prefix in ("_orig_mod.", "module."):
+        if state and all(isinstance(k, str) and k.startswith(prefix) for k in state):
+            state = {k[len(prefix):]: v for k, v in state.items()}
+    return dict(state)
 
 
 def torch_load(path: Path, device: str | torch.device = "cpu") -> Any:
