@@ -4,8 +4,8 @@ Both name a block's tensors ``transformer.h.{i}.ln_1 / attn.c_attn / attn.c_proj
 mlp.c_fc / mlp.c_proj`` around ``transformer.wte / wpe / ln_f`` and ``lm_head``. nanoGPT's
 projections are ``nn.Linear`` (weight [out in]); Hugging Face's are ``Conv1D`` (weight [in out],
 the transpose). ``c_attn`` holds q|k|v, each head after head: exactly the column order of our
-packed ``W_QKV`` [d_model (3 head d_head)] (:mod:`models.packed_heads`), so each head's W_Q is
-a slice of it. Names and shapes are checked here, in the source's own names, before anything
+packed ``W_QKV`` [d_model (3 head d_head)] (:mod:`models.packed_heads`), which it becomes
+as it is. Names and shapes are checked here, in the source's own names, before anything
 is built, so a file whose config disagrees with its weights fails in one line naming the tensor.
 """
 
@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 
 from models.config import TransformerConfig
-from models.packed_heads import KINDS, columns
 from models.store.files import CheckpointError
 
 __all__ = ["GPT2Dims", "check_layout", "gpt2_config", "our_state", "without_buffers"]
@@ -115,8 +114,8 @@ def _linear(weight: torch.Tensor, conv1d: bool) -> torch.Tensor:
 
 
 def our_state(state: dict[str, torch.Tensor], cfg: TransformerConfig, *, conv1d: bool) -> dict[str, torch.Tensor]:
-    """The source's tensors under our names (views where a transpose or a head's slice is
-    needed; `load_state_dict` copies them into the model)."""
+    """The source's tensors under our in-memory names (the packed ``W_QKV``, not the per-head
+    names of our files), as views where a transpose is needed: the model takes them as they are."""
     out = {"embedding.weight": state["transformer.wte.weight"], "W_pos": state["transformer.wpe.weight"]}
     for i in range(cfg.n_layers):
         src, dst = BLOCK.format(i=i), f"blocks.{i}."
@@ -124,13 +123,10 @@ def our_state(state: dict[str, torch.Tensor], cfg: TransformerConfig, *, conv1d:
             out[f"{dst}{ours}.gamma"] = state[f"{src}{ln}.weight"]
             if cfg.norm_bias:
                 out[f"{dst}{ours}.beta"] = state[f"{src}{ln}.bias"]
-        W_QKV = _linear(state[f"{src}attn.c_attn.weight"], conv1d).T  # [d_model (3 head d_head)]
-        for j in range(cfg.n_heads):
-            for kind in KINDS:
-                cols = columns(cfg, kind, j)
-                out[f"{dst}attention.heads.{j}.W_{kind}"] = W_QKV[:, cols]  # [d_model d_head]
-                if cfg.attn_bias:
-                    out[f"{dst}attention.heads.{j}.b_{kind}"] = state[f"{src}attn.c_attn.bias"][cols]
+        # c_attn is our packed q|k|v as it stands: no per-head split, no copy
+        out[f"{dst}attention.W_QKV"] = _linear(state[f"{src}attn.c_attn.weight"], conv1d).T  # [d_model (3 head d_head)]
+        if cfg.attn_bias:
+            out[f"{dst}attention.b_QKV"] = state[f"{src}attn.c_attn.bias"]  # [(3 head d_head)]
         out[f"{dst}attention.W_O"] = _linear(state[f"{src}attn.c_proj.weight"], conv1d).T  # [d_attn d_model]
         if cfg.attn_bias:
             out[f"{dst}attention.b_O"] = state[f"{src}attn.c_proj.bias"]

@@ -50,22 +50,31 @@ class SkipInit(TorchFunctionMode):
 
 def build_and_load(config: ModelConfig, state: dict[str, Any], source: Path, *,
                    exact_names: bool, described_by: Path | None = None) -> torch.nn.Module:
-    """The model of `config` with `state` loaded; names and shapes are checked first on the meta
-    device, so a config that does not fit the weights (n_layers=3000, say) fails in one line
-    before gigabytes are allocated. A config that cannot be built at all (an absurd n_ctx) is one
-    CheckpointError naming `described_by` (the file the config came from; default `source`)."""
+    """The model of `config` holding the tensors of `state`. It is built on the meta device (no
+    memory, no random init), its names and shapes checked against `state` (so a config that does
+    not fit the weights, n_layers=3000 say, fails in one line before anything is allocated), then
+    loaded with ``assign=True``: the parameters are the loaded tensors, not copies of them. A
+    config that cannot be built at all is one CheckpointError naming `described_by` (the file the
+    config came from; default `source`)."""
     check_counts(config, state, source)
     try:
         with torch.device("meta"), SkipInit():
-            skeleton = build_model(config)
-        check_state(skeleton.state_dict(), state, source, exact_names=exact_names)
-        with SkipInit():  # the strict load below overwrites every tensor: a random init is wasted time
             model = build_model(config)
+        check_state(expected_state(model, state), state, source, exact_names=exact_names)
     except (RuntimeError, MemoryError) as exc:
         raise CheckpointError(f"{described_by or source}: cannot build the model it describes "
                               f"({' '.join(str(exc).split())[:200]})") from None
     load_weights(model, state, source, exact_names=exact_names)
     return model
+
+
+def expected_state(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """What `state` must match: the model's state dict (per-head names, as our files hold them),
+    or, when `state` already holds packed ``W_QKV`` (a GPT-2 layout's c_attn), the parameters as
+    they sit in memory (the model has no buffers)."""
+    if any(isinstance(k, str) and k.endswith(".W_QKV") for k in state):
+        return {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    return model.state_dict()
 
 
 def check_counts(config: ModelConfig, state: dict[str, Any], source: Path) -> None:
@@ -81,12 +90,16 @@ def check_counts(config: ModelConfig, state: dict[str, Any], source: Path) -> No
 
 def load_weights(model: torch.nn.Module, state: dict[str, Any], source: Path, *,
                  exact_names: bool) -> None:
-    """strict=True load; a mismatch names the first offending tensor (and both shapes)."""
-    expected = model.state_dict()
+    """strict=True load (by assignment into a model on the meta device, else by copy); a mismatch
+    names the first offending tensor (and both shapes)."""
+    expected = expected_state(model, state)
     check_state(expected, state, source, exact_names=exact_names)
     note_low_precision(expected, state, source)
+    meta = any(p.is_meta for p in model.parameters())
     try:
-        model.load_state_dict(state, strict=True)
+        model.load_state_dict(state, strict=True, assign=meta)
+        if meta:  # assigned tensors keep the file's dtype: float16 weights become float32 here
+            model.to(dtype=torch.float32)
     except RuntimeError as exc:
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         detail = lines[1] if len(lines) > 1 else (lines[0] if lines else type(exc).__name__)
