@@ -2,8 +2,8 @@
 
 ``torch_load`` only ever unpickles with ``weights_only=True`` and turns any failure into one
 :class:`~models.store.files.CheckpointError` line; ``build_and_load`` checks names and shapes on
-a meta-device skeleton, then builds the model without its random init (every tensor is
-overwritten) and does a strict ``load_state_dict`` that names the first offending tensor;
+a model built on the meta device (no memory, no random init), then loads by assignment with a
+strict ``load_state_dict`` that names the first offending tensor;
 ``parse_config`` validates a model config.
 """
 
