@@ -17,7 +17,7 @@ import streamlit as st
 import torch
 
 from models.checkpoint import is_run_dir, is_snapshot_dir, list_snapshots, load_checkpoint, read_metrics
-from models.runs import read_run_json
+from models.store.run import read_run_json
 from models.sample import continue_text
 from probes import degenerate, diagnose, entropy, logit_lens, neighbours, projection, updates
 
@@ -44,14 +44,20 @@ class Source:
         return list_snapshots(self.path) if self.is_run else [self.path]
 
 
+def _loadable(path: Path) -> bool:
+    """A run (ours, or a folder of numbered nanoGPT checkpoints), a snapshot or Hugging Face GPT-2
+    directory (both have a config.json), or a nanoGPT out_dir with its ckpt.pt."""
+    return is_run_dir(path) or is_snapshot_dir(path) or (path / "ckpt.pt").is_file()
+
+
 def discover(roots: list[Path]) -> list[Source]:
     """Run directories under each root (or the root itself when it is a run or snapshot)."""
     found: list[Source] = []
     for root in roots:
-        if is_run_dir(root) or is_snapshot_dir(root):
+        if _loadable(root):
             found.append(Source(root))
         elif root.is_dir():
-            found += [Source(p) for p in sorted(root.iterdir()) if p.is_dir() and is_run_dir(p)]
+            found += [Source(p) for p in sorted(root.iterdir()) if p.is_dir() and _loadable(p)]
     unique: dict[Path, Source] = {}
     for source in found:  # a run named twice (--runs and checkpoints/) is listed once, first place
         unique.setdefault(source.path.resolve(), source)
@@ -80,7 +86,8 @@ def encode(snap: Any, text: str) -> torch.Tensor:
     if not text:
         raise ValueError("the text is empty: type some text in the sidebar")
     if snap.tokenizer is None:
-        raise ValueError("this checkpoint has no tokenizer: put the series' vocab.json beside the .pt file")
+        raise snap.no_tokenizer() if hasattr(snap, "no_tokenizer") else \
+            ValueError("this checkpoint has no tokenizer: put the series' vocab.json beside the .pt file")
     ids = snap.tokenizer.encode(text)
     return torch.tensor([ids[: snap.config.n_ctx]])
 

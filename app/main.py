@@ -33,9 +33,11 @@ def run_roots() -> list[Path]:
 
 
 def typed_source() -> data.Source | None:
-    """A path typed in the sidebar: a snapshot, a run, or a series .pt with a preset."""
+    """A path typed in the sidebar: a snapshot, a run, a nanoGPT ckpt.pt (or a folder of them), a
+    Hugging Face GPT-2 directory, or a series .pt with a preset."""
     with st.sidebar.expander("Open a path"):
-        path = st.text_input("snapshot, run directory or .pt file", key="typed_path")
+        path = st.text_input("snapshot, run, nanoGPT ckpt.pt, Hugging Face GPT-2 directory or .pt file",
+                             key="typed_path")
         preset = st.text_input("preset (for a .pt state dict)", key="typed_preset")
     if not path:
         return None

@@ -119,7 +119,8 @@ def add_ckpt_arguments(parser: argparse.ArgumentParser, *, required: bool = True
                        preset_help: str | None = None) -> None:
     """Add --ckpt, --preset, --config and --device, the way every probe CLI takes a model."""
     parser.add_argument("--ckpt", required=required, metavar="PATH",
-                        help="snapshot directory, run directory (its latest snapshot) or a series "
+                        help="snapshot directory, run directory (its latest snapshot), nanoGPT "
+                             "ckpt.pt or folder of them, Hugging Face GPT-2 directory, or a series "
                              ".pt state dict (with --preset or --config)")
     parser.add_argument("--preset", metavar="NAME",
                         help=preset_help or "the model preset of a series .pt state dict given as "
@@ -127,6 +128,9 @@ def add_ckpt_arguments(parser: argparse.ArgumentParser, *, required: bool = True
     parser.add_argument("--config", metavar="JSON",
                         help="model config JSON file for a series .pt state dict given as --ckpt "
                              "({\"family\": ..., ...})")
+    parser.add_argument("--tokenizer", metavar="PATH",
+                        help="for a nanoGPT checkpoint: its meta.pkl, or a directory with GPT-2's "
+                             "tokenizer.json (or vocab.json and merges.txt)")
     parser.add_argument("--device", default="auto",
                         help="torch device: auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
 

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 ATTN_SCALES = ("none", "sqrt_d_model", "sqrt_d_head")
 NORMS = ("none", "rms", "layer")
 NORM_PLACEMENTS = ("pre", "post")
-ACT_FNS = ("relu", "gelu", "tanh")
+ACT_FNS = ("relu", "gelu", "gelu_tanh", "tanh")  # gelu: exact (nanoGPT); gelu_tanh: GPT-2's gelu_new
 POS_EMBEDS = ("learned", "none")
 UNEMBEDS = ("separate", "tied", "mlp")
 INITS = ("series_unscaled", "series", "gpt", "gpt2")
@@ -82,6 +82,7 @@ class TransformerConfig(_ConfigBase):
     norm: str = "none"
     norm_placement: str = "pre"
     norm_eps: float = 1e-6
+    norm_bias: bool = True  # LayerNorm's additive beta (nanoGPT's bias=False drops it)
     final_norm: bool = False
     attn_out_proj: bool = True  # W_O; the series' single-head nets have none
     attn_bias: bool = False  # biases on Q, K, V and W_O
@@ -100,7 +101,7 @@ class TransformerConfig(_ConfigBase):
                               ("norm_placement", NORM_PLACEMENTS), ("pos_embed", POS_EMBEDS),
                               ("unembed", UNEMBEDS), ("init", INITS)):
             _check_choice(self, name, choices)
-        _check_bool(self, "residual", "final_norm", "attn_out_proj", "attn_bias", "attn_out_bias",
+        _check_bool(self, "residual", "norm_bias", "final_norm", "attn_out_proj", "attn_bias", "attn_out_bias",
                     "mlp_bias", "unembed_bias")
         _check_fraction(self, "dropout")
         if not isinstance(self.norm_eps, (int, float)) or not 0 < self.norm_eps < float("inf"):

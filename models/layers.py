@@ -6,13 +6,18 @@ unchanged; hook names follow TransformerLens (`hook_scale`, `hook_normalized`, `
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 from transformer_lens.hook_points import HookPoint
 
 from models.hooks import fire, is_hooked
 
-ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh,
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),  # GPT-2's gelu_new, the same formula
+}
 
 
 class RMSNorm(nn.Module):
@@ -31,14 +36,15 @@ class RMSNorm(nn.Module):
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm written out so its scale is observable, like TransformerLens' LayerNorm."""
+    """LayerNorm written out so its scale is observable, like TransformerLens' LayerNorm; without
+    `bias` it has no beta (nanoGPT's bias=False)."""
 
-    def __init__(self, d: int, eps: float = 1e-5):
+    def __init__(self, d: int, eps: float = 1e-5, bias: bool = True):
         super().__init__()
         self.eps = eps
         self.normalized_shape = (d,)
         self.gamma = nn.Parameter(torch.ones(d))
-        self.beta = nn.Parameter(torch.zeros(d))
+        self.beta = nn.Parameter(torch.zeros(d)) if bias else None
         self.hook_scale = HookPoint()  # [batch pos 1]
         self.hook_normalized = HookPoint()  # [batch pos d]
 
@@ -49,7 +55,8 @@ class LayerNorm(nn.Module):
             return torch.nn.functional.layer_norm(x, self.normalized_shape, self.gamma, self.beta, self.eps)
         x = x - x.mean(dim=-1, keepdim=True)
         scale = self.hook_scale(torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps))
-        return self.hook_normalized(x / scale) * self.gamma + self.beta
+        out = self.hook_normalized(x / scale) * self.gamma
+        return out if self.beta is None else out + self.beta
 
 
 def affine(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -61,11 +68,11 @@ def affine(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None = None) -> t
     return out.view(*x.shape[:-1], W.shape[-1])
 
 
-def make_norm(kind: str, d: int, eps: float) -> nn.Module:
+def make_norm(kind: str, d: int, eps: float, bias: bool = True) -> nn.Module:
     if kind == "rms":
         return RMSNorm(d, eps)
     if kind == "layer":
-        return LayerNorm(d, eps)
+        return LayerNorm(d, eps, bias)
     raise ValueError(f"no norm module for norm={kind!r}")
 
 

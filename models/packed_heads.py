@@ -134,20 +134,25 @@ def pack_state_dict(attention: Any, state_dict: dict, prefix: str, local_metadat
         given = [prefix + name in state_dict for name, _ in entries]
         if prefix + packed_name in state_dict and not any(given):
             continue  # already packed
-        packed = param.detach().clone()
+        # a model built on the meta device (loaded with assign=True) has no values to start from:
+        # the packed tensor is made where the first head's entry lives
+        packed = None if param.is_meta else param.detach().clone()
         for (name, cols), present in zip(entries, given):
             if not present:
                 missing_keys.append(prefix + name)
                 continue
             value = state_dict.pop(prefix + name)
-            expected = packed[..., cols].shape
+            expected = param[..., cols].shape
             if not isinstance(value, torch.Tensor) or value.shape != expected:
                 shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
                 error_msgs.append(f"size mismatch for {prefix + name}: copying a param with shape {shape} "
                                   f"from checkpoint, the shape in current model is {tuple(expected)}.")
                 continue
+            if packed is None:
+                packed = torch.empty(param.shape, dtype=value.dtype, device=value.device)
             packed[..., cols] = value
-        state_dict[prefix + packed_name] = packed
+        if packed is not None:
+            state_dict[prefix + packed_name] = packed
 
 
 # ---------------------------------------------------------------- optimizer state

@@ -24,8 +24,11 @@ from models.parsers import sample_parser as build_parser
 
 @torch.no_grad()
 def generate(model: Any, tokens: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: int | None = None, greedy: bool = False, seed: int | None = None) -> torch.Tensor:
+             top_k: int | None = None, greedy: bool = False, seed: int | None = None,
+             vocab_size: int | None = None) -> torch.Tensor:
     """tokens [1 pos] -> [1 pos + max_new_tokens]: each step reads the last n_ctx tokens.
+    `vocab_size` (the tokenizer's) keeps the draw off the padding rows of a larger embedding
+    (nanoGPT pads GPT-2's 50257 tokens to 50304: those ids have no text).
 
     Greedy takes the most likely token; otherwise it samples from softmax(logits / temperature),
     restricted to the `top_k` most likely tokens when given; `seed` makes the draw repeatable.
@@ -50,7 +53,7 @@ def generate(model: Any, tokens: torch.Tensor, max_new_tokens: int, *, temperatu
     model.eval()
     try:
         for _ in range(max_new_tokens):
-            logits = model(out[:, -cfg.n_ctx:])[0, -1].float().cpu()  # [vocab]
+            logits = model(out[:, -cfg.n_ctx:])[0, -1, :vocab_size].float().cpu()  # [vocab]
             out = torch.cat([out, _pick(logits, temperature, top_k, greedy, gen).to(device).view(1, 1)], 1)
     finally:
         model.train(was_training)
@@ -77,7 +80,7 @@ def continue_text(snap: Any, prompt: str, max_new_tokens: int, **kwargs: Any) ->
     if not prompt:
         raise ValueError("the prompt is empty: give at least one character")
     ids = torch.tensor([snap.tokenizer.encode(prompt)])  # [1 pos]; unknown characters raise
-    out = generate(snap.model, ids, max_new_tokens, **kwargs)
+    out = generate(snap.model, ids, max_new_tokens, vocab_size=snap.tokenizer.vocab_size, **kwargs)
     return snap.tokenizer.decode(out[0, ids.shape[1]:].tolist())
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
-from models.runs import write_bytes_atomic
+from models.store.files import write_bytes_atomic
 
 __all__ = ["Tokenizer", "TokenizerError", "UnknownTokenError", "as_id_list", "read_file",
            "write_file"]

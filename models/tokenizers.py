@@ -3,8 +3,8 @@
 Both implement :class:`Tokenizer` (:mod:`models.tokenizer_base`): ``encode``, ``decode``,
 ``vocab_size``, ``id_to_piece``, ``piece_to_id``, and ``save``/``load`` of their file(s) inside a
 checkpoint directory. This module holds :class:`CharTokenizer` and the registry of kinds
-(:func:`load_tokenizer`); :class:`BPETokenizer` lives in :mod:`models.bpe` and is re-exported
-here. Nothing here runs at import.
+(:func:`load_tokenizer`); :class:`BPETokenizer` lives in :mod:`models.bpe` and GPT-2's
+:class:`GPT2BPETokenizer` in :mod:`models.gpt2_bpe`, both re-exported here. Nothing here runs at import.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from models.bpe import BPETokenizer
+from models.gpt2_bpe import GPT2BPETokenizer
 from models.tokenizer_base import (Tokenizer, TokenizerError, UnknownTokenError, as_id_list,
                                    read_file, write_file)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TOKENIZER_KINDS", "BPETokenizer", "CharTokenizer", "Tokenizer", "TokenizerError",
+__all__ = ["TOKENIZER_KINDS", "BPETokenizer", "CharTokenizer", "GPT2BPETokenizer", "Tokenizer", "TokenizerError",
            "UnknownTokenError", "load_tokenizer", "tokenizer_kind_files"]
 
 _MAX_LISTED = 5  # unknown characters named in one error message
@@ -175,7 +176,8 @@ def _chars_problem(chars: list[Any]) -> str | None:
 
 # --------------------------------------------------------------------------- registry
 
-TOKENIZER_KINDS: dict[str, type[Tokenizer]] = {"char": CharTokenizer, "bpe": BPETokenizer}
+TOKENIZER_KINDS: dict[str, type[Tokenizer]] = {"char": CharTokenizer, "bpe": BPETokenizer,
+                                                "gpt2": GPT2BPETokenizer}
 
 
 def _tokenizer_class(kind: str) -> type[Tokenizer]:

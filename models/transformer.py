@@ -44,8 +44,8 @@ class Block(BlockTLNames, nn.Module):
         d_in = cfg.d_model if cfg.attn_out_proj else cfg.d_attn
         self.mlp = MLP(d_in, cfg.d_mlp, d_out, cfg.mlp_depth, cfg.act_fn, cfg.mlp_bias)
         if cfg.norm != "none":
-            setattr(self, norm_attr(cfg.norm, 1), make_norm(cfg.norm, cfg.d_model, cfg.norm_eps))
-            setattr(self, norm_attr(cfg.norm, 2), make_norm(cfg.norm, cfg.d_model, cfg.norm_eps))
+            setattr(self, norm_attr(cfg.norm, 1), make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias))
+            setattr(self, norm_attr(cfg.norm, 2), make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias))
         self._norm_names = {i: norm_attr(cfg.norm, i) for i in (1, 2)}
         self.hook_resid_pre = HookPoint()  # [batch pos d_model]
         self.hook_attn_out = HookPoint()  # [batch pos d_model]
@@ -84,7 +84,7 @@ class Transformer(TLWeights, HookedRootModule):
             self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model))
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layers)])
         if cfg.final_norm:
-            self.ln_final = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
+            self.ln_final = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
         if cfg.unembed == "separate":
             self.W_out = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
         if cfg.unembed_bias:

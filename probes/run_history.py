@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models.runs import (SNAPSHOT_CONFIG, CheckpointError, is_run_dir, is_snapshot_dir,
-                         list_snapshots, read_json_object, read_metrics, read_run_json, snapshot_step)
+from models.store.run import (SNAPSHOT_CONFIG, CheckpointError, is_run_dir, is_snapshot_dir,
+                              list_snapshots, read_json_object, read_metrics, read_run_json, snapshot_step)
 from probes.errors import ProbeInputError
 
 __all__ = ["RunHistory", "as_float", "is_finite", "resolve_run"]

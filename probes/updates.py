@@ -296,9 +296,14 @@ def run(model: nn.Module, tokens: torch.Tensor, optimizer: str | Callable[..., A
 
 
 def _snapshot_arg(run_dir: Path, text: str) -> Path:
-    from models.checkpoint import snapshot_name
+    """A step number of the run (its step_NNNNNN, or the numbered checkpoint file of a folder of
+    nanoGPT checkpoints), or a path."""
+    from models.checkpoint import is_run_dir, list_snapshots, snapshot_name, snapshot_step
 
-    return run_dir / snapshot_name(int(text)) if text.isdigit() else Path(text)
+    if not text.isdigit():
+        return Path(text)
+    found = [p for p in list_snapshots(run_dir) if snapshot_step(p) == int(text)] if is_run_dir(run_dir) else []
+    return found[0] if found else run_dir / snapshot_name(int(text))
 
 
 def _first_batch(args: argparse.Namespace, snap: Any) -> torch.Tensor:

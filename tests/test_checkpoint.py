@@ -1,4 +1,4 @@
-"""Snapshots, run directories and --ckpt resolution (models/checkpoint.py, models/runs.py)."""
+"""Snapshots, run directories and --ckpt resolution (models/store/)."""
 
 from __future__ import annotations
 
@@ -405,7 +405,7 @@ def test_metrics_append_read_and_truncated_last_line(tmp_path, caplog):
     assert records[2] == {"step": 2, "loss": 2.0, "entropy": [0.5, 1.0]}
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 3, "lo')  # killed mid-write
-    with caplog.at_level(logging.WARNING, logger="models.runs"):
+    with caplog.at_level(logging.WARNING, logger="models.store.run"):
         assert [r["step"] for r in read_metrics(run)] == [0, 1, 2]
     assert "truncated last line 4" in caplog.text
     append_metrics(run, {"step": 3, "loss": float("nan")})  # drops the partial record first
@@ -466,7 +466,7 @@ def test_garbage_and_truncated_pt_files(tmp_path, model):
 
 def test_config_that_cannot_be_built_is_a_checkpoint_error(snap_dir, monkeypatch):
     """config.json is not covered by the weights' hash: an absurd size must not be a traceback."""
-    import models.weights as weights  # where the model is built (after a shape check on meta)
+    import models.store.weights as weights  # where the model is built (after a shape check on meta)
 
     def too_big(config):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: not enough memory")

@@ -150,7 +150,7 @@ def test_models_loads_its_model_classes_on_first_use():
 def test_skip_init_leaves_tensors_alone_inside_only():
     import torch
 
-    from models.weights import SkipInit
+    from models.store.weights import SkipInit
 
     t = torch.zeros(4, 4)
     with SkipInit():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from models.runs import read_metrics
+from models.store.run import read_metrics
 from probes import diagnose
 from probes.thresholds import DoctorThresholds
 

@@ -76,7 +76,7 @@ def test_disk_full_mid_save_is_one_line_and_keeps_the_previous_snapshot(data, tm
     out = tmp_path / "run"
     assert train(data, out, "--steps", "2", "--save-every", "2") == 0
     before = {p.name: (p / "model.safetensors").read_bytes() for p in list_snapshots(out)}
-    import models.checkpoint as checkpoint
+    import models.store.snapshot as checkpoint
 
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -106,7 +106,7 @@ def test_sigterm_mid_save_finishes_the_save_then_exits_143(nth_save, line, data,
                                                           capsys, caplog):
     """The signal comes after the weights are written, before config.json and the rename: the
     save completes (it used to leave .step_N.tmp-PID behind), then the run stops there."""
-    import models.checkpoint as checkpoint
+    import models.store.snapshot as checkpoint
 
     real, calls = checkpoint.save_file, []
 

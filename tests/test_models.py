@@ -566,7 +566,7 @@ def test_choice_fields_reject_anything_else(field, value):
         TF_BASE.replace(**{field: value})
 
 
-@pytest.mark.parametrize("field", ["residual", "final_norm", "attn_out_proj", "attn_bias", "mlp_bias"])
+@pytest.mark.parametrize("field", ["residual", "final_norm", "attn_out_proj", "attn_bias", "mlp_bias", "norm_bias"])
 @pytest.mark.parametrize("value", ["no", "False", 0, 1, None])
 def test_bool_switches_reject_non_bools(field, value):
     """residual='no' (a CLI override, a hand-edited config.json) must not be truthy-True."""

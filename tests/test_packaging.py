@@ -41,7 +41,7 @@ def test_distribution_metadata(pyproject: dict) -> None:
 
 
 def test_packages_models_probes_and_train(pyproject: dict) -> None:
-    assert sorted(pyproject["tool"]["setuptools"]["packages"]) == ["models", "probes", "train"]
+    assert sorted(pyproject["tool"]["setuptools"]["packages"]) == ["models", "models.store", "probes", "train"]
 
 
 def test_torch_has_no_upper_cap(pyproject: dict) -> None:

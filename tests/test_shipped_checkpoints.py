@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from models.checkpoint import list_snapshots, load_checkpoint, read_metrics
-from models.runs import read_run_json
+from models.store.run import read_run_json
 from probes import activations, degenerate, entropy, logit_lens, neighbours, updates
 
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"

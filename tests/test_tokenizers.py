@@ -312,7 +312,8 @@ def test_load_tokenizer_both_kinds(bpe: BPETokenizer, tmp_path: Path) -> None:
     assert loaded_bpe.encode(TEXT) == bpe.encode(TEXT)
     assert tokenizer_kind_files("char") == ("vocab.json",)
     assert tokenizer_kind_files("bpe") == ("tokenizer.model",)
-    assert set(TOKENIZER_KINDS) == {"char", "bpe"}
+    assert tokenizer_kind_files("gpt2") == ("tokenizer.json",)  # GPT-2 checkpoints (models.gpt2_bpe)
+    assert set(TOKENIZER_KINDS) == {"char", "bpe", "gpt2"}
     assert all(TOKENIZER_KINDS[k].kind == k for k in TOKENIZER_KINDS)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from models.runs import CheckpointError, current_umask
+from models.store.files import CheckpointError, current_umask
 
 log = logging.getLogger("train")
 

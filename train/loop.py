@@ -33,7 +33,7 @@ import torch
 from models.checkpoint import read_metrics, save_snapshot, snapshot_name
 from models.cli import run_cli
 from models.interrupts import EXIT_INTERRUPTED, deferred_signals, signal_exit
-from models.runs import METRICS_FILE
+from models.store.run import METRICS_FILE
 from probes.updates import gwu_table, snapshot_params
 from train.args import build_parser
 from train.config import init_distributed, lr_at

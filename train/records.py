@@ -21,11 +21,11 @@ import torch
 
 from train.data import Corpus, evaluate
 from probes.update_report import UpdateReport
-from models.runs import (METRICS_FILE, append_metrics, read_metrics, read_run_json,
-                         write_bytes_atomic, write_run_json)
+from models.store.run import (METRICS_FILE, append_metrics, read_metrics, read_run_json,
+                              write_bytes_atomic, write_run_json)
 from train.config import DistInfo
 from models.cli import to_jsonable
-from models.weights import nonfinite_tensors
+from models.store.result import nonfinite_tensors
 
 if TYPE_CHECKING:
     from train.state import TrainState

@@ -14,7 +14,7 @@ from models import PRESETS, build_model
 from models.checkpoint import (latest_snapshot, list_snapshots, load_optimizer_state, load_snapshot,
                                resolve_device)
 from models.packed_heads import pack_optimizer_state
-from models.runs import read_run_json
+from models.store.run import read_run_json
 from train.config import (DistInfo, build_optimizer, lr_at, model_config, resolve_train_config)
 from train.data import check_length, load_corpus
 from train.guard import RunLock, check_optimizer_state, clean_leftovers

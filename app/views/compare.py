@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, data
-from models.runs import snapshot_step
+from models.store.run import snapshot_step
 from app.views.common import Selection, first_line, has_attention, page, show
 
 

@@ -1,0 +1,97 @@
+"""Durable file writes and JSON reading shared by every checkpoint format.
+
+Every write here fsyncs; whole-file writes go to a temporary name in the same directory first
+and are renamed into place. Torch-free: the run doctor and the CLIs' --help import it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CheckpointError", "current_umask", "dumps_json", "fsync_dir", "fsync_file", "read_json_object",
+           "write_bytes_atomic"]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint, run directory or metrics file is missing, malformed or inconsistent."""
+
+
+
+# --------------------------------------------------------------------------- durable writes
+
+
+def fsync_file(path: str | Path) -> None:
+    """Flush a file's contents to disk."""
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Make renames inside a directory durable (POSIX); a no-op where directories can't be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def current_umask() -> int:
+    """The process umask (reading it means setting it, so it is put straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to a temporary file beside ``path``, fsync, rename over ``path``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; a plain open() honours the umask
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return path
+
+
+def _json_default(obj: Any) -> Any:
+    """Tensors, numpy scalars/arrays and paths in records become plain JSON values."""
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if hasattr(obj, "item"):
+        return obj.item()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def dumps_json(obj: Any, **kwargs: Any) -> str:
+    return json.dumps(obj, default=_json_default, **kwargs)
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file holding one object; anything else is a CheckpointError naming the file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+

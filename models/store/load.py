@@ -1,0 +1,98 @@
+"""``load_checkpoint``: what ``--ckpt`` names, detected and handed to its format's module.
+
+- a directory with ``config.json``: our snapshot (``format_version``) or a Hugging Face GPT-2
+  directory (``model_type``) — :mod:`.snapshot`, :mod:`.hf`;
+- a run directory (its latest snapshot): ours, or a folder of numbered nanoGPT checkpoints —
+  :mod:`.run`; a nanoGPT out_dir holding one ``ckpt.pt``: that file;
+- a ``.pt`` file, read once with ``torch.load(weights_only=True)``: a nanoGPT checkpoint when
+  it carries ``model_args`` (:mod:`.nanogpt`), else a series state dict with ``preset`` or
+  ``config`` (:mod:`.series`); anything else is one line naming the keys it has.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from models.store.files import CheckpointError, read_json_object
+from models.store.hf import is_hf_config, load_hf_gpt2
+from models.store.nanogpt import is_nanogpt, load_nanogpt
+from models.store.result import Snapshot
+from models.store.run import SNAPSHOT_CONFIG, is_run_dir, latest_snapshot
+from models.store.series import SERIES_SUFFIXES, load_series_checkpoint
+from models.store.snapshot import MODEL_FILE, load_snapshot
+from models.store.weights import torch_load
+
+__all__ = ["load_checkpoint"]
+
+logger = logging.getLogger(__name__)
+
+NANOGPT_FILE = "ckpt.pt"  # what nanoGPT's train.py writes into its out_dir
+
+
+def load_checkpoint(path: str | Path, *, preset: str | None = None, config: str | Path | None = None,
+                    device: str | torch.device = "cpu", tokenizer: str | Path | None = None) -> Snapshot:
+    """The checkpoint at `path` in any format we read (see the module doc). `preset` / `config`
+    describe a series ``.pt`` (the other formats carry their own); `tokenizer` is a nanoGPT
+    ``meta.pkl`` or a directory of GPT-2 tokenizer files for a nanoGPT checkpoint."""
+    path = Path(path)
+    if path.is_dir():
+        return _load_directory(path, preset, config, device, tokenizer)
+    if path.is_file() and path.suffix in SERIES_SUFFIXES:
+        return _load_pt(path, preset, config, device, tokenizer)
+    if not path.exists():
+        raise CheckpointError(f"{path}: not found")
+    raise CheckpointError(f"{path}: expected a snapshot directory (with {SNAPSHOT_CONFIG}), a run "
+                          "directory (with step_NNNNNN/ snapshots), a Hugging Face GPT-2 directory, "
+                          "a nanoGPT ckpt.pt or a series .pt state dict")
+
+
+def _load_directory(path: Path, preset: str | None, config: Any, device: Any, tokenizer: Any) -> Snapshot:
+    if (path / SNAPSHOT_CONFIG).is_file():
+        data = read_json_object(path / SNAPSHOT_CONFIG)
+        _ignored(preset, config, "Hugging Face directory" if is_hf_config(data) else "snapshot", path)
+        return load_hf_gpt2(path, data, device) if is_hf_config(data) else load_snapshot(path, device)
+    if (path / MODEL_FILE).is_file():  # a snapshot that lost its config.json: its loader says so
+        _ignored(preset, config, "snapshot", path)
+        return load_snapshot(path, device)
+    if is_run_dir(path):
+        _ignored(preset, config, "run", path)
+        latest = latest_snapshot(path)
+        if latest.is_file():  # a folder of nanoGPT checkpoints: its highest step
+            return _load_pt(latest, None, None, device, tokenizer)
+        return load_snapshot(latest, device)
+    if (path / NANOGPT_FILE).is_file():
+        return _load_pt(path / NANOGPT_FILE, preset, config, device, tokenizer)
+    raise CheckpointError(f"{path}: expected a snapshot directory (with {SNAPSHOT_CONFIG}), a run "
+                          "directory (with step_NNNNNN/ snapshots or numbered .pt files), a Hugging Face "
+                          "GPT-2 directory or a nanoGPT out_dir (with ckpt.pt)")
+
+
+def _ignored(preset: str | None, config: Any, kind: str, path: Path) -> None:
+    if preset or config:
+        logger.warning("ignoring --preset/--config: %s %s carries its own config", kind, path)
+
+
+def _load_pt(path: Path, preset: str | None, config: Any, device: Any, tokenizer: Any) -> Snapshot:
+    loaded = torch_load(path)  # weights_only=True: a file that needs more is refused in one line
+    if is_nanogpt(loaded):
+        _ignored(preset, config, "nanoGPT checkpoint", path)
+        return load_nanogpt(path, loaded, device, tokenizer)
+    if preset is None and config is None:
+        raise CheckpointError(f"{path}: a series .pt needs --preset or --config, and it is not a "
+                              f"nanoGPT checkpoint (no 'model_args'): {_what_it_holds(loaded)}")
+    return load_series_checkpoint(path, preset=preset, config=config, device=device, loaded=loaded)
+
+
+def _what_it_holds(obj: Any) -> str:
+    """The file's top level in a few words: its keys, or that it is a bare state dict."""
+    if not isinstance(obj, dict):
+        return f"holds a {type(obj).__name__}"
+    keys = [str(k) for k in obj]
+    shown = ", ".join(repr(k) for k in keys[:5]) + (", ..." if len(keys) > 5 else "")
+    if obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        return f"a state dict of {len(keys)} tensors ({shown})"
+    return f"its keys are [{shown}]"

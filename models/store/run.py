@@ -1,0 +1,191 @@
+"""Our run directories, and folders of nanoGPT checkpoints read as runs.
+
+A run is a directory of snapshots ``step_000000/ step_000500/ ...`` plus ``metrics.jsonl`` (one
+JSON object per logged step) and ``run.json``. Dot-directories (temporary or set-aside snapshots
+of an interrupted save) are never listed. A folder of numbered checkpoint files (``ckpt_500.pt``,
+``ckpt-1000.pt``, ``2000.pt``: what a nanoGPT user who saves every N steps has) is a run too:
+its snapshots are those files, its step the number in each name. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from models.store.files import (CheckpointError, dumps_json, read_json_object,  # noqa: F401
+                                write_bytes_atomic)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["METRICS_FILE", "RUN_FILE", "append_metrics", "is_run_dir", "is_snapshot_dir",
+           "latest_snapshot", "list_snapshots", "read_metrics", "read_run_json", "snapshot_name",
+           "snapshot_step", "write_run_json", "checkpoint_files"]
+
+METRICS_FILE = "metrics.jsonl"
+RUN_FILE = "run.json"
+SNAPSHOT_CONFIG = "config.json"
+_SNAPSHOT_RE = re.compile(r"^step_(\d{6,})$")
+# a numbered checkpoint file: an optional word and separator, the step, .pt (not "mha4.pt")
+_CKPT_FILE_RE = re.compile(r"^(?:[A-Za-z]+[_\-])?(\d+)\.(?:pt|pth)$")
+
+
+# --------------------------------------------------------------------------- run directories
+
+
+def snapshot_name(step: int) -> str:
+    """The directory name of the snapshot taken at ``step``: ``step_000500``."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
+    return f"step_{step:06d}"
+
+
+def snapshot_step(path: str | Path) -> int | None:
+    """The step encoded in a snapshot's name (``step_000500``, or a numbered checkpoint file such
+    as ``ckpt_500.pt``), or None if the name holds none."""
+    name = Path(path).name
+    match = _SNAPSHOT_RE.match(name) or _CKPT_FILE_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def is_snapshot_dir(path: str | Path) -> bool:
+    """A directory holding a snapshot's ``config.json``."""
+    path = Path(path)
+    return path.is_dir() and (path / SNAPSHOT_CONFIG).is_file()
+
+
+def _step_dirs(run_dir: Path) -> list[Path]:
+    return [p for p in run_dir.iterdir() if _SNAPSHOT_RE.match(p.name) and p.is_dir()]
+
+
+def checkpoint_files(folder: str | Path) -> list[Path]:
+    """The numbered checkpoint files (``ckpt_500.pt``, ...) directly inside ``folder``."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return [p for p in folder.iterdir() if _CKPT_FILE_RE.match(p.name) and p.is_file()]
+
+
+def is_run_dir(path: str | Path) -> bool:
+    """A directory (not itself a snapshot) with step_NNNNNN/ snapshots, metrics.jsonl or run.json,
+    or a folder of numbered checkpoint files."""
+    path = Path(path)
+    if not path.is_dir() or is_snapshot_dir(path):
+        return False
+    return bool((path / RUN_FILE).is_file() or (path / METRICS_FILE).is_file() or _step_dirs(path)
+                or checkpoint_files(path))
+
+
+def list_snapshots(run_dir: str | Path) -> list[Path]:
+    """The run's snapshots sorted by step: its ``step_NNNNNN`` directories (dot-directories
+    ignored), or for a folder of checkpoint files without any, those files."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir}: run directory not found")
+    found = _step_dirs(run_dir) or checkpoint_files(run_dir)
+    return sorted(found, key=lambda p: (snapshot_step(p) or 0, p.name))
+
+
+def latest_snapshot(run_dir: str | Path) -> Path:
+    """The snapshot with the highest step; CheckpointError if the run has none yet."""
+    snapshots = list_snapshots(run_dir)
+    if not snapshots:
+        raise CheckpointError(f"{run_dir}: run directory has no step_NNNNNN snapshots yet")
+    return snapshots[-1]
+
+
+def write_run_json(run_dir: str | Path, data: dict[str, Any]) -> Path:
+    """Write ``run.json`` (the run's description: preset, train config, ...) atomically."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return write_bytes_atomic(run_dir / RUN_FILE, (dumps_json(data, indent=2) + "\n").encode())
+
+
+def read_run_json(run_dir: str | Path) -> dict[str, Any] | None:
+    """The run's ``run.json`` as a dict, or None if there is none."""
+    path = Path(run_dir) / RUN_FILE
+    return read_json_object(path) if path.is_file() else None
+
+
+# --------------------------------------------------------------------------- metrics.jsonl
+
+
+def _metrics_path(run_dir: str | Path) -> Path:
+    path = Path(run_dir)
+    return path if path.suffix == ".jsonl" else path / METRICS_FILE
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The records of ``metrics.jsonl`` (a run directory or the file itself).
+
+    A line that is not a JSON object, or whose ``step`` is not a non-negative integer (a crash
+    mid-write, a hand edit), is skipped with a warning naming the file and the line; the rest of
+    the history stays readable. No file yet means no records.
+    """
+    path = _metrics_path(run_dir)
+    if not path.parent.is_dir():
+        raise CheckpointError(f"{path.parent}: run directory not found")
+    if not path.is_file():
+        return []
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read ({exc})") from None
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+            step = record.get("step")
+            if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+                raise ValueError(f"'step' must be a non-negative integer, got {step!r}")
+        except ValueError as exc:
+            last = number == len(lines)
+            logger.warning("%s: skipping %sline %d (%s)", path, "truncated last " if last else "", number,
+                           str(exc)[:120])
+            continue
+        records.append(record)
+    return records
+
+
+def _drop_partial_last_line(f) -> None:
+    """If the file does not end in a newline, cut the interrupted last record off."""
+    end = f.seek(0, os.SEEK_END)
+    if end == 0:
+        return
+    f.seek(end - 1)
+    if f.read(1) == b"\n":
+        return
+    pos, chunk = end, 1 << 16
+    while pos > 0:
+        start = max(0, pos - chunk)
+        f.seek(start)
+        block = f.read(pos - start)
+        cut = block.rfind(b"\n")
+        if cut >= 0:
+            pos = start + cut + 1
+            break
+        pos = start
+    logger.warning("%s: dropping a truncated last line (%d bytes)", f.name, end - pos)
+    f.truncate(pos)
+
+
+def append_metrics(run_dir: str | Path, record: dict[str, Any]) -> None:
+    """Append one record as a JSON line to the run's ``metrics.jsonl``; flush and fsync."""
+    if not isinstance(record, dict):
+        raise ValueError(f"a metrics record must be a dict, got {type(record).__name__}")
+    line = dumps_json(record) + "\n"
+    path = _metrics_path(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as f:
+        _drop_partial_last_line(f)
+        f.seek(0, os.SEEK_END)
+        f.write(line.encode("utf-8"))
+        f.flush()
+        os.fsync(f.fileno())

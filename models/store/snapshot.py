@@ -1,0 +1,232 @@
+"""Our snapshot directory: save (atomic, hash-recorded) and load (validated, hash-checked).
+
+A snapshot directory holds ``config.json`` (format version, model config, tokenizer kind and
+files, step, tokens seen, training config, sha256 of the weights, creation time),
+``model.safetensors``, the tokenizer file(s) and optionally ``optimizer.pt`` (read with
+``torch.load(weights_only=True)``). Nothing is ever unpickled with ``weights_only=False``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from models.config import ModelConfig
+from models.interrupts import deferred_signals
+from models.store.files import (CheckpointError, current_umask, dumps_json, fsync_dir, fsync_file,
+                                read_json_object, write_bytes_atomic)
+from models.store.result import Snapshot
+from models.store.weights import build_and_load, parse_config, torch_load
+from models.tokenizers import Tokenizer, TokenizerError, load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CONFIG_FILE", "FORMAT_VERSION", "MODEL_FILE", "OPTIMIZER_FILE", "load_optimizer_state",
+           "load_snapshot", "read_safetensors", "save_snapshot"]
+
+FORMAT_VERSION = 1
+CONFIG_FILE = "config.json"
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+REQUIRED_KEYS = ("format_version", "model", "tokenizer", "step", "tokens_seen", "tensors_sha256")
+
+
+# --------------------------------------------------------------------------- save
+
+
+def _state_dict_for_saving(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Contiguous CPU tensors, each storage saved once: tied or view-sharing tensors are cloned."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[tuple[str, int]] = set()
+    for name, tensor in model.state_dict().items():
+        t = tensor.detach().to("cpu").contiguous()
+        storage = t.untyped_storage()
+        key = (str(t.device), storage.data_ptr())
+        if key in seen or storage.nbytes() != t.numel() * t.element_size():
+            t = t.clone()
+            key = (str(t.device), t.untyped_storage().data_ptr())
+        seen.add(key)
+        out[name] = t
+    return out
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_snapshot_files(tmp: Path, model, tokenizer, meta: dict[str, Any], optimizer) -> None:
+    model_path = tmp / MODEL_FILE
+    save_file(_state_dict_for_saving(model), str(model_path), metadata={"format": "pt"})
+    os.chmod(model_path, 0o666 & ~current_umask())  # safetensors creates 0600 whatever the umask
+    fsync_file(model_path)
+    meta["tensors_sha256"] = _sha256(model_path)
+    if tokenizer is not None:
+        tokenizer.save(tmp)  # atomic and fsynced by the tokenizer
+    if optimizer is not None:
+        state = optimizer.state_dict() if hasattr(optimizer, "state_dict") else optimizer
+        with open(tmp / OPTIMIZER_FILE, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+    write_bytes_atomic(tmp / CONFIG_FILE, (dumps_json(meta, indent=2) + "\n").encode("utf-8"))
+    fsync_dir(tmp)
+
+
+def save_snapshot(directory: str | Path, model, tokenizer: Tokenizer | None, *, step: int = 0,
+                  tokens_seen: int = 0, train_config: dict[str, Any] | None = None,
+                  optimizer=None) -> Path:
+    """Write a snapshot atomically: build it in ``.<name>.tmp-<pid>`` beside the target, then rename.
+
+    An existing snapshot is renamed aside (``.<name>.old-<pid>``) first and deleted only once the
+    new one is in place; on failure the old one is put back. A Ctrl-C or SIGTERM that comes
+    meanwhile is held until this is done. ``optimizer`` may be an optimizer or its state_dict.
+    """
+    target = Path(directory)
+    cfg = model.cfg
+    if tokenizer is not None and tokenizer.vocab_size > cfg.d_vocab:
+        raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model's d_vocab is "
+                         f"{cfg.d_vocab}")
+    for name, value in (("step", step), ("tokens_seen", tokens_seen)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    meta = {"format_version": FORMAT_VERSION, "model": cfg.to_dict(),
+            "tokenizer": None if tokenizer is None else
+            {"kind": tokenizer.kind, "files": list(tokenizer.files)},
+            "step": step, "tokens_seen": tokens_seen, "train_config": train_config,
+            "tensors_sha256": None,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    aside = target.parent / f".{target.name}.old-{os.getpid()}"
+    with deferred_signals():  # Ctrl-C / SIGTERM wait until the snapshot is in place (or abandoned)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            _write_snapshot_files(tmp, model, tokenizer, meta, optimizer)
+            _swap_into_place(tmp, target, aside)
+        except (OSError, RuntimeError, SafetensorError) as exc:  # disk full, quota, I/O error
+            raise CheckpointError(f"cannot save snapshot {target}: {_first_line(exc)}; any earlier "
+                                  "snapshot is intact") from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("saved snapshot %s", target)
+    return target
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _swap_into_place(tmp: Path, target: Path, aside: Path) -> None:
+    had_old = target.exists()
+    if had_old:
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(target, aside)
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        if had_old and not target.exists():
+            os.replace(aside, target)
+        raise
+    fsync_dir(target.parent)
+    if had_old:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- load
+
+
+def _read_meta(directory: Path) -> dict[str, Any]:
+    path = directory / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing; a snapshot directory needs {CONFIG_FILE}")
+    meta = read_json_object(path)
+    missing = [key for key in REQUIRED_KEYS if key not in meta]
+    if missing:
+        raise CheckpointError(f"{path}: missing key(s) {missing}")
+    if meta["format_version"] != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: unknown format_version {meta['format_version']!r} "
+                              f"(this version of scratchscope reads {FORMAT_VERSION})")
+    for key in ("step", "tokens_seen"):
+        value = meta.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise CheckpointError(f"{path}: '{key}' must be a non-negative integer, got {value!r}")
+    return meta
+
+
+def load_snapshot(directory: str | Path, device: str | torch.device = "cpu") -> Snapshot:
+    """Load a snapshot directory: validated config, hash-checked weights, tokenizer; eval mode."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        aside = sorted(directory.parent.glob(f".{directory.name}.old-*"))
+        hint = f"; an interrupted save left the previous version at {aside[0]}" if aside else ""
+        raise CheckpointError(f"{directory}: snapshot directory not found{hint}")
+    meta = _read_meta(directory)
+    config = parse_config(meta["model"], directory / CONFIG_FILE)
+    weights = directory / MODEL_FILE
+    if not weights.is_file():
+        raise CheckpointError(f"{weights}: missing; the snapshot has no weights")
+    state = read_safetensors(weights)
+    digest = _sha256(weights)
+    if digest != meta["tensors_sha256"]:
+        raise CheckpointError(f"{weights}: sha256 mismatch: file hashes to {digest[:16]}..., "
+                              f"{CONFIG_FILE} records {str(meta['tensors_sha256'])[:16]}... "
+                              "(the file was modified or corrupted)")
+    tokenizer = _load_snapshot_tokenizer(directory, meta["tokenizer"], config)
+    model = build_and_load(config, state, weights, exact_names=True, described_by=directory / CONFIG_FILE)
+    return Snapshot(model.to(device).eval(), tokenizer, config, meta, directory)
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors on the CPU; a truncated or corrupt file is one CheckpointError."""
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"{path}: truncated or corrupt safetensors file ({exc})") from None
+
+
+def _load_snapshot_tokenizer(directory: Path, info: Any, config: ModelConfig) -> Tokenizer | None:
+    if info is None:
+        return None
+    source = directory / CONFIG_FILE
+    if not isinstance(info, dict) or "kind" not in info:
+        raise CheckpointError(f"{source}: 'tokenizer' must be an object with a 'kind', got {info!r}")
+    files = info.get("files") or []
+    if not isinstance(files, list) or not all(isinstance(n, str) for n in files):
+        raise CheckpointError(f"{source}: 'tokenizer.files' must be a list of file names, got {files!r}")
+    for name in files:
+        if Path(name).name != name or name in (".", ".."):  # no paths: nothing outside the snapshot
+            raise CheckpointError(f"{source}: tokenizer file {name!r} must be a plain file name "
+                                  "inside the snapshot directory")
+        if not (directory / name).is_file():
+            raise CheckpointError(f"{directory / name}: missing {info['kind']} tokenizer file")
+    try:
+        tokenizer = load_tokenizer(directory, info["kind"])
+    except TokenizerError as exc:
+        raise CheckpointError(f"{directory}: cannot load tokenizer: {exc}") from None
+    if tokenizer.vocab_size > config.d_vocab:
+        raise CheckpointError(f"{directory}: tokenizer has {tokenizer.vocab_size} tokens but the "
+                              f"model's d_vocab is {config.d_vocab}")
+    return tokenizer
+
+
+def load_optimizer_state(directory: str | Path, device: str | torch.device = "cpu") -> dict | None:
+    """The snapshot's optimizer state_dict (``weights_only=True``), or None if it has none."""
+    path = Path(directory) / OPTIMIZER_FILE
+    if not path.is_file():
+        return None
+    return torch_load(path, device)

@@ -1,0 +1,118 @@
+"""A Hugging Face GPT-2 directory loads as our model: logits equal to GPT2LMHeadModel's forward,
+the same tokenization as its own tokenizer, and other architectures or broken files refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.checkpoint import CheckpointError, load_checkpoint
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+REPO = Path(__file__).resolve().parents[1]
+TEXT = "ROMEO: But soft, what light through yonder window breaks? It is the east.\n" * 4
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> tuple[Path, object, object]:
+    """A tiny random GPT2LMHeadModel and a byte-level BPE trained here, both save_pretrained'ed."""
+    out = tmp_path_factory.mktemp("hf_gpt2")
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator([TEXT], vocab_size=300, min_frequency=1, show_progress=False)
+    bpe.save_model(str(out))  # vocab.json + merges.txt, as GPT-2 ships them
+    tok = transformers.GPT2Tokenizer.from_pretrained(str(out))  # a local directory: nothing fetched
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=320, n_positions=24, n_embd=32, n_layer=2, n_head=4,
+                                   bos_token_id=300, eos_token_id=300)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():  # LayerNorms and biases random too, so every map shows
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out, model, tok
+
+
+def test_hf_gpt2_gives_its_logits_and_tokenization(hf_dir):
+    out, model, tok = hf_dir
+    assert (out / "model.safetensors").is_file() and json.loads((out / "config.json").read_text())["model_type"] == "gpt2"
+    snap = load_checkpoint(out)
+    ids = tok(TEXT[:60])["input_ids"]
+    assert snap.encode(TEXT[:60])[0].tolist() == ids and len(ids) < 60  # merges were applied
+    assert snap.decode(ids) == TEXT[:60]
+    every = tok(TEXT)["input_ids"]
+    tokens = torch.tensor([every[:24], every[1:25]])  # [batch pos]
+    with torch.no_grad():
+        want = model(tokens).logits  # [batch pos vocab]
+        assert torch.allclose(snap.model(tokens), want, atol=1e-5, rtol=0)
+        logits, cache = snap.model.run_with_cache(tokens)  # the explicit path, hooks firing
+    assert torch.allclose(logits, want, atol=1e-5, rtol=0)
+    assert cache["blocks.0.mlp.hook_post"].shape == (2, 24, 128)
+    cfg = snap.config
+    assert (cfg.act_fn, cfg.unembed, cfg.attn_bias, cfg.norm_bias) == ("gelu_tanh", "tied", True, True)
+    assert snap.meta["source"] == "huggingface" and snap.tokenizer.kind == "gpt2"
+
+
+def test_vocab_and_merges_alone_tokenize_the_same(hf_dir, tmp_path):
+    out, _, tok = hf_dir
+    for name in ("config.json", "model.safetensors", "vocab.json", "merges.txt"):
+        (tmp_path / name).write_bytes((out / name).read_bytes())
+    snap = load_checkpoint(tmp_path)
+    assert snap.encode(TEXT)[0].tolist() == tok(TEXT)["input_ids"]
+
+
+def test_pytorch_model_bin_loads_and_a_snapshot_of_it_round_trips(hf_dir, tmp_path):
+    out, model, _ = hf_dir
+    (tmp_path / "config.json").write_bytes((out / "config.json").read_bytes())
+    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")  # lm_head.weight included, tied
+    snap = load_checkpoint(tmp_path, device="cpu")
+    tokens = torch.randint(0, 320, (1, 24))
+    with torch.no_grad():
+        assert torch.allclose(snap.model(tokens), model(tokens).logits, atol=1e-5, rtol=0)
+    from models.checkpoint import save_snapshot
+    save_snapshot(tmp_path / "ours", load_checkpoint(out).model, load_checkpoint(out).tokenizer)
+    again = load_checkpoint(tmp_path / "ours")
+    assert again.tokenizer.encode(TEXT) == load_checkpoint(out).tokenizer.encode(TEXT)
+    with torch.no_grad():
+        assert torch.equal(again.model(tokens), load_checkpoint(out).model(tokens))
+
+
+def cli_error(ckpt: Path) -> str:
+    proc = subprocess.run([sys.executable, "-m", "probes.entropy", "--ckpt", str(ckpt), "--text", "abc"],
+                          cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    return proc.stderr
+
+
+def test_another_architecture_is_sent_to_transformer_lens(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    before = sorted(os.listdir(tmp_path))
+    assert ("model_type 'llama' is not a GPT-2 model; load it through TransformerLens and pass the "
+            "model to the probes") in cli_error(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_truncated_safetensors_is_one_line(hf_dir, tmp_path):
+    out, _, _ = hf_dir
+    (tmp_path / "config.json").write_bytes((out / "config.json").read_bytes())
+    data = (out / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(data[: len(data) // 2])
+    assert "model.safetensors: truncated or corrupt safetensors file" in cli_error(tmp_path)
+
+
+def test_config_that_disagrees_with_the_weights(hf_dir, tmp_path):
+    out, _, _ = hf_dir
+    config = json.loads((out / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "n_layer": 3}))
+    (tmp_path / "model.safetensors").write_bytes((out / "model.safetensors").read_bytes())
+    with pytest.raises(CheckpointError, match=r"tensor 'transformer\.h\.2\.attn\.c_attn\.weight' is missing"):
+        load_checkpoint(tmp_path)
