@@ -140,10 +140,12 @@ def lens_grid(cells: pd.DataFrame, color: str, title: str) -> alt.Chart:
         y=alt.Y("layer:N", sort=list(dict.fromkeys(cells["layer"])), title="layer"))
     rect = base.mark_rect(stroke="white").encode(
         color=alt.Color(f"{color}:Q", scale=scales[color]), tooltip=["layer", "label", "top-k", color])
-    text = base.mark_text(fontSize=11).encode(text="top-1:N")
     n = cells["label"].nunique()
-    return _with_nan(rect, base, cells, text).properties(
-        width=max(14, min(38, 820 // n)) * n, height=30 * cells["layer"].nunique())
+    step = max(14, min(38, 820 // n))  # pixels per position
+    fits = step >= 30  # "(NaN)" in a cell; narrower cells leave the NaN colour and legend to say it
+    text = base.transform_calculate(shown="datum['top-1'] == '(NaN)' ? '%s' : datum['top-1']"
+                                    % ("(NaN)" if fits else "")).mark_text(fontSize=11).encode(text="shown:N")
+    return _with_nan(rect, base, cells, text).properties(width=step * n, height=30 * cells["layer"].nunique())
 
 
 def per_layer_line(data: pd.DataFrame, y: str, color: str, title: str) -> alt.Chart:

@@ -31,6 +31,9 @@ def render(sel: Selection) -> None:
     if nan:
         st.caption(f"{NOT_FINITE}: the layer's distribution holds NaN or inf there (layers {', '.join(nan)}), "
                    "so it has no top token; NaN cells are drawn in their own colour.")
+    if all(v is None for v in result["kl_to_final"]):
+        st.caption("KL to the final layer is NaN at every layer (crosses on the floor): the final "
+                   "layer's distribution is not finite, so there is nothing to measure against.")
     kl = pd.DataFrame({"layer": result["layers"], "KL(final || layer)": result["kl_to_final"], "run": "this"})
     show(charts.per_layer_line(kl, "KL(final || layer)", "run", "KL to the final layer, per layer"), stretch=True)
 
