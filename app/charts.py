@@ -19,13 +19,16 @@ BAND = (1e-4, 1e-2)  # the default g/w/u band; makemore's target is 1e-3
 
 def entropy_grid(normalized: list[list[float]], verdicts: list[list[str]],
                  evidence: dict[str, list[list[Any]]], title: str = "") -> alt.Chart:
-    """Layer x head cells coloured by normalised entropy, each marked with its verdict."""
+    """Layer x head cells coloured by normalised entropy, each marked with its verdict; a NaN
+    head is a cell of the NaN colour labelled NaN."""
     rows = []
     for layer, (values, marks) in enumerate(zip(normalized, verdicts)):
         for h, (value, verdict) in enumerate(zip(values, marks)):
             row = {"layer": layer, "head": h, "normalised entropy": _finite(value), "verdict": verdict}
             row.update({k: _finite(v[layer][h]) for k, v in evidence.items()
                         if isinstance(v, list) and len(v) > layer and len(v[layer]) > h})
+            row.update(_nan_flag(value))
+            row["text"] = verdict if not row[NAN] else f"NaN\n{verdict}"
             rows.append(row)
     data = pd.DataFrame(rows)
     base = alt.Chart(data, title=title).encode(
@@ -34,22 +37,27 @@ def entropy_grid(normalized: list[list[float]], verdicts: list[list[str]],
         color=alt.Color("normalised entropy:Q", scale=ENTROPY_SCALE,
                         legend=alt.Legend(title="normalised entropy: 0 one-hot, 1 uniform",
                                           orient="bottom", gradientLength=220, titleLimit=400)),
-        tooltip=list(data.columns))
-    text = base.mark_text(fontSize=11).encode(
-        text="verdict:N",
+        tooltip=[c for c in data.columns if c not in (NAN, "text")])
+    text = base.mark_text(fontSize=11, lineBreak="\n").encode(
+        text="text:N",
         color=alt.condition("datum['normalised entropy'] > 0.5", alt.value("black"), alt.value("white")))
-    return (cells + text).properties(width=max(320, 90 * len(normalized[0])), height=44 * len(normalized))
+    return _with_nan(cells, base, data, text).properties(
+        width=max(320, 90 * len(normalized[0])), height=44 * len(normalized))
 
 
 def difference_grid(a: list[list[float]], b: list[list[float]], title: str) -> alt.Chart:
-    rows = [{"layer": l, "head": h, "difference": _finite(y - x) if _ok(x) and _ok(y) else None}
+    """B - A per head; a head that is NaN on either side is a NaN cell."""
+    rows = [{"layer": l, "head": h, "difference": _finite(y - x) if _ok(x) and _ok(y) else None,
+             **_nan_flag(y - x if _ok(x) and _ok(y) else math.nan)}
             for l, (ra, rb) in enumerate(zip(a, b)) for h, (x, y) in enumerate(zip(ra, rb))]
-    return alt.Chart(pd.DataFrame(rows), title=title).mark_rect(stroke="white").encode(
-        x="head:O", y="layer:O",
+    data = pd.DataFrame(rows)
+    base = alt.Chart(data, title=title).encode(x="head:O", y="layer:O")
+    cells = base.mark_rect(stroke="white").encode(
         color=alt.Color("difference:Q", scale=alt.Scale(scheme="redblue", domain=[-1, 1]),
                         legend=alt.Legend(orient="bottom")),
-        tooltip=["layer", "head", alt.Tooltip("difference:Q", format="+.3f")],
-    ).properties(width=max(320, 90 * len(a[0])), height=44 * len(a))
+        tooltip=["layer", "head", alt.Tooltip("difference:Q", format="+.3f")])
+    text = base.mark_text(fontSize=11, color="white").encode(text=f"{NAN}:N")
+    return _with_nan(cells, base, data, text).properties(width=max(320, 90 * len(a[0])), height=44 * len(a))
 
 
 def pattern_heatmap(pattern: list[list[float]], labels: list[str], pieces: list[str], title: str) -> alt.Chart:
@@ -122,7 +130,8 @@ def band_layer(lo: float = BAND[0], hi: float = BAND[1]) -> alt.Chart:
 
 
 def lens_grid(cells: pd.DataFrame, color: str, title: str) -> alt.Chart:
-    """Layer x position: the top-1 token as text, coloured by the chosen measure."""
+    """Layer x position: the top-1 token as text, coloured by the chosen measure; cells whose
+    measure is NaN (column NAN says "NaN") in the NaN colour."""
     scales = {"top-1 probability": alt.Scale(scheme="greens", domain=[0, 1]),
               "KL to final (nats)": alt.Scale(scheme="orangered"),
               "rank of the true next token": alt.Scale(scheme="purples", type="symlog")}
@@ -131,17 +140,33 @@ def lens_grid(cells: pd.DataFrame, color: str, title: str) -> alt.Chart:
         y=alt.Y("layer:N", sort=list(dict.fromkeys(cells["layer"])), title="layer"))
     rect = base.mark_rect(stroke="white").encode(
         color=alt.Color(f"{color}:Q", scale=scales[color]), tooltip=["layer", "label", "top-k", color])
-    text = base.mark_text(fontSize=11).encode(text="top-1:N")
     n = cells["label"].nunique()
-    return (rect + text).properties(width=max(14, min(38, 820 // n)) * n, height=30 * cells["layer"].nunique())
+    step = max(14, min(38, 820 // n))  # pixels per position
+    fits = step >= 30  # "(NaN)" in a cell; narrower cells leave the NaN colour and legend to say it
+    text = base.transform_calculate(shown="datum['top-1'] == '(NaN)' ? '%s' : datum['top-1']"
+                                    % ("(NaN)" if fits else "")).mark_text(fontSize=11).encode(text="shown:N")
+    return _with_nan(rect, base, cells, text).properties(width=step * n, height=30 * cells["layer"].nunique())
 
 
 def per_layer_line(data: pd.DataFrame, y: str, color: str, title: str) -> alt.Chart:
-    """A measure per layer (embed, 0_post, 1_post, ...) in the model's order, one line per `color`."""
-    return alt.Chart(data, title=title).mark_line(point=True).encode(
-        x=alt.X("layer:N", sort=list(dict.fromkeys(data["layer"]))), y=alt.Y(f"{y}:Q", title=y),
-        color=alt.Color(f"{color}:N", legend=alt.Legend(orient="bottom", title=None)),
-        tooltip=list(data.columns)).properties(height=220)
+    """A measure per layer (embed, 0_post, 1_post, ...) in the model's order, one line per `color`;
+    a NaN value is a cross labelled NaN on the chart's floor in its line's colour (a run whose
+    values are all NaN still shows, where its legend entry says it is)."""
+    order = list(dict.fromkeys(data["layer"]))
+    missing = data[y].isna()
+    frame = data.assign(**{NAN: ["NaN" if m else "" for m in missing]}) if missing.any() else data
+    base = alt.Chart(frame).encode(
+        x=alt.X("layer:N", sort=order),
+        color=alt.Color(f"{color}:N", legend=alt.Legend(orient="bottom", title=None)))
+    line = base.mark_line(point=True).encode(y=alt.Y(f"{y}:Q", title=y), tooltip=list(data.columns))
+    if not missing.any():
+        return line.properties(title=title, height=220)
+    nan = base.transform_filter(f"datum['{NAN}'] == 'NaN'")
+    crosses = nan.mark_point(shape="cross", size=90, filled=True, yOffset=-6).encode(
+        y=alt.value(220), tooltip=[alt.Tooltip(f"{color}:N"), alt.Tooltip("layer:N"),
+                                   alt.Tooltip(f"{NAN}:N", title=y)])
+    labels = nan.mark_text(fontSize=10, dy=-18).encode(y=alt.value(220), text=f"{NAN}:N")
+    return alt.layer(line, crosses, labels).properties(title=title, height=220)
 
 
 def scatter_map(data: pd.DataFrame, title: str) -> alt.Chart:
@@ -152,6 +177,26 @@ def scatter_map(data: pd.DataFrame, title: str) -> alt.Chart:
                                                   range=["#d62728", "#ff7f0e", "#9aa5b1"])))
     labels = base.mark_text(dx=7, align="left", fontSize=11).encode(text="token:N")
     return (points + labels).properties(height=460).interactive()
+
+
+NAN = "NaN"  # the column that says "NaN" in a non-finite cell ("" elsewhere)
+NAN_COLOUR = "#e6007e"  # magenta: outside every scale the grids use
+
+
+def _nan_flag(value: Any) -> dict[str, str]:
+    return {NAN: "" if _ok(value) else "NaN"}
+
+
+def _with_nan(cells: alt.Chart, base: alt.Chart, data: pd.DataFrame, text: alt.Chart) -> alt.LayerChart:
+    """`cells` + `text`, with the cells whose NAN column says "NaN" drawn in the NaN colour and a
+    legend entry "NaN" between them (the value layer drops nulls: they would be blank)."""
+    if NAN not in data or not (data[NAN] == "NaN").any():
+        return alt.layer(cells, text)
+    nan = base.transform_filter(f"datum['{NAN}'] == 'NaN'").mark_rect(stroke="white").encode(
+        color=alt.Color(f"{NAN}:N", scale=alt.Scale(domain=["NaN"], range=[NAN_COLOUR]),
+                        legend=alt.Legend(orient="bottom", title=None)),
+        tooltip=[c for c in data.columns if c != "text"])
+    return alt.layer(cells, nan, text).resolve_scale(color="independent")
 
 
 def _ok(value: Any) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ class Source:
 
     path: Path
     preset: str | None = None  # for a bare .pt state dict
+    name: str | None = field(default=None, compare=False)  # unique in the run list (app.catalog.labelled)
 
     @property
     def is_run(self) -> bool:
@@ -38,7 +39,7 @@ class Source:
 
     @property
     def label(self) -> str:
-        return self.path.name
+        return self.name or self.path.name
 
     def snapshots(self) -> list[Path]:
         return list_snapshots(self.path) if self.is_run else [self.path]

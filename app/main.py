@@ -1,8 +1,10 @@
 """scratchscope: look at a run. `streamlit run app/main.py` (add `-- --runs DIR ...` for your own).
 
-Runs come from `checkpoints/` (the shipped story), every `--runs DIR` after `--`, and the
-`SCRATCHSCOPE_RUNS` environment variable (os.pathsep-separated; tests use it). The sidebar picks
-a run, one of its snapshots and the text to probe; each page answers one question.
+Runs come from `checkpoints/` (the shipped story), every `--runs DIR` after `--`, the
+`SCRATCHSCOPE_RUNS` environment variable (os.pathsep-separated; tests use it) and a path typed in
+the sidebar (selected at once). The app opens on the landing view (a table of the runs);
+`?run=NAME` opens that run's Overview instead, and names no run -> a warning above the page. The
+sidebar picks a run, one of its snapshots and the text to probe; each page answers one question.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ if str(ROOT) not in sys.path:  # streamlit runs this file as a script: make the 
 
 import streamlit as st  # noqa: E402
 
-from app import data  # noqa: E402
+from app import catalog, data  # noqa: E402
 from app.views.common import PAGES, Selection  # noqa: E402
 
 
@@ -32,20 +34,21 @@ def run_roots() -> list[Path]:
     return [*args.runs, *env, *shipped]
 
 
-def typed_source() -> data.Source | None:
-    """A path typed in the sidebar: a snapshot, a run, a nanoGPT ckpt.pt (or a folder of them), a
-    Hugging Face GPT-2 directory, or a series .pt with a preset."""
-    with st.sidebar.expander("Open a path"):
+def typed_sources() -> list[data.Source]:
+    """Sources from a path typed in the sidebar (a snapshot, a run, a folder of runs, a nanoGPT
+    ckpt.pt or out_dir, a Hugging Face GPT-2 directory, or a series .pt with a preset); a path
+    that is none of these is refused there with a message."""
+    with st.sidebar.expander("Open a path", expanded=bool(st.session_state.get("typed_path"))):
         path = st.text_input("snapshot, run, nanoGPT ckpt.pt, Hugging Face GPT-2 directory or .pt file",
                              key="typed_path")
         preset = st.text_input("preset (for a .pt state dict)", key="typed_preset")
-    if not path:
-        return None
-    source = Path(path).expanduser()
-    if not source.exists():
-        st.sidebar.error(f"{source} does not exist")
-        return None
-    return data.Source(source, preset or None)
+        if not path:
+            return []
+        try:
+            return catalog.typed(path, preset or None)
+        except ValueError as exc:
+            st.error(str(exc))
+            return []
 
 
 def pick_text(run: data.Source) -> str:
@@ -62,33 +65,64 @@ def pick_text(run: data.Source) -> str:
                                 help="the first context window of this text is probed")
 
 
-def sidebar() -> Selection | None:
+def sidebar() -> tuple[Selection | None, list[data.Source]]:
     st.sidebar.title("scratchscope")
-    sources = data.discover(run_roots())
-    typed = typed_source()
-    if typed is not None:
-        sources = [typed, *sources]
+    typed = typed_sources()
+    sources = catalog.labelled([*typed, *data.discover(run_roots())])
     if not sources:
         st.sidebar.error("No runs found: pass `-- --runs DIR` or type a path above.")
-        return None
+        return None, []
     labels = [s.label for s in sources]
-    wanted = st.query_params.get("run")  # ?run=NAME picks a run from a link
-    index = labels.index(wanted) if wanted in labels else 0
-    chosen = sources[labels.index(st.sidebar.selectbox("run", labels, index=index, key="run"))]
+    follow_requests(sources, typed)
+    if st.session_state.get("run") not in labels:
+        st.session_state["run"] = labels[0]
+    chosen = sources[labels.index(st.sidebar.selectbox("run", labels, key="run", on_change=picked))]
     snaps = chosen.snapshots()
     if not snaps:
         st.sidebar.error(f"{chosen.path} holds no snapshots")
-        return None
+        return None, sources
     names = [p.name for p in snaps]
     name = st.sidebar.select_slider("snapshot", names, value=names[-1], key=f"snap:{chosen.path}") \
         if len(names) > 1 else names[0]
-    return Selection(chosen, snaps[names.index(name)], pick_text(chosen), sources)
+    return Selection(chosen, snaps[names.index(name)], pick_text(chosen), sources), sources
+
+
+def follow_requests(sources: list[data.Source], typed: list[data.Source]) -> None:
+    """Select what was just asked for, once per request: a newly typed path, or a `?run=NAME` link
+    (the landing view's and the doctor's links); the user's own pick stands until the next one."""
+    path = st.session_state.get("typed_path", "")
+    if typed and st.session_state.get("typed_applied") != path:
+        st.session_state["run"] = next(s.label for s in sources if s.path.resolve() == typed[0].path.resolve())
+    st.session_state["typed_applied"] = path
+    wanted = st.query_params.get("run")
+    found = catalog.find(sources, wanted)
+    if found is not None and st.session_state.get("linked_run") != wanted:
+        st.session_state["run"] = found.label
+    st.session_state["linked_run"] = wanted
+
+
+def picked() -> None:
+    """The user chose a run in the sidebar: the link now names it (shareable, and no stale ?run=)."""
+    st.query_params["run"] = st.session_state["run"]
+    st.session_state["linked_run"] = st.session_state["run"]
+
+
+def unknown_run(sources: list[data.Source]) -> None:
+    """A `?run=` naming no run is said, with the runs there are, above the page."""
+    wanted = st.query_params.get("run")
+    if wanted and catalog.find(sources, wanted) is None:
+        st.warning(f"`?run={wanted}` names no run here, so it was ignored. Known runs: "
+                   + ", ".join(f"`{s.label}`" for s in sources) + ".")
 
 
 def main() -> None:
     st.set_page_config(page_title="scratchscope", layout="wide")
-    st.session_state["selection"] = sidebar()
-    pages = [st.Page(f"screens/{name}.py", title=title, url_path=name, default=name == "overview")
+    selection, sources = sidebar()
+    st.session_state["selection"], st.session_state["sources"] = selection, sources
+    unknown_run(sources)
+    jump = catalog.find(sources, st.query_params.get("run")) is not None  # a link to a run: its Overview
+    default = "overview" if jump else "home"
+    pages = [st.Page(f"screens/{name}.py", title=title, url_path=name, default=name == default)
              for name, title in PAGES]
     st.navigation(pages).run()
 

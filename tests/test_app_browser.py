@@ -134,14 +134,45 @@ def test_picking_another_head_changes_the_heatmap(server, browser):
     page.close()
 
 
-def test_a_collapsed_run_shows_its_verdict_and_an_mlp_run_an_error_box(server, browser):
+def test_a_collapsed_run_shows_its_verdict_and_an_mlp_run_an_info_box(server, browser):
     page = open_page(browser, server, "attention", run="attn1_noscale")
     assert page.get_by_text("collapsed").count() >= 1
     page.close()
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.goto(f"{server}/attention?run=char_mlp", timeout=120_000)
-    page.locator('[data-testid="stAlertContentError"]').first.wait_for(timeout=120_000)
-    assert "no attention heads" in page.locator('[data-testid="stAlertContentError"]').first.inner_text()
+    page.locator('[data-testid="stAlertContentInfo"]').first.wait_for(timeout=120_000)
+    assert "no attention heads" in page.locator('[data-testid="stAlertContentInfo"]').first.inner_text()
+    assert page.locator('[data-testid="stAlertContentError"]').count() == 0  # not applicable is not an error
+    page.close()
+
+
+def test_the_app_opens_on_the_landing_view_and_a_link_opens_a_run(server, browser, shots):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(server, timeout=120_000)
+    page.get_by_role("heading", name="Runs").first.wait_for(timeout=120_000)
+    page.locator('[data-testid="stDataFrame"]').first.wait_for(timeout=120_000)
+    page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=120_000)
+    page.wait_for_timeout(800)
+    assert page.locator('[data-testid="stException"]').count() == 0
+    links = page.locator('[data-testid="stPageLink"]')
+    assert links.count() == len([p for p in (REPO / "checkpoints").iterdir() if p.is_dir()])
+    shots.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(shots / "home.png"), full_page=True)
+    links.filter(has_text="transformer4_nan").first.click()
+    page.get_by_role("heading", name="Overview").first.wait_for(timeout=120_000)
+    verdict = page.locator('[data-testid="stAlertContentError"]').filter(has_text="Verdict")
+    verdict.first.wait_for(timeout=120_000)
+    assert "Verdict: failed" in verdict.first.inner_text()
+    page.close()
+
+
+def test_an_unknown_run_in_the_address_is_a_warning_on_the_landing_view(server, browser):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{server}/?run=nosuch", timeout=120_000)
+    warning = page.locator('[data-testid="stAlertContentWarning"]').filter(has_text="nosuch")
+    warning.first.wait_for(timeout=120_000)
+    assert "shakespeare_rms4" in warning.first.inner_text()
+    assert page.get_by_role("heading", name="Runs").count() >= 1
     page.close()
 
 

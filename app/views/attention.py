@@ -14,8 +14,8 @@ FEW_ROWS = 16  # below this the attention-sink score is not meaningful (uniform 
 def render(sel: Selection) -> None:
     snap = data.snapshot(sel.snapshot, sel.run.preset)
     if not has_attention(snap):
-        st.error("This model has no attention heads (an MLP-family model): see Overview, Embeddings "
-                 "and Training dynamics instead.")
+        st.info("Not applicable: this model has no attention heads (an MLP-family model). See Overview, "
+                "Embeddings and Training dynamics instead.")
         return
     result = data.attention(*sel.key[:2], sel.text, sel.run.preset)
     if result["rows"] < FEW_ROWS:

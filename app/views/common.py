@@ -12,7 +12,7 @@ import streamlit as st
 from app import data
 
 # (url_path, title) of each page; app/main.py builds the navigation from screens/<url_path>.py
-PAGES = [("overview", "Overview"), ("attention", "Attention"), ("dynamics", "Training dynamics"),
+PAGES = [("home", "Runs"), ("overview", "Overview"), ("attention", "Attention"), ("dynamics", "Training dynamics"),
          ("embeddings", "Embeddings"), ("lens", "Logit lens"), ("compare", "Compare")]
 
 

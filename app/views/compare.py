@@ -28,14 +28,17 @@ def render(sel: Selection) -> None:
             st.markdown(f"**{run.label} / {path.name}**: val loss {result['val_loss']}")
             if "error" in result:
                 st.error(result["error"])
-            elif result["attention"]:
+            elif result["attention"]:  # fitted to the column: a 6-head grid is wider than half a page
                 att = result["attention"]
-                show(charts.entropy_grid(att["normalized"], att["verdicts"], {}, "normalised entropy"))
+                show(charts.entropy_grid(att["normalized"], att["verdicts"], {}, "normalised entropy"),
+                     stretch=True)
+            else:
+                st.info("No attention heads (an MLP-family model): only its val loss compares here.")
     attn = [r["attention"] for r in results]
     if all(attn) and [len(x["normalized"]) for x in attn] == [len(attn[1]["normalized"])] * 2 \
             and len(attn[0]["normalized"][0]) == len(attn[1]["normalized"][0]):
         show(charts.difference_grid(attn[0]["normalized"], attn[1]["normalized"],
-                                               "B - A: normalised entropy (red: B more focused)"))
+                                    "B - A: normalised entropy (red: B more focused)"))
     kl = [{"layer": layer, "run": name, "KL(final || layer)": value}
           for name, r in zip(("A", "B"), results) if r.get("lens")
           for layer, value in zip(r["lens"]["layers"], r["lens"]["kl_to_final"])]

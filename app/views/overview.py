@@ -67,7 +67,8 @@ def samples(sel: Selection, cfg) -> None:
     for column, greedy, title in ((left, True, "greedy"), (right, False, f"sampled (T = {temperature})")):
         try:
             text = data.sample(*sel.key[:2], prompt, n, greedy, temperature, int(seed), sel.run.preset)
-            column.markdown(f"**{title}**")
-            column.code(prompt + text, language=None)
-        except ValueError as exc:
-            column.error(first_line(exc))
+        except ValueError as exc:  # the prompt or the model, not the decoding: say it once, for both
+            st.error(first_line(exc))
+            return
+        column.markdown(f"**{title}**")
+        column.code(prompt + text, language=None)

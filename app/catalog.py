@@ -1,0 +1,154 @@
+"""Which runs the app knows: their labels, the paths a user types, `?run=` links, and the landing
+view's one-line summary of each run.
+
+A label is the directory's name, a snapshot inside a run is `run/step_NNNNNN`, and two sources
+with one name get their parent folder in brackets, so that every entry of the run list differs.
+The summaries read `run.json`, `metrics.jsonl` or a snapshot's `config.json` only (no model is
+loaded) and the run doctor's cached verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from app import data
+from models.checkpoint import (MODEL_FILE, is_run_dir, is_snapshot_dir, list_snapshots, read_json_object,
+                               read_metrics, read_run_json)
+from models.series_ckpt import SERIES_SUFFIXES
+
+
+def base_name(path: Path) -> str:
+    """A snapshot inside a run reads `run/step_NNNNNN`; anything else its directory or file name."""
+    return f"{path.parent.name}/{path.name}" if is_snapshot_dir(path) and is_run_dir(path.parent) else path.name
+
+
+def where(path: Path) -> str:
+    """The folder holding `path`, relative to the working directory when inside it."""
+    parent = path.resolve().parent
+    try:
+        return str(parent.relative_to(Path.cwd())) or "."
+    except ValueError:
+        return str(parent)
+
+
+def labelled(sources: list[data.Source]) -> list[data.Source]:
+    """`sources` (one per path: the first wins) named so that no two labels are the same."""
+    unique: dict[Path, data.Source] = {}
+    for source in sources:
+        unique.setdefault(source.path.resolve(), source)
+    names = [base_name(s.path) for s in unique.values()]
+    out = []
+    for source, name in zip(unique.values(), names):
+        if names.count(name) > 1:
+            name = f"{name} ({where(source.path)})"
+        out.append(dataclasses.replace(source, name=name))
+    return out
+
+
+def find(sources: list[data.Source], wanted: str | None) -> data.Source | None:
+    """The source a `?run=` link names: by label, else by directory name when only one has it."""
+    if not wanted:
+        return None
+    for source in sources:
+        if source.label == wanted:
+            return source
+    named = [s for s in sources if s.path.name == wanted]
+    return named[0] if len(named) == 1 else None
+
+
+def typed(text: str, preset: str | None) -> list[data.Source]:
+    """The sources a typed path opens: a run, a snapshot, a series .pt with a preset, or every run in
+    a folder of runs; ValueError (one line, shown in the sidebar) for anything else."""
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise ValueError(f"{path} does not exist")
+    if is_run_dir(path) or is_snapshot_dir(path) or (path / MODEL_FILE).is_file() or (path / "ckpt.pt").is_file():
+        return [data.Source(path)]
+    if path.is_file() and path.suffix in SERIES_SUFFIXES:
+        # a nanoGPT ckpt.pt carries its config; a series state dict needs the preset (the
+        # loader says so in the page when it is missing)
+        return [data.Source(path, preset)]
+    runs = [data.Source(p) for p in sorted(path.iterdir()) if is_run_dir(p)] if path.is_dir() else []
+    if runs:
+        return runs
+    raise ValueError(f"{path} is not a run, a snapshot, a nanoGPT or Hugging Face checkpoint or a .pt "
+                     "state dict: nothing to open")
+
+
+# --------------------------------------------------------------------------- the landing view
+
+
+def summary(source: data.Source) -> dict[str, Any]:
+    """One row of the landing view's table (see `_summary`)."""
+    path = source.path
+    stamp = tuple(p.stat().st_mtime if p.exists() else 0.0
+                  for p in (path, path / "metrics.jsonl", path / "run.json"))
+    try:
+        row = {"run": source.label, **_summary(str(path), stamp)}
+    except Exception as exc:  # noqa: BLE001 - a garbled run.json or config.json: one row says so
+        return {"run": source.label, "model": "-", "steps": None, "snapshots": None, "last val loss": "-",
+                "state": f"unreadable: {common_first_line(exc)}", "doctor": "-"}
+    if row.pop("is_run"):
+        row["state"] = "training now" if data.is_training(path) else row["state"]
+        row["doctor"] = verdict(path)
+    return row
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _summary(path: str, stamp: tuple) -> dict[str, Any]:
+    """model, steps, snapshots, last val loss and state (healthy / diverged) from the files alone."""
+    where_ = Path(path)
+    if not is_run_dir(where_):
+        meta = read_json_object(where_ / "config.json") if is_snapshot_dir(where_) else {}
+        return {"model": describe(None, meta.get("model") or {}), "steps": meta.get("step"), "snapshots": 1,
+                "last val loss": "-", "state": "snapshot", "doctor": "-", "is_run": False}
+    info = read_run_json(where_) or {}
+    snaps = list_snapshots(where_)
+    model = info.get("model") or (read_json_object(snaps[-1] / "config.json").get("model") if snaps else {})
+    records = read_metrics(where_)
+    losses = [r["val_loss"] for r in records if "val_loss" in r]
+    return {"model": describe(info.get("preset"), model or {}),
+            "steps": records[-1]["step"] if records else None, "snapshots": len(snaps),
+            "last val loss": shown_loss(losses[-1]) if losses else "-",
+            "state": "diverged" if diverged(records) else "healthy" if records else "no metrics yet",
+            "is_run": True}
+
+
+def describe(preset: str | None, model: dict[str, Any]) -> str:
+    """`preset · transformer 4L×4H d64` from a model config (as run.json or config.json hold it)."""
+    family = model.get("family", "?")
+    shape = f"{model.get('n_layers')}L×{model.get('n_heads')}H d{model.get('d_model')}" \
+        if family == "transformer" else f"window {model.get('n_ctx')}"
+    return f"{preset} · {family} {shape}" if preset else f"{family} {shape}"
+
+
+def diverged(records: list[dict[str, Any]]) -> bool:
+    """A record says "diverged", or a logged loss is NaN, inf or null."""
+    return any(r.get("diverged") or any(k in r and not finite(r[k]) for k in ("train_loss", "val_loss"))
+               for r in records)
+
+
+def finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def shown_loss(value: Any) -> str:
+    return f"{value:.3f}" if finite(value) else "NaN"
+
+
+def common_first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def verdict(run: Path) -> str:
+    """The run doctor's verdict, cached in `data.diagnosis`; "unreadable" when it cannot read the run."""
+    try:
+        return data.diagnosis(run).verdict
+    except Exception:  # noqa: BLE001 - one word in the table; the Overview says why
+        return "unreadable"

@@ -1,0 +1,44 @@
+"""The landing view: which runs are here, how did each end, and which one to look at?
+
+It reads each run's files only (run.json, metrics.jsonl; no model is loaded) and the run doctor's
+cached verdict (`app.catalog.summary`), so it opens at once; a link per run opens its Overview.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app import catalog, data
+
+COLUMNS = ["run", "model", "steps", "snapshots", "last val loss", "state", "doctor"]
+STATE_COLOURS = {"healthy": "#2ca02c", "diverged": "#d62728", "training now": "#1f77b4",
+                 "failed": "#d62728", "warning": "#f58518", "unreadable": "#d62728"}
+
+
+def render(sources: list[data.Source]) -> None:
+    st.title("Runs")
+    st.caption("Which run do you want to look at? Pick one below or in the sidebar; "
+               "`?run=NAME` in the address opens a run's Overview directly.")
+    if not sources:
+        st.info("No runs found: pass `-- --runs DIR` to `streamlit run app/main.py`, or type a path "
+                "under \"Open a path\" in the sidebar.")
+        return
+    table = pd.DataFrame([catalog.summary(s) for s in sources], columns=COLUMNS)
+    st.dataframe(table.style.map(colour, subset=["state", "doctor"]), hide_index=True, width="stretch",
+                 column_config={"steps": st.column_config.NumberColumn(format="%d", help="last logged step"),
+                                "state": st.column_config.TextColumn(
+                                    help="healthy; diverged: a NaN/inf loss or a 'diverged' record; "
+                                         "training now: metrics written in the last 2 minutes under a lock"),
+                                "doctor": st.column_config.TextColumn(
+                                    help="the run doctor's verdict (probes.diagnose): see the Overview")})
+    st.markdown("**Open a run**")
+    columns = st.columns(4)
+    for i, source in enumerate(sources):
+        columns[i % len(columns)].page_link("screens/overview.py", label=source.label,
+                                            query_params={"run": source.label}, icon=":material/arrow_forward:")
+
+
+def colour(value: object) -> str:
+    key = str(value).split(":")[0]
+    return f"color: {STATE_COLOURS[key]}; font-weight: bold" if key in STATE_COLOURS else ""
