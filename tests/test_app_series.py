@@ -72,4 +72,40 @@ def test_smoothed_rows_smooth_each_curve_on_its_own():
     assert [r["smoothed"] for r in lr] == pytest.approx([0.1, 0.1, (0.5 * 0.075 + 0.5 * 0.05) / 0.875])
     train = [r for r in out if r["curve"] == "train"]
     assert train[0]["smoothed"] == 2.5 and math.isnan(train[1]["smoothed"])
-    assert series.normalised([{"step": 0, "e": 2.0}], "e", 4.0) == [{"step": 0, "e": 0.5}]
+    assert series.normalised([{"step": 0, "e": 2.0}, {"step": 1, "e": None}], "e", 4.0, "n") == [
+        {"step": 0, "e": 2.0, "n": 0.5}, {"step": 1, "e": None, "n": None}]
+
+
+def test_map_labels_never_overlap_and_stay_inside_the_plot():
+    import random
+
+    from app import labels
+
+    rng = random.Random(0)
+    n = 400
+    xs, ys = [rng.gauss(0, 1) for _ in range(n)], [rng.gauss(0, 1) for _ in range(n)]
+    texts = [rng.choice(["a", "the", "␣king", "⏎", "queen"]) for _ in range(n)]
+    order = [7, 3, *[i for i in range(n) if i not in (7, 3)]]  # the chosen token and a neighbour first
+    sides = labels.place(xs, ys, texts, order, 560, 460)
+    assert sides[7] is not None and sides[3] is not None
+    assert 0 < sides.count(None) < n  # crowded: some left off, many drawn
+    boxes = labels.boxes(xs, ys, texts, sides, 560, 460)
+    assert all(labels.inside(b, 560, 460) for b in boxes)
+    assert not any(labels.overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    edge = labels.place([0.0, 1.0], [0.0, 1.0], ["left", "right"], [0, 1], 560, 460)
+    assert edge == ["right", "left"]  # the rightmost point's label turns left instead of leaving the plot
+
+
+def test_chance_cosine_is_the_95th_percentile_of_the_nearest_random_direction():
+    import torch
+
+    from probes.neighbours import chance_cosine
+
+    torch.manual_seed(0)
+    n, d, trials = 64, 64, 2000
+    q = torch.nn.functional.normalize(torch.randn(trials, 1, d), dim=-1)
+    keys = torch.nn.functional.normalize(torch.randn(trials, n, d), dim=-1)
+    nearest = (q * keys).sum(-1).max(-1).values
+    simulated = torch.quantile(nearest, 0.95).item()
+    assert chance_cosine(n, d) == pytest.approx(simulated, abs=0.03)  # the normal tail is a little heavier
+    assert chance_cosine(n, d) > simulated - 0.005
