@@ -107,6 +107,6 @@ def smoothed(frame_rows: list[dict], y: str, color: str, weight: float) -> list[
     return out
 
 
-def normalised(frame_rows: list[dict], y: str, by: float) -> list[dict]:
-    """The rows with `y` divided by `by` (entropy over that of uniform attention)."""
-    return [{**r, y: as_float(r[y]) / by} for r in frame_rows]
+def normalised(frame_rows: list[dict], y: str, by: float, to: str) -> list[dict]:
+    """The rows with column `to` = `y` / `by` (entropy over that of uniform attention); None stays None."""
+    return [{**r, to: None if r[y] is None else as_float(r[y]) / by} for r in frame_rows]
