@@ -153,8 +153,9 @@ def table_at_step(label: str, history) -> None:
         f"{g} **{v:+.2f}**" for g, v in groups.items() if v is not None and g in GROUPS)
         + f"; spread **{spread}** orders of magnitude")
     frame = pd.DataFrame(rows)
-    sci = {k: "{:.2e}" for k in ("g", "w", "u", "u_nominal")}  # scientific, 3 significant digits
-    st.dataframe(frame.style.format(sci, na_rep="-").format({"log10 u": "{:+.2f}"}, na_rep="-")
+    # one format call: a second one would reset the first's columns to pandas' default
+    shown = {**{k: "{:.2e}" for k in ("g", "w", "u", "u_nominal")}, "log10 u": "{:+.2f}"}  # 3 significant digits
+    st.dataframe(frame.style.format(shown, na_rep="-")
                  .map(lambda v: "color: #d62728; font-weight: bold" if v else "", subset=["flag"]),
                  width="stretch", height=360, column_config={
                      "g": st.column_config.Column(help="|gradient| of the parameter at this step"),
