@@ -180,7 +180,7 @@ def per_layer_line(data: pd.DataFrame, y: str, color: str, title: str) -> alt.Ch
         tooltip=list(data.columns)).properties(height=220)
 
 
-MAP_SIZE = (560, 460)  # the embedding map's plot, in pixels: `app.labels` places its labels for this size
+MAP_SIZE = (500, 440)  # the embedding map's plot, in pixels (fits the page's right column at 1280 px): `app.labels` places its labels for this size
 
 
 def scatter_map(data: pd.DataFrame, title: str) -> alt.Chart:

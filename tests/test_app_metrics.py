@@ -86,7 +86,7 @@ def test_each_new_chart_carries_the_logged_values(start, run):
     at = start(run.name, "dynamics", roots=[run])
     logged = records(run)
     evals = [r for r in logged if "activations" in r]
-    for title, y, key in (("learning rate (as scheduled)", "lr", "lr"),
+    for title, y, key in (("learning rate (as scheduled)", "learning rate", "lr"),
                           ("gradient norm (before clipping)", "grad norm", "grad_norm"),
                           ("time per step", "step time (ms)", "step_time_ms"),
                           ("largest |logit| of the output", "max |logit|", "logit_max")):
@@ -163,7 +163,8 @@ def test_the_gwu_table_is_scientific_and_explains_u_nominal(start, run):
     for name in ("g", "w", "u", "u_nominal"):
         assert all(v == "-" or len(v.split("e")[0].replace("-", "")) == 4 for v in shown[name]), shown[name]
     assert "plain SGD" in json.loads(proto.columns)["u_nominal"]["help"]
-    assert any(s.value == f"g / w / u of {run.name} at step 20" for s in at.subheader)
+    assert any(s.value == f"g / w / u of {run.name}" for s in at.subheader)
+    assert any(m.value.startswith("At step **20**, group medians") for m in at.markdown)
 
 
 def test_embeddings_say_when_the_map_or_the_neighbours_show_little(start, run):

@@ -137,19 +137,19 @@ U_NOMINAL_HELP = ("lr · g / w: the update plain SGD would make (the series' for
 
 
 def table_at_step(label: str, history) -> None:
+    st.subheader(f"g / w / u of {label}")
     linked = linked_step(history.steps)
     if linked is not None:  # a finding's link: show its step (the widget then keeps the user's choice)
         st.session_state["gwu_step"] = linked
     step = st.select_slider("step", history.steps, key="gwu_step",
                             **({} if linked is not None else {"value": history.steps[-1]}))
-    st.subheader(f"g / w / u of {label} at step {step}")
     report = history.at(step)
     rows = [{"parameter": name, "group": report.group_of[name], "g": row["g"], "w": row["w"], "u": row["u"],
              "u_nominal": row["u_nominal"], "log10 u": row["log10_u"],
              "flag": ", ".join(report.flags.get(name, []))} for name, row in report.parameters.items()]
     groups = {g: info["median_log10_u"] for g, info in report.groups.items()}
     spread = "-" if report.spread is None else f"{report.spread:.2f}"
-    st.markdown("group medians (log10 u): " + ", ".join(
+    st.markdown(f"At step **{step}**, group medians (log10 u): " + ", ".join(
         f"{g} **{v:+.2f}**" for g, v in groups.items() if v is not None and g in GROUPS)
         + f"; spread **{spread}** orders of magnitude")
     frame = pd.DataFrame(rows)

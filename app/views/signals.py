@@ -40,7 +40,7 @@ def one_curve(records: list[dict[str, Any]], key: str, name: str, title: str, y:
 
 
 def optimiser(records, weight, log, draw, left, right) -> None:
-    lr = one_curve(records, "lr", "learning rate", "learning rate (as scheduled)", "lr", 0.0, False)
+    lr = one_curve(records, "lr", "learning rate", "learning rate (as scheduled)", "learning rate", 0.0, False)
     grad = one_curve(records, "grad_norm", "gradient norm", "gradient norm (before clipping)", "grad norm",
                      weight, log)
     for chart, where, what in ((lr, left, "learning rate"), (grad, right, "gradient norm")):
