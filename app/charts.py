@@ -86,14 +86,50 @@ def row_entropy_line(values: list[float], labels: list[str]) -> alt.Chart:
     return (line + uniform).properties(height=180, title="entropy of each query row (dashed: uniform)")
 
 
+def step_axis() -> alt.X:
+    """The x axis of every over-steps chart: whole steps only (no 2.5 between steps 2 and 3)."""
+    return alt.X("step:Q", title="step", axis=alt.Axis(format="d", tickMinStep=1))
+
+
+def legend(columns: int = 4) -> alt.Legend:
+    """A legend under the chart whose labels are never cut short."""
+    return alt.Legend(orient="bottom", title=None, columns=columns, labelLimit=0)
+
+
+def y_scale(log: bool = False, domain: list[float] | None = None) -> alt.Scale:
+    kwargs: dict[str, Any] = {"type": "log"} if log else {"zero": False}
+    return alt.Scale(**kwargs, **({"domain": domain} if domain is not None else {}))
+
+
 def lines_over_steps(data: pd.DataFrame, y: str, color: str, title: str, log: bool = False,
-                     height: int = 200) -> alt.Chart:
-    scale = alt.Scale(type="log") if log else alt.Scale(zero=False)
-    return alt.Chart(data, title=title).mark_line(point=len(data) < 80).encode(
-        x=alt.X("step:Q"), y=alt.Y(f"{y}:Q", scale=scale, title=y),
-        color=alt.Color(f"{color}:N", legend=alt.Legend(orient="bottom", title=None, columns=4)),
+                     height: int = 200, y_title: str | None = None,
+                     domain: list[float] | None = None) -> alt.Chart:
+    """One line per `color` over steps; `y_title` names the axis (default: the column),
+    `domain` fixes the y range (shared axes)."""
+    return alt.Chart(data, title=title).mark_line(point=len(data) < 80, clip=domain is not None).encode(
+        x=step_axis(), y=alt.Y(f"{y}:Q", scale=y_scale(log, domain), title=y_title or y),
+        color=alt.Color(f"{color}:N", legend=legend()),
         tooltip=list(data.columns),
     ).properties(height=height)
+
+
+def smoothed_over_steps(data: pd.DataFrame, y: str, color: str, title: str, log: bool = False,
+                        height: int = 200, y_title: str | None = None) -> alt.TopLevelMixin:
+    """`lines_over_steps`, and where `data` has a `smoothed` column (the EMA, `app.series.ema`)
+    that line in front with the raw values faint behind it, as TensorBoard draws them."""
+    if "smoothed" not in data.columns:
+        return lines_over_steps(data, y, color, title, log, height, y_title)
+    base = alt.Chart(data, title=title).encode(
+        x=step_axis(), color=alt.Color(f"{color}:N", legend=legend()), tooltip=list(data.columns))
+    raw = base.mark_line(opacity=0.25).encode(y=alt.Y(f"{y}:Q", scale=y_scale(log), title=y_title or y))
+    smooth = base.mark_line().encode(y=alt.Y("smoothed:Q", scale=y_scale(log), title=y_title or y))
+    return alt.layer(raw, smooth).properties(height=height)
+
+
+def level_rule(value: float, label: str) -> alt.Chart:
+    """A dashed horizontal line at `value` (the entropy of uniform attention), its label in the tooltip."""
+    return alt.Chart(pd.DataFrame({"level": [value], "what": [label]})).mark_rule(
+        strokeDash=[4, 4], color="gray").encode(y="level:Q", tooltip=["what", alt.Tooltip("level:Q", format=".3f")])
 
 
 def nan_marks(steps: list[int], title: str = "NaN") -> alt.Chart:
@@ -169,14 +205,27 @@ def per_layer_line(data: pd.DataFrame, y: str, color: str, title: str) -> alt.Ch
     return alt.layer(line, crosses, labels).properties(title=title, height=220)
 
 
+MAP_SIZE = (500, 440)  # the embedding map's plot, in pixels (fits the page's right column at 1280 px): `app.labels` places its labels for this size
+
+
 def scatter_map(data: pd.DataFrame, title: str) -> alt.Chart:
-    base = alt.Chart(data, title=title).encode(x=alt.X("x:Q", title="PC 1"), y=alt.Y("y:Q", title="PC 2"),
-                                               tooltip=["token", "id", "role", "cosine"])
+    """Points on the first two principal axes, coloured by role; labels where `data["side"]` says
+    ("right", "left" or None: `app.labels.place`, which keeps them apart and inside the plot)."""
+    from app.labels import GAP_PX, padded_domain
+
+    width, height = MAP_SIZE
+    base = alt.Chart(data, title=title).encode(
+        x=alt.X("x:Q", title="PC 1", scale=alt.Scale(domain=list(padded_domain(data["x"])), nice=False)),
+        y=alt.Y("y:Q", title="PC 2", scale=alt.Scale(domain=list(padded_domain(data["y"])), nice=False)),
+        tooltip=["token", "id", "role", "cosine"])
     points = base.mark_circle(size=60).encode(
         color=alt.Color("role:N", scale=alt.Scale(domain=["chosen", "neighbour", "other"],
                                                   range=["#d62728", "#ff7f0e", "#9aa5b1"])))
-    labels = base.mark_text(dx=7, align="left", fontSize=11).encode(text="token:N")
-    return (points + labels).properties(height=460).interactive()
+    right = base.mark_text(dx=GAP_PX, align="left", baseline="middle", fontSize=11, clip=True).encode(
+        text="token:N").transform_filter("datum.side == 'right'")
+    left = base.mark_text(dx=-GAP_PX, align="right", baseline="middle", fontSize=11, clip=True).encode(
+        text="token:N").transform_filter("datum.side == 'left'")
+    return (points + right + left).properties(width=width, height=height).interactive()
 
 
 NAN = "NaN"  # the column that says "NaN" in a non-finite cell ("" elsewhere)

@@ -116,6 +116,13 @@ def recorded_data(run: Path) -> str | None:
     return info.get("path") or None
 
 
+def trained_context(run: Path) -> int | None:
+    """The context length (n_ctx) a run trained with, from its run.json; None when it does not say."""
+    model = (read_run_json(run) or {}).get("model") or {} if is_run_dir(run) else {}
+    n_ctx = model.get("n_ctx") if isinstance(model, dict) else None
+    return n_ctx if isinstance(n_ctx, int) and n_ctx >= 2 else None
+
+
 def data_file(run: Path) -> Path | None:
     """The text file a run was trained on, if it is still where run.json says: as recorded, from
     the repository root, beside the run, or by name in the repository's data/."""
@@ -174,7 +181,11 @@ def lens(path: str, modified: float, text: str, k: int = 5, preset: str | None =
 def nearest(path: str, modified: float, token: str, k: int, table: str,
             preset: str | None = None) -> dict[str, Any]:
     snap = load(path, modified, preset)
-    return neighbours.run(snap.model, token, k=k, table=table, tokenizer=snap.tokenizer).to_dict()
+    result = neighbours.run(snap.model, token, k=k, table=table, tokenizer=snap.tokenizer).to_dict()
+    keys = neighbours.tables_for(snap.model, table)[1]  # what the neighbours were searched in
+    result["chance"] = {"cosine": neighbours.chance_cosine(keys.shape[0] - 1, keys.shape[1]),
+                        "keys": keys.shape[0] - 1, "dims": keys.shape[1]}
+    return result
 
 
 @st.cache_data(max_entries=16, show_spinner="Projecting the embedding table...")

@@ -28,8 +28,10 @@ if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on; --help and 
     neighbours_parser().parse_early()
 
 import logging
+import math
 import sys
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any, Sequence
 
 import torch
@@ -63,6 +65,17 @@ def analogy_vector(table: torch.Tensor, a: int, b: int, c: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- model tables and tokens
+
+def chance_cosine(n_keys: int, d: int, level: float = 0.95) -> float:
+    """The cosine that the nearest of `n_keys` random directions in `d` dimensions stays below with
+    probability `level`: random directions have cosines of about N(0, 1/d), so the largest of n is
+    below x with probability Phi(x sqrt(d)) ** n. A nearest neighbour below it is no closer than
+    chance (the normal approximation slightly overstates the tail: the level is conservative)."""
+    if n_keys < 1 or d < 1 or not 0.0 < level < 1.0:
+        raise ProbeInputError(f"chance_cosine needs n_keys >= 1, d >= 1 and 0 < level < 1, got "
+                              f"{n_keys}, {d}, {level}")
+    return NormalDist().inv_cdf(level ** (1.0 / n_keys)) / math.sqrt(d)
+
 
 def input_table(model: Any) -> torch.Tensor:
     """The input embedding [d_vocab d]: ours (`embedding.weight`) or a TransformerLens `W_E`."""

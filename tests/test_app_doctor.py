@@ -95,7 +95,9 @@ def test_the_loss_and_dynamics_charts_draw_one_rule_per_finding_step(start):
     at.switch_page("screens/dynamics.py").run()
     assert not at.exception, [e.value for e in at.exception]
     charts = at.get("vega_lite_chart")
-    assert len(charts) == 5  # entropy per head for 4 layers, then the u medians
+    # entropy per head for 4 layers, the u medians, then the training signals it logged: learning
+    # rate, gradient norm, step time, tokens per second, dead and saturated MLP shares
+    assert len(charts) == 11
     for chart in charts:
         rules = finding_rules(chart)
         assert rules is not None, "a dynamics chart without finding rules"

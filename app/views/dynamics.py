@@ -8,9 +8,10 @@ from datetime import timedelta
 import pandas as pd
 import streamlit as st
 
-from app import charts, data
-from app.views import doctor
+from app import charts, data, series
+from app.views import doctor, signals
 from app.views.common import Selection, page, show
+from probes.timeline import uniform_series_entropy
 from probes.update_report import GROUPS
 
 
@@ -36,35 +37,59 @@ def body(sel: Selection) -> None:
     st.caption("Dashed rules mark where the run doctor's findings start (red failed, orange warning, "
                "blue info; hover one for its code and title): see the Overview for the diagnosis.")
     marks = doctor.marks(sel.run)
-    entropy_over_steps(records, marks)
+    entropy_over_steps(records, marks, data.trained_context(sel.run.path))
     updates_over_steps(sel, marks)
+    signals.section(records, marks)
 
 
-def entropy_over_steps(records: list[dict], marks: pd.DataFrame) -> None:
-    st.subheader("Attention entropy per head")
+def entropy_rows(records: list[dict]) -> tuple[list[dict], list[tuple[int, int]]]:
+    """Rows {step, layer, head, entropy (nats)} (None where not finite), and (layer, step) of each NaN."""
     rows, bad = [], []
-    for r in records:
-        for layer, heads in (r.get("attn_entropy") or {}).items():
-            for h, value in enumerate(heads):
-                finite = isinstance(value, (int, float)) and math.isfinite(value)
-                rows.append({"step": r["step"], "layer": int(layer), "head": f"head {h}",
-                             "entropy (nats)": value if finite else None})
-                if not finite:
-                    bad.append((int(layer), r["step"]))
+    for r in series.per_layer(records, "attn_entropy"):
+        finite = math.isfinite(r["value"])
+        rows.append({"step": r["step"], "layer": int(r["layer"]), "head": f"head {r['head']}",
+                     "entropy (nats)": r["value"] if finite else None})
+        if not finite:
+            bad.append((int(r["layer"]), r["step"]))
+    return rows, bad
+
+
+def entropy_over_steps(records: list[dict], marks: pd.DataFrame, n_ctx: int | None) -> None:
+    st.subheader("Attention entropy per head")
+    rows, bad = entropy_rows(records)
     if not rows:
         st.info("This run logged no attention entropy (an MLP-family model has none).")
         return
-    frame = pd.DataFrame(rows)
+    uniform = None if n_ctx is None else uniform_series_entropy(n_ctx)
+    c1, c2 = st.columns(2)
+    norm = c1.toggle("divide by uniform attention's entropy (1 = uniform)", key="entropy_norm",
+                     disabled=uniform is None)
+    shared = c2.toggle("same y-axis for every layer", key="entropy_shared")
+    y = "entropy / uniform" if norm else "entropy (nats)"
+    frame = pd.DataFrame(series.normalised(rows, "entropy (nats)", uniform, y) if norm else rows)
+    level = 1.0 if norm else uniform
+    top = max([v for v in frame[y] if v is not None and math.isfinite(v)] + ([level] if level else []), default=1.0)
     layers = sorted(frame["layer"].unique())
     columns = st.columns(min(2, len(layers)))
     for i, layer in enumerate(layers):
-        chart = charts.lines_over_steps(frame[frame["layer"] == layer].drop(columns="layer"),
-                                        "entropy (nats)", "head", f"layer {layer}", height=180)
+        chart = charts.lines_over_steps(frame[frame["layer"] == layer].drop(columns="layer"), y, "head",
+                                        f"layer {layer}", height=180, domain=[0, top * 1.05] if shared else None)
+        if level is not None:
+            chart = chart + charts.level_rule(level, "uniform attention")
         nan_steps = sorted({step for l, step in bad if l == layer})
         if nan_steps:
             chart = chart + charts.nan_marks(nan_steps[:1], "first NaN")
         show(charts.with_findings(chart, marks), columns[i % len(columns)], stretch=True)
-    st.caption("A line falling to 0 is a head collapsing to one-hot; a red rule marks where values turned NaN.")
+    st.caption(entropy_caption(n_ctx, uniform))
+
+
+def entropy_caption(n_ctx: int | None, uniform: float | None) -> str:
+    text = "A line falling to 0 is a head collapsing to one-hot; a red rule marks where values turned NaN."
+    if uniform is None:
+        return text + " This run's run.json does not give its context length, so no uniform line."
+    return (text + f" Dashed grey: uniform attention over this run's {n_ctx} positions, ln({n_ctx}!)/{n_ctx} = "
+            f"{uniform:.3f} nats (the logged entropy averages every query row, row i seeing i + 1 keys, so "
+            f"uniform is the mean of ln(k) over the rows, not ln({n_ctx}) = {math.log(n_ctx):.3f}).")
 
 
 def updates_over_steps(sel: Selection, marks: pd.DataFrame) -> None:
@@ -81,21 +106,38 @@ def updates_over_steps(sel: Selection, marks: pd.DataFrame) -> None:
         chosen = st.multiselect("parameters", names, default=names[:4], key="params")
         frame = frame[frame["name"].isin(chosen)].rename(columns={"name": "parameter"})
         frame = frame[frame["u"].notna() & (frame["u"] > 0)][["step", "parameter", "group", "u", "g", "w"]]
-        chart = charts.lines_over_steps(frame, "u", "parameter", "u per parameter", log=True, height=300)
+        chart = charts.lines_over_steps(frame, "u", "parameter", "u per parameter", log=True, height=300,
+                                        y_title="u = |Δw| / |w|")
     else:
         frame = pd.DataFrame([{"step": r["step"], "group": r["group"], "u (median)": 10 ** r["median_log10_u"]}
                               for r in history.group_records() if r["median_log10_u"] is not None])
         chart = charts.lines_over_steps(frame, "u (median)", "group", "median u per parameter group",
-                                        log=True, height=300)
+                                        log=True, height=300, y_title="median u = |Δw| / |w|")
     lo, hi = (10 ** b for b in history.latest.band)
     show(charts.with_findings(charts.band_layer(lo, hi) + chart, marks), stretch=True)
-    st.caption("Shaded: the healthy band; dashed: makemore's target 1e-3. Under SGD the series saw "
-               "attention Q/K far below the MLP; Adam closes the gap.")
-    table_at_step(history)
+    st.caption(updates_caption(sel.run.label, history.latest, lo, hi))
+    table_at_step(sel.run.label, history)
 
 
-def table_at_step(history) -> None:
-    st.subheader("The series' g / w / u table")
+def updates_caption(label: str, report, lo: float, hi: float) -> str:
+    """What the u chart shows for this run: the band, and its slowest and fastest groups at the last step."""
+    text = f"Shaded: the band {lo:.0e}..{hi:.0e}; dashed: makemore's target 1e-3."
+    medians = {g: info["median_log10_u"] for g, info in report.groups.items()
+               if info["median_log10_u"] is not None and g in GROUPS}
+    if len(medians) < 2:
+        return text
+    slow, fast = min(medians, key=medians.get), max(medians, key=medians.get)
+    return (text + f" At step {report.step}, {label}'s slowest group is {slow} (median u "
+            f"{10 ** medians[slow]:.2e}) and its fastest {fast} ({10 ** medians[fast]:.2e}), "
+            f"{report.spread:.1f} orders of magnitude apart.")
+
+
+U_NOMINAL_HELP = ("lr · g / w: the update plain SGD would make (the series' formula). It equals u only "
+                  "for SGD without momentum; under Adam or momentum u (measured from the weights) is the truth.")
+
+
+def table_at_step(label: str, history) -> None:
+    st.subheader(f"g / w / u of {label}")
     linked = linked_step(history.steps)
     if linked is not None:  # a finding's link: show its step (the widget then keeps the user's choice)
         st.session_state["gwu_step"] = linked
@@ -107,14 +149,19 @@ def table_at_step(history) -> None:
              "flag": ", ".join(report.flags.get(name, []))} for name, row in report.parameters.items()]
     groups = {g: info["median_log10_u"] for g, info in report.groups.items()}
     spread = "-" if report.spread is None else f"{report.spread:.2f}"
-    st.markdown("group medians (log10 u): " + ", ".join(
+    st.markdown(f"At step **{step}**, group medians (log10 u): " + ", ".join(
         f"{g} **{v:+.2f}**" for g, v in groups.items() if v is not None and g in GROUPS)
         + f"; spread **{spread}** orders of magnitude")
     frame = pd.DataFrame(rows)
-    st.dataframe(frame.style.format({k: "{:.1e}" for k in ("g", "w", "u", "u_nominal")}, na_rep="-")
-                 .format({"log10 u": "{:+.2f}"}, na_rep="-")
+    # one format call: a second one would reset the first's columns to pandas' default
+    shown = {**{k: "{:.2e}" for k in ("g", "w", "u", "u_nominal")}, "log10 u": "{:+.2f}"}  # 3 significant digits
+    st.dataframe(frame.style.format(shown, na_rep="-")
                  .map(lambda v: "color: #d62728; font-weight: bold" if v else "", subset=["flag"]),
-                 width="stretch", height=360)
+                 width="stretch", height=360, column_config={
+                     "g": st.column_config.Column(help="|gradient| of the parameter at this step"),
+                     "w": st.column_config.Column(help="|w|, the parameter's norm"),
+                     "u": st.column_config.Column(help="|Δw| / |w|: the update this step made, measured"),
+                     "u_nominal": st.column_config.Column(help=U_NOMINAL_HELP)})
 
 
 def linked_step(steps: list[int]) -> int | None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import charts, data
+from app import charts, data, labels
 from app.views.common import Selection, page, show
 
 TABLES = {"input": "input embedding", "output": "unembedding", "cross": "input → output"}
+LOW_VARIANCE = 0.2  # under this share of the variance, the 2-D map is said to show little
 
 
 @page("Embeddings", "Which tokens does the model treat alike?")
@@ -27,6 +28,7 @@ def render(sel: Selection) -> None:
     left.dataframe(pd.DataFrame(rows), width="stretch", hide_index=True)
     if "self_cosine" in result:
         left.caption(f"cosine of the token's own input and output vectors: {result['self_cosine']:.3f}")
+    chance_note(result, left)
     projected = data.embedding_map(*sel.key[:2], "output" if table == "output" else "input", sel.run.preset)
     chosen = result["query"].get("id") if isinstance(result.get("query"), dict) else None
     near = {n["id"]: n["cosine"] for n in result["neighbours"]}
@@ -35,6 +37,38 @@ def render(sel: Selection) -> None:
                           "id": list(range(len(projected["x"])))})
     frame["role"] = ["chosen" if i == chosen else "neighbour" if i in near else "other" for i in frame["id"]]
     frame["cosine"] = [near.get(i) for i in frame["id"]]
+    order = ([chosen] if chosen is not None and chosen < len(frame) else []) + \
+        sorted((i for i in near if i < len(frame)), key=lambda i: -near[i]) + \
+        [i for i in frame["id"] if i != chosen and i not in near]
+    frame["side"] = labels.place(frame["x"], frame["y"], frame["token"], order, *charts.MAP_SIZE)
     explained = projected["explained"]
-    show(charts.scatter_map(frame, f"PCA of the {TABLES.get(table, table)} table "
-                                                 f"({explained[0]:.0%} + {explained[1]:.0%} of the variance)"), right, stretch=True)
+    name = TABLES.get(table, table) if table != "cross" else TABLES["input"]
+    show(charts.scatter_map(frame, f"PCA of the {name} table "
+                                   f"({explained[0]:.0%} + {explained[1]:.0%} of the variance)"), right)
+    pca_note(explained, frame, right)
+
+
+def chance_note(result: dict, where) -> None:
+    """Whether the nearest neighbour is closer than random directions would be (`neighbours.chance_cosine`)."""
+    chance, found = result.get("chance"), result["neighbours"]
+    if not chance or not found:
+        return
+    top = found[0]["cosine"]
+    line = (f"the nearest of {chance['keys']} random directions in {chance['dims']} dimensions has a cosine "
+            f"below {chance['cosine']:.2f} 19 times in 20")
+    if top < chance["cosine"]:
+        where.warning(f"Near chance: the nearest neighbour's cosine {top:.2f} is no higher than random "
+                      f"vectors give ({line}); these neighbours say little about this token.")
+    else:
+        where.caption(f"Chance level: {line}.")
+
+
+def pca_note(explained: list[float], frame: pd.DataFrame, where) -> None:
+    shown = sum(explained[:2])
+    if shown < LOW_VARIANCE:
+        where.warning(f"The two components explain only {shown:.0%} of the variance: tokens close on this "
+                      "map need not be close in the table (trust the neighbour table).")
+    hidden = int(frame["side"].isna().sum())
+    if hidden:
+        where.caption(f"{hidden} of {len(frame)} labels left off where they would overlap or cross the edge "
+                      "(hover a point for its token; zoom with the mouse wheel).")

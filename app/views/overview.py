@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
-from app import charts, data
+from app import charts, data, series
 from app.views import doctor
+from app.views.controls import curve_controls, smoothed_frame
 from app.views.common import Selection, first_line, page, show
 
 
@@ -34,19 +34,20 @@ def render(sel: Selection) -> None:
 
 def curves(sel: Selection) -> None:
     records = data.metrics(sel.run.path)
-    rows = [{"step": r["step"], "curve": name, "value": r.get(key)}
-            for r in records for name, key in (("train loss", "train_loss"), ("val loss", "val_loss"))
-            if isinstance(r.get(key), (int, float))]
-    if not rows:
+    losses = series.rows(records, {"train loss": "train_loss", "val loss": "val_loss"}, "loss")
+    if not losses:
         st.info("This run logged no losses yet.")
         return
+    log, weight = curve_controls("loss")
     left, right = st.columns(2)
-    loss = charts.lines_over_steps(pd.DataFrame(rows), "value", "curve", "loss (nats per token)")
+    loss = charts.smoothed_over_steps(smoothed_frame(losses, "loss", "curve", weight), "loss", "curve",
+                                      "loss", log=log, y_title="loss (nats per token)")
     show(charts.with_findings(loss, doctor.marks(sel.run)), left, stretch=True)
-    bpc = pd.DataFrame([{"step": r["step"], "curve": "val BPC", "BPC": r["bpc"]}
-                        for r in records if isinstance(r.get("bpc"), (int, float))])
-    if len(bpc):
-        show(charts.lines_over_steps(bpc, "BPC", "curve", "bits per character"), right, stretch=True)
+    bpc = series.rows(records, {"val BPC": "bpc"}, "BPC")
+    if bpc:
+        show(charts.smoothed_over_steps(smoothed_frame(bpc, "BPC", "curve", weight), "BPC", "curve",
+                                        "bits per character", log=log, y_title="BPC (bits per character)"),
+             right, stretch=True)
     diverged = [r for r in records if r.get("diverged")]
     if diverged:
         d = diverged[0]["diverged"]

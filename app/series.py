@@ -1,0 +1,112 @@
+"""What the app draws from a run's metrics.jsonl, as plain rows: pure functions, no Streamlit.
+
+Every value is the logged one (null, NaN and inf read as NaN, drawn as a gap); the only
+derived numbers are tokens per second (tokens between two records over the time those steps
+took) and the EMA the charts draw in front of the raw line. Records are taken in step order,
+a record redone after a resume replacing the old one (as the run doctor reads them).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+from probes.run_history import as_float
+from probes.signals import layer_values
+
+NAN = float("nan")
+
+
+def by_step(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Records sorted by step, the last record of a step kept (a resumed run redoes some)."""
+    kept = {r["step"]: r for r in records if isinstance(r.get("step"), int)}
+    return [kept[s] for s in sorted(kept)]
+
+
+def scalar(records: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+    """(step, value) of every record that logged `key` (NaN where it logged null)."""
+    return [(r["step"], as_float(r[key])) for r in by_step(records) if key in r]
+
+
+def logged(records: list[dict[str, Any]], key: str) -> bool:
+    return any(key in r for r in records)
+
+
+def rows(records: list[dict[str, Any]], curves: dict[str, str], y: str, color: str = "curve") -> list[dict]:
+    """Long rows {step, color: name, y: value} for each (name -> metrics key) in `curves`."""
+    return [{"step": step, color: name, y: value}
+            for name, key in curves.items() for step, value in scalar(records, key)]
+
+
+def tokens_per_second(records: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(step, tokens/s) for each record after the first: the tokens trained since the previous
+    record over the time those steps took, step_time_ms being the mean wall time per step since
+    the previous record (evals and saves excluded). NaN where a value is missing or not positive."""
+    out = []
+    ordered = by_step(records)
+    for prev, cur in zip(ordered, ordered[1:]):
+        tokens = as_float(cur.get("tokens")) - as_float(prev.get("tokens"))
+        seconds = as_float(cur.get("step_time_ms")) / 1000 * (cur["step"] - prev["step"])
+        out.append((cur["step"], tokens / seconds if seconds > 0 and tokens >= 0 else NAN))
+    return out
+
+
+def per_layer(records: list[dict[str, Any]], key: str, field: str | None = None) -> list[dict]:
+    """Rows {step, layer, head, value} of a per-layer field: `{layer: x}`, `{layer: [per head]}`
+    (attn_logit_max, resid_rms, attn_entropy) or, with `field`, `{layer: {field: x}}` (activations'
+    dead / saturated). `head` is None for one value per layer."""
+    out = []
+    for r in by_step(records):
+        raw = r.get(key)
+        if not isinstance(raw, dict):
+            continue
+        if field is not None:
+            raw = {layer: (v.get(field) if isinstance(v, dict) else None) for layer, v in raw.items()}
+        for layer, values in layer_values(raw).items():
+            single = not isinstance(raw[layer], list)
+            out += [{"step": r["step"], "layer": layer, "head": None if single else h, "value": v}
+                    for h, v in enumerate(values)]
+    return out
+
+
+def layer_name(hook: str) -> str:
+    """A short legend name for an activation hook: blocks.0.mlp.hook_post_1 -> 'block 0 post_1'."""
+    parts = hook.split(".")
+    name = parts[-1].removeprefix("hook_")
+    return f"block {parts[1]} {name}" if len(parts) > 2 and parts[0] == "blocks" else name
+
+
+def ema(values: list[float], weight: float) -> list[float]:
+    """TensorBoard's debiased exponential moving average (its scalar dashboard's smoothing):
+    last = weight * last + (1 - weight) * x from last = 0, shown as last / (1 - weight ** n) after
+    the n-th finite value; a non-finite value is passed through and skipped, and a constant
+    series is left as it is. weight 0 returns the values."""
+    if not 0.0 <= weight < 1.0:
+        raise ValueError(f"the smoothing weight must be in [0, 1), got {weight}")
+    finite = [v for v in values if math.isfinite(v)]
+    if weight == 0.0 or (finite and all(v == finite[0] for v in finite) and len(finite) == len(values)):
+        return list(values)
+    out, last, n = [], 0.0, 0
+    for v in values:
+        if not math.isfinite(v):
+            out.append(v)
+            continue
+        last = weight * last + (1 - weight) * v
+        n += 1
+        out.append(last / (1 - weight ** n))
+    return out
+
+
+def smoothed(frame_rows: list[dict], y: str, color: str, weight: float) -> list[dict]:
+    """The rows with `smoothed` added: the EMA of `y` over steps within each `color` series."""
+    out = [dict(r) for r in sorted(frame_rows, key=lambda r: (str(r[color]), r["step"]))]
+    for name in dict.fromkeys(r[color] for r in out):
+        series = [r for r in out if r[color] == name]
+        for r, s in zip(series, ema([as_float(r[y]) for r in series], weight)):
+            r["smoothed"] = s
+    return out
+
+
+def normalised(frame_rows: list[dict], y: str, by: float, to: str) -> list[dict]:
+    """The rows with column `to` = `y` / `by` (entropy over that of uniform attention); None stays None."""
+    return [{**r, to: None if r[y] is None else as_float(r[y]) / by} for r in frame_rows]

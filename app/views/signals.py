@@ -1,0 +1,102 @@
+"""Training dynamics, part two: every other signal training logs, drawn as logged.
+
+Learning rate, gradient norm, step time and tokens per second, dead / saturated share per MLP
+layer, and (runs trained since the run doctor logs them) the largest attention logit per head,
+the residual stream's rms per layer and the largest |logit|. Rows come from `app.series`; a
+signal this run did not log is said so in a caption instead of an empty chart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from app import charts, series
+from app.views.common import show
+from app.views.controls import curve_controls, smoothed_frame
+
+NOT_LOGGED = "not logged by this run (it was trained before training logged it)"
+
+
+def section(records: list[dict[str, Any]], marks: pd.DataFrame) -> None:
+    st.subheader("Training signals")
+    log, weight = curve_controls("signals")
+    left, right = st.columns(2)
+    draw = lambda chart, where: show(charts.with_findings(chart, marks), where, stretch=True)  # noqa: E731
+    optimiser(records, weight, log, draw, left, right)
+    throughput(records, weight, log, draw, left, right)
+    mlp_health(records, draw, left, right)
+    growth(records, draw)
+
+
+def one_curve(records: list[dict[str, Any]], key: str, name: str, title: str, y: str, weight: float,
+              log: bool) -> Any | None:
+    rows = series.rows(records, {name: key}, y)
+    if not rows:
+        return None
+    return charts.smoothed_over_steps(smoothed_frame(rows, y, "curve", weight), y, "curve", title, log=log)
+
+
+def optimiser(records, weight, log, draw, left, right) -> None:
+    lr = one_curve(records, "lr", "learning rate", "learning rate (as scheduled)", "learning rate", 0.0, False)
+    grad = one_curve(records, "grad_norm", "gradient norm", "gradient norm (before clipping)", "grad norm",
+                     weight, log)
+    for chart, where, what in ((lr, left, "learning rate"), (grad, right, "gradient norm")):
+        if chart is None:
+            where.caption(f"{what}: {NOT_LOGGED}")
+        else:
+            draw(chart, where)
+
+
+def throughput(records, weight, log, draw, left, right) -> None:
+    time = one_curve(records, "step_time_ms", "step time", "time per step", "step time (ms)", weight, log)
+    rate = [{"step": s, "curve": "tokens per second", "tokens/s": v} for s, v in series.tokens_per_second(records)]
+    if time is None or not rate:
+        left.caption(f"step time: {NOT_LOGGED}")
+        return
+    draw(time, left)
+    draw(charts.smoothed_over_steps(smoothed_frame(rate, "tokens/s", "curve", weight), "tokens/s", "curve",
+                                    "tokens per second", log=log), right)
+    st.caption("Step time is the wall time per step since the previous record (evals and saves left out); "
+               "tokens per second = tokens trained between two records / (step time × steps between).")
+
+
+def mlp_health(records, draw, left, right) -> None:
+    if not series.logged(records, "activations"):
+        st.caption(f"Dead and saturated MLP units: {NOT_LOGGED}")
+        return
+    for where, field in ((left, "dead"), (right, "saturated")):
+        rows = [{"step": r["step"], "layer": series.layer_name(r["layer"]), f"{field} share": r["value"]}
+                for r in series.per_layer(records, "activations", field)]
+        what = "units" if field == "dead" else "activations"
+        draw(charts.lines_over_steps(pd.DataFrame(rows), f"{field} share", "layer", f"{field} MLP {what}",
+                                     domain=[0, 1], y_title=f"share of {what}"), where)
+    st.caption("Per MLP layer, on the first validation batch at each eval (`probes.activations`): dead = the "
+               "share of units never active over the batch; saturated = the share of activations in the flat "
+               "part of the non-linearity (|tanh| > 0.97, GELU input below -3, ReLU output 0).")
+
+
+def growth(records, draw) -> None:
+    """The run doctor's logit-growth inputs: max attention logit per head, residual rms, max |logit|."""
+    heads = [{"step": r["step"], "head": f"L{r['layer']}H{r['head']}", "max attention logit": r["value"]}
+             for r in series.per_layer(records, "attn_logit_max")]
+    positive = [r for r in heads if r["max attention logit"] > 0]  # a log axis has no room for <= 0
+    rms = [{"step": r["step"], "layer": f"layer {r['layer']}", "residual rms": r["value"]}
+           for r in series.per_layer(records, "resid_rms")]
+    logit = series.rows(records, {"max |logit|": "logit_max"}, "max |logit|")
+    left, mid, right = st.columns(3)
+    if positive:
+        draw(charts.lines_over_steps(pd.DataFrame(positive), "max attention logit", "head",
+                                     "largest attention score per head", log=True), left)
+        if len(positive) < len(heads):
+            left.caption(f"{len(heads) - len(positive)} values at or below 0 are left off the log axis.")
+    else:
+        left.caption(f"Largest attention score per head: {NOT_LOGGED if not heads else 'none above 0'}")
+    for rows, where, y, color, title in ((rms, mid, "residual rms", "layer", "residual stream rms per layer"),
+                                         (logit, right, "max |logit|", "curve", "largest |logit| of the output")):
+        if rows:
+            draw(charts.lines_over_steps(pd.DataFrame(rows), y, color, title, log=True), where)
+        else:
+            where.caption(f"{title[0].upper() + title[1:]}: {NOT_LOGGED}")
