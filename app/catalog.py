@@ -17,9 +17,10 @@ from typing import Any
 import streamlit as st
 
 from app import data
-from models.checkpoint import (MODEL_FILE, is_run_dir, is_snapshot_dir, list_snapshots, read_json_object,
-                               read_metrics, read_run_json)
-from models.series_ckpt import SERIES_SUFFIXES
+from models.store.files import read_json_object
+from models.store.run import is_run_dir, is_snapshot_dir, list_snapshots, read_metrics, read_run_json
+from models.store.series import SERIES_SUFFIXES
+from models.store.snapshot import MODEL_FILE
 
 
 def base_name(path: Path) -> str:
