@@ -215,7 +215,7 @@ def tuned_lens_parser() -> Parser:
                         help="the translators' .safetensors file (default: beside the snapshot)")
     parser.add_argument("--batch-size", type=number_type(int, low=1, high=MAX_BATCH, noun="batch size"),
                         default=16, metavar="N", help="windows per training step and per evaluation pass")
-    parser.add_argument("--lr", type=POSITIVE_FLOAT, default=1e-3, help="Adam's learning rate (decayed linearly to 0)")
+    parser.add_argument("--lr", type=POSITIVE_FLOAT, default=3e-3, help="Adam's learning rate (decayed linearly to 0)")
     parser.add_argument("--seed", type=int, default=0, metavar="N",
                         help="seed for the training windows (evaluation windows use seed + 1)")
     parser.add_argument("--samples", type=POSITIVE_INT, default=64, metavar="N",

@@ -125,7 +125,7 @@ def training_batches(ids: torch.Tensor, n_ctx: int, batch_size: int, seed: int =
         yield ids[starts[:, None] + offsets[None, :]]
 
 
-def fit(lens: TunedLens, batches: Iterator[torch.Tensor], steps: int, lr: float = 1e-3,
+def fit(lens: TunedLens, batches: Iterator[torch.Tensor], steps: int, lr: float = 3e-3,
         progress: bool | None = None) -> list[float]:
     """Train the translators for `steps` batches with Adam (lr decayed linearly to zero); the
     model is frozen and in eval mode, restored afterwards. Returns the loss of each step."""
@@ -223,7 +223,7 @@ def load(snap: Any, path: str | Path | None = None) -> TunedLens:
     return lens
 
 
-def train_and_save(snap: Any, corpus: Corpus, steps: int, *, batch_size: int = 16, lr: float = 1e-3,
+def train_and_save(snap: Any, corpus: Corpus, steps: int, *, batch_size: int = 16, lr: float = 3e-3,
                    seed: int = 0, progress: bool | None = None, path: str | Path | None = None) -> TunedLens:
     """Train translators for the snapshot on the corpus's training split and save them beside it
     (or at `path`); the lens carries its record as `.meta`."""
