@@ -8,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, data
+from app.views import tuned
 from app.views.common import Selection, has_attention, page, show
 
 MEASURES = ["top-1 probability", "KL to final (nats)", "rank of the true next token"]
@@ -25,6 +26,7 @@ def render(sel: Selection) -> None:
     show(charts.lens_grid(lens_cells(result), measure, "top-1 token per layer and position"))
     kl = pd.DataFrame({"layer": result["layers"], "KL(final || layer)": result["kl_to_final"], "run": "this"})
     show(charts.per_layer_line(kl, "KL(final || layer)", "run", "KL to the final layer, per layer"), stretch=True)
+    tuned.render_tuned(sel, result, measure)
 
 
 def lens_cells(result: dict) -> pd.DataFrame:
