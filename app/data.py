@@ -234,3 +234,30 @@ def is_training(run: Path, within_s: float = 120.0) -> bool:
 
     return run.is_dir() and (time.time() - metrics_mtime(run)) < within_s and \
         os.path.exists(run / ".train.lock")
+
+
+# --------------------------------------------------------------------------- tuned lens
+
+
+def tuned_lens_mtime(snapshot_path: Path) -> float | None:
+    """Modification time of the snapshot's tuned lens (cache key), or None when it has none."""
+    from probes.tuned_lens_file import lens_paths
+
+    files = lens_paths(snapshot_path)
+    return max(p.stat().st_mtime for p in files) if all(p.is_file() for p in files) else None
+
+
+@st.cache_data(max_entries=64, show_spinner="Running the tuned lens...")
+def tuned(path: str, modified: float, lens_modified: float, text: str, k: int = 5,
+          preset: str | None = None) -> dict[str, Any]:
+    """The tuned lens saved beside the snapshot, on the text: the logit lens's fields plus the
+    translators' training record; raises ProbeInputError (one line) for a lens of another model."""
+    from probes import tuned_lens
+
+    snap = load(path, modified, preset)
+    lens = tuned_lens.load(snap)
+    data = logit_lens.run(snap.model, encode(snap, text), k=k, tokenizer=snap.tokenizer, lens=lens).to_dict()
+    out = {key: data[key] for key in ("layers", "pieces", "kl_to_final", "kl_to_final_per_position",
+                                      "target_rank_per_position", "top_k", "cross_entropy")}
+    out["trained"] = {key: lens.meta.get(key) for key in ("steps", "batch_size", "seed", "data")}
+    return out

@@ -1,5 +1,5 @@
 """Probes: one module per diagnostic (attention entropy, degenerate attention, logit lens,
-embedding neighbours, g/w/u update ratios).
+embedding neighbours, g/w/u update ratios, tuned lens, ...).
 
 Each module has pure tensor functions, a model-level ``run(model, tokens, **options)``
 runner and a ``main(argv=None)`` CLI for ``python -m probes.<name>``; see DESIGN.md.

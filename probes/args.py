@@ -194,3 +194,33 @@ def diagnose_parser() -> Parser:
                         help="exit 1 when a finding is at least this severe (for scripts and CI)")
     add_json_argument(parser)
     return parser
+
+
+def tuned_lens_parser() -> Parser:
+    gpt = "checkpoints/shakespeare_gpt"
+    parser = probe_parser(
+        "tuned_lens", "Tuned lens (Belrose et al. 2023): train an affine translator per layer that "
+        "maps the residual stream to the final layer's distribution (identity-initialised, KL to "
+        "the final layer, on the run's own text), saved beside the snapshot as "
+        "<snapshot>.tuned_lens.safetensors + .json; or read one with --eval. Either way, prints "
+        "KL(final||layer) and cross-entropy per layer for the logit lens and the tuned lens on "
+        "random windows of the validation split.",
+        f"--ckpt {gpt} --data {DATA} --steps 500", f"--ckpt {gpt} --eval --json")
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--steps", type=POSITIVE_INT, metavar="N", help="train the translators for N batches")
+    mode.add_argument("--eval", action="store_true", help="read the saved tuned lens instead of training")
+    parser.add_argument("--data", type=Path, metavar="PATH",
+                        help="the text to train and evaluate on (default: the data the run's run.json records)")
+    parser.add_argument("--lens", type=Path, metavar="PATH",
+                        help="the translators' .safetensors file (default: beside the snapshot)")
+    parser.add_argument("--batch-size", type=number_type(int, low=1, high=MAX_BATCH, noun="batch size"),
+                        default=16, metavar="N", help="windows per training step and per evaluation pass")
+    parser.add_argument("--lr", type=POSITIVE_FLOAT, default=3e-3, help="Adam's learning rate (decayed linearly to 0)")
+    parser.add_argument("--seed", type=int, default=0, metavar="N",
+                        help="seed for the training windows (evaluation windows use seed + 1)")
+    parser.add_argument("--samples", type=POSITIVE_INT, default=64, metavar="N",
+                        help="validation windows to evaluate on")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="show a progress bar over training steps (default: on a terminal)")
+    add_json_argument(parser)
+    return parser

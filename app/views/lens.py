@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, data
+from app.views import tuned
 from app.views.common import Selection, has_attention, page, show
 
 NOT_FINITE = "(NaN)"  # the probe's mark for a position without a top token
@@ -36,6 +37,7 @@ def render(sel: Selection) -> None:
                    "layer's distribution is not finite, so there is nothing to measure against.")
     kl = pd.DataFrame({"layer": result["layers"], "KL(final || layer)": result["kl_to_final"], "run": "this"})
     show(charts.per_layer_line(kl, "KL(final || layer)", "run", "KL to the final layer, per layer"), stretch=True)
+    tuned.render_tuned(sel, result, measure)
 
 
 def lens_cells(result: dict) -> pd.DataFrame:
