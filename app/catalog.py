@@ -71,8 +71,11 @@ def typed(text: str, preset: str | None) -> list[data.Source]:
     if is_run_dir(path) or is_snapshot_dir(path) or (path / MODEL_FILE).is_file() or (path / "ckpt.pt").is_file():
         return [data.Source(path)]
     if path.is_file() and path.suffix in SERIES_SUFFIXES:
-        # a nanoGPT ckpt.pt carries its config; a series state dict needs the preset (the
-        # loader says so in the page when it is missing)
+        # nanoGPT names its checkpoints ckpt.pt (ckpt_500.pt when saved per step) and they carry
+        # their config; any other state dict needs the preset of the model it belongs to
+        if not preset and not path.name.startswith("ckpt"):
+            raise ValueError(f"{path.name} is a series state dict: type its preset below to open it "
+                             "(a nanoGPT ckpt.pt needs none)")
         return [data.Source(path, preset)]
     runs = [data.Source(p) for p in sorted(path.iterdir()) if is_run_dir(p)] if path.is_dir() else []
     if runs:

@@ -90,5 +90,6 @@ def test_another_architecture_is_an_error_box(roots, monkeypatch, tmp_path):
     (tmp_path / "llama" / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (tmp_path / "llama" / "model.safetensors").write_bytes(b"")
     at = start(runs, monkeypatch, typed=str(tmp_path / "llama"))
+    at.switch_page("screens/overview.py").run()  # the app opens on its landing view
     assert not at.exception
     assert any("is not a GPT-2 model" in e.value for e in at.error), [e.value for e in at.error]

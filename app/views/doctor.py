@@ -28,6 +28,10 @@ def section(sel: Selection) -> None:
     if not sel.run.is_run:
         st.info("The run doctor reads a run directory (its metrics.jsonl): open a run to see its diagnosis.")
         return
+    if not (sel.run.path / "metrics.jsonl").is_file():
+        st.info("This run has no metrics.jsonl (a folder of checkpoints from another trainer, say): "
+                "the run doctor reads what `python -m train` logs, so it has nothing to diagnose here.")
+        return
     try:
         diagnosis = data.diagnosis(sel.run.path)
     except Exception as exc:  # noqa: BLE001 - unusable metrics: one line here, the page goes on
