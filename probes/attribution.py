@@ -178,6 +178,7 @@ def run(model: Any, tokens: torch.Tensor | str, *, position: int = -1, target: i
             b_O = torch.stack([block.attn.b_O for block in model.blocks]).float()  # [layer d_model]
             W_U = model.W_U.detach().float()  # [d_model d_vocab]
             b_U = getattr(model, "b_U", None)
+            b_U = None if b_U is None else b_U.detach().float()  # [d_vocab]
     finally:
         model.train(was_training)
 
