@@ -215,3 +215,29 @@ def is_training(run: Path, within_s: float = 120.0) -> bool:
 
     return run.is_dir() and (time.time() - metrics_mtime(run)) < within_s and \
         os.path.exists(run / ".train.lock")
+
+
+# --------------------------------------------------------------------------- head types, attribution (issue 21)
+
+@st.cache_data(max_entries=64, show_spinner="Scoring head types...")
+def head_types(path: str, modified: float, text: str, preset: str | None = None) -> dict[str, Any]:
+    """probes.heads on the text, plus Olsson et al.'s induction score on random repeats (seed 0)."""
+    from probes import heads
+    snap = load(path, modified, preset)
+    on_text = heads.run(snap.model, encode(snap, text))
+    repeat = heads.run_repeat(snap.model, samples=8, seed=0, copying=False)
+    scores = dict(on_text.scores)
+    scores["induction_repeat"] = repeat.induction_repeat
+    if on_text.copying is not None:
+        scores["copying"] = on_text.copying
+    return {"scores": scores, "repeat_length": repeat.repeat_length}
+
+
+@st.cache_data(max_entries=64, show_spinner="Attributing the logit...")
+def attribution(path: str, modified: float, text: str, position: int, target: str | None,
+                versus: str | None, preset: str | None = None) -> dict[str, Any]:
+    """probes.attribution at one position of the text's first window."""
+    from probes import attribution as direct
+    snap = load(path, modified, preset)
+    return direct.run(snap.model, encode(snap, text), position=position, target=target or None,
+                      versus=versus or None, tokenizer=snap.tokenizer).to_dict()

@@ -25,6 +25,7 @@ def render(sel: Selection) -> None:
     show(charts.lens_grid(lens_cells(result), measure, "top-1 token per layer and position"))
     kl = pd.DataFrame({"layer": result["layers"], "KL(final || layer)": result["kl_to_final"], "run": "this"})
     show(charts.per_layer_line(kl, "KL(final || layer)", "run", "KL to the final layer, per layer"), stretch=True)
+    _attribution(sel, snap)
 
 
 def lens_cells(result: dict) -> pd.DataFrame:
@@ -40,3 +41,8 @@ def lens_cells(result: dict) -> pd.DataFrame:
                          "top-k": json.dumps([(t["piece"], round(t["prob"], 3)) for t in top],
                                              ensure_ascii=False)})
     return pd.DataFrame(rows)
+
+
+def _attribution(sel: Selection, snap: object) -> None:  # issue 21: the attribution view
+    from app.views import attribution
+    attribution.render(sel, snap)
