@@ -254,3 +254,53 @@ def _ok(value: Any) -> bool:
 
 def _finite(value: Any) -> Any:
     return value if not isinstance(value, float) or math.isfinite(value) else None
+
+
+# ---------------------------------------------------------------- head types and attribution (issue 21)
+
+def head_types_grid(scores: dict[str, list[list[float]]], shown: str, title: str = "") -> alt.Chart:
+    """Layer x head cells coloured by the chosen head-type score (0..1), its value written in each;
+    the tooltip carries every type's score."""
+    rows = []
+    for layer, values in enumerate(scores[shown]):
+        for h, value in enumerate(values):
+            row = {"layer": layer, "head": h, "score": _finite(value),
+                   "text": f"{value:.2f}" if _ok(value) else "-"}
+            row.update({name: _finite(grid[layer][h]) for name, grid in scores.items()})
+            rows.append(row)
+    data = pd.DataFrame(rows)
+    base = alt.Chart(data, title=title).encode(x=alt.X("head:O", title="head"), y=alt.Y("layer:O", title="layer"))
+    cells = base.mark_rect(stroke="white").encode(
+        color=alt.Color("score:Q", scale=alt.Scale(scheme="blues", domain=[0, 1]),
+                        legend=alt.Legend(title=f"{shown} score", orient="bottom", gradientLength=220)),
+        tooltip=["layer", "head", *scores])
+    text = base.mark_text(fontSize=11).encode(
+        text="text:N", color=alt.condition("datum.score > 0.5", alt.value("white"), alt.value("black")))
+    return (cells + text).properties(width=max(240, 60 * len(scores[shown][0])), height=44 * len(scores[shown]))
+
+
+def attribution_bars(labels: list[str], values: list[float], title: str) -> alt.Chart:
+    """One bar per component (embeddings, heads, MLPs, biases) in the model's order, sign-coloured."""
+    data = pd.DataFrame({"component": labels, "attribution": [_finite(v) for v in values],
+                         "sign": ["positive" if _ok(v) and v >= 0 else "negative" for v in values]})
+    return alt.Chart(data, title=title).mark_bar().encode(
+        x=alt.X("component:N", sort=labels, title=None),
+        y=alt.Y("attribution:Q", title="direct contribution to the logit"),
+        color=alt.Color("sign:N", scale=alt.Scale(domain=["positive", "negative"], range=["#2b83ba", "#d7191c"]),
+                        legend=None),
+        tooltip=["component", "attribution"]).properties(height=260)
+
+
+def attribution_heatmap(heads: list[list[float]], title: str) -> alt.Chart:
+    """Layer x head, each head's direct attribution on a diverging scale centred on 0."""
+    rows = [{"layer": l, "head": h, "attribution": _finite(v), "text": f"{v:.2f}" if _ok(v) else "-"}
+            for l, row in enumerate(heads) for h, v in enumerate(row)]
+    data = pd.DataFrame(rows)
+    bound = max([abs(v) for row in heads for v in row if _ok(v)] + [1e-9])
+    base = alt.Chart(data, title=title).encode(x=alt.X("head:O"), y=alt.Y("layer:O"))
+    cells = base.mark_rect(stroke="white").encode(
+        color=alt.Color("attribution:Q", scale=alt.Scale(scheme="redblue", domain=[-bound, bound], reverse=True),
+                        legend=alt.Legend(orient="bottom", title="direct attribution")),
+        tooltip=["layer", "head", "attribution"])
+    text = base.mark_text(fontSize=11).encode(text="text:N")
+    return (cells + text).properties(width=max(240, 60 * len(heads[0])), height=44 * len(heads))

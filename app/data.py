@@ -261,3 +261,29 @@ def tuned(path: str, modified: float, lens_modified: float, text: str, k: int = 
                                       "target_rank_per_position", "top_k", "cross_entropy")}
     out["trained"] = {key: lens.meta.get(key) for key in ("steps", "batch_size", "seed", "data")}
     return out
+
+
+# --------------------------------------------------------------------------- head types, attribution (issue 21)
+
+@st.cache_data(max_entries=64, show_spinner="Scoring head types...")
+def head_types(path: str, modified: float, text: str, preset: str | None = None) -> dict[str, Any]:
+    """probes.heads on the text, plus Olsson et al.'s induction score on random repeats (seed 0)."""
+    from probes import heads
+    snap = load(path, modified, preset)
+    on_text = heads.run(snap.model, encode(snap, text))
+    repeat = heads.run_repeat(snap.model, samples=8, seed=0, copying=False)
+    scores = dict(on_text.scores)
+    scores["induction_repeat"] = repeat.induction_repeat
+    if on_text.copying is not None:
+        scores["copying"] = on_text.copying
+    return {"scores": scores, "repeat_length": repeat.repeat_length}
+
+
+@st.cache_data(max_entries=64, show_spinner="Attributing the logit...")
+def attribution(path: str, modified: float, text: str, position: int, target: str | None,
+                versus: str | None, preset: str | None = None) -> dict[str, Any]:
+    """probes.attribution at one position of the text's first window."""
+    from probes import attribution as direct
+    snap = load(path, modified, preset)
+    return direct.run(snap.model, encode(snap, text), position=position, target=target or None,
+                      versus=versus or None, tokenizer=snap.tokenizer).to_dict()

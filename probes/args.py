@@ -136,6 +136,62 @@ def logit_lens_parser() -> Parser:
     return parser
 
 
+HEAD_ERROR_MEASURES = ("mul", "abs")  # probes.heads.ERROR_MEASURES is this tuple
+
+
+def _repeat_alone(args: argparse.Namespace) -> str | None:
+    given = [f for f in ("text", "text_file", "data") if getattr(args, f) is not None]
+    if args.repeat and given:
+        return f"--repeat makes its own input: leave out --{given[0].replace('_', '-')}"
+    if args.length is not None and not args.repeat:
+        return "--length applies to --repeat only"
+    return None
+
+
+def heads_parser() -> Parser:
+    parser = probe_parser(
+        "heads", "Head types: previous-token, duplicate-token, induction and sink scores in [0, 1] "
+        "per layer and head, as TransformerLens's detect_head scores them, on the given text or on "
+        "random tokens repeated twice (--repeat: adds the induction score of Olsson et al.), plus "
+        "each head's OV copying score.",
+        "--ckpt checkpoints/shakespeare_gpt --repeat", f"--ckpt {RUN} --text 'ROMEO: But soft, ROMEO: But'",
+        f"--ckpt {RUN} --data {DATA} --json", checks=[_repeat_alone])
+    add_input_arguments(parser, default_samples=16)
+    parser.add_argument("--repeat", action="store_true",
+                        help="random token ids from the model's vocabulary (--seed), --length of "
+                             "them repeated twice, --samples sequences")
+    parser.add_argument("--length", type=number_type(int, low=2, noun="length"), metavar="N",
+                        help="random tokens before the repeat (default: half the context)")
+    parser.add_argument("--error-measure", choices=HEAD_ERROR_MEASURES, default="mul",
+                        help="detect_head's score: mul = fraction of attention on the pattern, "
+                             "abs = 1 - mean |pattern - detection| per row")
+    parser.add_argument("--exclude-bos", action="store_true", help="leave attention to position 0 out")
+    parser.add_argument("--exclude-current-token", action="store_true",
+                        help="leave attention of each token to itself out")
+    return parser
+
+
+def attribution_parser() -> Parser:
+    parser = probe_parser(
+        "attribution", "Direct logit attribution: each head's, each MLP's, the embeddings' and the "
+        "biases' direct contribution to one token's logit at one position (through the final "
+        "norm's scale, as TransformerLens's logit_attrs), summing to the logit; with --versus, "
+        "to the difference of two tokens' logits.",
+        "--ckpt checkpoints/shakespeare_gpt --text 'ROMEO:' --position -1",
+        "--ckpt checkpoints/shakespeare_gpt --text 'ROMEO: But soft' --target ' ' --versus 'e' --json")
+    parser.add_argument("--text", required=True, help="the prompt (at most one context of tokens)")
+    parser.add_argument("--position", type=int, default=-1, metavar="P",
+                        help="the position whose prediction is attributed (negative counts from the end)")
+    parser.add_argument("--target", metavar="TOKEN",
+                        help="the token whose logit is attributed (a vocabulary piece; default: the "
+                             "true next token, or the top prediction at the last position)")
+    parser.add_argument("--versus", metavar="TOKEN", help="attribute the logit difference target - this token")
+    parser.add_argument("--top", type=POSITIVE_INT, default=10, metavar="N",
+                        help="components listed by size in the table (all in --json)")
+    add_json_argument(parser)
+    return parser
+
+
 def activations_parser() -> Parser:
     parser = probe_parser(
         "activations", "Activation health per MLP hidden layer: dead and saturated units, "

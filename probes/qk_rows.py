@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from probes.heads import first_position_rows, previous_token_rows  # the head-type definitions
+
 CHUNK_ELEMENTS = 1 << 22  # bound on a block's temporary: 16 MB of float32
 QUERY_BLOCK = 64
 CHECK_TOKENS = 64  # length of the window on which the q/k route is checked against the pattern
@@ -144,10 +146,9 @@ def _block_stats(q: torch.Tensor, k: torch.Tensor, a: int, evidence: bool) -> di
     if evidence:
         p.div_(total.unsqueeze(-1))  # softmax
         stats["max_prob"] = total.reciprocal()  # the max's weight is e^0 = 1
-        stats["first"] = p[..., 0]
+        stats["first"] = first_position_rows(p)
         stats["diag"] = p.diagonal(offset=a, dim1=-2, dim2=-1)
-        sub = p.diagonal(offset=a - 1, dim1=-2, dim2=-1)  # rows a..: key a+i-1 (none for row 0)
-        stats["subdiag"] = sub if a > 0 else torch.cat([sub.new_zeros(*sub.shape[:-1], 1), sub], dim=-1)
+        stats["subdiag"] = previous_token_rows(p, first_row=a)  # rows a..: key a+i-1 (none for row 0)
     return stats
 
 

@@ -16,6 +16,7 @@ import torch
 
 from probes.common import (ProbeInputError, as_batches, check_layer_head, model_device, progress_bar,
                            require_attention)
+from probes.heads import first_position_rows, previous_token_rows
 from probes.qk_rows import (CHUNK_ELEMENTS, QUERY_BLOCK, qk_hooks, qk_path_scale, qk_row_stats,
                             softmax_sinks)
 
@@ -118,10 +119,9 @@ class PatternStats:
         ent, max_prob = row_entropy_and_max(p, with_max=self.evidence)  # [batch head n] each
         rows = {"entropy": ent}
         if self.evidence:
-            subdiag = p.new_zeros(ent.shape)
-            subdiag[..., 1:] = p.diagonal(offset=-1, dim1=-2, dim2=-1)
-            rows.update(max_prob=max_prob, first=p[..., 0], diag=p.diagonal(dim1=-2, dim2=-1),
-                        subdiag=subdiag)
+            # "previous" and "sink" evidence: the head-type definitions of probes.heads
+            rows.update(max_prob=max_prob, first=first_position_rows(p), diag=p.diagonal(dim1=-2, dim2=-1),
+                        subdiag=previous_token_rows(p))
         self.add_rows(layer, rows)
 
     def update_qk(self, layer: int, q: torch.Tensor, k: torch.Tensor, scale: float,

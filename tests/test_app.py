@@ -92,9 +92,9 @@ def test_attention_grid_carries_the_probe_verdicts_and_entropies(app, runs):
         assert getattr(row, "_3") == pytest.approx(ent.entropy_normalized[row.layer][row.head], abs=1e-9)
 
 
-def test_heatmap_labels_are_the_tokens_and_follow_layer_head_and_text(app):
+def test_heatmap_labels_are_the_tokens_and_follow_layer_head_and_text(app):  # chart 1: head types
     open_page(app, "attention")
-    (heat,), _ = chart_data(app, 1)
+    (heat,), _ = chart_data(app, 2)
     text = app.sidebar.text_area(key="text").value
     n = min(len(text), 16)
     assert len(heat) == n * (n + 1) // 2  # the causal triangle
@@ -103,10 +103,10 @@ def test_heatmap_labels_are_the_tokens_and_follow_layer_head_and_text(app):
     for q, group in heat.groupby("q"):
         assert group["p"].sum() == pytest.approx(1.0, abs=1e-6)  # every row is a distribution (fp32)
     app.selectbox(key="head").set_value(2).run()
-    (other,), _ = chart_data(app, 1)
+    (other,), _ = chart_data(app, 2)
     assert not other["p"].equals(heat["p"])
     app.sidebar.text_area(key="text").set_value("my good lord").run()
-    (short,), _ = chart_data(app, 1)
+    (short,), _ = chart_data(app, 2)
     assert len(short) == 12 * 13 // 2
     assert any("not meaningful" in w.value for w in app.warning)  # a short context is flagged
 

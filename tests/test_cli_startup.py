@@ -25,6 +25,8 @@ CLIS = {
     "probes.degenerate": ("probes.degenerate", ["--ckpt", "x", "--sink-mass", "2"], "--sink-mass"),
     "probes.neighbours": ("probes.neighbours", ["--ckpt", "x", "--id", "1", "--chunk-size", "0"], "--chunk-size"),
     "probes.logit_lens": ("probes.logit_lens", ["--ckpt", "x", "--text", "a", "--columns", "0"], "--columns"),
+    "probes.heads": ("probes.heads", ["--ckpt", "x", "--repeat", "--length", "1"], "--length"),
+    "probes.attribution": ("probes.attribution", ["--ckpt", "x", "--text", "a", "--top", "0"], "--top"),
     "probes.updates": ("probes.updates", ["--ckpt", "x", "--band", "-2", "-4"], "--band"),
     "probes.activations": ("probes.activations", ["--ckpt", "x", "--saturation", "1"], "--saturation"),
     "probes.diagnose": ("probes.diagnose", ["--ckpt", "x", "--step", "-1"], "--step"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import streamlit as st
 
 from app import charts, data
@@ -22,8 +24,10 @@ def render(sel: Selection) -> None:
         st.warning(f"Only {result['rows']} positions: the sink score (mass on the first position) is not "
                    "meaningful on so short a context; give a longer text.")
     evidence = {k: v for k, v in result["evidence"].items() if isinstance(v, list)}
+    left, right = st.columns(2)
     show(charts.entropy_grid(result["normalized"], result["verdicts"], evidence,
-                                        "normalised entropy and verdict per head"))
+                                        "normalised entropy and verdict per head"), left)
+    head_types(sel, right)
     cfg = snap.config
     c1, c2 = st.columns(2)
     layer = c1.selectbox("layer", list(range(cfg.n_layers)), key="layer")
@@ -35,3 +39,17 @@ def render(sel: Selection) -> None:
     show(charts.pattern_heatmap(detail["pattern"], labels, detail["pieces"],
                                            f"L{layer}H{head} attention pattern"))
     show(charts.row_entropy_line(detail["row_entropy"], labels), stretch=True)
+
+
+HEAD_TYPES = {"previous token": "previous_token", "induction": "induction", "induction (random repeat)":
+              "induction_repeat", "duplicate token": "duplicate_token", "sink (first position)": "sink",
+              "copying (OV, -1..1)": "copying"}
+
+
+def head_types(sel: Selection, where: Any) -> None:
+    """The head-type grid (probes.heads) beside the entropy grid."""
+    types = data.head_types(*sel.key[:2], sel.text, sel.run.preset)
+    choices = [label for label, name in HEAD_TYPES.items() if name in types["scores"]]
+    label = where.radio("head type", choices, horizontal=True, key="head_type")
+    title = f"{label} score per head" + (f" (period {types['repeat_length']})" if "repeat" in label else "")
+    show(charts.head_types_grid(types["scores"], HEAD_TYPES[label], title), where)

@@ -38,6 +38,7 @@ def render(sel: Selection) -> None:
     kl = pd.DataFrame({"layer": result["layers"], "KL(final || layer)": result["kl_to_final"], "run": "this"})
     show(charts.per_layer_line(kl, "KL(final || layer)", "run", "KL to the final layer, per layer"), stretch=True)
     tuned.render_tuned(sel, result, measure)
+    _attribution(sel, snap)
 
 
 def lens_cells(result: dict) -> pd.DataFrame:
@@ -69,3 +70,8 @@ def with_nan(cells: pd.DataFrame, measure: str) -> pd.DataFrame:
 
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _attribution(sel: Selection, snap: object) -> None:  # issue 21: the attribution view
+    from app.views import attribution
+    attribution.render(sel, snap)
