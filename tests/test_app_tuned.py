@@ -67,7 +67,7 @@ def test_shipped_gpt_shows_tuned_kl_and_grid(app):
     open_lens(app, "shakespeare_gpt")
     assert not app.error, [e.value for e in app.error]
     charts = app.get("vega_lite_chart")
-    assert len(charts) == 4  # logit grid, logit KL, both KL lines, tuned grid
+    assert len(charts) == 6  # logit grid, logit KL, both KL lines, tuned grid, attribution bars and heads
     (kl,) = chart_frames(app, 2)
     snap = load_checkpoint(GPT)
     ids = snap.encode(TEXT)[:, :64]
@@ -91,10 +91,10 @@ def test_no_tuned_lens_is_an_info_line_with_the_command(app):
     open_lens(app, "plain")
     assert not app.error
     assert any("python -m probes.tuned_lens --ckpt" in i.value and "--steps" in i.value for i in app.info)
-    assert len(app.get("vega_lite_chart")) == 2  # the logit lens still draws
+    assert len(app.get("vega_lite_chart")) == 4  # the logit lens still draws (and the attribution)
 
 
 def test_a_lens_of_another_model_is_an_error_box(app):
     open_lens(app, "stranger")
     assert any("another model" in e.value for e in app.error), [e.value for e in app.error]
-    assert len(app.get("vega_lite_chart")) == 2
+    assert len(app.get("vega_lite_chart")) == 4  # the logit lens and the attribution

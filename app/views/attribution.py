@@ -30,6 +30,10 @@ def render(sel: Selection, snap: Any) -> None:
     except (ProbeInputError, ValueError) as exc:
         st.error(f"{type(exc).__name__}: {first_line(exc)}")
         return
+    if result["logit"] is None:  # JSON's null: NaN or inf, a diverged snapshot
+        st.warning("The model's logit at this position is NaN or inf (a diverged snapshot): there is "
+                   "no finite logit to attribute.")
+        return
     what = f"logit of {data.shown(result['target']['piece'] or str(result['target']['id']))}"
     if result["versus"] is not None:
         what += f" minus {data.shown(result['versus']['piece'] or str(result['versus']['id']))}"
