@@ -11,7 +11,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -39,8 +41,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server():
+@contextmanager
+def serve(env: dict[str, str] | None = None) -> Iterator[str]:
+    """`streamlit run app/main.py` on a free localhost port (extra environment from `env`)."""
     if not CHROMIUM.exists():
         if os.environ.get("CI"):
             pytest.fail(f"{CHROMIUM} is missing: .ci/run installs Debian's chromium")
@@ -49,7 +52,7 @@ def server():
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.headless", "true",
          "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 90
@@ -68,6 +71,12 @@ def server():
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server():
+    with serve() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +193,27 @@ def test_the_overview_opens_with_the_run_doctors_verdict(server, browser):
     assert page.get_by_text("the run diverged", exact=False).count() >= 1  # the divergence finding
     assert page.get_by_text("see it on Training dynamics", exact=False).count() >= 1
     page.close()
+
+
+
+def test_a_folder_of_nanogpt_checkpoints_opens_in_the_browser(browser, tmp_path):
+    """A user's nanoGPT out_dir (numbered ckpt files and its meta.pkl) is a run in the app."""
+    import torch
+    from nanogpt_ref import GPT, GPTConfig, save_like_nanogpt, write_meta_pkl
+
+    runs = tmp_path / "runs"
+    (runs / "nano").mkdir(parents=True)
+    for step in (100, 200):
+        torch.manual_seed(step)
+        save_like_nanogpt(GPT(GPTConfig(block_size=32)).eval(), runs / "nano" / f"ckpt_{step:06d}.pt",
+                          iter_num=step)
+    write_meta_pkl(runs / "nano" / "meta.pkl", "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+    with serve({"SCRATCHSCOPE_RUNS": str(runs), "SCRATCHSCOPE_NO_SHIPPED": "1"}) as url:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(f"{url}/overview?run=nano", timeout=120_000)
+        page.get_by_role("heading", name="Overview").first.wait_for(timeout=120_000)
+        page.get_by_text("tokens seen").first.wait_for(timeout=120_000)  # the model loaded
+        page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=120_000)
+        assert page.locator('[data-testid="stException"]').count() == 0
+        assert page.get_by_text("ckpt_000200.pt").count() >= 1  # its latest checkpoint is the snapshot shown
+        page.close()
