@@ -307,7 +307,7 @@ def dead_finding(dead: dict[str, float], last: dict[str, tuple[float, float]], a
               "ReLUs); a layer whose outputs are mostly zero uses little of its width",
         fix="lower the learning rate or fix the init (Kaiming: std = gain / sqrt(fan_in)); a "
             "smoother activation (GELU) keeps units alive",
-        reference=MAKEMORE_ACTIVATIONS, page="overview")
+        reference=MAKEMORE_ACTIVATIONS, page="dynamics")
 
 
 def saturated_finding(flat: dict[str, float], act_fn: str, history: list[tuple[int, dict]],
@@ -323,4 +323,4 @@ def saturated_finding(flat: dict[str, float], act_fn: str, history: list[tuple[i
         cause=f"pre-activations too large in magnitude put {act_fn} where its slope is ~0, so "
               "little gradient flows back through those units",
         fix="shrink the layer's init (makemore: tanh gain 5/3 / sqrt(fan_in)) or normalise its input",
-        reference=MAKEMORE_ACTIVATIONS, page="overview")
+        reference=MAKEMORE_ACTIVATIONS, page="dynamics")
