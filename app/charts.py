@@ -220,7 +220,8 @@ def scatter_map(data: pd.DataFrame, title: str) -> alt.Chart:
         tooltip=["token", "id", "role", "cosine"])
     points = base.mark_circle(size=60).encode(
         color=alt.Color("role:N", scale=alt.Scale(domain=["chosen", "neighbour", "other"],
-                                                  range=["#d62728", "#ff7f0e", "#9aa5b1"])))
+                                                  range=["#d62728", "#ff7f0e", "#9aa5b1"]),
+                        legend=alt.Legend(orient="bottom")))  # beside the 500 px map it was cut off
     right = base.mark_text(dx=GAP_PX, align="left", baseline="middle", fontSize=11, clip=True).encode(
         text="token:N").transform_filter("datum.side == 'right'")
     left = base.mark_text(dx=-GAP_PX, align="right", baseline="middle", fontSize=11, clip=True).encode(
