@@ -31,8 +31,9 @@ from typing import Any
 import torch
 
 from probes.args import attribution_parser as build_parser
-from probes.common import (ProbeInputError, as_batches, hook_names, model_device, model_tokenizer,
-                           print_json, require_attention, run_cli, to_jsonable, tokens_or_text)
+from probes.common import (ProbeInputError, as_batches, eval_mode, hook_names, model_device,
+                           model_tokenizer, print_json, require_attention, run_cli, to_jsonable,
+                           tokens_or_text)
 from probes.neighbours import resolve_token, token_piece
 
 log = logging.getLogger(__name__)
@@ -168,19 +169,14 @@ def run(model: Any, tokens: torch.Tensor | str, *, position: int = -1, target: i
             [f"blocks.{l}.hook_mlp_out" for l in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
     available = hook_names(model)
     names += [n for n in ("hook_pos_embed", "ln_final.hook_scale") if n in available]
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            logits = model.run_with_hooks(window.to(model_device(model)),
-                                          fwd_hooks=[(n, keep(n)) for n in names])[0, pos].float()  # [d_vocab]
-            W_O = torch.stack([block.attn.W_O for block in model.blocks]).float()  # [layer head d_head d_model]
-            b_O = torch.stack([block.attn.b_O for block in model.blocks]).float()  # [layer d_model]
-            W_U = model.W_U.detach().float()  # [d_model d_vocab]
-            b_U = getattr(model, "b_U", None)
-            b_U = None if b_U is None else b_U.detach().float()  # [d_vocab]
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.no_grad():
+        logits = model.run_with_hooks(window.to(model_device(model)),
+                                      fwd_hooks=[(n, keep(n)) for n in names])[0, pos].float()  # [d_vocab]
+        W_O = torch.stack([block.attn.W_O for block in model.blocks]).float()  # [layer head d_head d_model]
+        b_O = torch.stack([block.attn.b_O for block in model.blocks]).float()  # [layer d_model]
+        W_U = model.W_U.detach().float()  # [d_model d_vocab]
+        b_U = getattr(model, "b_U", None)
+        b_U = None if b_U is None else b_U.detach().float()  # [d_vocab]
 
     source = "given"
     if target_id is None:

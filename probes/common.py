@@ -8,6 +8,7 @@ import argparse
 import json
 import logging
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
@@ -250,3 +251,23 @@ def token_batches(args: argparse.Namespace, tokenizer: Any, n_ctx: int) -> tuple
 
 def print_json(data: Any) -> None:
     print(json.dumps(to_jsonable(data), indent=None))
+
+
+@contextmanager
+def eval_mode(model: Any) -> Iterator[None]:
+    """Dropout off inside, the model's mode back after. A model already in eval mode is left
+    alone: `.eval()` / `.train()` walk every submodule (a few ms on a small model, more than
+    the forward pass a probe on one short window makes)."""
+    was_training = model.training
+    if was_training:
+        model.eval()
+    try:
+        yield
+    finally:
+        if was_training:
+            model.train()
+
+
+class StopForward(Exception):
+    """Raised from a hook once every wanted layer is reduced: the rest of the forward pass (later
+    blocks, the unembedding, a large share at GPT-2's vocabulary) would be thrown away."""

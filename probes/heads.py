@@ -44,8 +44,9 @@ from typing import Any, Iterable
 import torch
 
 from probes.args import heads_parser as build_parser
-from probes.common import (ProbeInputError, as_batches, model_device, print_json, progress_bar,
-                           require_attention, run_cli, to_jsonable, token_batches, tokens_or_text)
+from probes.common import (ProbeInputError, StopForward, as_batches, eval_mode, model_device, print_json,
+                           progress_bar, require_attention, run_cli, to_jsonable, token_batches,
+                           tokens_or_text)
 
 log = logging.getLogger(__name__)
 
@@ -225,9 +226,8 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor] | str, *, erro
     sums = torch.zeros(len(HEAD_TYPES), dims.n_layers, dims.n_heads, dtype=torch.float64)
     repeat_sum = torch.zeros(dims.n_layers, dims.n_heads, dtype=torch.float64)
     windows = n_tokens = 0
-    device, was_training = model_device(model), model.training
-    model.eval()
-    try:
+    device = model_device(model)
+    with eval_mode(model):
         for batch in progress_bar(batches, progress, "head types"):
             batch = batch.to(device)
             if repeat_period is not None and batch.shape[1] <= repeat_period:
@@ -241,15 +241,18 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor] | str, *, erro
                                             exclude_current_token=exclude_current_token).sum(0).double().cpu()
                 if repeat_period is not None:
                     repeat_sum[layer] += repeat_induction_score(p, repeat_period).sum(0).double().cpu()
+                if layer == dims.n_layers - 1:
+                    raise StopForward
 
             hooks = [(f"blocks.{l}.attn.hook_pattern", lambda p, hook, l=l: reduce(p, hook, l))
                      for l in range(dims.n_layers)]
-            with torch.no_grad():
-                model.run_with_hooks(batch, fwd_hooks=hooks)
+            try:
+                with torch.no_grad():
+                    model.run_with_hooks(batch, fwd_hooks=hooks)
+            except StopForward:  # raised once the last layer is reduced: the unembedding is not needed
+                pass
             windows += batch.shape[0]
             n_tokens += batch.numel()
-    finally:
-        model.train(was_training)
     grids = {name_: (sums[t] / windows).tolist() for t, name_ in enumerate(HEAD_TYPES)}
     from probes.entropy import describe_model
     return HeadTypesResult(

@@ -14,8 +14,8 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from probes.common import (ProbeInputError, as_batches, check_layer_head, model_device, progress_bar,
-                           require_attention)
+from probes.common import (ProbeInputError, StopForward, as_batches, check_layer_head,  # noqa: F401
+                           model_device, progress_bar, require_attention)  # StopForward re-exported
 from probes.heads import first_position_rows, previous_token_rows
 from probes.qk_rows import (CHUNK_ELEMENTS, QUERY_BLOCK, qk_hooks, qk_path_scale, qk_row_stats,
                             softmax_sinks)
@@ -239,11 +239,6 @@ def pattern_hooks(stats: PatternStats, layers: list[int]) -> list[tuple[str, Any
             stats.update(layer, pattern.detach())
         return hook
     return [(f"blocks.{l}.attn.hook_pattern", hook_for(l)) for l in layers]
-
-
-class StopForward(Exception):
-    """Raised from a hook once every wanted layer is reduced: the rest of the forward pass (later
-    blocks, the unembedding, a large share at GPT-2's vocabulary) would be thrown away."""
 
 
 def stop_if_reduced(stats: PatternStats) -> None:

@@ -95,3 +95,21 @@ def test_unreadable_text_file_and_bad_batch_size_are_input_errors(tmp_path):
         common.read_text_file(tmp_path)  # a directory
     with pytest.raises(common.ProbeInputError, match="batch size must be >= 1, got 0"):
         common.as_batches(torch.tensor([[1, 2]]), n_ctx=4, d_vocab=8, batch_size=0)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_eval_mode_turns_dropout_off_inside_and_leaves_the_mode_as_it_was(training, monkeypatch):
+    from probes import attribution, heads
+
+    model = build_model(get_preset("tiny_shakespeare_gpt_small", d_vocab=20)).train(training)
+    calls = []
+    original = type(model).train
+    monkeypatch.setattr(type(model), "train", lambda self, mode=True: calls.append(mode) or original(self, mode))
+    with common.eval_mode(model):
+        assert not model.training and all(not m.training for m in model.modules())
+    assert model.training is training
+    assert calls == ([False, True] if training else [])  # an eval-mode model is not walked at all
+    tokens = torch.randint(0, 20, (2, 8))
+    heads.run(model, tokens, copying=False)
+    attribution.run(model, tokens[:1])
+    assert model.training is training
