@@ -12,6 +12,9 @@ Rows:
   attribution             probes.attribution.run at the last position of one window of n_ctx
                           tokens, vs model(tokens) on that window, for both models
 
+  tuned lens              then, from benchmarks/bench_tuned_lens.py, one training epoch of the
+                          shipped GPT's tuned lens against a logit-lens pass (--no-tuned skips it)
+
 Timing: the variants of a row are called round-robin (one warm-up round, then --repeats rounds)
 so that load from other processes hits both alike; the ratio is of the medians.
 """
@@ -47,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpt2-ctx", type=int, default=256, help="context of the GPT-2-sized model")
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds per row")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--no-tuned", action="store_true", help="skip the tuned-lens epoch at the end")
     args = parser.parse_args(argv)
 
     import torch
@@ -87,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         p, f = timed_pair(attribute, forward_one, args.repeats)
         print(f"{'attribution, ' + label + f' (1x{n_ctx})':<34}{p:>10.4f}{f:>10.4f}{p / f:>8.2f}")
     print("goal: every ratio at most 1.5")
+    if not args.no_tuned:  # the tuned lens's epoch time, in the same run (benchmarks/bench_tuned_lens.py)
+        from bench_tuned_lens import main as tuned_lens_epoch
+
+        print("\n== a tuned-lens epoch against a logit-lens pass")
+        tuned_lens_epoch(["--repeats", "3"] + (["--threads", str(args.threads)] if args.threads else []))
     return 0
 
 
