@@ -10,17 +10,19 @@ loaded) and the run doctor's cached verdict.
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 from typing import Any
 
 import streamlit as st
 
 from app import data
+from app.views.common import first_line
 from models.store.files import read_json_object
 from models.store.run import is_run_dir, is_snapshot_dir, list_snapshots, read_metrics, read_run_json
 from models.store.series import SERIES_SUFFIXES
 from models.store.snapshot import MODEL_FILE
+from probes.run_history import is_finite
+from probes.signals import nonfinite_in
 
 
 def base_name(path: Path) -> str:
@@ -96,7 +98,7 @@ def summary(source: data.Source) -> dict[str, Any]:
         row = {"run": source.label, **_summary(str(path), stamp)}
     except Exception as exc:  # noqa: BLE001 - a garbled run.json or config.json: one row says so
         return {"run": source.label, "model": "-", "steps": None, "snapshots": None, "last val loss": "-",
-                "state": f"unreadable: {common_first_line(exc)}", "doctor": "-"}
+                "state": f"unreadable: {first_line(exc)}", "doctor": "-"}
     if row.pop("is_run"):
         row["state"] = "training now" if data.is_training(path) else row["state"]
         row["doctor"] = verdict(path)
@@ -132,22 +134,13 @@ def describe(preset: str | None, model: dict[str, Any]) -> str:
 
 
 def diverged(records: list[dict[str, Any]]) -> bool:
-    """A record says "diverged", or a logged loss is NaN, inf or null."""
-    return any(r.get("diverged") or any(k in r and not finite(r[k]) for k in ("train_loss", "val_loss"))
-               for r in records)
-
-
-def finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
+    """A record holds a NaN/inf (a loss, an entropy, a parameter) or says "diverged": the run
+    doctor's own test (`probes.signals.nonfinite_in`)."""
+    return any(nonfinite_in(r) for r in records)
 
 
 def shown_loss(value: Any) -> str:
-    return f"{value:.3f}" if finite(value) else "NaN"
-
-
-def common_first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return f"{value:.3f}" if is_finite(value) else "NaN"
 
 
 def verdict(run: Path) -> str:

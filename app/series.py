@@ -11,16 +11,10 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
-from probes.run_history import as_float
+from probes.run_history import as_float, by_step  # noqa: F401 (by_step re-exported)
 from probes.signals import layer_values
 
 NAN = float("nan")
-
-
-def by_step(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Records sorted by step, the last record of a step kept (a resumed run redoes some)."""
-    kept = {r["step"]: r for r in records if isinstance(r.get("step"), int)}
-    return [kept[s] for s in sorted(kept)]
 
 
 def scalar(records: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:

@@ -12,7 +12,7 @@ from typing import Any
 from probes.finding import (MAKEMORE_ACTIVATIONS, MAKEMORE_UPDATES, SERIES_ADAM, SERIES_ATTENTION,
                             WORTSMAN, ZHAI, Finding, NotChecked, rule)
 from probes.run_history import RunHistory, as_float
-from probes.signals import first_nonfinite, layer_values, ten_fold
+from probes.signals import first_nonfinite, layer_values, ten_fold, update_report
 from probes.thresholds import DoctorThresholds
 from probes.timeline import entropy_timeline, stayed_from
 from probes.update_report import TARGET_BAND, UpdateReport
@@ -165,7 +165,7 @@ def update_ratios(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     logged = [r for r in before_nonfinite(h) if isinstance(r.get("gwu"), dict) and r["gwu"]]
     if not logged:
         raise NotChecked("not logged: no g/w/u table in metrics.jsonl")
-    reports = [UpdateReport.from_table(r["gwu"], step=r["step"]) for r in logged]
+    reports = [update_report(h, r) for r in logged]
     window = reports[len(reports) // 2:]  # the later half: past the first steps' transients
     medians = {g: statistics.median(vs) for g in window[-1].groups
                if (vs := [r.groups[g]["median_log10_u"] for r in window

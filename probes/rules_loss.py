@@ -124,7 +124,7 @@ def before_failure(h: RunHistory, step: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     earlier = [r for r in h.records if r["step"] < step]
     for label, value in (("grad_norm_before", lambda r: as_float(r.get("grad_norm"))),
-                         ("max_log10_u_before", max_group_log10_u),
+                         ("max_log10_u_before", lambda r: max_group_log10_u(h, r)),
                          ("resid_rms_before", lambda r: max_value(r.get("resid_rms")))):
         found = [(r["step"], v) for r in earlier if math.isfinite(v := value(r))]
         if found:

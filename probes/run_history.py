@@ -11,13 +11,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from models.store.run import (SNAPSHOT_CONFIG, CheckpointError, is_run_dir, is_snapshot_dir,
                               list_snapshots, read_json_object, read_metrics, read_run_json, snapshot_step)
 from probes.errors import ProbeInputError
 
-__all__ = ["RunHistory", "as_float", "is_finite", "resolve_run"]
+__all__ = ["RunHistory", "as_float", "by_step", "is_finite", "resolve_run"]
 
 NAN = float("nan")
 
@@ -31,6 +31,12 @@ def as_float(value: Any) -> float:
 
 def is_finite(value: Any) -> bool:
     return math.isfinite(as_float(value))
+
+
+def by_step(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Records in step order, the last one of each step kept (a resumed run redoes some)."""
+    kept = {r["step"]: r for r in records if isinstance(r.get("step"), int)}
+    return [kept[s] for s in sorted(kept)]
 
 
 def resolve_run(path: str | Path) -> tuple[Path, int | None]:
@@ -58,6 +64,7 @@ class RunHistory:
     model: dict[str, Any] = field(default_factory=dict)  # the model config
     snapshot_steps: list[int] = field(default_factory=list)
     upto: int | None = None
+    cache: dict[Any, Any] = field(default_factory=dict, repr=False)  # what rules derive, derived once
 
     @classmethod
     def read(cls, run_dir: str | Path, upto: int | None = None) -> RunHistory:
@@ -73,11 +80,11 @@ class RunHistory:
         if not records:
             raise ProbeInputError(f"{run_dir}: no metrics.jsonl records to diagnose (was the run "
                                   "trained with `python -m train`?)")
-        by_step = {r["step"]: r for r in records}  # a record redone after a resume replaces the old
-        kept = [by_step[s] for s in sorted(by_step) if upto is None or s <= upto]
+        ordered = by_step(records)
+        kept = [r for r in ordered if upto is None or r["step"] <= upto]
         if not kept:
             raise ProbeInputError(f"{run_dir}: no records at or before step {upto} "
-                                  f"(the first is step {min(by_step)})")
+                                  f"(the first is step {ordered[0]['step']})")
         steps = [s for p in snapshots if (s := snapshot_step(p)) is not None and (upto is None or s <= upto)]
         return cls(run_dir, kept, info, _model_config(info, snapshots), steps, upto)
 

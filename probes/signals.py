@@ -12,7 +12,8 @@ from probes.thresholds import DoctorThresholds
 from probes.timeline import uniform_series_entropy
 from probes.update_report import UpdateReport
 
-__all__ = ["first_nonfinite", "growth_signals", "layer_values", "max_group_log10_u", "max_value"]
+__all__ = ["first_nonfinite", "growth_signals", "layer_values", "max_group_log10_u", "max_value",
+           "update_report"]
 
 Signal = tuple[int, str, str]  # (step, what grew, by how much)
 
@@ -34,13 +35,22 @@ def max_value(raw: Any) -> float:
     return max(values) if values else math.nan
 
 
-def max_group_log10_u(record: dict[str, Any]) -> float:
-    """The largest group median log10(u) of a record's g/w/u table (NaN if none)."""
+def update_report(h: RunHistory, record: dict[str, Any]) -> UpdateReport | None:
+    """The record's g/w/u table as an UpdateReport (built once per record: several rules read it)."""
     table = record.get("gwu")
     if not isinstance(table, dict) or not table:
-        return math.nan
-    medians = [g["median_log10_u"] for g in UpdateReport.from_table(table).groups.values()
-               if g["median_log10_u"] is not None]
+        return None
+    key = ("gwu", record["step"])
+    if key not in h.cache:
+        h.cache[key] = UpdateReport.from_table(table, step=record["step"])
+    return h.cache[key]
+
+
+def max_group_log10_u(h: RunHistory, record: dict[str, Any]) -> float:
+    """The largest group median log10(u) of a record's g/w/u table (NaN if none)."""
+    report = update_report(h, record)
+    medians = [g["median_log10_u"] for g in report.groups.values()
+               if g["median_log10_u"] is not None] if report else []
     return max(medians) if medians else math.nan
 
 
@@ -64,12 +74,10 @@ def nonfinite_in(record: dict[str, Any]) -> list[str]:
 
 
 def first_nonfinite(h: RunHistory) -> tuple[int, list[str]] | None:
-    """(step, what) of the first record holding a non-finite value, or None."""
-    for record in h.records:
-        bad = nonfinite_in(record)
-        if bad:
-            return record["step"], bad
-    return None
+    """(step, what) of the first record holding a non-finite value, or None (found once per history)."""
+    if "first_nonfinite" not in h.cache:
+        h.cache["first_nonfinite"] = next(((r["step"], bad) for r in h.records if (bad := nonfinite_in(r))), None)
+    return h.cache["first_nonfinite"]
 
 
 def growth_signals(h: RunHistory, t: DoctorThresholds, before: int | None = None) -> list[Signal]:
@@ -93,7 +101,7 @@ def growth_signals(h: RunHistory, t: DoctorThresholds, before: int | None = None
         if hit:
             found.append((hit[0], label, f"{hit[1]:.0f}x"))
     found += entropy_collapse_signal(h, records, t)
-    u_hit = next((r["step"] for r in records if max_group_log10_u(r) > t.u_high), None)
+    u_hit = next((r["step"] for r in records if max_group_log10_u(h, r) > t.u_high), None)
     if u_hit is not None:
         found.append((u_hit, "update ratio", f"a group's median log10 u above {t.u_high}"))
     return sorted(found, key=lambda s: s[0])
