@@ -1,0 +1,107 @@
+"""What every browser test shares: `streamlit run app/main.py` on a free localhost port, Playwright
+driving headless Chromium (Debian's /usr/bin/chromium), and a page opened and waited on until its
+charts are drawn. Test modules import the fixtures they use (`from browser_kit import browser, ...`).
+
+Screenshots go into a temporary folder; with SCRATCHSCOPE_REFRESH_SCREENSHOTS=1 into
+docs/screenshots/, which the README shows, so that running the tests leaves the checkout clean."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS_SHOTS = REPO / "docs" / "screenshots"
+REFRESH_ENV = "SCRATCHSCOPE_REFRESH_SCREENSHOTS"  # "1": the page tests rewrite the docs' screenshots
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+PAGES = {"overview": ("Overview", 2), "attention": ("Attention", 3), "dynamics": ("Training dynamics", 5),
+         "embeddings": ("Embeddings", 1), "lens": ("Logit lens", 2), "compare": ("Compare", 3)}
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    """Where the page screenshots go: the docs' folder only on request."""
+    return DOCS_SHOTS if os.environ.get(REFRESH_ENV) == "1" else tmp_path_factory.mktemp("screenshots")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serve(env: dict[str, str] | None = None) -> Iterator[str]:
+    """`streamlit run app/main.py` on a free localhost port (extra environment from `env`)."""
+    if not CHROMIUM.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{CHROMIUM} is missing: .ci/run installs Debian's chromium")
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.headless", "true",
+         "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            try:
+                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).status == 200:
+                    break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("streamlit did not come up: " + (proc.stdout.read() if proc.poll() is not None else ""))
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server():
+    with serve() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def open_page(browser, url: str, name: str, run: str = "shakespeare_rms4"):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    path = "" if name == "overview" else name  # the default page lives at the root
+    page.goto(f"{url}/{path}?run={run}", timeout=120_000)
+    page.wait_for_selector('[data-testid="stApp"]', timeout=120_000)
+    title, charts = PAGES[name]
+    page.get_by_role("heading", name=title).first.wait_for(timeout=120_000)
+    page.wait_for_function(
+        f"document.querySelectorAll('[data-testid=\"stVegaLiteChart\"] canvas, "
+        f"[data-testid=\"stVegaLiteChart\"] svg').length >= {charts}", timeout=120_000)
+    page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=120_000)
+    page.wait_for_timeout(800)  # let vega finish drawing before the screenshot
+    assert page.locator('[data-testid="stException"]').count() == 0
+    return page
