@@ -34,8 +34,8 @@ from typing import Any, Iterable
 import torch
 
 from probes.args import entropy_parser as build_parser
-from probes.common import (as_batches, check_layer_head, model_device, print_json, require_attention,
-                           run_cli, to_jsonable, token_batches, tokens_or_text)
+from probes.common import (StopForward, as_batches, check_layer_head, eval_mode, model_device, print_json,
+                           require_attention, run_cli, to_jsonable, token_batches, tokens_or_text)
 from probes.timeline import uniform_series_entropy  # noqa: F401 (re-exported)
 from probes.row_stats import EPS, SUMS, PatternStats, collect_stats, log_keys  # noqa: F401 (re-exported)
 
@@ -167,6 +167,31 @@ def head_pattern(model: Any, tokens: torch.Tensor, layer: int, head: int) -> tup
                              fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", keep)])
     pattern = kept["p"]  # [q k]
     return pattern, attention_entropy(pattern)
+
+
+def layer_patterns(model: Any, tokens: torch.Tensor, layer: int) -> torch.Tensor:
+    """Every head's attention pattern in one layer on one window: the small multiples of a layer.
+
+    tokens: [1 pos] (pos <= n_ctx; a longer row is cut to its first window). Returns
+    [head q k] float64 on the CPU, `head_pattern(...)[0]` for each head from one forward pass
+    that stops once the layer's pattern is kept (later blocks and the unembedding are not run).
+    """
+    dims = require_attention(model)
+    check_layer_head(dims, layer, None)
+    (window,) = as_batches(tokens[:1], dims.n_ctx, dims.d_vocab)[:1]  # [1 pos]
+    kept: dict[str, torch.Tensor] = {}
+
+    def keep(pattern: torch.Tensor, hook: Any) -> None:  # [batch head q k]
+        kept["p"] = pattern[0].detach().double().cpu()  # [head q k]
+        raise StopForward
+
+    try:
+        with torch.no_grad(), eval_mode(model):
+            model.run_with_hooks(window.to(model_device(model)),
+                                 fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", keep)])
+    except StopForward:  # raised once the layer's pattern is kept
+        pass
+    return kept["p"]
 
 
 def describe_model(model: Any) -> str:
