@@ -165,23 +165,45 @@ def band_layer(lo: float = BAND[0], hi: float = BAND[1]) -> alt.Chart:
     return band + target
 
 
+MOST_LABELS = 40  # past this many positions an axis prints every k-th label; the tooltip names each
+PX_PER_LABEL = 12  # the least room a printed label gets
+FIT_PX = 600  # a position grid wider than this stretches to the page instead (the page is ~820 px at 1280)
+
+
+def position_axis(n: int, size_px: int, title: str) -> alt.Axis:
+    """An axis of n positions labelled "pos: token": every label when each gets PX_PER_LABEL and
+    there are at most MOST_LABELS, otherwise every k-th (0, k, 2k, ...) with the title saying so
+    (the marks' tooltips name every position)."""
+    every = max(1, math.ceil(n / MOST_LABELS), math.ceil(PX_PER_LABEL * n / max(size_px, 1)))
+    if every == 1:
+        return alt.Axis(title=title, labelOverlap=False, labelLimit=80)
+    return alt.Axis(title=f"{title} (a label every {every} positions; hover a cell for each)", labelOverlap=False,
+                    labelLimit=80, labelExpr=f"parseInt(split(datum.value, ':')[0]) % {every} == 0 ? datum.value : ''")
+
+
 def lens_grid(cells: pd.DataFrame, color: str, title: str) -> alt.Chart:
     """Layer x position: the top-1 token as text, coloured by the chosen measure; cells whose
-    measure is NaN (column NAN says "NaN") in the NaN colour."""
+    measure is NaN (column NAN says "NaN") in the NaN colour. Up to FIT_PX wide at its own size;
+    more positions than fit make a chart of width "container" (show it stretched: it fits the
+    page, every label or every k-th on the axis and each cell's position in its tooltip)."""
     scales = {"top-1 probability": alt.Scale(scheme="greens", domain=[0, 1]),
               "KL to final (nats)": alt.Scale(scheme="orangered"),
               "rank of the true next token": alt.Scale(scheme="purples", type="symlog")}
+    n = cells["label"].nunique()
+    step = min(38, FIT_PX // n)  # pixels per position at its own size
+    stretch = step < 14  # too many positions for FIT_PX: the page's width, ~12 px each at 1280 px
     base = alt.Chart(cells, title=title).encode(
-        x=alt.X("label:N", sort=list(dict.fromkeys(cells["label"])), title="position: input token"),
+        x=alt.X("label:N", sort=list(dict.fromkeys(cells["label"])),
+                axis=position_axis(n, FIT_PX if stretch else step * n, "position: input token")),
         y=alt.Y("layer:N", sort=list(dict.fromkeys(cells["layer"])), title="layer"))
     rect = base.mark_rect(stroke="white").encode(
         color=alt.Color(f"{color}:Q", scale=scales[color]), tooltip=["layer", "label", "top-k", color])
-    n = cells["label"].nunique()
-    step = max(14, min(38, 820 // n))  # pixels per position
     fits = step >= 30  # "(NaN)" in a cell; narrower cells leave the NaN colour and legend to say it
     text = base.transform_calculate(shown="datum['top-1'] == '(NaN)' ? '%s' : datum['top-1']"
-                                    % ("(NaN)" if fits else "")).mark_text(fontSize=11).encode(text="shown:N")
-    return _with_nan(rect, base, cells, text).properties(width=step * n, height=30 * cells["layer"].nunique())
+                                    % ("(NaN)" if fits else "")).mark_text(fontSize=10 if stretch else 11).encode(
+        text="shown:N")
+    return _with_nan(rect, base, cells, text).properties(
+        width="container" if stretch else step * n, height=30 * cells["layer"].nunique())
 
 
 def per_layer_line(data: pd.DataFrame, y: str, color: str, title: str) -> alt.Chart:

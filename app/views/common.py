@@ -59,13 +59,18 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def show(chart: Any, where: Any = None, stretch: bool = False) -> None:
+def show(chart: Any, where: Any = None, stretch: bool = False, **select: Any) -> Any:
     """Draw an Altair chart whose width/height mean the plot area (legends and titles come on top),
-    stretched to the column for line charts, at its own size for grids and heatmaps."""
+    stretched to the column for line charts and for a chart of width "container" (a grid with too
+    many positions for its own size), at its own size for grids and heatmaps. `select` (key,
+    on_select, selection_mode) makes a chart with a selection an input; its state is returned."""
     import altair as alt
 
+    stretch = stretch or getattr(chart, "width", None) == "container"
+
     autosize = alt.AutoSizeParams(type="fit-x" if stretch else "pad", contains="padding")
-    (where or st).altair_chart(chart.properties(autosize=autosize), width="stretch" if stretch else "content")
+    return (where or st).altair_chart(chart.properties(autosize=autosize), width="stretch" if stretch else "content",
+                                      **select)
 
 
 def has_attention(snap: Any) -> bool:
