@@ -60,21 +60,6 @@ def difference_grid(a: list[list[float]], b: list[list[float]], title: str) -> a
     return _with_nan(cells, base, data, text).properties(width=max(320, 90 * len(a[0])), height=44 * len(a))
 
 
-def pattern_heatmap(pattern: list[list[float]], labels: list[str], pieces: list[str], title: str) -> alt.Chart:
-    """A head's attention: query rows against key columns, token labels on both axes."""
-    rows = [{"query": labels[q], "key": labels[k], "q": q, "k": k, "p": p,
-             "query token": repr(pieces[q]), "key token": repr(pieces[k])}
-            for q, row in enumerate(pattern) for k, p in enumerate(row) if k <= q]
-    order = labels
-    size = max(240, min(640, 16 * len(labels)))
-    return alt.Chart(pd.DataFrame(rows), title=title).mark_rect().encode(
-        x=alt.X("key:N", sort=order, title="key (position: token)"),
-        y=alt.Y("query:N", sort=order, title="query (position: token)"),
-        color=alt.Color("p:Q", scale=alt.Scale(scheme="blues", domain=[0, 1]), title="attention"),
-        tooltip=["q", "query token", "k", "key token", alt.Tooltip("p:Q", format=".3f")],
-    ).properties(width=size, height=size)
-
-
 def row_entropy_line(values: list[float], labels: list[str]) -> alt.Chart:
     data = pd.DataFrame({"position": list(range(len(values))), "token": labels,
                          "entropy (nats)": [_finite(v) for v in values],

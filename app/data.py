@@ -167,6 +167,15 @@ def head(path: str, modified: float, text: str, layer: int, head_index: int,
             "pieces": pieces(snap, ids[0].tolist())}
 
 
+@st.cache_data(max_entries=64, show_spinner=False)
+def layer_patterns(path: str, modified: float, text: str, layer: int, preset: str | None = None) -> dict[str, Any]:
+    """Every head's pattern in one layer (probes.entropy.layer_patterns): [head q k] as lists."""
+    snap = load(path, modified, preset)
+    ids = encode(snap, text)
+    patterns = entropy.layer_patterns(snap.model, ids, layer)  # [head q k]
+    return {"patterns": patterns.tolist(), "pieces": pieces(snap, ids[0, :patterns.shape[-1]].tolist())}
+
+
 @st.cache_data(max_entries=64, show_spinner="Running the logit lens...")
 def lens(path: str, modified: float, text: str, k: int = 5, preset: str | None = None) -> dict[str, Any]:
     snap = load(path, modified, preset)
