@@ -130,5 +130,5 @@ def token_view(pattern: list[list[float]], pieces: list[str], query: int, title:
         strokeWidth=alt.condition(hover, alt.value(3), alt.value(1)),
         tooltip=[alt.Tooltip("label:N", title="position: token")]).add_params(hover)
     lines = math.ceil(n / per_line)
-    return alt.layer(fill, future, words, weights, boxes, title=title).properties(
-        width=36 * min(n, per_line), height=42 * lines)
+    return alt.layer(fill, future, words, weights, boxes, title=title).properties(  # n^2 rows, ~5n marks: SVG
+        width=36 * min(n, per_line), height=42 * lines, usermeta={"embedOptions": {"renderer": "svg"}})

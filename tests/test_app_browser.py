@@ -22,9 +22,11 @@ def test_every_page_renders_its_charts_and_is_photographed(server, browser, shot
 
 def test_picking_another_head_changes_the_heatmap(server, browser):
     page = open_page(browser, server, "attention")
-    heatmap = page.locator('[data-testid="stVegaLiteChart"]').nth(1)
+    heatmap = page.locator('[data-testid="stVegaLiteChart"]').nth(2)  # after the entropy and head-type grids
+    heatmap.scroll_into_view_if_needed()
     before = heatmap.screenshot()
-    page.get_by_text("L0H0:", exact=False).first.wait_for()
+    caption = page.locator('[data-testid="stMarkdown"]').filter(has_text="entropy")  # not the small multiples' titles
+    caption.filter(has_text="L0H0:").first.wait_for()
     box = page.locator('[data-testid="stSelectbox"]').filter(has_text="head")
     options = page.get_by_role("option")
     for _ in range(5):  # the first click can land while the page is still settling
@@ -36,11 +38,11 @@ def test_picking_another_head_changes_the_heatmap(server, browser):
     options.first.wait_for(timeout=30_000)
     texts = [options.nth(i).inner_text().strip() for i in range(options.count())]
     options.nth(texts.index("2")).click()
-    page.get_by_text("L0H2:", exact=False).first.wait_for(timeout=60_000)
+    caption.filter(has_text="L0H2:").first.wait_for(timeout=60_000)
     deadline = time.time() + 60
     while time.time() < deadline:  # vega redraws a moment after the page text changes
         page.wait_for_timeout(500)
-        after = page.locator('[data-testid="stVegaLiteChart"]').nth(1).screenshot()
+        after = page.locator('[data-testid="stVegaLiteChart"]').nth(2).screenshot()
         if after != before:
             break
     assert after != before, "the heatmap did not change after picking head 2"
