@@ -24,7 +24,9 @@ CHARTS = {"entropy": 0, "types": 1, "heatmap": 2, "rows": 3, "multiples": 4, "to
 
 def click(at, chart: str, layer: int, head: int):
     """What the browser sends when a cell is clicked: the chart's selection state, as
-    {"selection": {"pick": [{"head": h, "layer": l}]}}, beside every other widget's value."""
+    {"selection": {"pick": [{"head": h, "layer": l}]}}, beside every other widget's value.
+    AppTest cannot click a chart, so the state goes in through its own run (AppTest._run) with
+    the widget states it would send itself; the page's on_select callback does the rest."""
     element = at.get("vega_lite_chart")[CHARTS[chart]]
     assert element.proto.id and list(element.proto.selection_mode) == [charts_attention.PICK]
     states = at._tree.get_widget_states()
