@@ -218,3 +218,43 @@ def test_a_lone_snapshot_and_a_run_without_metrics_are_info_lines(start, tmp_pat
     assert any(i.value.startswith("No metrics yet from quiet_run") for i in at.info)
     loss = rows_of(at, "loss (solid: train, dashed: val)", "loss")
     assert set(loss["run"]) == {"mha4"}
+
+
+# --------------------------------------------------------------------------- the pure row builders
+
+
+def test_the_default_second_run_shares_the_preset_else_the_family_else_comes_next():
+    from app.overlay_data import default_runs
+
+    families = {"a": ("p1", "transformer"), "b": ("p2", "mlp"), "c": ("p2", "transformer"), "d": ("p1", "mlp")}
+    assert default_runs("a", families) == ["a", "d"]  # same preset, though later than a same-family run
+    assert default_runs("c", families) == ["c", "b"]  # the search wraps after the last run
+    assert default_runs("b", {"b": (None, "mlp"), "x": (None, "transformer"), "y": (None, "mlp")}) == ["b", "y"]
+    assert default_runs("b", {"b": (None, None), "x": ("q", "transformer")}) == ["b", "x"]
+    assert default_runs("b", {"b": (None, None)}) == ["b"]
+    assert default_runs(None, families) == [] and default_runs("lone/step_0", families) == []
+
+
+def test_entropy_rows_average_the_heads_and_a_nan_head_makes_the_mean_nan():
+    from app.overlay_data import entropy_rows, first_nonfinite
+
+    records = [{"step": 0, "tokens": 0, "attn_entropy": {"0": [1.0, 3.0], "1": [2.0]}},
+               {"step": 4, "tokens": 40, "attn_entropy": {"0": [None, 3.0], "1": [None]}}]
+    mean = entropy_rows("r", records, None, 2.0, "h")
+    assert [(r["layer"], r["step"], r["tokens"]) for r in mean] == [(0, 0, 0), (1, 0, 0), (0, 4, 40), (1, 4, 40)]
+    assert [r["h"] for r in mean][:2] == [1.0, 1.0] and all(math.isnan(r["h"]) for r in mean[2:])
+    head1 = entropy_rows("r", records[:1], 1, None, "h")
+    assert [(r["layer"], r["h"]) for r in head1] == [(0, 3.0)]  # layer 1 has no head 1
+    marks = first_nonfinite(mean, "h")
+    assert [(m["run"], m["step"], m["tokens"]) for m in marks] == [("r", 4, 40), ("r", 4, 40)]  # one per line
+
+
+def test_the_config_diff_keeps_types_apart_and_says_absent():
+    from app.overlay_data import ABSENT, config_diff
+
+    a = {"train": {"lr": 5, "betas": [0.9, 0.99]}, "model": {"n": 2}, "command": "x"}
+    b = {"train": {"lr": "5", "betas": [0.9, 0.99]}, "model": {"n": 2, "bias": False}, "command": "y"}
+    assert config_diff({"a": a, "b": b}) == [{"field": "train.lr", "a": "5", "b": "5"},
+                                             {"field": "model.bias", "a": ABSENT, "b": "false"}]
+    assert [r["field"] for r in config_diff({"a": a, "b": b}, launch=True)] == ["train.lr", "command", "model.bias"]
+    assert config_diff({"a": a, "b": dict(a)}) == []
