@@ -146,6 +146,18 @@ def test_two_runs_overlaid_carry_their_logged_losses_lr_entropy_and_u(start):
     spec = json.loads(chart(at, "loss (solid: train, dashed: val)").proto.spec)
     assert spec["layer"][0]["encoding"]["x"]["field"] == "tokens"
 
+    at.slider(key="overlay_smoothing").set_value(0.6).run()
+    at.toggle(key="overlay_log").set_value(True).run()
+    loss = rows_of(at, "loss (solid: train, dashed: val)", "smoothed")
+    train = loss[(loss["run"] == ADAM) & (loss["curve"] == "train loss")].sort_values("step")
+    last, ema = 0.0, []
+    for n, value in enumerate((v for _, v in expected(ADAM, "train_loss")), start=1):  # TensorBoard's, by hand
+        last = 0.6 * last + 0.4 * value
+        ema.append(last / (1 - 0.6 ** n))
+    assert train["smoothed"].tolist() == pytest.approx(ema)  # each run's curve smoothed on its own
+    spec = json.loads(chart(at, "loss (solid: train, dashed: val)").proto.spec)
+    assert [layer["encoding"]["y"]["scale"]["type"] for layer in spec["layer"][:2]] == ["log", "log"]
+
 
 def test_the_config_diff_lists_exactly_the_fields_that_differ(start):
     at = start([SHIPPED / SGD, SHIPPED / ADAM], SGD)
