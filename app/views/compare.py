@@ -1,4 +1,7 @@
-"""Compare: how do two snapshots of a run, or two runs, differ on the same text?"""
+"""Compare: how do runs differ over training, and two snapshots (of any runs) on the same text?
+
+Runs overlaid and their config diff come first (`app.views.overlay`); then two snapshots A and B,
+each any snapshot of any run, side by side: entropy grids, their difference, logit-lens KL."""
 
 from __future__ import annotations
 
@@ -7,15 +10,26 @@ import streamlit as st
 
 from app import charts, data
 from models.store.run import snapshot_step
+from app.views import overlay
 from app.views.common import Selection, first_line, has_attention, page, show
 
 
-@page("Compare", "How do two snapshots of a run, or two runs, differ on the same text?")
+@page("Compare", "How do runs differ over training, and two snapshots on the same text?")
 def render(sel: Selection) -> None:
-    options = {f"{sel.run.label} / {p.name}": (sel.run, p) for p in sel.run.snapshots()}
-    for source in sel.sources:
-        if source.path != sel.run.path:
-            options.update({f"{source.label} / {p.name}": (source, p) for p in source.snapshots()[-1:]})
+    overlay.section(sel)
+    snapshots(sel)
+
+
+def snapshot_options(sel: Selection) -> dict[str, tuple[data.Source, object]]:
+    """"run / step_NNNNNN" -> (source, snapshot path) for every snapshot of every source, the
+    sidebar's run first."""
+    ordered = [sel.run] + [s for s in sel.sources if s.path != sel.run.path]
+    return {f"{source.label} / {p.name}": (source, p) for source in ordered for p in source.snapshots()}
+
+
+def snapshots(sel: Selection) -> None:
+    st.subheader("Snapshots side by side")
+    options = snapshot_options(sel)
     labels = list(options)
     here = f"{sel.run.label} / {sel.snapshot.name}"
     other_default = next((l for l in labels if l != here), here)
