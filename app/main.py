@@ -125,6 +125,7 @@ def main() -> None:
     pages = [st.Page(f"screens/{name}.py", title=title, url_path=name, default=name == default)
              for name, title in PAGES]
     st.navigation(pages).run()
+    data.warm_imports()  # after the page is drawn: the import would hold up its first chart
 
 
 main()
