@@ -22,6 +22,7 @@ import streamlit as st  # noqa: E402
 
 from app import catalog, data  # noqa: E402
 from app.views.common import PAGES, Selection  # noqa: E402
+from app.views.live import FOLLOWS_NEWEST, newest_unless_moved, snapshot_slider_key  # noqa: E402
 
 
 def run_roots() -> list[Path]:
@@ -82,7 +83,9 @@ def sidebar() -> tuple[Selection | None, list[data.Source]]:
         st.sidebar.error(f"{chosen.path} holds no snapshots")
         return None, sources
     names = [p.name for p in snaps]
-    name = st.sidebar.select_slider("snapshot", names, value=names[-1], key=f"snap:{chosen.path}") \
+    key = snapshot_slider_key(chosen)
+    newest_unless_moved(key, names)
+    name = st.sidebar.select_slider("snapshot", names, key=key, help=FOLLOWS_NEWEST) \
         if len(names) > 1 else names[0]
     return Selection(chosen, snaps[names.index(name)], pick_text(chosen), sources), sources
 
