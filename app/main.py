@@ -101,6 +101,9 @@ def follow_requests(sources: list[data.Source], typed: list[data.Source]) -> Non
     found = catalog.find(sources, wanted)
     if found is not None and st.session_state.get("linked_run") != wanted:
         st.session_state["run"] = found.label
+        # said again: a page link into the default page (the Overview, once `?run=` is there) loses
+        # its query in the browser's address; this write puts it back (reload and share keep the run)
+        st.query_params["run"] = wanted
     st.session_state["linked_run"] = wanted
 
 
@@ -122,6 +125,7 @@ def main() -> None:
     st.set_page_config(page_title="scratchscope", layout="wide")
     selection, sources = sidebar()
     st.session_state["selection"], st.session_state["sources"] = selection, sources
+    st.session_state["run_roots"] = run_roots()  # the landing view watches them for new runs
     unknown_run(sources)
     jump = catalog.find(sources, st.query_params.get("run")) is not None  # a link to a run: its Overview
     default = "overview" if jump else "home"
