@@ -91,6 +91,9 @@ def load(path: str, modified: float, preset: str | None = None) -> Any:
     from models.checkpoint import load_checkpoint
 
     torch.set_grad_enabled(True)
+    # one intra-op thread: the models are small, and with two on a shared 2-core machine OpenMP's
+    # spin-waits made the Overview's 160-token sample take 22 s instead of 1 s (as tests/conftest.py)
+    torch.set_num_threads(1)
     return load_checkpoint(path, preset=preset)
 
 
