@@ -85,7 +85,7 @@ def pages_section(args: argparse.Namespace) -> None:
     import torch
     from streamlit.testing.v1 import AppTest
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # as the app runs its models (app.data.load)
     calls = probe_calls(REPO / "checkpoints" / args.run)
     at = AppTest.from_file(str(REPO / "app" / "main.py"), default_timeout=300)
     at.run()
