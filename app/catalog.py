@@ -19,8 +19,6 @@ from app import data
 from app.views.common import first_line
 from models.store.files import read_json_object
 from models.store.run import is_run_dir, is_snapshot_dir, list_snapshots, read_metrics, read_run_json
-from models.store.series import SERIES_SUFFIXES
-from models.store.snapshot import MODEL_FILE
 from probes.run_history import is_finite
 from probes.signals import nonfinite_in
 
@@ -67,6 +65,9 @@ def find(sources: list[data.Source], wanted: str | None) -> data.Source | None:
 def typed(text: str, preset: str | None) -> list[data.Source]:
     """The sources a typed path opens: a run, a snapshot, a series .pt with a preset, or every run in
     a folder of runs; ValueError (one line, shown in the sidebar) for anything else."""
+    from models.store.series import SERIES_SUFFIXES  # both import torch: only when a path is typed
+    from models.store.snapshot import MODEL_FILE
+
     path = Path(text).expanduser()
     if not path.exists():
         raise ValueError(f"{path} does not exist")

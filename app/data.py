@@ -3,23 +3,35 @@
 Models are `st.cache_resource` keyed by path and modification time (a retrained snapshot is
 reloaded); probe results are `st.cache_data` keyed by plain values. Every number comes from a
 probe (`probes.*`) or a run reader (`models.*`); this module only reshapes them for charts.
+
+torch, TransformerLens (which the models' hook points need) and the probes are imported where
+they are used, not here: they take ~9 s to import on a 2-core machine, and the landing view, the
+sidebar and the Overview's curves need none of them. `warm_imports` loads them in the background
+once the first page is drawn.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
 import os
 import random
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import streamlit as st
-import torch
 
-from models.checkpoint import is_run_dir, is_snapshot_dir, list_snapshots, load_checkpoint, read_metrics
-from models.store.run import read_run_json
-from models.sample import continue_text
-from probes import degenerate, diagnose, entropy, logit_lens, neighbours, projection, updates
+from models.store.run import is_run_dir, is_snapshot_dir, list_snapshots, read_metrics, read_run_json
+
+if TYPE_CHECKING:
+    import torch
+
+    from probes import diagnose, updates
+
+HEAVY_MODULES = ("torch", "models.checkpoint", "models.sample", "probes.degenerate", "probes.entropy",
+                 "probes.logit_lens", "probes.neighbours", "probes.projection", "probes.updates")
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun."
@@ -74,7 +86,14 @@ def mtime(path: Path) -> float:
 @st.cache_resource(max_entries=8, show_spinner="Loading the model...")
 def load(path: str, modified: float, preset: str | None = None) -> Any:
     """A Snapshot (model in eval mode, tokenizer, config, meta); `modified` keys the cache."""
+    import torch
+
+    from models.checkpoint import load_checkpoint
+
     torch.set_grad_enabled(True)
+    # one intra-op thread: the models are small, and with two on a shared 2-core machine OpenMP's
+    # spin-waits made the Overview's 160-token sample take 22 s instead of 1 s (as tests/conftest.py)
+    torch.set_num_threads(1)
     return load_checkpoint(path, preset=preset)
 
 
@@ -84,6 +103,8 @@ def snapshot(path: Path, preset: str | None = None) -> Any:
 
 def encode(snap: Any, text: str) -> torch.Tensor:
     """[1 pos] ids of `text` cut to the model's context (the app shows one window)."""
+    import torch
+
     if not text:
         raise ValueError("the text is empty: type some text in the sidebar")
     if snap.tokenizer is None:
@@ -94,12 +115,35 @@ def encode(snap: Any, text: str) -> torch.Tensor:
 
 
 def pieces(snap: Any, ids: list[int]) -> list[str]:
+    from probes import neighbours
+
     return [neighbours.token_piece(snap.tokenizer, i) or str(i) for i in ids]
 
 
 def shown(piece: str) -> str:
     """Whitespace made visible for axis labels."""
     return piece.replace("\n", "⏎").replace(" ", "␣").replace("\t", "⇥") or "∅"
+
+
+def warm_imports() -> None:
+    """Import torch, the models and the probes in a background thread, once per server: the first
+    model a user opens then loads without waiting for them. Called after a page is drawn, as the
+    import holds the interpreter lock for seconds at a time."""
+    global _warming
+    if _warming is None:
+        _warming = threading.Thread(target=_import_heavy, name="scratchscope-warm-imports", daemon=True)
+        _warming.start()
+
+
+def _import_heavy() -> None:
+    try:
+        for name in HEAVY_MODULES:
+            importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - the page that needs the module imports it again and says why
+        logging.getLogger(__name__).debug("warming the imports failed", exc_info=True)
+
+
+_warming: threading.Thread | None = None
 
 
 # --------------------------------------------------------------------------- runs
@@ -149,6 +193,8 @@ def random_passage(path: Path, length: int, seed: int) -> str:
 
 @st.cache_data(max_entries=64, show_spinner="Measuring attention...")
 def attention(path: str, modified: float, text: str, preset: str | None = None) -> dict[str, Any]:
+    from probes import degenerate
+
     snap = load(path, modified, preset)
     ids = encode(snap, text)
     result = degenerate.run(snap.model, ids)  # its evidence carries both entropies: one pass
@@ -160,6 +206,8 @@ def attention(path: str, modified: float, text: str, preset: str | None = None) 
 @st.cache_data(max_entries=64, show_spinner=False)
 def head(path: str, modified: float, text: str, layer: int, head_index: int,
          preset: str | None = None) -> dict[str, Any]:
+    from probes import entropy
+
     snap = load(path, modified, preset)
     ids = encode(snap, text)
     pattern, row_entropy = entropy.head_pattern(snap.model, ids, layer, head_index)
@@ -178,6 +226,8 @@ def layer_patterns(path: str, modified: float, text: str, layer: int, preset: st
 
 @st.cache_data(max_entries=64, show_spinner="Running the logit lens...")
 def lens(path: str, modified: float, text: str, k: int = 5, preset: str | None = None) -> dict[str, Any]:
+    from probes import logit_lens
+
     snap = load(path, modified, preset)
     ids = encode(snap, text)
     result = logit_lens.run(snap.model, ids, k=k, tokenizer=snap.tokenizer)
@@ -189,6 +239,8 @@ def lens(path: str, modified: float, text: str, k: int = 5, preset: str | None =
 @st.cache_data(max_entries=64, show_spinner=False)
 def nearest(path: str, modified: float, token: str, k: int, table: str,
             preset: str | None = None) -> dict[str, Any]:
+    from probes import neighbours
+
     snap = load(path, modified, preset)
     result = neighbours.run(snap.model, token, k=k, table=table, tokenizer=snap.tokenizer).to_dict()
     keys = neighbours.tables_for(snap.model, table)[1]  # what the neighbours were searched in
@@ -199,6 +251,8 @@ def nearest(path: str, modified: float, token: str, k: int, table: str,
 
 @st.cache_data(max_entries=16, show_spinner="Projecting the embedding table...")
 def embedding_map(path: str, modified: float, table: str, preset: str | None = None) -> dict[str, Any]:
+    from probes import projection
+
     snap = load(path, modified, preset)
     coords, explained = projection.run(snap.model, table)
     return {"x": coords[:, 0].tolist(), "y": coords[:, 1].tolist(), "explained": explained.tolist(),
@@ -208,6 +262,8 @@ def embedding_map(path: str, modified: float, table: str, preset: str | None = N
 @st.cache_data(max_entries=32, show_spinner=False)
 def sample(path: str, modified: float, prompt: str, n: int, greedy: bool, temperature: float,
            seed: int, preset: str | None = None) -> str:
+    from models.sample import continue_text
+
     snap = load(path, modified, preset)
     return continue_text(snap, prompt, n, greedy=greedy, temperature=temperature, seed=seed)
 
@@ -218,6 +274,8 @@ def update_history(run: Path, modified: float) -> updates.UpdateHistory:
 
 @st.cache_data(max_entries=16, show_spinner=False)
 def _update_history(run: str, modified: float) -> updates.UpdateHistory:
+    from probes import updates
+
     return updates.from_run(run)
 
 
@@ -229,6 +287,8 @@ def diagnosis(run: Path) -> diagnose.Diagnosis:
 
 @st.cache_data(max_entries=16, show_spinner=False)
 def _diagnosis(run: str, modified: float) -> diagnose.Diagnosis:
+    from probes import diagnose
+
     return diagnose.run(run)
 
 
@@ -261,7 +321,7 @@ def tuned(path: str, modified: float, lens_modified: float, text: str, k: int = 
           preset: str | None = None) -> dict[str, Any]:
     """The tuned lens saved beside the snapshot, on the text: the logit lens's fields plus the
     translators' training record; raises ProbeInputError (one line) for a lens of another model."""
-    from probes import tuned_lens
+    from probes import logit_lens, tuned_lens
 
     snap = load(path, modified, preset)
     lens = tuned_lens.load(snap)

@@ -22,6 +22,7 @@ import streamlit as st  # noqa: E402
 
 from app import catalog, data  # noqa: E402
 from app.views.common import PAGES, Selection  # noqa: E402
+from app.views.live import FOLLOWS_NEWEST, newest_unless_moved, snapshot_slider_key  # noqa: E402
 
 
 def run_roots() -> list[Path]:
@@ -82,7 +83,9 @@ def sidebar() -> tuple[Selection | None, list[data.Source]]:
         st.sidebar.error(f"{chosen.path} holds no snapshots")
         return None, sources
     names = [p.name for p in snaps]
-    name = st.sidebar.select_slider("snapshot", names, value=names[-1], key=f"snap:{chosen.path}") \
+    key = snapshot_slider_key(chosen)
+    newest_unless_moved(key, names)
+    name = st.sidebar.select_slider("snapshot", names, key=key, help=FOLLOWS_NEWEST) \
         if len(names) > 1 else names[0]
     return Selection(chosen, snaps[names.index(name)], pick_text(chosen), sources), sources
 
@@ -98,6 +101,9 @@ def follow_requests(sources: list[data.Source], typed: list[data.Source]) -> Non
     found = catalog.find(sources, wanted)
     if found is not None and st.session_state.get("linked_run") != wanted:
         st.session_state["run"] = found.label
+        # said again: a page link into the default page (the Overview, once `?run=` is there) loses
+        # its query in the browser's address; this write puts it back (reload and share keep the run)
+        st.query_params["run"] = wanted
     st.session_state["linked_run"] = wanted
 
 
@@ -119,12 +125,14 @@ def main() -> None:
     st.set_page_config(page_title="scratchscope", layout="wide")
     selection, sources = sidebar()
     st.session_state["selection"], st.session_state["sources"] = selection, sources
+    st.session_state["run_roots"] = run_roots()  # the landing view watches them for new runs
     unknown_run(sources)
     jump = catalog.find(sources, st.query_params.get("run")) is not None  # a link to a run: its Overview
     default = "overview" if jump else "home"
     pages = [st.Page(f"screens/{name}.py", title=title, url_path=name, default=name == default)
              for name, title in PAGES]
     st.navigation(pages).run()
+    data.warm_imports()  # after the page is drawn: the import would hold up its first chart
 
 
 main()

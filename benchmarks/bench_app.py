@@ -1,12 +1,18 @@
-"""What each app page costs beyond the probes it calls, measured side by side in one run.
+"""What the app costs in a browser and per page, each measured beside its baseline in one run.
 
-    python benchmarks/bench_app.py                     # on checkpoints/shakespeare_rms4
-    python benchmarks/bench_app.py --run char_mlp
+    python benchmarks/bench_app.py                     # both sections
+    python benchmarks/bench_app.py --skip-pages        # the browser section only
+    python benchmarks/bench_app.py --skip-browser --run char_mlp
 
-For every page: its first render with the model already cached and no probe result cached
-(Streamlit's AppTest runs the page script in-process, as the server does), against the same
-probe calls made directly. Goal: a page costs at most 1.2x its probes, and under 2 s.
-Medians of --repeats renders, page and probes alternated.
+1. Browser (headless Chromium, benchmarks/browser_timing.py), against a bare Streamlit app (a
+   title, a toggle and one small Altair chart per page, two pages): cold start, a fresh
+   `streamlit run` to the first chart of `/?run=shakespeare_gpt` (the Overview) drawn; then, on
+   that warm server with the model cached, page switches in the navigation and a widget change
+   (the loss chart's log-y toggle) to their charts redrawn. Goals: cold start under 4 s, every
+   switch or change under 1.5 s. Medians of --cold-repeats fresh servers.
+2. Pages (AppTest, in-process as the server runs them): every page's first render with the model
+   cached and no probe result cached, against the same probe calls made directly. Goal: a page
+   costs at most 1.2x its probes. Medians of --repeats renders, page and probes alternated.
 """
 
 from __future__ import annotations
@@ -56,18 +62,30 @@ def probe_calls(run: Path):
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--run", default="shakespeare_rms4", help="a run under checkpoints/")
-    p.add_argument("--repeats", type=int, default=3)
-    args = p.parse_args()
+    p.add_argument("--run", default="shakespeare_rms4", help="a run under checkpoints/ (the pages section)")
+    p.add_argument("--repeats", type=int, default=3, help="renders per page in the pages section")
+    p.add_argument("--cold-repeats", type=int, default=3, help="fresh servers per app in the browser section")
+    p.add_argument("--skip-browser", action="store_true", help="leave out the browser section")
+    p.add_argument("--skip-pages", action="store_true", help="leave out the AppTest pages section")
+    args = p.parse_args(argv)
+    if not args.skip_browser:
+        from browser_timing import report
+
+        report(REPO, args.cold_repeats)
+    if not args.skip_pages:
+        pages_section(args)
+
+
+def pages_section(args: argparse.Namespace) -> None:
     os.environ["SCRATCHSCOPE_RUNS"] = str(REPO / "checkpoints" / args.run)
     os.environ["SCRATCHSCOPE_NO_SHIPPED"] = "1"
     import streamlit as st
     import torch
     from streamlit.testing.v1 import AppTest
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # as the app runs its models (app.data.load)
     calls = probe_calls(REPO / "checkpoints" / args.run)
     at = AppTest.from_file(str(REPO / "app" / "main.py"), default_timeout=300)
     at.run()

@@ -177,7 +177,7 @@ def test_a_known_run_in_the_link_opens_its_overview_and_a_later_link_switches(st
 
 
 def test_the_landing_view_lists_each_run_with_its_state_without_loading_a_model(start, tmp_path, monkeypatch):
-    import app.data
+    import models.checkpoint
 
     live = tmp_path / "live_run"
     shutil.copytree(SHIPPED / "mha4", live)
@@ -186,7 +186,7 @@ def test_the_landing_view_lists_each_run_with_its_state_without_loading_a_model(
 
     def no_load(*args, **kwargs):
         raise AssertionError("the landing view loaded a model")
-    monkeypatch.setattr(app.data, "load_checkpoint", no_load)
+    monkeypatch.setattr(models.checkpoint, "load_checkpoint", no_load)  # app.data imports it when it loads
     at = start([SHIPPED / "transformer4_nan", SHIPPED / "shakespeare_rms4_adam", live])
     assert at.title[0].value == "Runs" and not at.error
     table = at.dataframe[0].value.set_index("run")

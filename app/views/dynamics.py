@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-from datetime import timedelta
 
 import pandas as pd
 import streamlit as st
 
 from app import charts, data, series
-from app.views import doctor, signals
+from app.views import doctor, live, signals
 from app.views.common import Selection, page, show
 from probes.timeline import uniform_series_entropy
 from probes.update_report import GROUPS
@@ -20,15 +19,13 @@ def render(sel: Selection) -> None:
     if not sel.run.is_run:
         st.info("A lone snapshot has no training history: open a run directory.")
         return
-    live = data.is_training(sel.run.path)
-    follow = st.toggle("follow the run live (re-read every 3 s)", value=live, key="follow")
+    follow = live.follow_toggle(sel.run, "follow")
+    live.live(body, follow)(sel, follow)
+
+
+def body(sel: Selection, follow: bool = False) -> None:
     if follow:
-        st.fragment(run_every=timedelta(seconds=3))(body)(sel)
-    else:
-        body(sel)
-
-
-def body(sel: Selection) -> None:
+        live.rerun_if_snapshots_changed(sel.run)  # the sidebar's slider must offer a new snapshot
     records = data.metrics(sel.run.path)
     if not records:
         st.info("No metrics yet: training has not logged its first step.")
@@ -141,8 +138,8 @@ def table_at_step(label: str, history) -> None:
     linked = linked_step(history.steps)
     if linked is not None:  # a finding's link: show its step (the widget then keeps the user's choice)
         st.session_state["gwu_step"] = linked
-    step = st.select_slider("step", history.steps, key="gwu_step",
-                            **({} if linked is not None else {"value": history.steps[-1]}))
+    live.newest_unless_moved("gwu_step", history.steps)
+    step = st.select_slider("step", history.steps, key="gwu_step", help=live.FOLLOWS_NEWEST)
     report = history.at(step)
     rows = [{"parameter": name, "group": report.group_of[name], "g": row["g"], "w": row["w"], "u": row["u"],
              "u_nominal": row["u_nominal"], "log10 u": row["log10_u"],

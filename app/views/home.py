@@ -2,6 +2,8 @@
 
 It reads each run's files only (run.json, metrics.jsonl; no model is loaded) and the run doctor's
 cached verdict (`app.catalog.summary`), so it opens at once; a link per run opens its Overview.
+It keeps itself current: a run folder that appears under the run roots is listed within
+WATCH_EVERY (one full rerun, so the sidebar lists it too), and while a run trains its row re-reads.
 """
 
 from __future__ import annotations
@@ -9,7 +11,12 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from datetime import timedelta
+
 from app import catalog, data
+from app.views import live
+
+WATCH_EVERY = timedelta(seconds=5)
 
 COLUMNS = ["run", "model", "steps", "snapshots", "last val loss", "state", "doctor"]
 STATE_COLOURS = {"healthy": "#2ca02c", "diverged": "#d62728", "training now": "#1f77b4",
@@ -20,23 +27,36 @@ def render(sources: list[data.Source]) -> None:
     st.title("Runs")
     st.caption("Which run do you want to look at? Pick one below or in the sidebar; "
                "`?run=NAME` in the address opens a run's Overview directly.")
+    st.fragment(watch_runs, run_every=WATCH_EVERY)(sources)
     if not sources:
         st.info("No runs found: pass `-- --runs DIR` to `streamlit run app/main.py`, or type a path "
                 "under \"Open a path\" in the sidebar.")
         return
-    table = pd.DataFrame([catalog.summary(s) for s in sources], columns=COLUMNS)
-    st.dataframe(table.style.map(colour, subset=["state", "doctor"]), hide_index=True, width="stretch",
+    live.live(table, any(s.is_run and data.is_training(s.path) for s in sources))(sources)
+    st.markdown("**Open a run**")
+    columns = st.columns(4)
+    for i, source in enumerate(sources):
+        columns[i % len(columns)].page_link("screens/overview.py", label=source.label,
+                                            query_params={"run": source.label}, icon=":material/arrow_forward:")
+
+
+def watch_runs(sources: list[data.Source]) -> None:
+    """Draws nothing: reruns the app when a run folder appeared under the run roots or one listed is gone."""
+    known = {s.path.resolve() for s in sources}
+    found = {s.path.resolve() for s in data.discover(st.session_state.get("run_roots") or [])}
+    if found - known or any(not s.path.exists() for s in sources):
+        st.rerun()
+
+
+def table(sources: list[data.Source]) -> None:
+    rows = pd.DataFrame([catalog.summary(s) for s in sources], columns=COLUMNS)
+    st.dataframe(rows.style.map(colour, subset=["state", "doctor"]), hide_index=True, width="stretch",
                  column_config={"steps": st.column_config.NumberColumn(format="%d", help="last logged step"),
                                 "state": st.column_config.TextColumn(
                                     help="healthy; diverged: a NaN/inf loss or a 'diverged' record; "
                                          "training now: metrics written in the last 2 minutes under a lock"),
                                 "doctor": st.column_config.TextColumn(
                                     help="the run doctor's verdict (probes.diagnose): see the Overview")})
-    st.markdown("**Open a run**")
-    columns = st.columns(4)
-    for i, source in enumerate(sources):
-        columns[i % len(columns)].page_link("screens/overview.py", label=source.label,
-                                            query_params={"run": source.label}, icon=":material/arrow_forward:")
 
 
 def colour(value: object) -> str:

@@ -5,16 +5,26 @@ from __future__ import annotations
 import streamlit as st
 
 from app import charts, data, series
-from app.views import doctor
+from app.views import doctor, live
 from app.views.controls import curve_controls, smoothed_frame
 from app.views.common import Selection, first_line, page, show
 
 
 @page("Overview", "What is this model, how did training go, and what does it write?")
 def render(sel: Selection) -> None:
-    doctor.section(sel)  # first: it reads the run's log, so it shows even when a snapshot is broken
+    follow = sel.run.is_run and live.follow_toggle(sel.run, "follow_overview")
+    # the run's log first: it shows even when a snapshot is broken, and before the model loads
+    live.live(doctor.section, follow)(sel)
+    facts = st.container()  # the model's numbers, filled in once the curves below are drawn
+    if sel.run.is_run:
+        live.live(curves, follow)(sel, follow)
     snap = data.snapshot(sel.snapshot, sel.run.preset)
-    cfg = snap.config
+    with facts:
+        model_facts(snap)
+    samples(sel, snap.config)
+
+
+def model_facts(snap) -> None:
     n_params = sum(p.numel() for p in snap.model.parameters())
     cols = st.columns(4)
     cols[0].metric("parameters", f"{n_params:,}")
@@ -26,18 +36,18 @@ def render(sel: Selection) -> None:
     if broken:
         st.error(f"{len(broken)} parameters hold NaN or inf: this snapshot diverged")
     with st.expander("model config"):
-        st.json(cfg.to_dict())
-    if sel.run.is_run:
-        curves(sel)
-    samples(sel, cfg)
+        st.json(snap.config.to_dict())
 
 
-def curves(sel: Selection) -> None:
+def curves(sel: Selection, follow: bool = False) -> None:
+    if follow:
+        live.rerun_if_snapshots_changed(sel.run)  # the sidebar's slider must offer a new snapshot
     records = data.metrics(sel.run.path)
     losses = series.rows(records, {"train loss": "train_loss", "val loss": "val_loss"}, "loss")
     if not losses:
         st.info("This run logged no losses yet.")
         return
+    st.caption(f"{len(records)} records, steps {records[0]['step']}..{records[-1]['step']}")
     log, weight = curve_controls("loss")
     left, right = st.columns(2)
     loss = charts.smoothed_over_steps(smoothed_frame(losses, "loss", "curve", weight), "loss", "curve",

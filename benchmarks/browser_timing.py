@@ -1,0 +1,188 @@
+"""Timing the app in a real headless Chromium (Debian's /usr/bin/chromium via Playwright), for
+benchmarks/bench_app.py: a fresh `streamlit run` to the first chart drawn, and a click (a page in
+the navigation, a widget) to its charts redrawn, each beside a bare Streamlit page doing the same.
+
+"Drawn" is read in the page itself: a MutationObserver stamps `performance.now()` each time a node
+changes inside a Vega chart, and a step ends at the last such change once the page has been quiet
+(no chart change, no running-man status widget) for QUIET_MS.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+QUIET_MS = 1500
+CHART = '[data-testid="stVegaLiteChart"]'
+
+WATCH = """() => {
+  window.__chartChanged = null; window.__firstChart = null; window.__running = 0;
+  setInterval(() => {  // the running-man widget: the last moment a script run was under way
+    if (document.querySelector('[data-testid="stStatusWidget"]')) window.__running = performance.now();
+  }, 50);
+  new MutationObserver(ms => {
+    if (!ms.some(m => m.target.closest && m.target.closest('%s'))) return;
+    window.__chartChanged = performance.now();
+    if (window.__firstChart === null && document.querySelector('%s canvas, %s svg'))
+      window.__firstChart = window.__chartChanged;
+  }).observe(document, {subtree: true, childList: true});
+}""" % (CHART, CHART, CHART)
+
+BARE_PAGE = """import altair as alt, pandas as pd, streamlit as st
+st.title("{title}")
+st.altair_chart(alt.Chart(pd.DataFrame({{"step": [0, 1, 2, 3], "loss": [4.0, 3.1, 2.7, 2.5]}}))
+                .mark_line().encode(x="step", y=alt.Y("loss", scale=alt.Scale(type="log" if st.toggle("log y-axis") else "linear"))))
+"""
+BARE_APP = """import streamlit as st
+st.navigation([st.Page("one.py", title="One", default=True), st.Page("two.py", title="Two")]).run()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def streamlit_server(script: Path, cwd: Path, env: dict[str, str]) -> Iterator[tuple[str, float]]:
+    """(url, the perf_counter() at which the process was started); the server is stopped after."""
+    port = free_port()
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(script), "--server.headless", "true",
+                             "--server.port", str(port), "--server.address", "127.0.0.1",
+                             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+                            cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            try:
+                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=1).status == 200:
+                    break
+            except OSError:
+                if proc.poll() is not None or time.perf_counter() - started > 120:
+                    raise RuntimeError(f"streamlit run {script} did not come up")
+                time.sleep(0.02)
+        yield url, started
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def settle(page, charts: int) -> float:
+    """performance.now() of the last chart change, once `charts` charts are drawn and the page is quiet."""
+    page.wait_for_function(f"document.querySelectorAll('{CHART} canvas, {CHART} svg').length >= {charts}",
+                           timeout=180_000)
+    while True:
+        page.wait_for_timeout(250)
+        quiet = page.evaluate(f"""() => !document.querySelector('[data-testid="stStatusWidget"]')
+                                       && performance.now() - window.__chartChanged > {QUIET_MS}""")
+        if quiet:
+            return page.evaluate("window.__chartChanged")
+
+
+def cold_start(browser, url: str, started: float, path: str, charts: int) -> tuple[dict[str, float], object]:
+    """A new tab on `path` of a server started at `started`: seconds to the server answering, to the
+    first chart drawn, to the page's script run done (its last chart drawn and no run under way);
+    and the tab."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.add_init_script(f"({WATCH})()")
+    opened = time.perf_counter()
+    page.goto(url + path, timeout=180_000)
+    drawn = settle(page, charts) / 1000  # the tab's clock starts at its navigation, just after `opened`
+    done = max(drawn, page.evaluate("window.__running") / 1000)
+    first = page.evaluate("window.__firstChart") / 1000
+    up = opened - started
+    return {"cold start: server up": up, "cold start: first chart": up + first,
+            "cold start: script done": up + done}, page
+
+
+def click_to_drawn(page, click, charts: int) -> float:
+    """Seconds from `click()` to its charts drawn (the tab's own clock on both ends)."""
+    page.evaluate("window.__chartChanged = null")
+    t0 = page.evaluate("performance.now()")
+    click()
+    page.wait_for_function("window.__chartChanged !== null", timeout=180_000)
+    return (settle(page, charts) - t0) / 1000
+
+
+def bare_app(folder: Path) -> Path:
+    """A bare Streamlit app in `folder`: pages One and Two, each a title, a toggle and one small chart."""
+    (folder / "one.py").write_text(BARE_PAGE.format(title="One"))
+    (folder / "two.py").write_text(BARE_PAGE.format(title="Two"))
+    (folder / "bare.py").write_text(BARE_APP)
+    return folder / "bare.py"
+
+
+@contextmanager
+def chromium() -> Iterator:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def nav_click(page, title: str):
+    return lambda: page.locator('[data-testid="stSidebarNav"] a').filter(has_text=title).first.click()
+
+
+def toggle_click(page, label: str):
+    return lambda: page.get_by_text(label, exact=True).first.click()
+
+
+def measure(browser, script: Path, cwd: Path, env: dict[str, str], path: str, charts: int,
+            steps: list[tuple[str, str, str, int]]) -> dict[str, float]:
+    """One fresh server: cold start (first chart, page quiet), then each (name, kind, target, charts)
+    step: kind "page" clicks `target` in the navigation, "toggle" clicks the toggle labelled so."""
+    with streamlit_server(script, cwd, env) as (url, started):
+        out, page = cold_start(browser, url, started, path, charts)
+        for name, kind, target, n in steps:
+            click = nav_click(page, target) if kind == "page" else toggle_click(page, target)
+            out[name] = click_to_drawn(page, click, n)
+        page.close()
+        return out
+
+
+def report(repo: Path, repeats: int) -> None:
+    import os
+    import statistics
+
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    app_steps = [("page switch", "page", "Training dynamics", 5), ("page switch back", "page", "Overview", 2),
+                 ("widget change", "toggle", "log y-axis", 2)]
+    bare_steps = [("page switch", "page", "Two", 1), ("page switch back", "page", "One", 1),
+                  ("widget change", "toggle", "log y-axis", 1)]
+    with chromium() as browser, tempfile.TemporaryDirectory() as folder:
+        bare = bare_app(Path(folder))
+        runs: dict[str, list[dict[str, float]]] = {"bare": [], "app": []}
+        for _ in range(repeats):  # alternated, so that a busy moment hits both
+            runs["bare"].append(measure(browser, bare, Path(folder), env, "/", 1, bare_steps))
+            runs["app"].append(measure(browser, repo / "app" / "main.py", repo, env, "/?run=shakespeare_gpt", 2,
+                                       app_steps))
+    print(f"== the app in headless Chromium vs a bare Streamlit app, median of {repeats} fresh servers "
+          f"({os.cpu_count()} cores)")
+    print(f"{'':<40}{'bare (s)':>10}{'app (s)':>10}{'app/bare':>10}{'goal (s)':>10}")
+    for name in runs["app"][0]:
+        bare_s = statistics.median(r[name] for r in runs["bare"])
+        app_s = statistics.median(r[name] for r in runs["app"])
+        goal = "4" if name.startswith("cold start: first") else "" if name.startswith("cold") else "1.5"
+        print(f"{name:<40}{bare_s:>10.2f}{app_s:>10.2f}{app_s / bare_s:>9.1f}x{goal:>10}")
+    print("app: /?run=shakespeare_gpt (Overview), then Training dynamics, back to the Overview, and its "
+          "loss chart's log-y toggle; bare: page One, Two, One, and its log-y toggle")
