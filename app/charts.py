@@ -17,6 +17,12 @@ ENTROPY_SCALE = alt.Scale(scheme="viridis", domain=[0, 1])
 BAND = (1e-4, 1e-2)  # the default g/w/u band; makemore's target is 1e-3
 
 
+
+def tooltips(columns: Any) -> list[alt.Tooltip]:
+    """One tooltip per column, as Tooltip objects: the same spec as plain column names, but Altair
+    then skips re-validating each name against its whole schema (half a line chart's build time)."""
+    return [alt.Tooltip(c) for c in columns]
+
 def entropy_grid(normalized: list[list[float]], verdicts: list[list[str]],
                  evidence: dict[str, list[list[Any]]], title: str = "") -> alt.Chart:
     """Layer x head cells coloured by normalised entropy, each marked with its verdict; a NaN
@@ -37,7 +43,7 @@ def entropy_grid(normalized: list[list[float]], verdicts: list[list[str]],
         color=alt.Color("normalised entropy:Q", scale=ENTROPY_SCALE,
                         legend=alt.Legend(title="normalised entropy: 0 one-hot, 1 uniform",
                                           orient="bottom", gradientLength=220, titleLimit=400)),
-        tooltip=[c for c in data.columns if c not in (NAN, "text")])
+        tooltip=tooltips(c for c in data.columns if c not in (NAN, "text")))
     text = base.mark_text(fontSize=11, lineBreak="\n").encode(
         text="text:N",
         color=alt.condition("datum['normalised entropy'] > 0.5", alt.value("black"), alt.value("white")))
@@ -94,7 +100,7 @@ def lines_over_steps(data: pd.DataFrame, y: str, color: str, title: str, log: bo
     return alt.Chart(data, title=title).mark_line(point=len(data) < 80, clip=domain is not None).encode(
         x=step_axis(), y=alt.Y(f"{y}:Q", scale=y_scale(log, domain), title=y_title or y),
         color=alt.Color(f"{color}:N", legend=legend()),
-        tooltip=list(data.columns),
+        tooltip=tooltips(data.columns),
     ).properties(height=height)
 
 
@@ -105,7 +111,7 @@ def smoothed_over_steps(data: pd.DataFrame, y: str, color: str, title: str, log:
     if "smoothed" not in data.columns:
         return lines_over_steps(data, y, color, title, log, height, y_title)
     base = alt.Chart(data, title=title).encode(
-        x=step_axis(), color=alt.Color(f"{color}:N", legend=legend()), tooltip=list(data.columns))
+        x=step_axis(), color=alt.Color(f"{color}:N", legend=legend()), tooltip=tooltips(data.columns))
     raw = base.mark_line(opacity=0.25).encode(y=alt.Y(f"{y}:Q", scale=y_scale(log), title=y_title or y))
     smooth = base.mark_line().encode(y=alt.Y("smoothed:Q", scale=y_scale(log), title=y_title or y))
     return alt.layer(raw, smooth).properties(height=height)
@@ -201,7 +207,7 @@ def per_layer_line(data: pd.DataFrame, y: str, color: str, title: str) -> alt.Ch
     base = alt.Chart(frame).encode(
         x=alt.X("layer:N", sort=order),
         color=alt.Color(f"{color}:N", legend=alt.Legend(orient="bottom", title=None)))
-    line = base.mark_line(point=True).encode(y=alt.Y(f"{y}:Q", title=y), tooltip=list(data.columns))
+    line = base.mark_line(point=True).encode(y=alt.Y(f"{y}:Q", title=y), tooltip=tooltips(data.columns))
     if not missing.any():
         return line.properties(title=title, height=220)
     nan = base.transform_filter(f"datum['{NAN}'] == 'NaN'")
@@ -252,7 +258,7 @@ def _with_nan(cells: alt.Chart, base: alt.Chart, data: pd.DataFrame, text: alt.C
     nan = base.transform_filter(f"datum['{NAN}'] == 'NaN'").mark_rect(stroke="white").encode(
         color=alt.Color(f"{NAN}:N", scale=alt.Scale(domain=["NaN"], range=[NAN_COLOUR]),
                         legend=alt.Legend(orient="bottom", title=None)),
-        tooltip=[c for c in data.columns if c != "text"])
+        tooltip=tooltips(c for c in data.columns if c != "text"))
     return alt.layer(cells, nan, text).resolve_scale(color="independent")
 
 

@@ -91,10 +91,19 @@ def load(path: str, modified: float, preset: str | None = None) -> Any:
     from models.checkpoint import load_checkpoint
 
     torch.set_grad_enabled(True)
-    # one intra-op thread: the models are small, and with two on a shared 2-core machine OpenMP's
-    # spin-waits made the Overview's 160-token sample take 22 s instead of 1 s (as tests/conftest.py)
-    torch.set_num_threads(1)
+    # one intra-op thread by default: the models are small, and with two on a shared 2-core machine
+    # OpenMP's spin-waits made the Overview's 160-token sample take 22 s instead of 1 s (as
+    # tests/conftest.py); SCRATCHSCOPE_TORCH_THREADS=N gives a GPT-2-sized model more
+    torch.set_num_threads(torch_threads())
     return load_checkpoint(path, preset=preset)
+
+
+def torch_threads() -> int:
+    """Intra-op threads for the app's torch: SCRATCHSCOPE_TORCH_THREADS (a positive integer), else 1."""
+    raw = os.environ.get("SCRATCHSCOPE_TORCH_THREADS") or "1"  # unset or empty: the default
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"SCRATCHSCOPE_TORCH_THREADS={raw!r} is not a positive integer")
+    return int(raw)
 
 
 def snapshot(path: Path, preset: str | None = None) -> Any:
@@ -218,6 +227,8 @@ def head(path: str, modified: float, text: str, layer: int, head_index: int,
 @st.cache_data(max_entries=64, show_spinner=False)
 def layer_patterns(path: str, modified: float, text: str, layer: int, preset: str | None = None) -> dict[str, Any]:
     """Every head's pattern in one layer (probes.entropy.layer_patterns): [head q k] as lists."""
+    from probes import entropy
+
     snap = load(path, modified, preset)
     ids = encode(snap, text)
     patterns = entropy.layer_patterns(snap.model, ids, layer)  # [head q k]

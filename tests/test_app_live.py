@@ -89,3 +89,16 @@ def test_a_run_folder_made_after_start_is_listed_at_the_next_rerun(app, runs):
     assert list(app.dataframe[0].value["run"]) == ["live_run", "second_run"]
     assert "second_run" in app.sidebar.selectbox(key="run").options
     assert {p.proto.query_string for p in app.get("page_link")} == {"run=live_run", "run=second_run"}
+
+
+def test_the_apps_torch_threads_come_from_the_environment_and_bad_values_are_refused(monkeypatch):
+    from app import data
+
+    monkeypatch.delenv("SCRATCHSCOPE_TORCH_THREADS", raising=False)
+    assert data.torch_threads() == 1
+    monkeypatch.setenv("SCRATCHSCOPE_TORCH_THREADS", "3")
+    assert data.torch_threads() == 3
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("SCRATCHSCOPE_TORCH_THREADS", bad)
+        with pytest.raises(ValueError, match="SCRATCHSCOPE_TORCH_THREADS"):
+            data.torch_threads()
