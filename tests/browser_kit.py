@@ -105,3 +105,15 @@ def open_page(browser, url: str, name: str, run: str = "shakespeare_rms4"):
     page.wait_for_timeout(800)  # let vega finish drawing before the screenshot
     assert page.locator('[data-testid="stException"]').count() == 0
     return page
+
+
+def photograph(page, path: Path, most: int = 3600) -> None:
+    """A screenshot of the whole page: Streamlit scrolls inside its main section, so Playwright's
+    full_page sees one screen; the window is first made as tall as the page (at most `most` px)."""
+    height = page.evaluate("""() => { const main = document.querySelector('[data-testid="stMain"]');
+                                      return main ? main.scrollHeight : document.body.scrollHeight; }""")
+    page.set_viewport_size({"width": page.viewport_size["width"], "height": max(900, min(most, height))})
+    page.wait_for_timeout(1500)  # charts stretched to the column redraw at the new size
+    path.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(path), full_page=True)
+

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from browser_kit import PAGES, REPO, browser, open_page, serve, server, shots  # noqa: F401 - fixtures
+from browser_kit import PAGES, REPO, browser, open_page, photograph, serve, server, shots  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.browser
 
@@ -14,8 +14,7 @@ pytestmark = pytest.mark.browser
 @pytest.mark.parametrize("name", list(PAGES))
 def test_every_page_renders_its_charts_and_is_photographed(server, browser, shots, name):
     page = open_page(browser, server, name)
-    shots.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
+    photograph(page, shots / f"{name}.png")
     assert (shots / f"{name}.png").stat().st_size > 10_000
     page.close()
 
