@@ -13,8 +13,8 @@ import os
 import shutil
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
+from chart_kit import frames, titles
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "app" / "main.py"
@@ -52,20 +52,6 @@ def logged(run: str) -> list[dict]:
             record = json.loads(line)
             kept[record["step"]] = record
     return [kept[s] for s in sorted(kept)]
-
-
-def frames(chart) -> list:
-    return [pa.ipc.open_stream(d.data.data).read_all().to_pandas() for d in chart.proto.datasets]
-
-
-def titles(spec: dict) -> list[str]:
-    found, stack = [], [spec]
-    while stack:
-        node = stack.pop()
-        title = node.get("title")
-        found += [title] if isinstance(title, str) else [title["text"]] if isinstance(title, dict) else []
-        stack += node.get("layer", [])
-    return found
 
 
 def chart(at, title: str):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from chart_kit import frames, titles
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "app" / "main.py"
@@ -58,22 +59,12 @@ def records(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def titles(spec: dict) -> list[str]:
-    found, stack = [], [spec]
-    while stack:
-        node = stack.pop()
-        title = node.get("title")
-        found += [title] if isinstance(title, str) else [title["text"]] if isinstance(title, dict) else []
-        stack += node.get("layer", [])
-    return found
-
-
 def chart(at, title: str) -> tuple[dict, list]:
     """(spec, datasets) of the chart titled `title`."""
     for c in at.get("vega_lite_chart"):
         spec = json.loads(c.proto.spec)
         if title in titles(spec):
-            return spec, [pa.ipc.open_stream(d.data.data).read_all().to_pandas() for d in c.proto.datasets]
+            return spec, frames(c)
     raise AssertionError(f"no chart titled {title!r}")
 
 
