@@ -43,14 +43,22 @@ def runs(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def app(runs, monkeypatch):
+    return fresh_app(runs, monkeypatch)
+
+
+def fresh_app(runs: Path, monkeypatch, run: str | None = None):
+    """The app on the runs in `runs` only (no shipped ones), caches cleared (they outlive an
+    AppTest), run once; `run` goes in as `?run=` (that run's Overview)."""
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
     st.cache_data.clear()
-    st.cache_resource.clear()  # caches outlive an AppTest
+    st.cache_resource.clear()
     monkeypatch.setenv("SCRATCHSCOPE_RUNS", str(runs))
     monkeypatch.setenv("SCRATCHSCOPE_NO_SHIPPED", "1")
     at = AppTest.from_file(str(APP), default_timeout=180)
+    if run is not None:
+        at.query_params["run"] = run
     at.run()
     return at
 

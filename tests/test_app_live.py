@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from live_run import SHIPPED, grow, start_run
+from test_app import fresh_app
 
-APP = Path(__file__).resolve().parent.parent / "app" / "main.py"
 
 
 @pytest.fixture
@@ -22,16 +22,7 @@ def runs(tmp_path) -> Path:
 
 @pytest.fixture
 def app(runs, monkeypatch):
-    import streamlit as st
-    from streamlit.testing.v1 import AppTest
-
-    st.cache_data.clear()
-    st.cache_resource.clear()  # caches outlive an AppTest
-    monkeypatch.setenv("SCRATCHSCOPE_RUNS", str(runs))
-    monkeypatch.setenv("SCRATCHSCOPE_NO_SHIPPED", "1")
-    at = AppTest.from_file(str(APP), default_timeout=180)
-    at.query_params["run"] = "live_run"
-    at.run()
+    at = fresh_app(runs, monkeypatch, run="live_run")
     assert not at.exception, [e.value for e in at.exception]
     return at
 
