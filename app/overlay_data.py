@@ -15,6 +15,7 @@ import math
 from typing import Any, Iterable, Mapping
 
 from probes.run_history import as_float, by_step
+from probes.signals import layer_values
 
 XS = {"step": "step", "tokens seen": "tokens"}  # the x-axis choice -> the rows' column
 LAUNCH_KEYS = ("argv", "command", "started")  # run.json's record of how a run was started: always differs
@@ -70,11 +71,7 @@ def entropy_rows(run: str, records: list[dict[str, Any]], head: int | None, unif
     has no rows."""
     out = []
     for r in by_step(records):
-        raw = r.get("attn_entropy")
-        if not isinstance(raw, dict):
-            continue
-        for layer, values in raw.items():
-            values = [as_float(v) for v in values] if isinstance(values, list) else [as_float(values)]
+        for layer, values in layer_values(r.get("attn_entropy")).items():  # the doctor's own reading
             if head is not None and head >= len(values):
                 continue
             value = sum(values) / len(values) if head is None else values[head]

@@ -8,10 +8,10 @@ WATCH_EVERY (one full rerun, so the sidebar lists it too), and while a run train
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pandas as pd
 import streamlit as st
-
-from datetime import timedelta
 
 from app import catalog, data
 from app.views import live
