@@ -6,17 +6,14 @@ probe (`probes.*`) or a run reader (`models.*`); this module only reshapes them 
 
 torch, TransformerLens (which the models' hook points need) and the probes are imported where
 they are used, not here: they take ~9 s to import on a 2-core machine, and the landing view, the
-sidebar and the Overview's curves need none of them. `warm_imports` loads them in the background
-once the first page is drawn.
+sidebar and the Overview's curves need none of them. `app.warm` loads them in the background once
+the first page is drawn.
 """
 
 from __future__ import annotations
 
-import importlib
-import logging
 import os
 import random
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,9 +26,6 @@ if TYPE_CHECKING:
     import torch
 
     from probes import diagnose, updates
-
-HEAVY_MODULES = ("torch", "models.checkpoint", "models.sample", "probes.degenerate", "probes.entropy",
-                 "probes.logit_lens", "probes.neighbours", "probes.projection", "probes.updates")
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun."
@@ -132,27 +126,6 @@ def pieces(snap: Any, ids: list[int]) -> list[str]:
 def shown(piece: str) -> str:
     """Whitespace made visible for axis labels."""
     return piece.replace("\n", "⏎").replace(" ", "␣").replace("\t", "⇥") or "∅"
-
-
-def warm_imports() -> None:
-    """Import torch, the models and the probes in a background thread, once per server: the first
-    model a user opens then loads without waiting for them. Called after a page is drawn, as the
-    import holds the interpreter lock for seconds at a time."""
-    global _warming
-    if _warming is None:
-        _warming = threading.Thread(target=_import_heavy, name="scratchscope-warm-imports", daemon=True)
-        _warming.start()
-
-
-def _import_heavy() -> None:
-    try:
-        for name in HEAVY_MODULES:
-            importlib.import_module(name)
-    except Exception:  # noqa: BLE001 - the page that needs the module imports it again and says why
-        logging.getLogger(__name__).debug("warming the imports failed", exc_info=True)
-
-
-_warming: threading.Thread | None = None
 
 
 # --------------------------------------------------------------------------- runs

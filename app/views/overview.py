@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, data, series
+from app import charts, data, series, warm
 from app.views import doctor, live
 from app.views.controls import curve_controls, smoothed_frame
 from app.views.common import Selection, first_line, page, show
@@ -18,6 +18,7 @@ def render(sel: Selection) -> None:
     facts = st.container()  # the model's numbers, filled in once the curves below are drawn
     if sel.run.is_run:
         live.live(curves, follow)(sel, follow)
+    warm.before_first_model()  # the charts above are drawn first
     snap = data.snapshot(sel.snapshot, sel.run.preset)
     with facts:
         model_facts(snap)

@@ -1,0 +1,134 @@
+"""What every page load draws around its page (app/main.py runs `main` as the script): the sidebar,
+the navigation, and the page.
+
+Runs come from `checkpoints/` (the shipped story), every `--runs DIR` after `--`, the
+`SCRATCHSCOPE_RUNS` environment variable (os.pathsep-separated; tests use it) and a path typed in
+the sidebar (selected at once). The app opens on the landing view (a table of the runs);
+`?run=NAME` opens that run's Overview instead, and names no run -> a warning above the page. The
+sidebar picks a run, one of its snapshots and the text to probe; each page answers one question.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import streamlit as st
+
+from app import catalog, data, warm
+from app.views.common import PAGES, Selection
+from app.views.live import FOLLOWS_NEWEST, newest_unless_moved, snapshot_slider_key
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_roots() -> list[Path]:
+    parser = argparse.ArgumentParser(prog="streamlit run app/main.py --")
+    parser.add_argument("--runs", nargs="+", type=Path, default=[],
+                        help="run directories, or folders holding runs (the shipped ones are always listed)")
+    args, _ = parser.parse_known_args(sys.argv[1:])
+    env = [Path(p) for p in os.environ.get("SCRATCHSCOPE_RUNS", "").split(os.pathsep) if p]
+    shipped = [] if os.environ.get("SCRATCHSCOPE_NO_SHIPPED") else [ROOT / "checkpoints"]
+    return [*args.runs, *env, *shipped]
+
+
+def typed_sources() -> list[data.Source]:
+    """Sources from a path typed in the sidebar (a snapshot, a run, a folder of runs, a nanoGPT
+    ckpt.pt or out_dir, a Hugging Face GPT-2 directory, or a series .pt with a preset); a path
+    that is none of these is refused there with a message."""
+    with st.sidebar.expander("Open a path", expanded=bool(st.session_state.get("typed_path"))):
+        path = st.text_input("snapshot, run, nanoGPT ckpt.pt, Hugging Face GPT-2 directory or .pt file",
+                             key="typed_path")
+        preset = st.text_input("preset (for a .pt state dict)", key="typed_preset")
+        if not path:
+            return []
+        try:
+            return catalog.typed(path, preset or None)
+        except ValueError as exc:
+            st.error(str(exc))
+            return []
+
+
+def pick_text(run: data.Source) -> str:
+    st.sidebar.markdown("**Text to probe**")
+    corpus = data.data_file(run.path) if run.is_run else None
+    if run.is_run and corpus is None and data.recorded_data(run.path):
+        st.sidebar.caption(f"The run's data file {data.recorded_data(run.path)} is not here, "
+                           "so random passages are off.")
+    if corpus is not None and st.sidebar.button("Random passage from the run's data", width="stretch"):
+        st.session_state["seed"] = st.session_state.get("seed", 0) + 1
+        st.session_state["text"] = data.random_passage(corpus, 240, st.session_state["seed"])
+    return st.sidebar.text_area("text", value=st.session_state.get("text", data.DEFAULT_TEXT), height=140,
+                                key="text", label_visibility="collapsed",
+                                help="the first context window of this text is probed")
+
+
+def sidebar() -> tuple[Selection | None, list[data.Source]]:
+    st.sidebar.title("scratchscope")
+    typed = typed_sources()
+    sources = catalog.labelled([*typed, *data.discover(run_roots())])
+    if not sources:
+        st.sidebar.error("No runs found: pass `-- --runs DIR` or type a path above.")
+        return None, []
+    labels = [s.label for s in sources]
+    follow_requests(sources, typed)
+    if st.session_state.get("run") not in labels:
+        st.session_state["run"] = labels[0]
+    chosen = sources[labels.index(st.sidebar.selectbox("run", labels, key="run", on_change=picked))]
+    snaps = chosen.snapshots()
+    if not snaps:
+        st.sidebar.error(f"{chosen.path} holds no snapshots")
+        return None, sources
+    names = [p.name for p in snaps]
+    key = snapshot_slider_key(chosen)
+    newest_unless_moved(key, names)
+    name = st.sidebar.select_slider("snapshot", names, key=key, help=FOLLOWS_NEWEST) \
+        if len(names) > 1 else names[0]
+    return Selection(chosen, snaps[names.index(name)], pick_text(chosen), sources), sources
+
+
+def follow_requests(sources: list[data.Source], typed: list[data.Source]) -> None:
+    """Select what was just asked for, once per request: a newly typed path, or a `?run=NAME` link
+    (the landing view's and the doctor's links); the user's own pick stands until the next one."""
+    path = st.session_state.get("typed_path", "")
+    if typed and st.session_state.get("typed_applied") != path:
+        st.session_state["run"] = next(s.label for s in sources if s.path.resolve() == typed[0].path.resolve())
+    st.session_state["typed_applied"] = path
+    wanted = st.query_params.get("run")
+    found = catalog.find(sources, wanted)
+    if found is not None and st.session_state.get("linked_run") != wanted:
+        st.session_state["run"] = found.label
+        # said again: a page link into the default page (the Overview, once `?run=` is there) loses
+        # its query in the browser's address; this write puts it back (reload and share keep the run)
+        st.query_params["run"] = wanted
+    st.session_state["linked_run"] = wanted
+
+
+def picked() -> None:
+    """The user chose a run in the sidebar: the link now names it (shareable, and no stale ?run=)."""
+    st.query_params["run"] = st.session_state["run"]
+    st.session_state["linked_run"] = st.session_state["run"]
+
+
+def unknown_run(sources: list[data.Source]) -> None:
+    """A `?run=` naming no run is said, with the runs there are, above the page."""
+    wanted = st.query_params.get("run")
+    if wanted and catalog.find(sources, wanted) is None:
+        st.warning(f"`?run={wanted}` names no run here, so it was ignored. Known runs: "
+                   + ", ".join(f"`{s.label}`" for s in sources) + ".")
+
+
+def main() -> None:
+    st.set_page_config(page_title="scratchscope", layout="wide")
+    selection, sources = sidebar()
+    st.session_state["selection"], st.session_state["sources"] = selection, sources
+    st.session_state["run_roots"] = run_roots()  # the landing view watches them for new runs
+    unknown_run(sources)
+    jump = catalog.find(sources, st.query_params.get("run")) is not None  # a link to a run: its Overview
+    default = "overview" if jump else "home"
+    pages = [st.Page(f"screens/{name}.py", title=title, url_path=name, default=name == default)
+             for name, title in PAGES]
+    st.navigation(pages).run()
+    warm.model_stack()  # after the page is drawn: the import would hold up its first chart
