@@ -9,6 +9,7 @@ heads compare at a glance.
 
 from __future__ import annotations
 
+import json
 import math
 
 import altair as alt
@@ -87,18 +88,19 @@ def pattern_heatmap(pattern: list[list[float]], labels: list[str], pieces: list[
 def layer_multiples(patterns: list[list[list[float]]], labels: list[str], verdicts: list[str],
                     layer: int, columns: int = 4, size: int = 150) -> alt.Chart:
     """patterns [head q k] of one layer as a grid of small heatmaps titled "L{layer}H{h}: verdict";
-    positions in the tooltip; a click on a heatmap picks that head (PICK, fields layer and head)."""
+    a click on a heatmap picks that head (PICK, fields layer and head)."""
     titles = [f"L{layer}H{h}: {verdict}" for h, verdict in enumerate(verdicts)]
-    rows = [{"layer": layer, "head": h, "title": titles[h], "q": q, "k": k, "p": p,
-             "query": labels[q], "key": labels[k]}
-            for h, pattern in enumerate(patterns) for q, row in enumerate(pattern)
-            for k, p in enumerate(row) if k <= q]
-    return alt.Chart(pd.DataFrame(rows)).mark_rect().encode(
+    n = len(labels)
+    q, k = zip(*[(q, k) for q in range(n) for k in range(q + 1)])
+    cells = pd.DataFrame({"layer": layer, "head": [h for h in range(len(patterns)) for _ in q],
+                          "q": list(q) * len(patterns), "k": list(k) * len(patterns),
+                          "p": [p[a][b] for p in patterns for a, b in zip(q, k)]})
+    return alt.Chart(cells).mark_rect().encode(
         x=alt.X("k:O", axis=None), y=alt.Y("q:O", axis=None),
         color=alt.Color("p:Q", scale=ATTENTION_SCALE, legend=attention_legend()),
-        tooltip=["title", "query", "key", alt.Tooltip("p:Q", title="weight", format=".3f")],
-        facet=alt.Facet("title:N", sort=titles, columns=min(columns, len(titles)),
-                        header=alt.Header(title=None, labelFontSize=12, labelFontWeight="bold")),
+        facet=alt.Facet("head:O", columns=min(columns, len(titles)),
+                        header=alt.Header(title=None, labelFontSize=12, labelFontWeight="bold",
+                                          labelExpr=f"{json.dumps(titles)}[datum.value]")),
     ).add_params(pick_param(["layer", "head"])).properties(
         width=size, height=size, title=f"every head of layer {layer} (click one to pick it)")
 
@@ -109,26 +111,34 @@ def token_view(pattern: list[list[float]], pieces: list[str], query: int, title:
                per_line: int = 16) -> alt.LayerChart:
     """The text as boxes, `per_line` tokens a line; hovering a token (or the chosen `query`, at
     first) fills every earlier token with the weight it puts there (later tokens are grey:
-    masked). pattern [q k]; pieces are the shown tokens."""
+    masked). pattern [q k]; pieces are the shown tokens.
+
+    Two datasets keep the browser's work small: `tokens` (n rows: the boxes to hover, the words)
+    and `weights` (n^2 rows, numbers only: one row per query and key, p empty where masked); only
+    the hovered query's n rows of `weights` are drawn, and only they look up their word."""
     n = len(pieces)
-    rows = [{"q": q, "k": k, "p": pattern[q][k] if k <= q else None, "future": k > q,
-             "line": k // per_line, "column": k % per_line, "token": pieces[k], "label": f"{k}: {pieces[k]}",
-             "weight": f"{pattern[q][k]:.2f}" if k <= q and pattern[q][k] >= 0.005 else ""}
-            for q in range(n) for k in range(n)]
+    tokens = pd.DataFrame({"q": range(n), "k": range(n), "line": [k // per_line for k in range(n)],
+                           "column": [k % per_line for k in range(n)], "token": pieces,
+                           "label": [f"{k}: {piece}" for k, piece in enumerate(pieces)]})
+    weights = pd.DataFrame({"q": [q for q in range(n) for _ in range(n)], "k": list(range(n)) * n,
+                            "p": [pattern[q][k] if k <= q else None for q in range(n) for k in range(n)]})
+    weights["line"], weights["column"] = weights["k"] // per_line, weights["k"] % per_line
     hover = alt.selection_point(name="hover", fields=["q"], on="pointerover", clear=False,
                                 value=[{"q": int(query)}])
-    base = alt.Chart(pd.DataFrame(rows)).encode(
-        x=alt.X("column:O", axis=None), y=alt.Y("line:O", axis=None))
-    fill = base.transform_filter(hover).transform_filter("!datum.future").mark_rect().encode(
+    place = {"x": alt.X("column:O", axis=None), "y": alt.Y("line:O", axis=None)}
+    hovered = alt.Chart(weights).transform_filter(hover).encode(**place)  # the hovered query's n rows
+    fill = hovered.transform_filter("datum.k <= datum.q").mark_rect().encode(
         color=alt.Color("p:Q", scale=ATTENTION_SCALE, legend=attention_legend("weight from the hovered token")))
-    future = base.transform_filter(hover).transform_filter("datum.future").mark_rect(color=FUTURE)
+    future = hovered.transform_filter("datum.k > datum.q").mark_rect(color=FUTURE)
     under = alt.condition("datum.p > 0.6", alt.value("white"), alt.value("black"))  # on the hovered row's fill
-    words = base.transform_filter(hover).mark_text(dy=-5, fontSize=13, limit=34).encode(text="token:N", color=under)
-    weights = base.transform_filter(hover).mark_text(dy=11, fontSize=9).encode(text="weight:N", color=under)
-    boxes = base.transform_filter("datum.q == datum.k").mark_rect(fill="transparent").encode(  # one a token, on top
-        stroke=alt.condition(hover, alt.value("black"), alt.value("#c8c8c8")),
+    words = hovered.transform_lookup(lookup="k", from_=alt.LookupData(tokens, "k", ["token"])).mark_text(
+        dy=-5, fontSize=13, limit=34).encode(text="token:N", color=under)
+    shown = hovered.transform_filter("datum.k <= datum.q && datum.p >= 0.005").mark_text(dy=11, fontSize=9).encode(
+        text=alt.Text("p:Q", format=".2f"), color=under)
+    boxes = alt.Chart(tokens).mark_rect(fill="transparent").encode(  # one a token, on top
+        **place, stroke=alt.condition(hover, alt.value("black"), alt.value("#c8c8c8")),
         strokeWidth=alt.condition(hover, alt.value(3), alt.value(1)),
         tooltip=[alt.Tooltip("label:N", title="position: token")]).add_params(hover)
     lines = math.ceil(n / per_line)
-    return alt.layer(fill, future, words, weights, boxes, title=title).properties(  # n^2 rows, ~5n marks: SVG
+    return alt.layer(fill, future, words, shown, boxes, title=title).properties(  # ~5n marks: SVG
         width=36 * min(n, per_line), height=42 * lines, usermeta={"embedOptions": {"renderer": "svg"}})

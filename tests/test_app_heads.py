@@ -14,7 +14,7 @@ import torch
 from streamlit.proto.WidgetStates_pb2 import WidgetState
 from test_app import app, chart_data, open_page, runs  # noqa: F401  (fixtures and helpers)
 
-from app import charts, charts_attention
+from app import charts, charts_attention, data
 from models.checkpoint import load_checkpoint
 from probes import entropy
 
@@ -83,12 +83,14 @@ def test_small_multiples_are_every_head_of_the_layer_titled_with_its_verdict(app
     snap, ids = probe(app, runs)
     app.selectbox(key="layer").set_value(2).run()
     (cells,), spec = chart_data(app, CHARTS["multiples"])
-    assert spec["encoding"]["facet"]["field"] == "title"
+    facet = spec["encoding"]["facet"]
+    assert facet["field"] == "head" and facet["header"]["labelExpr"].endswith("[datum.value]")
+    titles = json.loads(facet["header"]["labelExpr"].removesuffix("[datum.value]"))  # head h's label: titles[h]
     (grid,), _ = chart_data(app, CHARTS["entropy"])
     assert sorted(set(cells["head"])) == list(range(snap.config.n_heads)) and set(cells["layer"]) == {2}
     for head, group in cells.groupby("head"):
         verdict = grid[(grid["layer"] == 2) & (grid["head"] == head)]["verdict"].item()
-        assert set(group["title"]) == {f"L2H{head}: {verdict}"}
+        assert titles[head] == f"L2H{head}: {verdict}"
         pattern, _ = entropy.head_pattern(snap.model, ids, 2, head)
         n = pattern.shape[0]
         assert len(group) == n * (n + 1) // 2  # the causal triangle
@@ -102,13 +104,16 @@ def test_the_token_view_starts_on_the_last_token_and_follows_the_chosen_query(ap
     n = ids.shape[1]
     query = app.selectbox(key="attn_query")
     assert query.value == n - 1
-    (pairs,), spec = chart_data(app, CHARTS["tokens"])
+    frames, spec = chart_data(app, CHARTS["tokens"])
+    tokens, pairs = sorted(frames, key=len)  # n tokens to hover; n^2 (query, key) weights
+    assert len(tokens) == n and len(pairs) == n * n
+    assert tokens["token"].tolist() == [data.shown(p) for p in data.pieces(snap, ids[0].tolist())]
     hover = next(p for p in spec["params"] if p["name"] == "hover")
     assert hover["value"] == [{"q": n - 1}] and hover["select"]["on"] == "pointerover"
     pattern, _ = entropy.head_pattern(snap.model, ids, 0, 0)
     row = pairs[pairs["q"] == 3].sort_values("k")
     assert row["p"].iloc[:4].tolist() == pytest.approx(pattern[3, :4].tolist(), abs=1e-6)
-    assert row["future"].tolist() == [k > 3 for k in range(n)]  # later keys are masked, not zero
+    assert row["p"].iloc[4:].isna().all()  # later keys are masked (no weight), not zero
     query.set_value(3).run()
     _, spec = chart_data(app, CHARTS["tokens"])
     assert next(p for p in spec["params"] if p["name"] == "hover")["value"] == [{"q": 3}]

@@ -30,23 +30,27 @@ def render(sel: Selection) -> None:
     c1, c2 = st.columns(2)
     layer = c1.selectbox("layer", list(range(cfg.n_layers)), key="layer")
     head = c2.selectbox("head", list(range(cfg.n_heads)), key="head")
+    one_head, every_head, tokens = st.container(), st.container(), st.container()
+    detail = data.head(*sel.key[:2], sel.text, layer, head, sel.run.preset)
+    labels = [f"{i}: {data.shown(p)}" for i, p in enumerate(detail["pieces"])]
+    # the charts the browser takes longest to draw (the small multiples, the token view) are sent
+    # first, into their places below: the browser draws them while the grids above are built
+    every = data.layer_patterns(*sel.key[:2], sel.text, layer, sel.run.preset)
+    pick(charts_attention.layer_multiples(every["patterns"], labels, result["verdicts"][layer], layer),
+         "multiples", (layer, head), every_head)
+    with tokens:
+        token_view(detail, labels, layer, head)
     left, right = grids.columns(2)
     pick(charts.entropy_grid(result["normalized"], result["verdicts"], evidence,
                              "normalised entropy and verdict per head"), "entropy", (layer, head), left)
     head_types(sel, right, (layer, head))
     grids.caption("Click a cell of either grid (or a heatmap of the layer's heads below) to pick that head; "
                   "the layer and head boxes do the same from the keyboard.")
-    st.markdown(f"**L{layer}H{head}: `{result['verdicts'][layer][head]}`**, entropy "
-                f"{result['entropy'][layer][head]:.3f} nats, normalised {result['normalized'][layer][head]:.3f}")
-    detail = data.head(*sel.key[:2], sel.text, layer, head, sel.run.preset)
-    labels = [f"{i}: {data.shown(p)}" for i, p in enumerate(detail["pieces"])]
+    one_head.markdown(f"**L{layer}H{head}: `{result['verdicts'][layer][head]}`**, entropy "
+                      f"{result['entropy'][layer][head]:.3f} nats, normalised {result['normalized'][layer][head]:.3f}")
     show(charts_attention.pattern_heatmap(detail["pattern"], labels, detail["pieces"],
-                                          f"L{layer}H{head} attention pattern"))
-    show(charts.row_entropy_line(detail["row_entropy"], labels), stretch=True)
-    every = data.layer_patterns(*sel.key[:2], sel.text, layer, sel.run.preset)
-    pick(charts_attention.layer_multiples(every["patterns"], labels, result["verdicts"][layer], layer),
-         "multiples", (layer, head))
-    token_view(detail, labels, layer, head)
+                                          f"L{layer}H{head} attention pattern"), one_head)
+    show(charts.row_entropy_line(detail["row_entropy"], labels), one_head, stretch=True)
 
 
 def pick(chart: Any, name: str, chosen: tuple[int, int], where: Any = None) -> None:
