@@ -19,9 +19,11 @@ BAND = (1e-4, 1e-2)  # the default g/w/u band; makemore's target is 1e-3
 
 
 def tooltips(columns: Any) -> list[alt.Tooltip]:
-    """One tooltip per column, as Tooltip objects: the same spec as plain column names, but Altair
-    then skips re-validating each name against its whole schema (half a line chart's build time)."""
-    return [alt.Tooltip(c) for c in columns]
+    """One tooltip per column (a name, or a Tooltip made already), as Tooltip objects: the same spec
+    as plain column names, but Altair then skips re-validating each name against its whole schema
+    (half a line chart's build time)."""
+    return [alt.Tooltip(c) if isinstance(c, str) else c for c in columns]
+
 
 def entropy_grid(normalized: list[list[float]], verdicts: list[list[str]],
                  evidence: dict[str, list[list[Any]]], title: str = "") -> alt.Chart:
@@ -61,7 +63,7 @@ def difference_grid(a: list[list[float]], b: list[list[float]], title: str) -> a
     cells = base.mark_rect(stroke="white").encode(
         color=alt.Color("difference:Q", scale=alt.Scale(scheme="redblue", domain=[-1, 1]),
                         legend=alt.Legend(orient="bottom")),
-        tooltip=["layer", "head", alt.Tooltip("difference:Q", format="+.3f")])
+        tooltip=tooltips(["layer", "head", alt.Tooltip("difference:Q", format="+.3f")]))
     text = base.mark_text(fontSize=11, color="white").encode(text=f"{NAN}:N")
     return _with_nan(cells, base, data, text).properties(width=max(320, 90 * len(a[0])), height=44 * len(a))
 
@@ -71,7 +73,7 @@ def row_entropy_line(values: list[float], labels: list[str]) -> alt.Chart:
                          "entropy (nats)": [_finite(v) for v in values],
                          "uniform": [math.log(i + 1) for i in range(len(values))]})
     line = alt.Chart(data).mark_line(point=True).encode(
-        x=alt.X("position:Q"), y=alt.Y("entropy (nats):Q"), tooltip=["position", "token", "entropy (nats)"])
+        x=alt.X("position:Q"), y=alt.Y("entropy (nats):Q"), tooltip=tooltips(["position", "token", "entropy (nats)"]))
     uniform = alt.Chart(data).mark_line(strokeDash=[4, 4], color="gray").encode(
         x="position:Q", y="uniform:Q", tooltip=[alt.Tooltip("uniform:Q", title="ln(keys): uniform", format=".3f")])
     return (line + uniform).properties(height=180, title="entropy of each query row (dashed: uniform)")
@@ -120,13 +122,14 @@ def smoothed_over_steps(data: pd.DataFrame, y: str, color: str, title: str, log:
 def level_rule(value: float, label: str) -> alt.Chart:
     """A dashed horizontal line at `value` (the entropy of uniform attention), its label in the tooltip."""
     return alt.Chart(pd.DataFrame({"level": [value], "what": [label]})).mark_rule(
-        strokeDash=[4, 4], color="gray").encode(y="level:Q", tooltip=["what", alt.Tooltip("level:Q", format=".3f")])
+        strokeDash=[4, 4], color="gray").encode(
+        y="level:Q", tooltip=tooltips(["what", alt.Tooltip("level:Q", format=".3f")]))
 
 
 def nan_marks(steps: list[int], title: str = "NaN") -> alt.Chart:
     """Red rules where values turned non-finite."""
     return alt.Chart(pd.DataFrame({"step": steps, "what": [title] * len(steps)})).mark_rule(
-        color="red", strokeWidth=2).encode(x="step:Q", tooltip=["step", "what"])
+        color="red", strokeWidth=2).encode(x="step:Q", tooltip=tooltips(["step", "what"]))
 
 
 SEVERITY_COLOURS = {"info": "#4c78a8", "warning": "#f58518", "failed": "#d62728"}
@@ -143,7 +146,7 @@ def with_findings(chart: alt.TopLevelMixin, marks: pd.DataFrame) -> alt.TopLevel
         x="step:Q",
         color=alt.Color("severity:N", legend=None,
                         scale=alt.Scale(domain=severities, range=[SEVERITY_COLOURS[s] for s in severities])),
-        tooltip=["step", "severity", "code", "title"])
+        tooltip=tooltips(["step", "severity", "code", "title"]))
     return alt.layer(chart, rules).resolve_scale(color="independent")
 
 
@@ -188,7 +191,7 @@ def lens_grid(cells: pd.DataFrame, color: str, title: str) -> alt.Chart:
                 axis=position_axis(n, FIT_PX if stretch else step * n, "position: input token")),
         y=alt.Y("layer:N", sort=list(dict.fromkeys(cells["layer"])), title="layer"))
     rect = base.mark_rect(stroke="white").encode(
-        color=alt.Color(f"{color}:Q", scale=scales[color]), tooltip=["layer", "label", "top-k", color])
+        color=alt.Color(f"{color}:Q", scale=scales[color]), tooltip=tooltips(["layer", "label", "top-k", color]))
     fits = step >= 30  # "(NaN)" in a cell; narrower cells leave the NaN colour and legend to say it
     text = base.transform_calculate(shown="datum['top-1'] == '(NaN)' ? '%s' : datum['top-1']"
                                     % ("(NaN)" if fits else "")).mark_text(fontSize=10 if stretch else 11).encode(
@@ -230,7 +233,7 @@ def scatter_map(data: pd.DataFrame, title: str) -> alt.Chart:
     base = alt.Chart(data, title=title).encode(
         x=alt.X("x:Q", title="PC 1", scale=alt.Scale(domain=list(padded_domain(data["x"])), nice=False)),
         y=alt.Y("y:Q", title="PC 2", scale=alt.Scale(domain=list(padded_domain(data["y"])), nice=False)),
-        tooltip=["token", "id", "role", "cosine"])
+        tooltip=tooltips(["token", "id", "role", "cosine"]))
     points = base.mark_circle(size=60).encode(
         color=alt.Color("role:N", scale=alt.Scale(domain=["chosen", "neighbour", "other"],
                                                   range=["#d62728", "#ff7f0e", "#9aa5b1"]),
@@ -287,7 +290,7 @@ def head_types_grid(scores: dict[str, list[list[float]]], shown: str, title: str
     cells = base.mark_rect(stroke="white").encode(
         color=alt.Color("score:Q", scale=alt.Scale(scheme="blues", domain=[0, 1]),
                         legend=alt.Legend(title=f"{shown} score", orient="bottom", gradientLength=220)),
-        tooltip=["layer", "head", *scores])
+        tooltip=tooltips(["layer", "head", *scores]))
     text = base.mark_text(fontSize=11).encode(
         text="text:N", color=alt.condition("datum.score > 0.5", alt.value("white"), alt.value("black")))
     return (cells + text).properties(width=max(240, 60 * len(scores[shown][0])), height=44 * len(scores[shown]))
@@ -302,7 +305,7 @@ def attribution_bars(labels: list[str], values: list[float], title: str) -> alt.
         y=alt.Y("attribution:Q", title="direct contribution to the logit"),
         color=alt.Color("sign:N", scale=alt.Scale(domain=["positive", "negative"], range=["#2b83ba", "#d7191c"]),
                         legend=None),
-        tooltip=["component", "attribution"]).properties(height=260)
+        tooltip=tooltips(["component", "attribution"])).properties(height=260)
 
 
 def attribution_heatmap(heads: list[list[float]], title: str) -> alt.Chart:
@@ -315,6 +318,6 @@ def attribution_heatmap(heads: list[list[float]], title: str) -> alt.Chart:
     cells = base.mark_rect(stroke="white").encode(
         color=alt.Color("attribution:Q", scale=alt.Scale(scheme="redblue", domain=[-bound, bound], reverse=True),
                         legend=alt.Legend(orient="bottom", title="direct attribution")),
-        tooltip=["layer", "head", "attribution"])
+        tooltip=tooltips(["layer", "head", "attribution"]))
     text = base.mark_text(fontSize=11).encode(text="text:N")
     return (cells + text).properties(width=max(240, 60 * len(heads[0])), height=44 * len(heads))

@@ -15,7 +15,7 @@ import math
 import altair as alt
 import pandas as pd
 
-from app.charts import position_axis
+from app.charts import position_axis, tooltips
 
 WHITE_AT_ZERO = ["#ffffff", "#08306b"]  # attention 0 -> white, 1 -> dark blue
 ATTENTION_SCALE = alt.Scale(domain=[0, 1], range=WHITE_AT_ZERO, interpolate="hcl")
@@ -79,7 +79,8 @@ def pattern_heatmap(pattern: list[list[float]], labels: list[str], pieces: list[
         x=alt.X("key:N", sort=labels, axis=position_axis(len(labels), size, "key (position: token)")),
         y=alt.Y("query:N", sort=labels, axis=position_axis(len(labels), size, "query (position: token)")),
         color=alt.Color("p:Q", scale=ATTENTION_SCALE, legend=attention_legend()),
-        tooltip=["query", "key", "query token", "key token", alt.Tooltip("p:Q", title="weight", format=".3f")],
+        tooltip=tooltips(["query", "key", "query token", "key token",
+                          alt.Tooltip("p:Q", title="weight", format=".3f")]),
     ).properties(width=size, height=size)
 
 

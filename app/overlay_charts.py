@@ -12,7 +12,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts import legend, step_axis, y_scale
+from app.charts import legend, step_axis, tooltips, y_scale
 
 TOKENS_TITLE = "tokens seen"
 
@@ -39,7 +39,7 @@ def overlay_lines(frame: pd.DataFrame, x: str, y: str, runs: list[str], title: s
     where `frame` has a `smoothed` column (the EMA) that line in front and the raw values faint
     behind it, as TensorBoard draws them; a red rule at each `nan` row ({run, step, tokens, what});
     `under` (the g/w/u band) drawn first; `legend_columns` 1 for a narrow chart."""
-    tooltip = [c for c in ("run", dash, "step", "tokens", y, "smoothed") if c and c in frame.columns]
+    tooltip = tooltips(c for c in ("run", dash, "step", "tokens", y, "smoothed") if c and c in frame.columns)
     base = alt.Chart(frame, title=title).encode(x=x_axis(x), color=run_colour(runs, legend_columns), tooltip=tooltip)
     if dash:
         base = base.encode(strokeDash=alt.StrokeDash(  # above the plot: a second legend below is cut off
@@ -61,7 +61,7 @@ def overlay_lines(frame: pd.DataFrame, x: str, y: str, runs: list[str], title: s
 def nan_rules(rows: list[dict], x: str) -> alt.LayerChart:
     """Red rules at the first NaN of each run, labelled NaN at the top, the run in the tooltip."""
     frame = pd.DataFrame(rows, columns=["run", "step", "tokens", "what"]).assign(label="NaN")
-    base = alt.Chart(frame).encode(x=alt.X(f"{x}:Q"), tooltip=["what", "run", "step", "tokens"])
+    base = alt.Chart(frame).encode(x=alt.X(f"{x}:Q"), tooltip=tooltips(["what", "run", "step", "tokens"]))
     return alt.layer(base.mark_rule(color="red", strokeWidth=2),
                      base.mark_text(color="red", dy=-6, fontSize=10, align="left", dx=3).encode(
                          y=alt.value(0), text="label:N"))
