@@ -15,7 +15,7 @@ import operator
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from models.interrupts import EXIT_INTERRUPTED, EXIT_TERMINATED, exit_line, raising_signals  # noqa: F401
 
@@ -153,6 +153,22 @@ def to_jsonable(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     return value
+
+
+def exit_entry(code: int) -> NoReturn:
+    """How a `python -m` entry ends: `sys.exit(code)`, but after Ctrl-C or SIGTERM (130, 143) the
+    streams are flushed and the process leaves with `os._exit`. CPython 3.11 sometimes killed itself
+    with SIGINT at exit (status -2, not 130) after a Ctrl-C that `run_cli` had caught, when the
+    KeyboardInterrupt came inside code that dataclasses or namedtuple run from a string while
+    modules import (tests/test_interrupts.py, about one run in four at that moment)."""
+    if code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe or stream: nothing more to say
+                pass
+        os._exit(code)
+    sys.exit(code)
 
 
 def run_cli(body: Callable[[], int | None]) -> int:

@@ -21,7 +21,6 @@ if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on; --help and 
 import argparse
 import json
 import logging
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -151,4 +150,5 @@ def _print(args: argparse.Namespace, result: dict[str, Any] | list[dict[str, Any
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from models.cli import exit_entry
+    exit_entry(main())

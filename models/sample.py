@@ -14,7 +14,6 @@ if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on; --help and 
     from models.parsers import sample_parser
     sample_parser().parse_early()
 
-import sys
 from typing import Any
 
 import torch
@@ -99,4 +98,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from models.cli import exit_entry
+    exit_entry(main())

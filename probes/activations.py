@@ -27,7 +27,6 @@ if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on; --help and 
     activations_parser().parse_early()
 
 import re
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -259,4 +258,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from models.cli import exit_entry
+    exit_entry(main())

@@ -24,7 +24,6 @@ if __name__ == "__main__":  # --help and bad arguments answered before torch is 
     attribution_parser().parse_early()
 
 import logging
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -241,4 +240,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from models.cli import exit_entry
+    exit_entry(main())

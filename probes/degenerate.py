@@ -31,7 +31,6 @@ import argparse
 import dataclasses
 import logging
 import math
-import sys
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -240,4 +239,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from models.cli import exit_entry
+    exit_entry(main())

@@ -24,7 +24,6 @@ if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on (see models.
     quiet_signals()
 
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,4 +144,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from models.cli import exit_entry
+    exit_entry(main())

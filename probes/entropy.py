@@ -226,4 +226,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from models.cli import exit_entry
+    exit_entry(main())

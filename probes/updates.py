@@ -35,7 +35,6 @@ import argparse
 import copy
 import logging
 import math
-import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -339,4 +338,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from models.cli import exit_entry
+    exit_entry(main())

@@ -6,9 +6,9 @@ if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on; --help and 
     from train.args import build_parser
     build_parser().parse_early()
 
-import sys  # noqa: E402
 
 from train.loop import main  # noqa: E402  (after the early answer on purpose)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from models.cli import exit_entry
+    exit_entry(main())
