@@ -9,19 +9,16 @@ changes inside a Vega chart, and a step ends at the last such change once the pa
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from browser_kit import ARGS, CHROMIUM, streamlit_server  # noqa: E402  (the browser tests' server and browser)
+
 QUIET_MS = 1500
 CHART = '[data-testid="stVegaLiteChart"]'
 
@@ -46,40 +43,6 @@ st.altair_chart(alt.Chart(pd.DataFrame({{"step": [0, 1, 2, 3], "loss": [4.0, 3.1
 BARE_APP = """import streamlit as st
 st.navigation([st.Page("one.py", title="One", default=True), st.Page("two.py", title="Two")]).run()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def streamlit_server(script: Path, cwd: Path, env: dict[str, str]) -> Iterator[tuple[str, float]]:
-    """(url, the perf_counter() at which the process was started); the server is stopped after."""
-    port = free_port()
-    started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(script), "--server.headless", "true",
-                             "--server.port", str(port), "--server.address", "127.0.0.1",
-                             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
-                            cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        while True:
-            try:
-                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=1).status == 200:
-                    break
-            except OSError:
-                if proc.poll() is not None or time.perf_counter() - started > 120:
-                    raise RuntimeError(f"streamlit run {script} did not come up")
-                time.sleep(0.02)
-        yield url, started
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def settle(page, charts: int) -> float:
@@ -132,7 +95,7 @@ def chromium() -> Iterator:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
         try:
             yield browser
         finally:
@@ -151,7 +114,7 @@ def measure(browser, script: Path, cwd: Path, env: dict[str, str], path: str, ch
             steps: list[tuple[str, str, str, int]]) -> dict[str, float]:
     """One fresh server: cold start (first chart, page quiet), then each (name, kind, target, charts)
     step: kind "page" clicks `target` in the navigation, "toggle" clicks the toggle labelled so."""
-    with streamlit_server(script, cwd, env) as (url, started):
+    with streamlit_server(script, cwd, env, "--server.fileWatcherType", "none") as (url, started):
         out, page = cold_start(browser, url, started, path, charts)
         for name, kind, target, n in steps:
             click = nav_click(page, target) if kind == "page" else toggle_click(page, target)

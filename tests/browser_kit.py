@@ -11,9 +11,10 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -42,35 +43,56 @@ def free_port() -> int:
 
 
 @contextmanager
+def streamlit_server(script: Path, cwd: Path, env: dict[str, str], *args: str) -> Iterator[tuple[str, float]]:
+    """`streamlit run script [args]` on a free localhost port: (url, the perf_counter() at which the
+    process started) once it answers its health check, stopped after; a RuntimeError with the
+    end of its output if it does not come up within two minutes. benchmarks/browser_timing.py
+    times the app with it too."""
+    port = free_port()
+    started = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as output:
+        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(script), "--server.headless", "true",
+                                 "--server.port", str(port), "--server.address", "127.0.0.1",
+                                 "--browser.gatherUsageStats", "false", *args],
+                                cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT, text=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            while not _healthy(url):
+                if proc.poll() is not None or time.perf_counter() - started > 120:
+                    output.seek(0)
+                    raise RuntimeError(f"streamlit run {script} did not come up: {output.read()[-2000:]}")
+                time.sleep(0.02)
+            yield url, started
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return urllib.request.urlopen(f"{url}/_stcore/health", timeout=1).status == 200
+    except OSError:
+        return False
+
+
+@contextmanager
 def serve(env: dict[str, str] | None = None) -> Iterator[str]:
     """`streamlit run app/main.py` on a free localhost port (extra environment from `env`)."""
     if not CHROMIUM.exists():
         if os.environ.get("CI"):
             pytest.fail(f"{CHROMIUM} is missing: .ci/run installs Debian's chromium")
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.headless", "true",
-         "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            try:
-                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).status == 200:
-                    break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            pytest.fail("streamlit did not come up: " + (proc.stdout.read() if proc.poll() is not None else ""))
+    running = ExitStack()
+    try:  # a server that does not start fails the test; errors inside the test stay its own
+        url, _ = running.enter_context(streamlit_server(REPO / "app" / "main.py", REPO,
+                                                        {**os.environ, **(env or {})}))
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    with running:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture(scope="module")
