@@ -12,12 +12,10 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from browser_kit import ARGS, CHROMIUM, streamlit_server  # noqa: E402  (the browser tests' server and browser)
+from browser_kit import chromium, streamlit_server  # noqa: E402  (the browser tests' server and browser)
 
 QUIET_MS = 1500
 CHART = '[data-testid="stVegaLiteChart"]'
@@ -88,18 +86,6 @@ def bare_app(folder: Path) -> Path:
     (folder / "two.py").write_text(BARE_PAGE.format(title="Two"))
     (folder / "bare.py").write_text(BARE_APP)
     return folder / "bare.py"
-
-
-@contextmanager
-def chromium() -> Iterator:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 def nav_click(page, title: str):

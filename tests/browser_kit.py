@@ -101,16 +101,23 @@ def server():
         yield url
 
 
-@pytest.fixture(scope="module")
-def browser():
+@contextmanager
+def chromium() -> Iterator:
+    """Playwright's headless Debian Chromium, closed after."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        launched = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
         try:
-            yield chromium
+            yield launched
         finally:
-            chromium.close()
+            launched.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as launched:
+        yield launched
 
 
 def open_page(browser, url: str, name: str, run: str = "shakespeare_rms4"):
