@@ -19,8 +19,8 @@ from app import data
 from app.views.common import first_line
 from models.store.files import read_json_object
 from models.store.run import is_run_dir, is_snapshot_dir, list_snapshots, read_metrics, read_run_json
-from probes.run_history import is_finite
-from probes.signals import nonfinite_in
+from probes.doctor.run_history import is_finite
+from probes.doctor.signals import nonfinite_in
 
 
 def base_name(path: Path) -> str:
@@ -136,7 +136,7 @@ def describe(preset: str | None, model: dict[str, Any]) -> str:
 
 def diverged(records: list[dict[str, Any]]) -> bool:
     """A record holds a NaN/inf (a loss, an entropy, a parameter) or says "diverged": the run
-    doctor's own test (`probes.signals.nonfinite_in`)."""
+    doctor's own test (`probes.doctor.signals.nonfinite_in`)."""
     return any(nonfinite_in(r) for r in records)
 
 

@@ -14,8 +14,8 @@ import json
 import math
 from typing import Any, Iterable, Mapping
 
-from probes.run_history import as_float, by_step
-from probes.signals import layer_values
+from probes.doctor.run_history import as_float, by_step
+from probes.doctor.signals import layer_values
 
 XS = {"step": "step", "tokens seen": "tokens"}  # the x-axis choice -> the rows' column
 LAUNCH_KEYS = ("argv", "command", "started")  # run.json's record of how a run was started: always differs

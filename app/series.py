@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
-from probes.run_history import as_float, by_step  # noqa: F401 (by_step re-exported)
-from probes.signals import layer_values
+from probes.doctor.run_history import as_float, by_step  # noqa: F401 (by_step re-exported)
+from probes.doctor.signals import layer_values
 
 NAN = float("nan")
 

@@ -14,7 +14,7 @@ import pytest
 
 from models.store.run import read_metrics
 from probes import diagnose
-from probes.thresholds import DoctorThresholds
+from probes.doctor.thresholds import DoctorThresholds
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINTS = REPO_ROOT / "checkpoints"

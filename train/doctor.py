@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 from probes import diagnose
-from probes.finding import Finding
+from probes.doctor.finding import Finding
 
 log = logging.getLogger("train")
 

@@ -15,7 +15,7 @@ import streamlit as st
 
 from app import data
 from app.views.common import PAGES, Selection, first_line
-from probes.finding import SEVERITIES, Finding
+from probes.doctor.finding import SEVERITIES, Finding
 
 TITLES = dict(PAGES)
 BADGES = {"info": "blue", "warning": "orange", "failed": "red"}  # markdown badge colours

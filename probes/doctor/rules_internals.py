@@ -1,6 +1,6 @@
 """The run doctor's rules on what the model does inside: attention entropy (collapse, uniform
 heads), attention- and output-logit growth, update ratios per parameter group (and the series'
-slow Q/K under SGD), dead and saturated units. Same contract as `probes.rules_loss`."""
+slow Q/K under SGD), dead and saturated units. Same contract as `probes.doctor.rules_loss`."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import re
 import statistics
 from typing import Any
 
-from probes.finding import (MAKEMORE_ACTIVATIONS, MAKEMORE_UPDATES, SERIES_ADAM, SERIES_ATTENTION,
+from probes.doctor.finding import (MAKEMORE_ACTIVATIONS, MAKEMORE_UPDATES, SERIES_ADAM, SERIES_ATTENTION,
                             WORTSMAN, ZHAI, Finding, NotChecked, rule)
-from probes.run_history import RunHistory, as_float
-from probes.signals import first_nonfinite, layer_values, ten_fold, update_report
-from probes.thresholds import DoctorThresholds
+from probes.doctor.run_history import RunHistory, as_float
+from probes.doctor.signals import first_nonfinite, layer_values, ten_fold, update_report
+from probes.doctor.thresholds import DoctorThresholds
 from probes.timeline import entropy_timeline, stayed_from
 from probes.update_report import TARGET_BAND, UpdateReport
 

@@ -8,11 +8,11 @@ import math
 import statistics
 from typing import Any
 
-from probes.finding import (MAKEMORE_INIT, MAKEMORE_SPLITS, PASCANU, SERIES_RMSNORM, WORTSMAN, Finding,
+from probes.doctor.finding import (MAKEMORE_INIT, MAKEMORE_SPLITS, PASCANU, SERIES_RMSNORM, WORTSMAN, Finding,
                             NotChecked, rule)
-from probes.run_history import RunHistory, as_float
-from probes.signals import first_nonfinite, growth_signals, max_group_log10_u, max_value
-from probes.thresholds import DoctorThresholds
+from probes.doctor.run_history import RunHistory, as_float
+from probes.doctor.signals import first_nonfinite, growth_signals, max_group_log10_u, max_value
+from probes.doctor.thresholds import DoctorThresholds
 
 __all__ = ["divergence", "grad_spike", "init_loss", "overfitting", "plateau"]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from probes.run_history import RunHistory, as_float, is_finite
-from probes.thresholds import DoctorThresholds
+from probes.doctor.run_history import RunHistory, as_float, is_finite
+from probes.doctor.thresholds import DoctorThresholds
 from probes.timeline import uniform_series_entropy
 from probes.update_report import UpdateReport
 

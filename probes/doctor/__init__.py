@@ -1,0 +1,1 @@
+"""The run doctor: history readers, rules, thresholds, findings (torch-free)."""

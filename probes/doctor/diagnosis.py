@@ -1,0 +1,110 @@
+"""The run doctor's core: every rule run over one RunHistory, the findings ranked into a
+Diagnosis (verdict, findings, what could not be checked). `probes.diagnose` is its CLI.
+
+Each rule (`probes.doctor.rules_loss`, `probes.doctor.rules_internals`) turns one of the series'
+diagnoses into a `Finding` with its evidence, cause, fix and reference; its thresholds live in
+`probes.doctor.thresholds.DoctorThresholds`. A rule whose input was not logged says so in
+`not_checked` instead of guessing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from probes.doctor import rules_internals, rules_loss
+from probes.doctor.finding import SEVERITIES, Finding, NotChecked, rank_key
+from probes.doctor.run_history import RunHistory
+from probes.doctor.thresholds import DoctorThresholds
+
+__all__ = ["Diagnosis", "Finding", "RULES", "VERDICTS", "diagnose_history", "run"]
+
+VERDICTS = {"info": "healthy", "warning": "warning", "failed": "failed"}
+RULES = (rules_loss.divergence, rules_internals.attention, rules_internals.attn_logit_growth,
+         rules_internals.output_logit_growth, rules_loss.init_loss, rules_internals.update_ratios,
+         rules_internals.activations, rules_loss.overfitting, rules_loss.plateau, rules_loss.grad_spike)
+
+
+@dataclass
+class Diagnosis:
+    """The doctor's report on one run: a verdict, ranked findings, and what it could not check."""
+
+    run: str
+    verdict: str
+    findings: list[Finding]
+    first_step: int
+    last_step: int
+    upto: int | None = None
+    not_checked: dict[str, str] = field(default_factory=dict)  # code -> why
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run": self.run, "verdict": self.verdict, "first_step": self.first_step,
+                "last_step": self.last_step, "upto": self.upto,
+                "findings": [f.to_dict() for f in self.findings], "not_checked": self.not_checked}
+
+    def above_info(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity != "info"]
+
+    def fixes(self) -> list[str]:
+        """What to try, most urgent first, each fix once (info findings' fixes when nothing else)."""
+        return list(self.fixes_with_sources())
+
+    def fixes_with_sources(self) -> dict[str, list[Finding]]:
+        chosen = self.above_info() or self.findings
+        out: dict[str, list[Finding]] = {}
+        for f in chosen:
+            out.setdefault(f.fix, []).append(f)
+        return out
+
+    def format(self) -> str:
+        """A short ranked list (headline, evidence, cause), then what to try with its sources."""
+        span = f"steps {self.first_step}-{self.last_step}" + (f", cut at --step {self.upto}" if self.upto is not None else "")
+        lines = [f"{self.run} ({span}): {self.verdict.upper()}"]
+        if not self.findings:
+            lines.append("  no findings: every rule that could look found the run healthy")
+        for i, f in enumerate(self.findings, 1):
+            when = f"step {f.step}" if f.step is not None else "-"
+            if f.warning_step is not None and f.severity == "failed" and f.warning_step != f.step:
+                when += f" (first warning at step {f.warning_step})"
+            lines += [f"{i:>3}. [{f.severity}] {f.code} at {when}: {f.title}",
+                      f"       evidence: {f.evidence_text()}", f"       why: {f.cause}"]
+        fixes = self.fixes_with_sources()
+        if fixes:
+            lines.append("what to try:" if self.above_info() else "what to try (optional: nothing above info):")
+            for fix, sources in fixes.items():
+                refs = "; ".join(dict.fromkeys(short_reference(f.reference) for f in sources))
+                lines.append(f"  - {fix} [{', '.join(dict.fromkeys(f.code for f in sources))}; {refs}]")
+        if self.not_checked:
+            lines.append("not checked:")
+            lines += [f"  - {code}: {why}" for code, why in self.not_checked.items()]
+        return "\n".join(lines)
+
+
+def short_reference(reference: str) -> str:
+    """'Zhai et al. 2023, Stabilizing ...' -> 'Zhai et al. 2023'; 'the series, X: ...' -> 'the series, X'."""
+    return "; ".join(part.split(",")[0] if " et al. " in part else part.split(":")[0]
+                     for part in reference.split("; "))
+
+
+def diagnose_history(history: RunHistory, thresholds: DoctorThresholds | None = None) -> Diagnosis:
+    """Run every rule on a RunHistory; rank the findings (severity, then step)."""
+    t = thresholds or DoctorThresholds()
+    findings: list[Finding] = []
+    not_checked: dict[str, str] = {}
+    for check in RULES:
+        try:
+            findings += check(history, t)
+        except NotChecked as why:
+            not_checked.update({code: str(why) for code in check.codes})
+    findings.sort(key=rank_key)
+    worst = max((SEVERITIES.index(f.severity) for f in findings), default=0)
+    return Diagnosis(str(history.path), VERDICTS[SEVERITIES[worst]], findings, history.first_step,
+                     history.last_step, history.upto, not_checked)
+
+
+def run(run_dir: str | Path, step: int | None = None,
+        thresholds: DoctorThresholds | None = None) -> Diagnosis:
+    """Diagnose a run directory (or a snapshot inside one: the run up to that snapshot), up to
+    `step` when given, as if it had stopped there."""
+    return diagnose_history(RunHistory.read(run_dir, upto=step), thresholds)

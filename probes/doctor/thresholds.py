@@ -1,0 +1,72 @@
+"""When the run doctor speaks up: its thresholds, each with where its value comes from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from probes.thresholds import TIMELINE_UNIFORM
+
+__all__ = ["DoctorThresholds"]
+
+
+@dataclass(frozen=True)
+class DoctorThresholds:
+    """When the run doctor (`probes.diagnose`) speaks up. Each value says where it comes from;
+    the shipped runs' figures are those of `python -m probes.diagnose --ckpt checkpoints/<run>`.
+
+    init_excess_info=1.0, init_excess_warning=2.0 (nats above ln(d_vocab) at step 0): makemore's
+    "the initial loss should be about ln(vocab)"; a uniform guess scores exactly ln(d_vocab). The
+    series' unscaled init starts its healthy runs 1.1-1.5 nats above (info); `transformer4_nan`
+    starts 4.1 above, its logits already large (warning).
+    collapse_fraction=0.01 (logged entropy / that of uniform attention): the series' collapsed
+    head logged 0.003 nats (0.001 of uniform over 32 tokens) while its sharpest healthy head
+    logged 0.158 (0.06): one-hot is two orders below uniform, a sharp healthy head one.
+    uniform_fraction: degenerate's TIMELINE_UNIFORM (0.97), so both call the same heads uniform.
+    growth_orders=1.0: a series (max attention logit, max |logit|, residual rms, grad norm) that
+    grew ten-fold from its first logged value has left its init regime (Wortsman et al. 2023
+    watch attention logits grow by orders of magnitude before a loss spike).
+    attn_logit_max=10.0: softmax over a score gap of 10 puts 99.995% of the mass on one key
+    (exp(-10) = 4.5e-5): beyond it a head can only be one-hot.
+    output_logit_max=30.0: a |logit| of 30 gives a log-probability of -30 to its alternatives;
+    Wortsman et al.'s output-logit divergence shows as the max |logit| climbing past such values.
+    loss_rise=1.0 nats above the loss at the start (or the best so far): a loss that climbs a
+    whole nat is going the wrong way (transformer4_nan's val loss rose 4.2 nats in its first step).
+    u_high=-1.5, u_low=-5.0 (log10 u, group median over the later half of the run): makemore's
+    band is -4..-2 around -3; the shipped healthy runs' groups sit in -4.3..-2.3, so a group is
+    reported (info) just outside the band and warned about 0.5 orders above it (u > 3% of the
+    weights per step) or one order below it.
+    slow_qk_orders=0.75: a block's MLP median log10 u above its Q/K median by this many orders.
+    The series under SGD: 0.96 in block 0 of `shakespeare_rms4`; Adam: 0.3 at most.
+    dead_info=0.1, dead_warning=0.25: share of units never active on an eval batch (makemore's
+    dead ReLUs); `shakespeare_rms4_adam` ends at 5%. relu_zero_info=0.8: share of ReLU outputs
+    that are exactly zero (`char_mlp`: 86%, a layer gone sparse though no unit is dead).
+    saturated_info=0.1, saturated_warning=0.25: share of tanh/GELU activations in the flat tail
+    (makemore: |tanh| > 0.97 should be rare, a few percent).
+    overfit_rise=0.05 nats: val loss this far above its best while the train loss kept falling.
+    plateau_fraction=0.1, plateau_nats=0.005: no val improvement of 0.005 nats over a tenth of the
+    run. The shipped runs improve 0.011-0.03 nats over their slowest tenth. not_learning_nats=0.1:
+    a plateau before the loss fell this far below its start means the run is not learning.
+    grad_spike=10.0: a gradient norm ten times the median of the logged ones before it.
+    """
+
+    init_excess_info: float = 1.0
+    init_excess_warning: float = 2.0
+    collapse_fraction: float = 0.01
+    uniform_fraction: float = TIMELINE_UNIFORM
+    growth_orders: float = 1.0
+    attn_logit_max: float = 10.0
+    output_logit_max: float = 30.0
+    loss_rise: float = 1.0
+    u_high: float = -1.5
+    u_low: float = -5.0
+    slow_qk_orders: float = 0.75
+    dead_info: float = 0.1
+    dead_warning: float = 0.25
+    relu_zero_info: float = 0.8
+    saturated_info: float = 0.1
+    saturated_warning: float = 0.25
+    overfit_rise: float = 0.05
+    plateau_fraction: float = 0.1
+    plateau_nats: float = 0.005
+    not_learning_nats: float = 0.1
+    grad_spike: float = 10.0
