@@ -22,25 +22,38 @@ STATS = ("g", "w", "u", "u_nominal")
 
 Row = dict[str, float | None]
 
-_NORM_PARTS = {"rms1", "rms2", "ln1", "ln2", "ln_final", "ln_f", "norm"}
-_QK = {"W_Q", "W_K", "b_Q", "b_K", "q", "k"}
-_VO = {"W_V", "W_O", "b_V", "b_O", "v", "o"}
-_EMBED = {"embedding", "embed", "W_E", "W_pos", "pos_embed", "wte", "wpe"}
+_NORM_PARTS = {"rms1", "rms2", "ln1", "ln2", "ln_1", "ln_2", "ln_final", "ln_f", "norm"}
+_QK = {"W_Q", "W_K", "b_Q", "b_K", "q", "k", "q_proj", "k_proj", "query", "key"}
+_VO = {"W_V", "W_O", "b_V", "b_O", "v", "o", "v_proj", "o_proj", "value"}
+_ATTN_OUT = {"c_proj", "out_proj", "dense"}  # an attention block's output projection (GPT-2, OPT, ...)
+_ATTN = {"attn", "attention", "self_attn", "self_attention"}
+_EMBED = {"embedding", "embed", "W_E", "W_pos", "pos_embed", "wte", "wpe", "embed_tokens",
+          "embed_positions"}
 _UNEMBED = {"W_out", "b_out", "W_U", "b_U", "unembed", "lm_head"}
+_MLP = {"mlp", "ffn", "feed_forward"}
+
+
+def _is_norm(part: str) -> bool:
+    return part in _NORM_PARTS or part.endswith("norm")  # input_layernorm, final_layernorm, ...
 
 
 def parameter_group(name: str) -> str:
-    """The group of a parameter, by our (series') names or TransformerLens' ones."""
+    """The group of a parameter, by our (series') names, TransformerLens' ones, nanoGPT's and
+    Hugging Face GPT-2's (``attn.c_attn.q.weight``: the Q rows of a packed c_attn, see
+    `probes.updates.named_trainable`), and by common names of other modules (``q_proj``,
+    ``input_layernorm``, ``embed_tokens``, ...)."""
     parts = name.split(".")
-    if _NORM_PARTS & set(parts):
+    if any(_is_norm(p) for p in parts):
         return "norms"
     if parts[-1] in _QK or (len(parts) > 1 and parts[-2] in _QK):
         return "attention Q/K"
     if parts[-1] in _VO or (len(parts) > 1 and parts[-2] in _VO):
         return "attention V/O"
-    if "mlp" in parts:
+    if len(parts) > 1 and parts[-2] in _ATTN_OUT and _ATTN & set(parts):
+        return "attention V/O"
+    if _MLP & set(parts):
         return "MLP"
-    if parts[0] in _EMBED:
+    if parts[0] in _EMBED or (len(parts) > 1 and parts[-2] in _EMBED):
         return "embeddings"
     if parts[0] in _UNEMBED:
         return "unembedding"

@@ -81,8 +81,29 @@ def named_trainable(model: nn.Module, grads: bool = False) -> dict[str, torch.Te
     """Trainable parameters (with `grads`, their gradients, None where there is none) by the
     series' names (DDP/compile prefixes stripped): one entry per head for a layer's q/k/v,
     which our models keep in one packed parameter (`models.packed_heads`)."""
-    rows = named_rows(model, (lambda p: p.grad) if grads else None)
+    rows = split_packed_qkv(model, named_rows(model, (lambda p: p.grad) if grads else None))
     return {strip_wrapper_prefix(n): t for n, t in rows.items()}
+
+
+def split_packed_qkv(model: nn.Module, rows: dict[str, Any]) -> dict[str, Any]:
+    """GPT-2's packed ``attn.c_attn`` (nanoGPT's nn.Linear [3d d], Hugging Face's Conv1D [d 3d],
+    bias [3d]) as three rows ``c_attn.q|k|v.weight`` (views), so that Q/K and V are grouped
+    apart as they are for our models; other rows as they are, in order."""
+    packed = {}
+    for prefix, module in model.named_modules():
+        if prefix.rsplit(".", 1)[-1] == "c_attn":
+            conv1d = type(module).__name__ == "Conv1D"  # transformers.pytorch_utils.Conv1D
+            packed.update({f"{prefix}.weight": ("weight", -1 if conv1d else 0), f"{prefix}.bias": ("bias", -1)})
+    out: dict[str, Any] = {}
+    for name, tensor in rows.items():
+        if name not in packed or (tensor is not None and tensor.shape[packed[name][1]] % 3):
+            out[name] = tensor
+            continue
+        kind, dim = packed[name]
+        thirds = [None] * 3 if tensor is None else tensor.chunk(3, dim=dim)
+        for part, third in zip("qkv", thirds):
+            out[f"{name[:-len(kind)]}{part}.{kind}"] = third
+    return out
 
 
 def snapshot_params(model: nn.Module) -> dict[str, torch.Tensor]:

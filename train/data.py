@@ -149,7 +149,11 @@ def eval_batch_stats(model: Any, block: torch.Tensor, doctor: bool = True) -> di
 
     `doctor=False` computes attn_entropy only (the eval record as it was before the others).
     """
-    inputs = block[:, :-1]  # [batch pos]
+    return forward_stats(model, block[:, :-1], doctor)
+
+
+def forward_stats(model: Any, inputs: torch.Tensor, doctor: bool = True) -> dict[str, Any]:
+    """`eval_batch_stats` on `inputs` [batch pos] themselves (the Monitor's eval tokens)."""
     if not isinstance(model.cfg, TransformerConfig):
         return {"logit_max": float(model(inputs).abs().amax().float())} if doctor else {}
     entropy: dict[str, list[float]] = {}

@@ -1,0 +1,285 @@
+"""The run doctor for anyone's training loop: a Monitor hooked on the optimizer writes an ordinary
+run directory (run.json, metrics.jsonl) that `python -m probes.diagnose`, every CLI and the app read.
+
+    from train.monitor import Monitor
+    with Monitor(model, optimizer, "runs/my-run") as monitor:
+        for step in range(max_iters):
+            ...; loss.backward(); optimizer.step()
+            monitor.log(step, train_loss=loss.item())
+
+At log steps (every `log_every`) the optimizer's own step is measured through its step hooks: the
+gradient norm and the g/w/u table (`probes.updates`) of exactly the update it made. Between log
+steps the hooks only read the learning rate. At eval steps (every `eval_every`), given
+`eval_tokens` [batch pos], the doctor's internal signals (attention entropy and max attention
+logit per head, residual rms per layer, max |logit|, dead and saturated units) are measured on
+our hooked twin of the model (`models.store.live`): ours, nanoGPT's `GPT`, Hugging Face GPT-2.
+Two `log` calls for one step make one record. `diagnose_every=N` prints each new finding of the
+doctor once, while the run still lives; the diagnosis is printed when the Monitor closes.
+Our own trainer (`python -m train`) logs through this class too.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from models.cli import to_jsonable
+from models.store.live import hooked_twin, model_kind, twin_config, unwrap
+from models.store.result import nonfinite_tensors
+from models.store.run import METRICS_FILE, append_metrics, list_snapshots, read_metrics
+from train.guard import RunLock
+from train.monitor_parts import (divergence_reason, first_optimizer, grad_norm,
+                                 internal_stats, monitored_run_json, number)
+
+log = logging.getLogger("train.monitor")
+
+__all__ = ["HFCallback", "Monitor"]
+
+
+class Monitor:
+    """Hooks `optimizer` (any torch optimizer, or a wrapper holding one as `.optimizer`) and
+    writes `out_dir` as a run directory. Use it as a context manager, or call `close()`."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: Any, out_dir: str | Path, *,
+                 log_every: int = 10, eval_every: int = 100, eval_tokens: torch.Tensor | None = None,
+                 save_every: int = 0, tokenizer: Any = None, diagnose_every: int = 0,
+                 steps: int | None = None, start_step: int = 0, tokens_per_step: int | None = None,
+                 resume: bool = False, run_info: dict[str, Any] | None = None, report: bool = True):
+        for name, value in (("log_every", log_every), ("eval_every", eval_every),
+                            ("save_every", save_every), ("diagnose_every", diagnose_every),
+                            ("start_step", start_step)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "log_every" else 0):
+                raise ValueError(f"Monitor: {name} must be an integer >= {1 if name == 'log_every' else 0}, got {value!r}")
+        self.model, self.optimizer = unwrap(model), first_optimizer(optimizer)
+        self.out_dir = Path(out_dir)
+        self.log_every, self.eval_every, self.save_every = log_every, eval_every, save_every
+        self.steps, self.tokens_per_step, self.tokenizer = steps, tokens_per_step, tokenizer
+        self.kind = model_kind(self.model)
+        self.config = twin_config(self.model)
+        self.eval_tokens = self._check_eval_tokens(eval_tokens)
+        self.resume, self.report_at_close = resume, report
+        self.doctor = None
+        if diagnose_every or report:
+            from train.doctor import LiveDoctor
+            self.doctor = LiveDoctor(self.out_dir, diagnose_every)
+        self._next_step = start_step  # the label the next optimizer step will be logged under
+        self._capture: dict[str, Any] | None = None  # what the last measured step left
+        self._step_lr: float | None = None
+        self._pending: dict[str, Any] | None = None
+        self._last_written: tuple[int, float] | None = None  # (step, time) for step_time_ms
+        self._said_no_internals = False
+        self._first_bad: int | None = None  # the first step whose train_loss was NaN/inf
+        self._handles: list[Any] = []
+        self._lock: RunLock | None = None
+        self._open(run_info)
+
+    # ------------------------------------------------------------------ set-up and close
+
+    def _check_eval_tokens(self, tokens: torch.Tensor | None) -> torch.Tensor | None:
+        if tokens is None:
+            return None
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype not in (torch.long, torch.int):
+            raise ValueError("Monitor: eval_tokens must be an integer tensor [batch pos], got "
+                             f"{getattr(tokens, 'dtype', type(tokens).__name__)} of shape "
+                             f"{list(getattr(tokens, 'shape', []))}")
+        if self.config is not None:
+            if tokens.shape[1] > self.config.n_ctx:
+                raise ValueError(f"Monitor: eval_tokens has {tokens.shape[1]} positions, more than the "
+                                 f"model's context of {self.config.n_ctx}")
+            if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.d_vocab):
+                raise ValueError(f"Monitor: eval_tokens holds ids outside [0, {self.config.d_vocab}) "
+                                 f"(min {int(tokens.min())}, max {int(tokens.max())})")
+        return tokens.long()
+
+    def _open(self, run_info: dict[str, Any] | None) -> None:
+        """Lock the run directory, refuse to mix with an old run, write run.json, hook the optimizer."""
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise ValueError(f"Monitor: {self.out_dir} exists and is not a directory")
+        old = (self.out_dir / METRICS_FILE).is_file() or bool(list_snapshots(self.out_dir)) if self.out_dir.is_dir() else False
+        if old and not self.resume:
+            raise ValueError(f"Monitor: {self.out_dir} already holds a run (metrics.jsonl or snapshots); "
+                             "pass resume=True to continue it, or choose another directory")
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = RunLock(self.out_dir).acquire()
+        try:
+            info = run_info if run_info is not None else monitored_run_json(self)
+            if run_info is None or not self.resume:
+                from models.store.run import write_run_json
+                write_run_json(self.out_dir, to_jsonable(info))
+            self._handles = [self.optimizer.register_step_pre_hook(self._before_step),
+                             self.optimizer.register_step_post_hook(self._after_step)]
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close(report=exc[0] is None or not issubclass(exc[0], (KeyboardInterrupt, SystemExit)))
+
+    def close(self, report: bool | None = None) -> Any:
+        """Write what is pending, unhook, unlock; print the diagnosis (unless `report` is False).
+        Returns the Diagnosis printed, or None."""
+        result = None
+        try:
+            self.flush()
+            if self.doctor is not None and (self.report_at_close if report is None else report):
+                result = self.doctor.report()
+        finally:
+            for handle in self._handles:
+                handle.remove()
+            self._handles = []
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+        return result
+
+    # ------------------------------------------------------------------ optimizer hooks
+
+    def due(self, step: int) -> bool:
+        """A step whose update is measured (a log, eval or last step)."""
+        return (step % self.log_every == 0 or (self.eval_every > 0 and step % self.eval_every == 0)
+                or step == self.steps)
+
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._step_lr = optimizer.param_groups[0].get("lr")
+        if self.due(self._next_step):
+            from probes.updates import snapshot_params
+            self._capture = {"step": self._next_step, "before": snapshot_params(self.model),
+                             "grad_norm": grad_norm(self.model), "lr": self._step_lr}
+        else:
+            self._capture = None
+
+    def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        capture = self._capture
+        if capture is not None and "before" in capture:
+            from probes.updates import gwu_table
+            capture["gwu"] = gwu_table(self.model, capture.pop("before"), capture["lr"] or 0.0)
+        self._next_step += 1
+
+    # ------------------------------------------------------------------ records
+
+    def log(self, step: int, **scalars: Any) -> None:
+        """Log numbers for `step` (train_loss, val_loss, lr, tokens, ... any name). At a log step
+        (every `log_every`, an eval step, the last step) they make the step's record, with the
+        update the optimizer just made and, at eval steps, the model's internals; a second call
+        for the same step adds to that record. Other steps cost one check: a non-finite
+        train_loss is remembered (the record that follows names the step it began). A call with
+        a val_loss always makes a record: evaluations are rare, and each one counts."""
+        self._check_step(step)
+        pending = self._pending
+        self._next_step = step + 1
+        if not self.due(step) and "val_loss" not in scalars and (pending is None or step != pending["step"]):
+            loss = scalars.get("train_loss")
+            if self._first_bad is None and isinstance(loss, float) and not math.isfinite(loss):
+                self._first_bad = step
+            return
+        self.record(step, **scalars)
+
+    def record(self, step: int, **scalars: Any) -> None:
+        """`log` at any step: the numbers make (or join) a record even between log steps (a
+        callback forwarding another trainer's own log lines uses this)."""
+        self._check_step(step)
+        values = {name: number(name, value) for name, value in scalars.items()}
+        if self._pending is not None and step != self._pending["step"]:
+            self.flush()
+        if self._pending is None:
+            self._start_record(step)
+        self._pending.update(values)
+        self._next_step = max(self._next_step, step + 1)
+
+    def _check_step(self, step: Any) -> None:
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"Monitor.log: step must be a non-negative integer, got {step!r}")
+        last = self._pending["step"] if self._pending else self._last_written[0] if self._last_written else None
+        if last is not None and step < last:
+            raise ValueError(f"Monitor.log: step {step} after step {last}: steps must not go back "
+                             "(a resumed loop: open a new Monitor with resume=True)")
+
+    def _start_record(self, step: int) -> None:
+        if self.resume and self._last_written is None:
+            self._trim_after(step)
+        record: dict[str, Any] = {"step": step}
+        if self.tokens_per_step:
+            record["tokens"] = step * self.tokens_per_step
+        capture = self._capture
+        if capture is not None and "gwu" in capture:
+            record.update({"grad_norm": capture["grad_norm"], "gwu": capture["gwu"]})
+            record.setdefault("lr", capture["lr"])
+            self._capture = None
+        elif self._step_lr is not None:
+            record["lr"] = self._step_lr
+        elif self.optimizer.param_groups:
+            record["lr"] = self.optimizer.param_groups[0].get("lr")
+        self._pending = record
+
+    def _trim_after(self, step: int) -> None:
+        """resume=True: records at or after the first step logged now are redone: drop them."""
+        from train.records import trim_metrics
+        trim_metrics(self.out_dir, step - 1)
+
+    def flush(self) -> dict[str, Any] | None:
+        """Write the pending record now (with the eval internals at an eval step); return it."""
+        record, self._pending = self._pending, None
+        if record is None:
+            return None
+        step = record["step"]
+        now = time.perf_counter()
+        if "step_time_ms" not in record and self._last_written and step > self._last_written[0]:
+            record["step_time_ms"] = 1000 * (now - self._last_written[1]) / (step - self._last_written[0])
+        if self.eval_every and step % self.eval_every == 0 or step == self.steps:
+            record.update(self._internals())
+        reason = divergence_reason(record)
+        if reason:
+            bad = self._first_bad if self._first_bad is not None else step
+            record["diverged"] = {"reason": reason, "first_nonfinite_loss_step": bad,
+                                  "nonfinite_params": nonfinite_tensors(self.model)}
+        append_metrics(self.out_dir, to_jsonable(record))
+        self._last_written = (step, time.perf_counter())
+        if self.save_every and step % self.save_every == 0:
+            self.save(step)
+        if self.doctor is not None and self.doctor.due(step):
+            self.doctor.check()
+        return record
+
+    def _internals(self) -> dict[str, Any]:
+        if self.eval_tokens is None or self.config is None:
+            if not self._said_no_internals:
+                self._said_no_internals = True
+                log.info("monitor: %s", "no eval_tokens given: attention entropy, attention logits, "
+                         "residual rms, |logit| and dead units are not measured" if self.config is not None
+                         else f"a {type(self.model).__name__} is not a model models.store reads (ours, "
+                         "nanoGPT, HF GPT-2): its internals are not measured")
+            return {}
+        return internal_stats(hooked_twin(self.model, self.config), self.eval_tokens)
+
+    def save(self, step: int) -> Path:
+        """A snapshot of the model (as ours) at `step` in the run directory."""
+        from models.store.run import snapshot_name
+        from models.store.snapshot import save_snapshot
+        twin = hooked_twin(self.model, self.config)
+        if twin is None:
+            raise ValueError(f"Monitor: cannot save a {type(self.model).__name__} as a snapshot "
+                             "(ours, nanoGPT and HF GPT-2 models can be saved)")
+        tokens = step * self.tokens_per_step if self.tokens_per_step else 0
+        return save_snapshot(self.out_dir / snapshot_name(step), twin, self.tokenizer, step=step,
+                             tokens_seen=tokens)
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """What metrics.jsonl holds now (the pending record not yet included)."""
+        return read_metrics(self.out_dir)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "HFCallback":  # imports transformers only when asked for
+        from train.monitor_hf import HFCallback
+        return HFCallback
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+

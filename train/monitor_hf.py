@@ -1,0 +1,60 @@
+"""The Monitor inside a Hugging Face `Trainer`: `trainer.add_callback(HFCallback("runs/x"))`.
+
+The Trainer's own log lines (loss, eval_loss, learning_rate, grad_norm: its norm before clipping)
+join the records the Monitor measures on the optimizer's step (g/w/u at log steps, the model's
+internals at eval steps with `eval_tokens`), in an ordinary run directory that the run doctor,
+every CLI and the app read. Needs `transformers` (`pip install 'scratchscope[hf]'`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+try:
+    from transformers import TrainerCallback
+except ImportError as err:  # pragma: no cover - the extra is installed in dev
+    raise ImportError("train.monitor.HFCallback needs transformers: pip install 'scratchscope[hf]'") from err
+
+from train.monitor import Monitor
+
+__all__ = ["HFCallback", "TRAINER_KEYS"]
+
+# the Trainer's log names -> ours (metrics.jsonl); others are kept under their own names
+TRAINER_KEYS = {"loss": "train_loss", "eval_loss": "val_loss", "learning_rate": "lr", "grad_norm": "grad_norm"}
+
+
+class HFCallback(TrainerCallback):
+    """A `TrainerCallback` that opens a Monitor on the Trainer's model and optimizer when training
+    begins and closes it (printing the doctor's diagnosis) when it ends. Keyword arguments are
+    the Monitor's (`log_every`, `eval_every`, `eval_tokens`, `diagnose_every`, `save_every`, ...)."""
+
+    def __init__(self, out_dir: str | Path, **monitor_options: Any):
+        self.out_dir = Path(out_dir)
+        self.options = monitor_options
+        self.monitor: Monitor | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
+                       optimizer: Any = None, **kwargs: Any) -> None:
+        if model is None or optimizer is None:
+            raise ValueError("HFCallback: the Trainer gave no model or optimizer at on_train_begin")
+        options = {"steps": state.max_steps or None, "start_step": state.global_step,
+                   "resume": state.global_step > 0, **self.options}
+        self.monitor = Monitor(model, optimizer, self.out_dir, **options)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.monitor is not None:
+            self.monitor.log(state.global_step)  # the optimizer's step just taken is this one
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        # only the per-step names: the summary at the end has a run-mean "train_loss" of its own
+        values = {TRAINER_KEYS[k]: v for k, v in (logs or {}).items() if k in TRAINER_KEYS
+                  and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self.monitor is not None and values:
+            self.monitor.record(state.global_step, **values)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.monitor is not None:
+            self.monitor.close()
+            self.monitor = None

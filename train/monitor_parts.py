@@ -1,0 +1,105 @@
+"""The Monitor's pure parts: what it writes in run.json, how it checks a logged number, the
+gradient norm of a step, a record's divergence, and the internal signals at an eval step."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from train.monitor import Monitor
+
+__all__ = ["describe_model", "divergence_reason", "first_optimizer", "grad_norm", "internal_stats",
+           "monitored_run_json", "number"]
+
+
+def first_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer itself: accelerate's AcceleratedOptimizer and Lightning's wrappers hold
+    it as `.optimizer`, and only the inner one runs its step hooks."""
+    seen = optimizer
+    while not isinstance(seen, torch.optim.Optimizer) or isinstance(getattr(seen, "optimizer", None),
+                                                                     torch.optim.Optimizer):
+        inner = getattr(seen, "optimizer", None)
+        if inner is None:
+            raise ValueError(f"Monitor: expected a torch optimizer, got {type(optimizer).__name__}")
+        seen = inner
+    return seen
+
+
+def number(name: str, value: Any) -> float | int | None:
+    """A logged value as a plain number: a 0-d tensor is read (one device sync), None stays None."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"Monitor.log: {name} must be one number, got a tensor of shape {list(value.shape)}")
+        value = value.item()
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value
+    raise ValueError(f"Monitor.log: {name} must be a number, got {type(value).__name__} {value!r}")
+
+
+def grad_norm(model: torch.nn.Module) -> float | None:
+    """The 2-norm of every gradient together, as the optimizer sees it (after any clipping)."""
+    grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return None
+    by_kind: dict[tuple, list[torch.Tensor]] = {}
+    for g in grads:
+        by_kind.setdefault((g.device, g.dtype), []).append(g.float() if g.dtype in (torch.float16, torch.bfloat16) else g)
+    squares = [torch.stack(torch._foreach_norm(group)).double().square().sum().item() for group in by_kind.values()]
+    return math.sqrt(sum(squares))
+
+
+def divergence_reason(record: dict[str, Any]) -> str | None:
+    """Why a record shows a diverged run (a non-finite train loss or attention entropy), or None."""
+    loss = record.get("train_loss")
+    if isinstance(loss, float) and not math.isfinite(loss):
+        return f"the train loss is {loss}"
+    for layer, heads in (record.get("attn_entropy") or {}).items():
+        if any(h is None or not math.isfinite(h) for h in heads):
+            return f"an attention entropy of layer {layer} is not finite"
+    return None
+
+
+@torch.no_grad()
+def internal_stats(twin: torch.nn.Module, tokens: torch.Tensor) -> dict[str, Any]:
+    """The doctor's internal signals on `tokens` [batch pos], measured on our hooked `twin` in eval
+    mode (`train.data.forward_stats`, `probes.activations`): attn_entropy, attn_logit_max,
+    resid_rms, logit_max, activations."""
+    from probes import activations
+    from train.data import forward_stats
+
+    was_training = twin.training
+    twin.eval()
+    try:
+        tokens = tokens.to(next(twin.parameters()).device)
+        stats = forward_stats(twin, tokens)
+        stats["activations"] = activations.run(twin, tokens, grads=False).compact()
+    finally:
+        twin.train(was_training)
+    return stats
+
+
+def describe_model(monitor: Monitor) -> dict[str, Any]:
+    """What the Monitor knows of the model: its kind, class, size, and our config when it has one."""
+    model = monitor.model
+    params = sum(p.numel() for p in model.parameters())
+    return {"kind": monitor.kind, "class": type(model).__name__, "parameters": params}
+
+
+def monitored_run_json(monitor: Monitor) -> dict[str, Any]:
+    """run.json of a monitored loop: the model config where we have one (the doctor's entropy rules
+    read n_ctx), the monitor's settings, the optimizer and its hyperparameters."""
+    optimizer = monitor.optimizer
+    hyper = {k: v for k, v in optimizer.defaults.items() if isinstance(v, (int, float, str, bool, type(None)))
+             or (isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v))}
+    return {"preset": None, "source": "monitor",
+            "model": None if monitor.config is None else monitor.config.to_dict(),
+            "monitored_model": describe_model(monitor),
+            "train": {"steps": monitor.steps, "log_every": monitor.log_every, "eval_every": monitor.eval_every,
+                      "optimizer": type(optimizer).__name__.lower(), **hyper},
+            "eval_tokens": None if monitor.eval_tokens is None else list(monitor.eval_tokens.shape),
+            "torch": torch.__version__,
+            "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
