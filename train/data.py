@@ -24,7 +24,6 @@ import torch
 from models.config import ModelConfig, TransformerConfig
 from models.loss import block_len, lm_loss
 from models.tokenizers import BPETokenizer, CharTokenizer, Tokenizer
-from probes import activations
 from probes.entropy import series_entropy
 
 log = logging.getLogger(__name__)
@@ -185,9 +184,8 @@ def forward_stats(model: Any, inputs: torch.Tensor, doctor: bool = True) -> dict
 @torch.no_grad()
 def evaluate(model: Any, blocks: torch.Tensor, batch_size: int, chars_per_token: float,
              autocast: Any) -> dict[str, Any]:
-    """val_loss / val_ppl / bpc over fixed val `blocks` [n length]; on the first batch the compact
-    activation health (`probes.activations`) and `eval_batch_stats` (attn_entropy and the run
-    doctor's attn_logit_max, resid_rms, logit_max).
+    """val_loss / val_ppl / bpc over fixed val `blocks` [n length]. (The model's internals at an
+    eval step are the Monitor's: `train.monitor_parts.internal_stats` on the first batch.)
 
     bpc = log2(ppl) / chars_per_token (bits per token over characters per token).
     """
@@ -199,11 +197,9 @@ def evaluate(model: Any, blocks: torch.Tensor, batch_size: int, chars_per_token:
             for chunk in torch.split(blocks, batch_size):
                 total += float(lm_loss(model, chunk)) * chunk.shape[0]
                 count += chunk.shape[0]
-            stats = eval_batch_stats(model, blocks[:batch_size], doctor=DOCTOR_METRICS)
-            health = activations.run(model, blocks[:batch_size, :-1], grads=False).compact()
     finally:
         model.train(was_training)
     val_loss = total / count  # nats per token
     ppl = math.inf if val_loss > 709 else math.exp(val_loss)
     bpc = val_loss / math.log(2) / chars_per_token  # = log2(ppl) / chars_per_token
-    return {"val_loss": val_loss, "val_ppl": ppl, "bpc": bpc, "activations": health, **stats}
+    return {"val_loss": val_loss, "val_ppl": ppl, "bpc": bpc}

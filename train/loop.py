@@ -34,13 +34,12 @@ from models.checkpoint import read_metrics, save_snapshot, snapshot_name
 from models.cli import run_cli
 from models.interrupts import EXIT_INTERRUPTED, deferred_signals, signal_exit
 from models.store.run import METRICS_FILE
-from probes.updates import gwu_table, snapshot_params
 from train.args import build_parser
 from train.config import init_distributed, lr_at
 from train.doctor import LiveDoctor
 from train.data import block_len, lm_loss, predictions_per_block, sample_blocks
-from train.records import (console_line, run_description, to_json_line, trim_metrics, write_record,
-                           write_run_json_for)
+from train.records import (console_line, open_monitor, run_description, to_json_line, trim_metrics,
+                           write_record)
 from train.start import (lock_run_dir, prepare_run_dir, recipe, restore, setup,  # noqa: F401
                          wrap_model)
 from train.state import TrainState
@@ -84,8 +83,9 @@ def backward_micro_batches(state: TrainState) -> torch.Tensor:
     return total
 
 
-def train_step(state: TrainState, measure: bool) -> tuple[torch.Tensor, dict | None, float | None]:
-    """One optimizer step: (loss on device, g/w/u table and grad norm if `measure`)."""
+def train_step(state: TrainState, measure: bool) -> tuple[torch.Tensor, float | None]:
+    """One optimizer step: (loss on device, the grad norm before clipping if `measure`). The
+    step's g/w/u table is measured by the run's Monitor, hooked on the optimizer."""
     tc, step = state.tc, state.step
     lr = lr_at(step, tc)
     for group in state.optimizer.param_groups:
@@ -95,11 +95,9 @@ def train_step(state: TrainState, measure: bool) -> tuple[torch.Tensor, dict | N
     if tc["grad_clip"] > 0 or measure:
         clip = tc["grad_clip"] if tc["grad_clip"] > 0 else math.inf
         norm = torch.nn.utils.clip_grad_norm_(state.raw_model.parameters(), clip)
-    before = snapshot_params(state.raw_model) if measure else None
     state.optimizer.step()
-    table = gwu_table(state.raw_model, before, lr) if measure else None
     state.optimizer.zero_grad(set_to_none=True)
-    return loss, table, float(norm) if measure and norm is not None else None
+    return loss, float(norm) if measure and norm is not None else None
 
 
 # --------------------------------------------------------------------------- records
@@ -136,7 +134,7 @@ def run_steps(state: TrainState) -> None:
         while state.step < last and not state.stop_requested():
             log_now = is_due(state.step + 1, tc["log_every"], last)
             eval_now = is_due(state.step + 1, tc["eval_every"], last)
-            loss, table, grad_norm = train_step(state, measure=(log_now or eval_now) and dist.is_main)
+            loss, grad_norm = train_step(state, measure=(log_now or eval_now) and dist.is_main)
             state.step, state.tokens, n = state.step + 1, state.tokens + per_step, n + 1
             first_bad = torch.where((first_bad < 0) & ~torch.isfinite(loss), state.step, first_bad)
             loss_sum += loss.float()
@@ -147,8 +145,8 @@ def run_steps(state: TrainState) -> None:
                           "train_loss": dist.mean(mean_loss),
                           "step_time_ms": 1000 * (time.perf_counter() - t0) / n}
                 if dist.is_main:
-                    record.update({"grad_norm": grad_norm, "gwu": table})
-                    write_record(state, record, eval_now, first_bad=int(first_bad))
+                    record["grad_norm"] = grad_norm
+                    record = write_record(state, record, eval_now, first_bad=int(first_bad))
                 loss_sum.zero_()
                 n = 0
                 if dist.mean(float("diverged" in record)) > 0 and on_divergence(state, record):
@@ -211,7 +209,7 @@ def describe_divergence(record: dict[str, Any]) -> str:
 
 def train(args: argparse.Namespace) -> int:
     dist = init_distributed(args.device)
-    lock = None
+    lock = state = None
     try:
         lock = lock_run_dir(args, dist)
         state = setup(args, dist)
@@ -230,6 +228,8 @@ def train(args: argparse.Namespace) -> int:
         return outcome(state)
     finally:
         with deferred_signals():  # the lock file goes whole, even on a second signal
+            if state is not None and state.monitor is not None:
+                state.monitor.close(report=False)  # unhooks the optimizer (the doctor reported above)
             if lock is not None:
                 lock.release()
             dist.close()
@@ -242,11 +242,12 @@ def open_run(state: TrainState) -> None:
     if state.dist.is_main:
         if state.resumed_from is not None:
             trim_metrics(args.out, state.step)
-        write_run_json_for(state)  # after every check: a failed --resume appends nothing
+        else:
+            (args.out / METRICS_FILE).unlink(missing_ok=True)  # stale, from a run with no snapshot
+        open_monitor(state)  # run.json, after every check: a failed --resume appends nothing
         if state.resumed_from is not None:
             state.last_saved = state.step
         else:
-            (args.out / METRICS_FILE).unlink(missing_ok=True)  # stale, from a run with no snapshot
             write_record(state, {"step": 0, "tokens": 0, "lr": lr_at(0, state.tc)}, True)
             save(state)
     log.info("training %s on %s for %d steps (%s)", state.tc["preset"], state.device,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,8 @@ import torch
 from models.cli import to_jsonable
 from models.store.live import hooked_twin, model_kind, twin_config, unwrap
 from models.store.result import nonfinite_tensors
-from models.store.run import METRICS_FILE, append_metrics, list_snapshots, read_metrics
+from models.store.run import (METRICS_FILE, append_metrics, list_snapshots, read_metrics, read_run_json,
+                              write_run_json)
 from train.guard import RunLock
 from train.monitor_parts import (divergence_reason, first_optimizer, grad_norm,
                                  internal_stats, monitored_run_json, number)
@@ -49,7 +51,8 @@ class Monitor:
                  log_every: int = 10, eval_every: int = 100, eval_tokens: torch.Tensor | None = None,
                  save_every: int = 0, tokenizer: Any = None, diagnose_every: int = 0,
                  steps: int | None = None, start_step: int = 0, tokens_per_step: int | None = None,
-                 resume: bool = False, run_info: dict[str, Any] | None = None, report: bool = True):
+                 resume: bool = False, run_info: dict[str, Any] | None = None, report: bool = True,
+                 autocast: Any = nullcontext, lock: bool = True):
         for name, value in (("log_every", log_every), ("eval_every", eval_every),
                             ("save_every", save_every), ("diagnose_every", diagnose_every),
                             ("start_step", start_step)):
@@ -62,7 +65,7 @@ class Monitor:
         self.kind = model_kind(self.model)
         self.config = twin_config(self.model)
         self.eval_tokens = self._check_eval_tokens(eval_tokens)
-        self.resume, self.report_at_close = resume, report
+        self.resume, self.report_at_close, self.autocast = resume, report, autocast
         self.doctor = None
         if diagnose_every or report:
             from train.doctor import LiveDoctor
@@ -73,10 +76,10 @@ class Monitor:
         self._pending: dict[str, Any] | None = None
         self._last_written: tuple[int, float] | None = None  # (step, time) for step_time_ms
         self._said_no_internals = False
-        self._first_bad: int | None = None  # the first step whose train_loss was NaN/inf
+        self.first_nonfinite_step: int | None = None  # the first step whose train_loss was NaN/inf
         self._handles: list[Any] = []
         self._lock: RunLock | None = None
-        self._open(run_info)
+        self._open(run_info, lock)
 
     # ------------------------------------------------------------------ set-up and close
 
@@ -88,16 +91,21 @@ class Monitor:
                              f"{getattr(tokens, 'dtype', type(tokens).__name__)} of shape "
                              f"{list(getattr(tokens, 'shape', []))}")
         if self.config is not None:
-            if tokens.shape[1] > self.config.n_ctx:
-                raise ValueError(f"Monitor: eval_tokens has {tokens.shape[1]} positions, more than the "
-                                 f"model's context of {self.config.n_ctx}")
+            window = self.config.family == "mlp"  # the MLP family slides its n_ctx window along
+            if tokens.shape[1] < self.config.n_ctx if window else tokens.shape[1] > self.config.n_ctx:
+                raise ValueError(f"Monitor: eval_tokens has {tokens.shape[1]} positions, "
+                                 f"{'fewer' if window else 'more'} than the model's context of {self.config.n_ctx}")
             if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.d_vocab):
                 raise ValueError(f"Monitor: eval_tokens holds ids outside [0, {self.config.d_vocab}) "
                                  f"(min {int(tokens.min())}, max {int(tokens.max())})")
         return tokens.long()
 
-    def _open(self, run_info: dict[str, Any] | None) -> None:
-        """Lock the run directory, refuse to mix with an old run, write run.json, hook the optimizer."""
+    def _open(self, run_info: dict[str, Any] | None, lock: bool) -> None:
+        """Lock the run directory (unless the caller holds its lock, as our trainer does), refuse to
+        mix with an old run, write run.json, hook the optimizer.
+
+        run.json: `run_info` when given (the caller merged any older one), else the Monitor's own
+        description of the model and optimizer, kept as it is when resuming a run that has one."""
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise ValueError(f"Monitor: {self.out_dir} exists and is not a directory")
         old = (self.out_dir / METRICS_FILE).is_file() or bool(list_snapshots(self.out_dir)) if self.out_dir.is_dir() else False
@@ -105,16 +113,15 @@ class Monitor:
             raise ValueError(f"Monitor: {self.out_dir} already holds a run (metrics.jsonl or snapshots); "
                              "pass resume=True to continue it, or choose another directory")
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self._lock = RunLock(self.out_dir).acquire()
+        self._lock = RunLock(self.out_dir).acquire() if lock else None
         try:
-            info = run_info if run_info is not None else monitored_run_json(self)
-            if run_info is None or not self.resume:
-                from models.store.run import write_run_json
-                write_run_json(self.out_dir, to_jsonable(info))
+            if run_info is not None or not (self.resume and read_run_json(self.out_dir)):
+                write_run_json(self.out_dir, to_jsonable(run_info if run_info is not None else monitored_run_json(self)))
             self._handles = [self.optimizer.register_step_pre_hook(self._before_step),
                              self.optimizer.register_step_post_hook(self._after_step)]
         except BaseException:
-            self._lock.release()
+            if self._lock is not None:
+                self._lock.release()
             raise
 
     def __enter__(self) -> Monitor:
@@ -177,8 +184,8 @@ class Monitor:
         self._next_step = step + 1
         if not self.due(step) and "val_loss" not in scalars and (pending is None or step != pending["step"]):
             loss = scalars.get("train_loss")
-            if self._first_bad is None and isinstance(loss, float) and not math.isfinite(loss):
-                self._first_bad = step
+            if self.first_nonfinite_step is None and isinstance(loss, float) and not math.isfinite(loss):
+                self.first_nonfinite_step = step
             return
         self.record(step, **scalars)
 
@@ -237,7 +244,9 @@ class Monitor:
             record.update(self._internals())
         reason = divergence_reason(record)
         if reason:
-            bad = self._first_bad if self._first_bad is not None else step
+            bad = self.first_nonfinite_step
+            if bad is None and not math.isfinite(record.get("train_loss") or 0.0):
+                bad = step
             record["diverged"] = {"reason": reason, "first_nonfinite_loss_step": bad,
                                   "nonfinite_params": nonfinite_tensors(self.model)}
         append_metrics(self.out_dir, to_jsonable(record))
@@ -257,7 +266,7 @@ class Monitor:
                          else f"a {type(self.model).__name__} is not a model models.store reads (ours, "
                          "nanoGPT, HF GPT-2): its internals are not measured")
             return {}
-        return internal_stats(hooked_twin(self.model, self.config), self.eval_tokens)
+        return internal_stats(hooked_twin(self.model, self.config), self.eval_tokens, self.autocast)
 
     def save(self, step: int) -> Path:
         """A snapshot of the model (as ours) at `step` in the run directory."""

@@ -4,6 +4,7 @@ gradient norm of a step, a record's divergence, and the internal signals at an e
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -64,22 +65,24 @@ def divergence_reason(record: dict[str, Any]) -> str | None:
 
 
 @torch.no_grad()
-def internal_stats(twin: torch.nn.Module, tokens: torch.Tensor) -> dict[str, Any]:
+def internal_stats(twin: torch.nn.Module, tokens: torch.Tensor, autocast: Any = nullcontext) -> dict[str, Any]:
     """The doctor's internal signals on `tokens` [batch pos], measured on our hooked `twin` in eval
-    mode (`train.data.forward_stats`, `probes.activations`): attn_entropy, attn_logit_max,
-    resid_rms, logit_max, activations."""
+    mode (`train.data.forward_stats`, `probes.activations`): activations (dead and saturated
+    units), attn_entropy, attn_logit_max, resid_rms, logit_max. `autocast`: a context manager
+    factory (the trainer's bf16 autocast)."""
     from probes import activations
-    from train.data import forward_stats
+    from train import data
 
     was_training = twin.training
     twin.eval()
     try:
         tokens = tokens.to(next(twin.parameters()).device)
-        stats = forward_stats(twin, tokens)
-        stats["activations"] = activations.run(twin, tokens, grads=False).compact()
+        with autocast():
+            health = activations.run(twin, tokens, grads=False).compact()
+            stats = data.forward_stats(twin, tokens, doctor=data.DOCTOR_METRICS)
     finally:
         twin.train(was_training)
-    return stats
+    return {"activations": health, **stats}
 
 
 def describe_model(monitor: Monitor) -> dict[str, Any]:

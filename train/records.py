@@ -21,19 +21,17 @@ import torch
 
 from train.data import Corpus, evaluate
 from probes.update_report import UpdateReport
-from models.store.run import (METRICS_FILE, append_metrics, read_metrics, read_run_json,
-                              write_bytes_atomic, write_run_json)
+from models.store.run import METRICS_FILE, read_metrics, read_run_json, write_bytes_atomic, write_run_json
 from train.config import DistInfo
 from models.cli import to_jsonable
-from models.store.result import nonfinite_tensors
 
 if TYPE_CHECKING:
     from train.state import TrainState
 
 log = logging.getLogger("train")
 
-__all__ = ["console_line", "run_description", "to_json_line", "trim_metrics", "write_record",
-           "write_run_json_for"]
+__all__ = ["console_line", "open_monitor", "run_description", "run_json_for", "to_json_line", "trim_metrics",
+           "write_record", "write_run_json_for"]
 
 
 # --------------------------------------------------------------------------- run files
@@ -91,8 +89,8 @@ def run_description(args: argparse.Namespace, cfg: Any, tc: dict[str, Any], corp
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
-def write_run_json_for(state: TrainState) -> None:
-    """Write run.json; on resume, keep the old one and append this start to its ``resumes``."""
+def run_json_for(state: TrainState) -> dict[str, Any]:
+    """run.json's content; on resume, the old one with this start appended to its ``resumes``."""
     desc = run_description(state.args, state.cfg, state.tc, state.corpus, state.device, state.dist,
                            state.tc["preset"])
     old = read_run_json(state.args.out) if state.resumed_from else None
@@ -101,7 +99,25 @@ def write_run_json_for(state: TrainState) -> None:
             log.warning("resume: %s differs from the data the run started on", state.args.data)
         old.setdefault("resumes", []).append({"from_step": state.step, **desc})
         desc = old
-    write_run_json(state.args.out, to_jsonable(desc))
+    return desc
+
+
+def write_run_json_for(state: TrainState) -> None:
+    write_run_json(state.args.out, to_jsonable(run_json_for(state)))
+
+
+def open_monitor(state: TrainState) -> None:
+    """Rank 0's Monitor (`train.monitor`), the one path every run's records take: it writes
+    run.json, measures each log step's g/w/u on the optimizer's own step and, at eval steps, the
+    model's internals on the first --batch-size val windows. The trainer holds the run's lock."""
+    from train.monitor import Monitor
+
+    tc = state.tc
+    tokens = None if state.val_blocks is None else state.val_blocks[:tc["batch_size"], :-1]  # [batch pos]
+    state.monitor = Monitor(state.raw_model, state.optimizer, state.args.out, log_every=tc["log_every"],
+                            eval_every=tc["eval_every"], eval_tokens=tokens, steps=tc["steps"],
+                            start_step=state.step, resume=state.resumed_from is not None,
+                            run_info=run_json_for(state), report=False, autocast=state.autocast, lock=False)
 
 
 # --------------------------------------------------------------------------- records
@@ -138,17 +154,18 @@ def console_line(record: dict[str, Any], steps: int) -> str:
     return " | ".join(parts)
 
 
-def write_record(state: TrainState, record: dict[str, Any], do_eval: bool, first_bad: int = -1) -> None:
-    """Rank 0: add eval numbers, mark a divergence, append to metrics.jsonl, log one line
-    (+ the g/w/u group summary, or the whole table with --gwu-table)."""
+def write_record(state: TrainState, record: dict[str, Any], do_eval: bool, first_bad: int = -1) -> dict[str, Any]:
+    """Rank 0: add the val loss, then the Monitor adds the step's g/w/u (and the internals at an
+    eval step), marks a divergence and appends the record to metrics.jsonl; log one line
+    (+ the g/w/u group summary, or the whole table with --gwu-table). Returns the record."""
     if do_eval and state.val_blocks is not None:
         record.update(evaluate(state.raw_model, state.val_blocks, state.tc["batch_size"],
                                state.corpus.chars_per_token, state.autocast))
-    reason = divergence_reason(record)
-    if reason:
-        record["diverged"] = {"reason": reason, "first_nonfinite_loss_step": first_bad if first_bad >= 0 else None,
-                              "nonfinite_params": nonfinite_tensors(state.raw_model)}
-    append_metrics(state.args.out, to_jsonable(record))
+    monitor = state.monitor
+    if first_bad >= 0 and monitor.first_nonfinite_step is None:
+        monitor.first_nonfinite_step = first_bad
+    monitor.record(record.pop("step"), **record)
+    record = monitor.flush()
     log.info("%s", console_line(record, state.tc["steps"]))
     if do_eval and record.get("gwu"):
         report = UpdateReport.from_table(record["gwu"], step=record["step"], lr=record["lr"])
@@ -160,17 +177,7 @@ def write_record(state: TrainState, record: dict[str, Any], do_eval: bool, first
         log.info("    MLP units: up to %.0f%% dead, %.0f%% of activations saturated",
                  100 * max(a["dead"] for a in layers), 100 * max(a["saturated"] for a in layers))
     warn_if_flat(state, record)
-
-
-def divergence_reason(record: dict[str, Any]) -> str | None:
-    """Why a record shows a diverged run (a non-finite train loss or attention entropy), or None."""
-    loss = record.get("train_loss")
-    if isinstance(loss, float) and not math.isfinite(loss):
-        return f"the train loss is {loss}"
-    for layer, heads in (record.get("attn_entropy") or {}).items():
-        if any(h is None or not math.isfinite(h) for h in heads):
-            return f"an attention entropy of layer {layer} is not finite"
-    return None
+    return record
 
 
 FLAT_TOLERANCE = 0.01  # relative change of the train loss below which it counts as flat
