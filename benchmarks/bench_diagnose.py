@@ -70,9 +70,10 @@ def bench_diagnose_runs(args: argparse.Namespace) -> list[str]:
 
 
 def training_state(preset: str, batch: int | None, sets: list[str], out: Path, device: str):
-    """A fresh TrainState as `python -m train` sets it up (no lock, no run.json, no snapshots)."""
+    """A fresh TrainState as `python -m train` sets it up, with its Monitor (no lock, no snapshots)."""
     from train.args import build_parser
     from train.config import DistInfo
+    from train.records import open_monitor
     from train.start import setup, wrap_model
 
     argv = ["--preset", preset, "--data", str(DATA), "--out", str(out), "-q", "--no-progress",
@@ -87,6 +88,7 @@ def training_state(preset: str, batch: int | None, sets: list[str], out: Path, d
     state.bf16 = state.tc["dtype"] == "bf16"
     state.make_val_blocks()
     wrap_model(state)
+    open_monitor(state)  # the trainer's records and eval internals go through it
     return state
 
 
@@ -108,13 +110,16 @@ def one_cycle(state, doctor: bool) -> float:
 
 
 def eval_time(state, doctor: bool) -> float:
+    """One eval step's work: the val loss and the Monitor's internals on the first batch."""
     from train import data
+    from train.monitor_parts import internal_stats
 
     data.DOCTOR_METRICS = doctor
     sync(state)
     t0 = time.perf_counter()
     data.evaluate(state.raw_model, state.val_blocks, state.tc["batch_size"],
                   state.corpus.chars_per_token, state.autocast)
+    internal_stats(state.raw_model, state.monitor.eval_tokens, state.autocast)
     sync(state)
     return time.perf_counter() - t0
 
