@@ -70,8 +70,10 @@ class Monitor:
         if diagnose_every or report:
             from train.doctor import LiveDoctor
             self.doctor = LiveDoctor(self.out_dir, diagnose_every)
-        self._next_step = start_step  # the label the next optimizer step will be logged under
-        self._capture: dict[str, Any] | None = None  # what the last measured step left
+        self._next_step = start_step  # the step number the next optimizer step will be logged under
+        self._steps_since_log = 0  # optimizer steps taken since the last log call
+        self._captures: dict[int, dict[str, Any]] = {}  # step -> what measuring its update left
+        self._said_off_by = False
         self._step_lr: float | None = None
         self._pending: dict[str, Any] | None = None
         self._last_written: tuple[int, float] | None = None  # (step, time) for step_time_ms
@@ -158,17 +160,39 @@ class Monitor:
         self._step_lr = optimizer.param_groups[0].get("lr")
         if self.due(self._next_step):
             from probes.updates import snapshot_params
-            self._capture = {"step": self._next_step, "before": snapshot_params(self.model),
-                             "grad_norm": grad_norm(self.model), "lr": self._step_lr}
-        else:
-            self._capture = None
+            for old in sorted(self._captures)[:-2]:  # never logged: keep memory bounded
+                del self._captures[old]
+            self._captures[self._next_step] = {"before": snapshot_params(self.model),
+                                               "grad_norm": grad_norm(self.model), "lr": self._step_lr}
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        capture = self._capture
+        capture = self._captures.get(self._next_step)
         if capture is not None and "before" in capture:
             from probes.updates import gwu_table
             capture["gwu"] = gwu_table(self.model, capture.pop("before"), capture["lr"] or 0.0)
         self._next_step += 1
+        self._steps_since_log += 1
+
+    def _follow(self, step: int) -> None:
+        """Keep the optimizer's step count in line with the step numbers logged. A log call
+        comes right after the update of its step (`optimizer.step(); monitor.log(step)`), or
+        just before it (nanoGPT evaluates step N before taking step N); anything else is a
+        numbering the Monitor was not told of (start_step): it follows the log from here on."""
+        stepped, self._steps_since_log = self._steps_since_log, 0
+        if step in (self._next_step - 1, self._next_step) or (not stepped and step < self._next_step):
+            return
+        if stepped:  # the update just made is this step's
+            latest = self._captures.pop(self._next_step - 1, None)
+            if latest is not None:
+                self._captures[step] = latest
+            if not self._said_off_by:
+                self._said_off_by = True
+                log.info("monitor: step %d logged after the optimizer's step %d: numbering steps as "
+                         "logged from here on (give start_step= to measure the first ones)",
+                         step, self._next_step - 1)
+            self._next_step = step + 1
+        else:
+            self._next_step = step
 
     # ------------------------------------------------------------------ records
 
@@ -180,8 +204,8 @@ class Monitor:
         train_loss is remembered (the record that follows names the step it began). A call with
         a val_loss always makes a record: evaluations are rare, and each one counts."""
         self._check_step(step)
+        self._follow(step)
         pending = self._pending
-        self._next_step = step + 1
         if not self.due(step) and "val_loss" not in scalars and (pending is None or step != pending["step"]):
             loss = scalars.get("train_loss")
             if self.first_nonfinite_step is None and isinstance(loss, float) and not math.isfinite(loss):
@@ -193,13 +217,14 @@ class Monitor:
         """`log` at any step: the numbers make (or join) a record even between log steps (a
         callback forwarding another trainer's own log lines uses this)."""
         self._check_step(step)
+        if self._steps_since_log:  # called directly, not from log()
+            self._follow(step)
         values = {name: number(name, value) for name, value in scalars.items()}
         if self._pending is not None and step != self._pending["step"]:
             self.flush()
         if self._pending is None:
             self._start_record(step)
         self._pending.update(values)
-        self._next_step = max(self._next_step, step + 1)
 
     def _check_step(self, step: Any) -> None:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
@@ -215,15 +240,9 @@ class Monitor:
         record: dict[str, Any] = {"step": step}
         if self.tokens_per_step:
             record["tokens"] = step * self.tokens_per_step
-        capture = self._capture
-        if capture is not None and "gwu" in capture:
-            record.update({"grad_norm": capture["grad_norm"], "gwu": capture["gwu"]})
-            record.setdefault("lr", capture["lr"])
-            self._capture = None
-        elif self._step_lr is not None:
-            record["lr"] = self._step_lr
-        elif self.optimizer.param_groups:
-            record["lr"] = self.optimizer.param_groups[0].get("lr")
+        if self.eval_every and step % self.eval_every == 0 or step == self.steps:
+            # at the step's first call: nanoGPT logs its eval before taking the step
+            record.update(self._internals())
         self._pending = record
 
     def _trim_after(self, step: int) -> None:
@@ -232,16 +251,20 @@ class Monitor:
         trim_metrics(self.out_dir, step - 1)
 
     def flush(self) -> dict[str, Any] | None:
-        """Write the pending record now (with the eval internals at an eval step); return it."""
+        """Write the pending record now, with the g/w/u of its step's update; return it."""
         record, self._pending = self._pending, None
         if record is None:
             return None
         step = record["step"]
+        capture = self._captures.get(step)
+        measured = {"grad_norm": capture["grad_norm"], "gwu": capture["gwu"]} if capture and "gwu" in capture else {}
+        lr = capture["lr"] if measured else self._step_lr if self._step_lr is not None else self.optimizer.param_groups[0].get("lr")
+        record = {"step": step, "lr": lr, **measured, **{k: v for k, v in record.items() if k != "step"}}  # given values win
+        for done in [s for s in self._captures if s <= step]:
+            del self._captures[done]
         now = time.perf_counter()
         if "step_time_ms" not in record and self._last_written and step > self._last_written[0]:
             record["step_time_ms"] = 1000 * (now - self._last_written[1]) / (step - self._last_written[0])
-        if self.eval_every and step % self.eval_every == 0 or step == self.steps:
-            record.update(self._internals())
         reason = divergence_reason(record)
         if reason:
             bad = self.first_nonfinite_step

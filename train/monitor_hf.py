@@ -38,7 +38,8 @@ class HFCallback(TrainerCallback):
                        optimizer: Any = None, **kwargs: Any) -> None:
         if model is None or optimizer is None:
             raise ValueError("HFCallback: the Trainer gave no model or optimizer at on_train_begin")
-        options = {"steps": state.max_steps or None, "start_step": state.global_step,
+        # the Trainer numbers a step after taking it: the first one it takes now is global_step + 1
+        options = {"steps": state.max_steps or None, "start_step": state.global_step + 1,
                    "resume": state.global_step > 0, **self.options}
         self.monitor = Monitor(model, optimizer, self.out_dir, **options)
 

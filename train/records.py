@@ -116,7 +116,8 @@ def open_monitor(state: TrainState) -> None:
     tokens = None if state.val_blocks is None else state.val_blocks[:tc["batch_size"], :-1]  # [batch pos]
     state.monitor = Monitor(state.raw_model, state.optimizer, state.args.out, log_every=tc["log_every"],
                             eval_every=tc["eval_every"], eval_tokens=tokens, steps=tc["steps"],
-                            start_step=state.step, resume=state.resumed_from is not None,
+                            start_step=state.step + 1,  # a step is numbered after it is taken
+                            resume=state.resumed_from is not None,
                             run_info=run_json_for(state), report=False, autocast=state.autocast, lock=False)
 
 
