@@ -10,6 +10,7 @@ from pathlib import Path
 
 from models.cli import (FRACTION, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT, Parser,
                         add_ckpt_arguments, add_json_argument, number_type)
+from probes.doctor.log_file import KNOWN_NAMES, parse_tag
 from probes.thresholds import SATURATION, TIMELINE_COLLAPSE, TIMELINE_UNIFORM, Thresholds
 from probes.update_report import TARGET_BAND, band_in_order
 
@@ -235,21 +236,43 @@ def updates_parser() -> Parser:
 
 def diagnose_parser() -> Parser:
     examples = ["--ckpt checkpoints/transformer4_nan", "--ckpt checkpoints/transformer4_nan --step 3",
-                f"--ckpt {RUN} --json", "--ckpt runs/x --fail-on warning"]
+                f"--ckpt {RUN} --json", "--ckpt runs/x --fail-on warning",
+                "--ckpt out-shakespeare-char --log train.log", "--log docs/nanogpt_diverged.log",
+                "--ckpt hf-output/checkpoint-500", "--ckpt tb-logs --tag Loss/train=train_loss"]
     parser = Parser(
         prog="python -m probes.diagnose",
-        description="The run doctor: read what a run logged (metrics.jsonl, run.json) and say what "
-                    "went wrong, from which step, the evidence, the cause and what to change, ranked by "
-                    "severity. Exit 0 whatever the verdict (see --fail-on), 2 for unusable input.",
-        epilog="examples:\n" + "".join(f"  python -m probes.diagnose {e}\n" for e in examples))
-    parser.add_argument("--ckpt", required=True, metavar="RUN_DIR",
-                        help="a run directory (or a snapshot inside one: the run up to that snapshot)")
+        description="The run doctor: read what a run logged (our metrics.jsonl and run.json, a Hugging "
+                    "Face Trainer's trainer_state.json, TensorBoard event files or nanoGPT's printed log) "
+                    "and say what went wrong, from which step, the evidence, the cause and what to change, "
+                    "ranked by severity. Exit 0 whatever the verdict (see --fail-on), 2 for unusable input.",
+        epilog="examples:\n" + "".join(f"  python -m probes.diagnose {e}\n" for e in examples),
+        checks=[lambda a: None if a.ckpt or a.log else "give --ckpt PATH, --log FILE or both"])
+    parser.add_argument("--ckpt", metavar="PATH",
+                        help="a run directory (or a snapshot inside one: the run up to that snapshot), a "
+                             "Trainer output directory or checkpoint-N/, a folder of TensorBoard event "
+                             "files, or a nanoGPT ckpt.pt (or its folder) with its printed *.log beside it")
+    parser.add_argument("--log", metavar="FILE",
+                        help="the log to read instead of finding one under --ckpt: nanoGPT's printed "
+                             "output (train.py ... | tee train.log), a trainer_state.json or an event file; "
+                             "--ckpt may then be left out")
+    parser.add_argument("--tag", action="append", type=tag_type, metavar="NAME=ours",
+                        help="read a TensorBoard tag (or trainer_state.json key) as one of ours, e.g. "
+                             f"Loss/train=train_loss (repeatable; ours: {', '.join(KNOWN_NAMES)})")
     parser.add_argument("--step", type=NON_NEGATIVE_INT, metavar="N",
                         help="diagnose the run up to step N only, as if it had stopped there")
     parser.add_argument("--fail-on", choices=("warning", "failed"),
                         help="exit 1 when a finding is at least this severe (for scripts and CI)")
     add_json_argument(parser)
     return parser
+
+
+def tag_type(text: str) -> str:
+    """--tag NAME=ours, checked while parsing (an unknown `ours` is named with the known ones)."""
+    try:
+        parse_tag(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
 
 
 def tuned_lens_parser() -> Parser:

@@ -8,9 +8,12 @@
 
     python -m probes.diagnose --ckpt checkpoints/transformer4_nan
     python -m probes.diagnose --ckpt runs/x --json --fail-on warning
+    python -m probes.diagnose --ckpt out-shakespeare-char --log train.log   # nanoGPT's printed log
+    python -m probes.diagnose --ckpt hf-output        # a Trainer's trainer_state.json
+    python -m probes.diagnose --ckpt tb-logs --tag Loss/train=train_loss   # TensorBoard events
 
-It reads what training logged (metrics.jsonl, run.json, the snapshot steps on disk): it never
-loads a model and never retrains, so it answers in well under a second. The doctor itself lives
+It reads what training logged (metrics.jsonl, run.json, the snapshot steps on disk; or another
+trainer's log): it never loads a model and never retrains, so it answers in well under a second. The doctor itself lives
 in `probes.doctor` (history readers, rules, thresholds, findings); this module is its entry point
 and keeps `from probes import diagnose` working.
 """
@@ -36,7 +39,7 @@ EXIT_FINDING = 1  # --fail-on: a finding at or above the given severity
 def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         args = build_parser().parse_args(argv)
-        result = run(args.ckpt, step=args.step)
+        result = run(args.ckpt, step=args.step, log=args.log, tags=args.tag)
         print(json.dumps(result.to_dict(), indent=2) if args.json else result.format())
         if args.fail_on and any(SEVERITIES.index(f.severity) >= SEVERITIES.index(args.fail_on)
                                 for f in result.findings):

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from probes.doctor import rules_internals, rules_loss
 from probes.doctor.finding import SEVERITIES, Finding, NotChecked, rank_key
 from probes.doctor.run_history import RunHistory
+from probes.doctor.sources import MONITOR_HINT
 from probes.doctor.thresholds import DoctorThresholds
 
 __all__ = ["Diagnosis", "Finding", "RULES", "VERDICTS", "diagnose_history", "run"]
@@ -37,9 +38,10 @@ class Diagnosis:
     last_step: int
     upto: int | None = None
     not_checked: dict[str, str] = field(default_factory=dict)  # code -> why
+    source: str = "metrics.jsonl"  # what the history was read from (RunHistory.source)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"run": self.run, "verdict": self.verdict, "first_step": self.first_step,
+        return {"run": self.run, "source": self.source, "verdict": self.verdict, "first_step": self.first_step,
                 "last_step": self.last_step, "upto": self.upto,
                 "findings": [f.to_dict() for f in self.findings], "not_checked": self.not_checked}
 
@@ -60,7 +62,7 @@ class Diagnosis:
     def format(self) -> str:
         """A short ranked list (headline, evidence, cause), then what to try with its sources."""
         span = f"steps {self.first_step}-{self.last_step}" + (f", cut at --step {self.upto}" if self.upto is not None else "")
-        lines = [f"{self.run} ({span}): {self.verdict.upper()}"]
+        lines = [f"{self.run} ({span}; read from {self.source}): {self.verdict.upper()}"]
         if not self.findings:
             lines.append("  no findings: every rule that could look found the run healthy")
         for i, f in enumerate(self.findings, 1):
@@ -77,8 +79,21 @@ class Diagnosis:
                 lines.append(f"  - {fix} [{', '.join(dict.fromkeys(f.code for f in sources))}; {refs}]")
         if self.not_checked:
             lines.append("not checked:")
-            lines += [f"  - {code}: {why}" for code, why in self.not_checked.items()]
+            lines += not_checked_lines(self.not_checked)
         return "\n".join(lines)
+
+
+def not_checked_lines(not_checked: dict[str, str]) -> list[str]:
+    """One line per reason with the codes it stops; the Monitor hint of a foreign log said once."""
+    codes_by_reason: dict[str, list[str]] = {}
+    for code, why in not_checked.items():
+        codes_by_reason.setdefault(why, []).append(code)
+    hint = "; " + MONITOR_HINT
+    lines = [f"  - {', '.join(codes)}: {why.removesuffix(hint)}" for why, codes in codes_by_reason.items()]
+    if any(why.endswith(hint) for why in codes_by_reason):
+        lines.append("  (to check these too, train with train.monitor.Monitor: see README, Monitor your own "
+                     "training loop)")
+    return lines
 
 
 def short_reference(reference: str) -> str:
@@ -100,11 +115,13 @@ def diagnose_history(history: RunHistory, thresholds: DoctorThresholds | None = 
     findings.sort(key=rank_key)
     worst = max((SEVERITIES.index(f.severity) for f in findings), default=0)
     return Diagnosis(str(history.path), VERDICTS[SEVERITIES[worst]], findings, history.first_step,
-                     history.last_step, history.upto, not_checked)
+                     history.last_step, history.upto, not_checked, history.source)
 
 
-def run(run_dir: str | Path, step: int | None = None,
-        thresholds: DoctorThresholds | None = None) -> Diagnosis:
-    """Diagnose a run directory (or a snapshot inside one: the run up to that snapshot), up to
-    `step` when given, as if it had stopped there."""
-    return diagnose_history(RunHistory.read(run_dir, upto=step), thresholds)
+def run(run_dir: str | Path | None, step: int | None = None, thresholds: DoctorThresholds | None = None,
+        *, log: str | Path | None = None, tags: Iterable[str] | dict[str, str] | None = None) -> Diagnosis:
+    """Diagnose a run directory (or a snapshot inside one: the run up to that snapshot), another
+    trainer's output (a Trainer output directory, TensorBoard events, a nanoGPT ckpt.pt with its
+    *.log) or the log file `log`, up to `step` when given, as if it had stopped there. `tags` map a
+    TensorBoard log's or trainer_state.json's own names to ours ({"Loss/train": "train_loss"})."""
+    return diagnose_history(RunHistory.read(run_dir, upto=step, log=log, tags=tags), thresholds)

@@ -10,7 +10,7 @@ import statistics
 from typing import Any
 
 from probes.doctor.finding import (MAKEMORE_ACTIVATIONS, MAKEMORE_UPDATES, SERIES_ADAM, SERIES_ATTENTION,
-                            WORTSMAN, ZHAI, Finding, NotChecked, rule)
+                                   WORTSMAN, ZHAI, Finding, rule)
 from probes.doctor.run_history import RunHistory, as_float
 from probes.doctor.signals import first_nonfinite, layer_values, ten_fold, update_report
 from probes.doctor.thresholds import DoctorThresholds
@@ -37,9 +37,9 @@ def attention(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     records = [r for r in before_nonfinite(h) if r.get("attn_entropy")]
     n_ctx = h.model.get("n_ctx")
     if not records:
-        raise NotChecked("not logged: no attention entropy (a model without attention, or no eval steps)")
+        raise h.not_logged("attention entropy", "no attention entropy (a model without attention, or no eval steps)")
     if not isinstance(n_ctx, int) or n_ctx < 2:
-        raise NotChecked("not logged: no n_ctx in run.json or a snapshot's config.json")
+        raise h.not_logged("context length", "no n_ctx in run.json or a snapshot's config.json")
     timeline = entropy_timeline(records, n_ctx, collapse=t.collapse_fraction, uniform=t.uniform_fraction)
     findings = []
     collapsed = [(l, hd, s) for l, row in enumerate(timeline.collapsed) for hd, s in enumerate(row) if s is not None]
@@ -107,7 +107,7 @@ def max_head_logit(record: dict[str, Any]) -> list[float]:
 def attn_logit_growth(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     records = [r for r in before_nonfinite(h) if r.get("attn_logit_max")]
     if not records:
-        raise NotChecked("not logged: attn_logit_max is not in metrics.jsonl (a run trained before "
+        raise h.not_logged("max attention logit", "attn_logit_max is not in metrics.jsonl (a run trained before "
                          "it was logged, or a model without attention)")
     flagged = []
     for layer, heads in layer_values(records[-1]["attn_logit_max"]).items():
@@ -138,7 +138,7 @@ def attn_logit_growth(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
 def output_logit_growth(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     records = [r for r in before_nonfinite(h) if "logit_max" in r]
     if not records:
-        raise NotChecked("not logged: logit_max is not in metrics.jsonl (a run trained before it was logged)")
+        raise h.not_logged("max output logit", "logit_max is not in metrics.jsonl (a run trained before it was logged)")
     value = lambda r: as_float(r.get("logit_max"))  # noqa: E731
     hit = ten_fold(records, value, t.growth_orders)
     peak = max((v for r in records if math.isfinite(v := value(r))), default=math.nan)
@@ -164,7 +164,7 @@ MIN_WINDOW = 3  # logged g/w/u steps in the later half before the Q/K gap is jud
 def update_ratios(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     logged = [r for r in before_nonfinite(h) if isinstance(r.get("gwu"), dict) and r["gwu"]]
     if not logged:
-        raise NotChecked("not logged: no g/w/u table in metrics.jsonl")
+        raise h.not_logged("g/w/u update ratios", "no g/w/u table in metrics.jsonl")
     reports = [update_report(h, r) for r in logged]
     window = reports[len(reports) // 2:]  # the later half: past the first steps' transients
     medians = {g: statistics.median(vs) for g in window[-1].groups
@@ -269,7 +269,7 @@ def slow_qk(h: RunHistory, reports: list[UpdateReport], window: list[UpdateRepor
 def activations(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     logged = [r for r in before_nonfinite(h) if isinstance(r.get("activations"), dict) and r["activations"]]
     if not logged:
-        raise NotChecked("not logged: no activation health in metrics.jsonl (no eval steps, or a "
+        raise h.not_logged("activation health", "no activation health in metrics.jsonl (no eval steps, or a "
                          "run trained before it was logged)")
     act_fn = h.model.get("act_fn", "relu")
     last = {layer: (as_float(s.get("dead")), as_float(s.get("saturated")))

@@ -9,7 +9,7 @@ import statistics
 from typing import Any
 
 from probes.doctor.finding import (MAKEMORE_INIT, MAKEMORE_SPLITS, PASCANU, SERIES_RMSNORM, WORTSMAN, Finding,
-                            NotChecked, rule)
+                                   NotChecked, rule)
 from probes.doctor.run_history import RunHistory, as_float
 from probes.doctor.signals import first_nonfinite, growth_signals, max_group_log10_u, max_value
 from probes.doctor.thresholds import DoctorThresholds
@@ -36,7 +36,7 @@ def loss_key(h: RunHistory, min_points: int = 3) -> str:
 def init_loss(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     d_vocab = h.model.get("d_vocab")
     if not isinstance(d_vocab, int) or d_vocab < 2:
-        raise NotChecked("not logged: no d_vocab in run.json or a snapshot's config.json")
+        raise h.not_logged("vocab size", "no d_vocab in run.json or a snapshot's config.json")
     start = next((r for r in h.records if r["step"] == 0 and "val_loss" in r), None)
     key = "val_loss"
     if start is None:  # no eval at step 0: a train loss over step 0 alone (--log-every 1) will do
@@ -116,7 +116,7 @@ def divergence_fix(h: RunHistory) -> str:
         else "lower the learning rate"
     if h.model.get("family") == "transformer" and h.model.get("norm") == "none":
         return f"normalise (RMSNorm before attention and MLP: --set norm=rms) and {lower}"
-    return f"{lower}; add warmup or gradient clipping (--grad-clip 1.0)"
+    return f"{lower}; add warmup or gradient clipping ({h.flag('--grad-clip 1.0')})"
 
 
 def before_failure(h: RunHistory, step: int) -> dict[str, Any]:
@@ -154,8 +154,8 @@ def overfitting(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
                                        "train_loss_at_best": train_then[-1], "train_loss_last": train_now,
                                        "best_snapshot": snapshot or "none saved near the best step"},
         cause="the model memorises the training text: what it learns stops carrying over to held-out text",
-        fix=(f"use the best snapshot ({snapshot})" if snapshot else "save snapshots more often (--save-every)")
-            + "; regularise (--set dropout=0.2, weight decay) or train on more text",
+        fix=(f"use the best snapshot ({snapshot})" if snapshot else f"save snapshots more often ({h.flag('--save-every')})")
+            + f"; regularise ({h.flag('--set dropout=0.2')}, weight decay) or train on more text",
         reference=MAKEMORE_SPLITS, page="overview")]
 
 
@@ -187,7 +187,7 @@ def plateau(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
               else "the loss has flattened at this learning rate",
         fix="raise the learning rate (check the warmup and the schedule) and check that the targets "
             "are the next tokens" if stuck else
-            "decay the learning rate (--schedule cosine) or stop here: more steps at this rate buy "
+            f"decay the learning rate ({h.flag('--schedule cosine')}) or stop here: more steps at this rate buy "
             "little; a larger model or context may",
         reference=MAKEMORE_SPLITS, page="overview")]
 
@@ -213,9 +213,10 @@ def final_plateau(series: list[tuple[int, float]], window: float, tolerance: flo
 @rule("grad_spike")
 def grad_spike(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     norms = [(s, v) for s, v in h.series("grad_norm")]
+    if not norms:
+        raise h.not_logged("gradient norm", "no grad_norm in metrics.jsonl")
     if len(norms) < 4:
-        raise NotChecked("not enough data: fewer than 4 logged gradient norms" if norms
-                         else "not logged: no grad_norm in metrics.jsonl")
+        raise NotChecked("not enough data: fewer than 4 logged gradient norms")
     spikes = []
     for i, (step, value) in enumerate(norms):
         earlier = [v for _, v in norms[max(0, i - 20):i] if math.isfinite(v)]
@@ -232,6 +233,6 @@ def grad_spike(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
                   "largest_at_step": worst[0], "largest_norm": worst[1]},
         cause="a batch or a weight configuration produced a gradient far larger than usual; one such "
               "step can throw the weights out of their basin",
-        fix="clip gradients (--grad-clip 1.0), lower the learning rate or add warmup",
+        fix=f"clip gradients ({h.flag('--grad-clip 1.0')}), lower the learning rate or add warmup",
         reference=PASCANU, page="dynamics")]
 

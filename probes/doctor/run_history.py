@@ -1,5 +1,7 @@
 """A run's logged history as the run doctor reads it: metrics.jsonl records (up to a step, as if
-the run had stopped there), run.json's model and training config, and the snapshot steps on disk.
+the run had stopped there), run.json's model and training config, and the snapshot steps on disk;
+or the same records read from another trainer's log (`probes.doctor.sources`: a Hugging Face
+trainer_state.json, TensorBoard events, nanoGPT's printed log).
 
 Torch-free and model-free: the doctor judges a run from what training logged, in well under a
 second. Values that JSON could not hold (NaN, inf) were written as null; here they read as NaN,
@@ -13,11 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from models.store.run import (SNAPSHOT_CONFIG, CheckpointError, is_run_dir, is_snapshot_dir,
+from models.store.run import (METRICS_FILE, SNAPSHOT_CONFIG, CheckpointError, is_run_dir, is_snapshot_dir,
                               list_snapshots, read_json_object, read_metrics, read_run_json, snapshot_step)
+from probes.doctor import flags
+from probes.doctor.finding import NotChecked
+from probes.doctor.log_file import Log
+from probes.doctor.sources import MONITOR_HINT, find_log, snapshot_alone
 from probes.errors import ProbeInputError
 
 __all__ = ["RunHistory", "as_float", "by_step", "is_finite", "resolve_run"]
+
+OURS = METRICS_FILE  # the source of a run written by our trainer or train.monitor.Monitor
 
 NAN = float("nan")
 
@@ -48,9 +56,10 @@ def resolve_run(path: str | Path) -> tuple[Path, int | None]:
     step = snapshot_step(path)
     if is_snapshot_dir(path) and step is not None and is_run_dir(path.parent):
         return path.parent, step
+    if is_snapshot_dir(path):
+        raise ProbeInputError(snapshot_alone(path))
     if not is_run_dir(path):
-        what = "a snapshot outside a run" if is_snapshot_dir(path) else "not a run directory"
-        raise ProbeInputError(f"{path}: {what}; the doctor reads a run directory (its metrics.jsonl)")
+        raise ProbeInputError(f"{path}: not a run directory; the doctor reads a run directory (its metrics.jsonl)")
     return path, None
 
 
@@ -64,10 +73,27 @@ class RunHistory:
     model: dict[str, Any] = field(default_factory=dict)  # the model config
     snapshot_steps: list[int] = field(default_factory=list)
     upto: int | None = None
+    source: str = OURS  # where the records come from: metrics.jsonl, or a foreign log (Log.source)
+    trainer: str = flags.OURS  # whose settings the fixes name (probes.doctor.flags)
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)  # what rules derive, derived once
 
     @classmethod
-    def read(cls, run_dir: str | Path, upto: int | None = None) -> RunHistory:
+    def read(cls, path: str | Path | None, upto: int | None = None, log: str | Path | None = None,
+             tags: Iterable[str] | dict[str, str] | None = None) -> RunHistory:
+        """The history at `path` (a run directory or a snapshot in one, a Trainer output directory
+        or checkpoint-N/, a folder of TensorBoard events, a nanoGPT ckpt.pt or its folder with a
+        *.log), or in the log file `log`; `tags` map a log's own names to ours (NAME=ours)."""
+        foreign = find_log(path, log, tags)
+        return cls.read_run(path, upto) if foreign is None else cls.from_log(foreign, upto)
+
+    @classmethod
+    def from_log(cls, log: Log, upto: int | None = None) -> RunHistory:
+        kept = cut_at(log.path, log.records, upto)
+        return cls(log.path, kept, {"train": log.train}, log.model, [], upto, log.source, log.trainer)
+
+    @classmethod
+    def read_run(cls, run_dir: str | Path, upto: int | None = None) -> RunHistory:
+        """Our run directory (metrics.jsonl, run.json, snapshots), or a snapshot inside one."""
         run_dir, snapshot_limit = resolve_run(run_dir)
         if upto is None:
             upto = snapshot_limit
@@ -78,13 +104,9 @@ class RunHistory:
         except CheckpointError as err:
             raise ProbeInputError(str(err)) from None
         if not records:
-            raise ProbeInputError(f"{run_dir}: no metrics.jsonl records to diagnose (was the run "
-                                  "trained with `python -m train`?)")
-        ordered = by_step(records)
-        kept = [r for r in ordered if upto is None or r["step"] <= upto]
-        if not kept:
-            raise ProbeInputError(f"{run_dir}: no records at or before step {upto} "
-                                  f"(the first is step {ordered[0]['step']})")
+            raise ProbeInputError(f"{run_dir}: no metrics.jsonl records to diagnose (they are written "
+                                  "by `python -m train` or train.monitor.Monitor)")
+        kept = cut_at(run_dir, by_step(records), upto)
         steps = [s for p in snapshots if (s := snapshot_step(p)) is not None and (upto is None or s <= upto)]
         return cls(run_dir, kept, info, _model_config(info, snapshots), steps, upto)
 
@@ -118,6 +140,31 @@ class RunHistory:
 
     def with_key(self, key: str) -> list[dict[str, Any]]:
         return [r for r in self.records if r.get(key) is not None]
+
+    @property
+    def foreign(self) -> bool:
+        """Read from another trainer's log (which logs no model internals), not from metrics.jsonl."""
+        return self.source != OURS
+
+    def flag(self, ours: str) -> str:
+        """A `python -m train` flag as this run's trainer spells the same setting."""
+        return flags.flag(ours, self.trainer)
+
+    def not_logged(self, what: str, ours: str) -> NotChecked:
+        """A rule's input is absent: from a foreign log, name the Monitor as the way to get it;
+        from a run of ours, `ours` says why (a run that predates the metric, ...)."""
+        if self.foreign:
+            return NotChecked(f"not logged: {self.source} has no {what}; {MONITOR_HINT}")
+        return NotChecked(f"not logged: {ours}")
+
+
+def cut_at(path: Path, ordered: list[dict[str, Any]], upto: int | None) -> list[dict[str, Any]]:
+    """The records (in step order) at or before `upto`; a one-line error when none is."""
+    kept = [r for r in ordered if upto is None or r["step"] <= upto]
+    if not kept:
+        raise ProbeInputError(f"{path}: no records at or before step {upto} "
+                              f"(the first is step {ordered[0]['step']})")
+    return kept
 
 
 def _model_config(info: dict[str, Any], snapshots: list[Path]) -> dict[str, Any]:

@@ -1,0 +1,30 @@
+"""The fixes name a setting the user can change: `python -m train`'s flag for our runs, the same
+setting in nanoGPT's train.py or the Hugging Face Trainer's TrainingArguments for theirs, and
+plain words where the trainer is unknown (TensorBoard events say nothing of who wrote them)."""
+
+from __future__ import annotations
+
+__all__ = ["OURS", "TRAINERS", "flag"]
+
+OURS = "scratchscope"
+TRAINERS = (OURS, "nanogpt", "hf", "unknown")
+
+# our flag -> {trainer: its setting}; "unknown" is the words used when the trainer is not known
+SETTINGS: dict[str, dict[str, str]] = {
+    "--grad-clip 1.0": {"nanogpt": "--grad_clip=1.0", "hf": "max_grad_norm=1.0",
+                        "unknown": "torch.nn.utils.clip_grad_norm_(params, 1.0)"},
+    "--save-every": {"nanogpt": "--always_save_checkpoint=True", "hf": "save_steps",
+                     "unknown": "save checkpoints more often"},
+    "--set dropout=0.2": {"nanogpt": "--dropout=0.2", "hf": "the model config's dropout",
+                          "unknown": "dropout"},
+    "--schedule cosine": {"nanogpt": "--decay_lr=True", "hf": "lr_scheduler_type='cosine'",
+                          "unknown": "a cosine schedule"},
+}
+
+
+def flag(ours: str, trainer: str) -> str:
+    """`ours` (a `python -m train` flag) as the setting of `trainer`'s command line or arguments."""
+    if trainer == OURS:
+        return ours
+    settings = SETTINGS.get(ours, {})
+    return settings.get(trainer, settings.get("unknown", ours))

@@ -1,0 +1,78 @@
+"""What every history reader returns: a `Log`, the records of a file another trainer wrote, keyed
+by our metrics.jsonl names (step, train_loss, val_loss, lr, grad_norm, ...), plus what the file
+says about the model and the training. `RunHistory.from_log` turns one into a RunHistory.
+
+Also the names a log's own tags may be mapped to (`--tag NAME=ours`), and the checks the readers
+share: a log must give a loss somewhere, and a --tag the file lacks is named with what it has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from probes.errors import ProbeInputError
+
+__all__ = ["KNOWN_NAMES", "Log", "check_user_tags", "merge_steps", "parse_tag", "require_loss", "user_tags"]
+
+# The scalar metrics.jsonl names the rules read, which a foreign tag may be mapped to.
+KNOWN_NAMES = ("train_loss", "val_loss", "lr", "grad_norm", "logit_max", "tokens", "step_time_ms")
+LOSSES = ("train_loss", "val_loss")
+
+
+@dataclass
+class Log:
+    """One foreign log read into our records (one per step, oldest first)."""
+
+    path: Path  # what was read: a file, or the folder of TensorBoard event files
+    source: str  # how the doctor names it: "trainer_state.json", "the nanoGPT log train.log", ...
+    records: list[dict[str, Any]]
+    model: dict[str, Any] = field(default_factory=dict)  # our model config's names: d_vocab, n_ctx, ...
+    train: dict[str, Any] = field(default_factory=dict)  # our training config's names: steps, lr, log_every
+    trainer: str = "unknown"  # whose settings the fixes name (probes.doctor.flags.TRAINERS)
+
+
+def parse_tag(item: str) -> tuple[str, str]:
+    """'Loss/train=train_loss' -> ('Loss/train', 'train_loss'); an unknown `ours` is refused
+    naming the known ones."""
+    name, sep, ours = item.rpartition("=")
+    if not sep or not name or not ours:
+        raise ProbeInputError(f"--tag {item!r}: expected NAME=ours, e.g. 'Loss/train=train_loss'")
+    if ours not in KNOWN_NAMES:
+        raise ProbeInputError(f"--tag {item!r}: {ours!r} is not a name the doctor reads; known: "
+                              + ", ".join(KNOWN_NAMES))
+    return name, ours
+
+
+def user_tags(tags: Iterable[str] | dict[str, str] | None) -> dict[str, str]:
+    """--tag values (`NAME=ours` strings, or a {NAME: ours} dict) as a checked {NAME: ours}."""
+    items = [f"{name}={ours}" for name, ours in tags.items()] if isinstance(tags, dict) else list(tags or ())
+    return dict(parse_tag(item) for item in items)
+
+
+def check_user_tags(path: Path, user: dict[str, str], present: Iterable[str], what: str) -> None:
+    """A --tag the file does not have is an error naming what it has (a typo, most likely)."""
+    present = sorted(present)
+    missing = [name for name in user if name not in present]
+    if missing:
+        raise ProbeInputError(f"{path}: no {what} {', '.join(map(repr, missing))} (--tag); it has: "
+                              + (", ".join(present) or "none"))
+
+
+def merge_steps(entries: Iterable[tuple[int, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """(step, values) pairs merged into one record per step, in step order; a later value of the
+    same key wins (a resumed run logs some steps twice). Steps that gave no value are dropped."""
+    merged: dict[int, dict[str, Any]] = {}
+    for step, values in entries:
+        if values:
+            merged.setdefault(step, {"step": step}).update(values)
+    return [merged[s] for s in sorted(merged)]
+
+
+def require_loss(path: Path, records: list[dict[str, Any]], present: Iterable[str], what: str) -> None:
+    """A log without any loss cannot be diagnosed: say so, listing the names the file has."""
+    if not any(key in r for r in records for key in LOSSES):
+        names = sorted(present)
+        raise ProbeInputError(f"{path}: no loss among its {what} (it has: {', '.join(names) or 'none'}); "
+                              "map one with --tag NAME=train_loss")

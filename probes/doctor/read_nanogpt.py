@@ -1,0 +1,106 @@
+"""nanoGPT's printed log (`python train.py ... | tee train.log`) read into our records.
+
+The lines are those karpathy/nanoGPT's train.py prints:
+    iter {iter_num}: loss {lossf:.4f}, time {dt*1000:.2f}ms, mfu {running_mfu*100:.2f}%
+    step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}
+    tokens per iteration will be: {tokens_per_iter:,}
+    found vocab_size = {meta_vocab_size} (inside {meta_path})
+    defaulting to vocab_size of GPT-2 to 50304 (50257 rounded up for efficiency)
+and the configurator's echo of the config (`max_iters = 5000`, `Overriding: learning_rate = 0.01`).
+A diverged run prints `nan`, read as NaN. The eval line's train loss (a mean over eval_iters
+batches) is the better estimate, so it wins over the iter line's at the same step; the iter line's
+step time is kept. A last line cut mid-print (the run was killed) is skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+from models.store.run import checkpoint_files
+from probes.doctor.log_file import Log, merge_steps
+from probes.errors import ProbeInputError
+
+__all__ = ["find_nanogpt_log", "read_nanogpt_log"]
+
+log = logging.getLogger(__name__)
+
+NUMBER = r"([-+]?(?:nan|inf|\d+(?:\.\d*)?(?:e[-+]?\d+)?))"
+ITER = re.compile(rf"iter (\d+): loss {NUMBER}, time {NUMBER}ms, mfu {NUMBER}%$")
+EVAL = re.compile(rf"step (\d+): train loss {NUMBER}, val loss {NUMBER}$")
+TOKENS = re.compile(r"tokens per iteration will be: ([\d,]+)$")
+VOCAB = re.compile(r"found vocab_size = (\d+)|defaulting to vocab_size of GPT-2 to (\d+)|forcing vocab_size=(\d+)")
+# the configurator's echo of a config file or a --key=value override -> (ours, where)
+CONFIG = re.compile(r"^(?:Overriding: )?(\w+) = ([-+0-9.e]+)\s*(?:#.*)?$")
+CONFIG_KEYS = {"max_iters": ("steps", "train"), "learning_rate": ("lr", "train"),
+               "log_interval": ("log_every", "train"), "block_size": ("n_ctx", "model"),
+               "n_layer": ("n_layers", "model"), "n_head": ("n_heads", "model"), "n_embd": ("d_model", "model")}
+
+
+def find_nanogpt_log(path: Path) -> Path | None:
+    """The `*.log` beside a nanoGPT checkpoint: `path` is a ckpt.pt file or the folder holding
+    ckpt.pt (or ckpt_N.pt files). The newest when there are several; None when there is none."""
+    folder = path.parent if path.is_file() else path
+    if not ((folder / "ckpt.pt").is_file() or path.suffix == ".pt" or checkpoint_files(folder)):
+        return None
+    logs = sorted((p for p in folder.glob("*.log") if p.is_file()), key=lambda p: p.stat().st_mtime)
+    if len(logs) > 1:
+        log.info("%s: %d *.log files; reading the newest, %s", folder, len(logs), logs[-1].name)
+    return logs[-1] if logs else None
+
+
+def read_nanogpt_log(path: Path) -> Log:
+    """nanoGPT's printed log as a Log; ProbeInputError (one line naming the file) if it has no
+    iter or step lines."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as err:
+        raise ProbeInputError(f"{path}: cannot read ({err.strerror})") from None
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        log.warning("%s: skipped its truncated last line %r (a run killed mid-print?)", path, lines[-1][:60])
+        lines = lines[:-1]
+    iters: list[tuple[int, dict[str, Any]]] = []
+    evals: list[tuple[int, dict[str, Any]]] = []
+    facts: dict[str, Any] = {"train": {}, "model": {}}
+    for line in lines:
+        read_line(line.strip(), iters, evals, facts)
+    if not iters and not evals:
+        raise ProbeInputError(f"{path}: no nanoGPT 'iter N: loss X, ...' or 'step N: train loss X, "
+                              "val loss Y' lines (is it the printed output of nanoGPT's train.py?)")
+    # the eval line's losses win at their step: merged after the iter lines
+    records = merge_steps(iters + evals)
+    per_step = facts.get("tokens_per_step")
+    if per_step:
+        for r in records:
+            r["tokens"] = per_step * r["step"]
+    return Log(path, f"the nanoGPT log {path.name}", records, facts["model"], facts["train"], "nanogpt")
+
+
+def read_line(line: str, iters: list, evals: list, facts: dict[str, Any]) -> None:
+    if match := ITER.search(line):
+        iters.append((int(match[1]), {"train_loss": float(match[2]), "step_time_ms": float(match[3])}))
+    elif match := EVAL.search(line):
+        evals.append((int(match[1]), {"train_loss": float(match[2]), "val_loss": float(match[3])}))
+    elif match := TOKENS.search(line):
+        facts["tokens_per_step"] = int(match[1].replace(",", ""))
+    elif match := VOCAB.search(line):
+        facts["model"]["d_vocab"] = int(next(g for g in match.groups() if g))
+    elif (match := CONFIG.match(line)) and match[1] in CONFIG_KEYS:
+        name, where = CONFIG_KEYS[match[1]]
+        value = config_number(match[2])
+        if value is not None:
+            facts[where][name] = value
+
+
+def config_number(text: str) -> int | float | None:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return None

@@ -1,0 +1,112 @@
+"""Which history a path holds: our run directory (metrics.jsonl), a Hugging Face Trainer output
+directory or checkpoint-N/ (trainer_state.json), nanoGPT's printed log beside its ckpt.pt, or
+TensorBoard event files; or a log file named with --log. Each foreign one is read into a `Log`.
+
+Checked in that order: a run directory of ours is read as ours even when it also holds event
+files, and a Trainer's trainer_state.json before the TensorBoard events it writes beside it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+from models.store.run import METRICS_FILE, is_run_dir, is_snapshot_dir, snapshot_step
+from probes.doctor.log_file import Log, user_tags
+from probes.doctor.read_nanogpt import find_nanogpt_log, read_nanogpt_log
+from probes.doctor.read_tensorboard import EVENTS_PREFIX, find_event_folder, read_tensorboard
+from probes.doctor.read_trainer import STATE_FILE, find_trainer_state, read_trainer_state
+from probes.errors import ProbeInputError
+
+__all__ = ["EXPECTED", "MONITOR_HINT", "find_log", "read_log_file", "snapshot_alone"]
+
+Tags = Iterable[str] | dict[str, str] | None
+
+EXPECTED = ("a run directory with metrics.jsonl, a Trainer output directory with trainer_state.json, "
+            "TensorBoard event files, or a nanoGPT log via --log")
+TEXT_LOGS = (".log", ".txt", ".out")
+MONITOR_HINT = "log it with train.monitor.Monitor (see README, Monitor your own training loop)"
+
+
+def snapshot_alone(path: Path) -> str:
+    return (f"{path}: a snapshot outside a run; the doctor reads a run's history: a run directory with "
+            "metrics.jsonl (ours, or one written by train.monitor.Monitor), or a log (--log FILE, "
+            "trainer_state.json, TensorBoard events)")
+
+
+def find_log(ckpt: str | Path | None, log_file: str | Path | None = None, tags: Tags = None) -> Log | None:
+    """The foreign log to diagnose (--log FILE, else what --ckpt PATH holds); None when PATH is a
+    run directory of ours (or a snapshot inside one), which RunHistory reads itself."""
+    if log_file is not None:
+        if ckpt is not None and not Path(ckpt).exists():
+            raise ProbeInputError(f"{ckpt}: no such file or directory")
+        return read_log_file(Path(log_file), tags)
+    if ckpt is None:
+        raise ProbeInputError("nothing to diagnose: give --ckpt PATH or --log FILE")
+    path = Path(ckpt)
+    if not path.exists():
+        raise ProbeInputError(f"{path}: no such file or directory")
+    found = read_log_file(path, tags) if path.is_file() else read_folder(path, tags)
+    if found is None and user_tags(tags):
+        raise ProbeInputError(f"{path}: --tag maps the names of a TensorBoard log or trainer_state.json; "
+                              "this is a run directory with metrics.jsonl")
+    return found
+
+
+def read_log_file(path: Path, tags: Tags = None) -> Log:
+    """One file: trainer_state.json, an event file or a nanoGPT log, told apart by its name; a
+    nanoGPT ckpt.pt stands for the *.log beside it."""
+    if not path.is_file():
+        raise ProbeInputError(f"{path}: no such file")
+    if path.name == STATE_FILE:
+        return read_trainer_state(path, tags)
+    if path.name.startswith(EVENTS_PREFIX):
+        return read_tensorboard(path, tags)
+    if path.suffix == ".pt":
+        beside = find_nanogpt_log(path)
+        if beside is None:
+            raise ProbeInputError(f"{path}: a checkpoint with no *.log beside it; the doctor reads training "
+                                  "logs: pass nanoGPT's printed log with --log FILE")
+        return nanogpt(beside, tags)
+    if path.suffix in TEXT_LOGS or path.name.endswith(".log"):
+        return nanogpt(path, tags)
+    raise ProbeInputError(f"{path}: not a log the doctor reads: expected {EXPECTED}; found a "
+                          f"{path.suffix or 'suffix-less'} file")
+
+
+def read_folder(path: Path, tags: Tags) -> Log | None:
+    if (path / METRICS_FILE).is_file() or in_a_run(path):
+        return None
+    if (state := find_trainer_state(path)) is not None:
+        return read_trainer_state(state, tags)
+    if (printed := find_nanogpt_log(path)) is not None:
+        return nanogpt(printed, tags)
+    if (events := find_event_folder(path)) is not None:
+        return read_tensorboard(events, tags)
+    if is_run_dir(path):
+        return None  # ours without metrics.jsonl yet: RunHistory says so
+    if is_snapshot_dir(path):
+        raise ProbeInputError(snapshot_alone(path))
+    raise ProbeInputError(f"{path}: no history the doctor can read: expected {EXPECTED}; found {describe(path)}")
+
+
+def nanogpt(path: Path, tags: Tags) -> Log:
+    if user_tags(tags):
+        raise ProbeInputError(f"{path}: --tag maps the names of a TensorBoard log or trainer_state.json, "
+                              "not the lines of a nanoGPT log")
+    return read_nanogpt_log(path)
+
+
+def in_a_run(path: Path) -> bool:
+    return is_snapshot_dir(path) and snapshot_step(path) is not None and is_run_dir(path.parent)
+
+
+def describe(folder: Path) -> str:
+    """What a folder holds, in a few words, for the error saying it is none of the expected."""
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir())
+    if not names:
+        return "an empty directory"
+    if "ckpt.pt" in names:
+        return "ckpt.pt but no *.log beside it"
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return f"{len(names)} entr{'y' if len(names) == 1 else 'ies'}: {shown}"
