@@ -41,7 +41,7 @@ def test_distribution_metadata(pyproject: dict) -> None:
 
 
 def test_packages_models_probes_and_train(pyproject: dict) -> None:
-    assert sorted(pyproject["tool"]["setuptools"]["packages"]) == ["models", "models.store", "probes", "train"]
+    assert sorted(pyproject["tool"]["setuptools"]["packages"]) == ["models", "models.store", "probes", "probes.doctor", "train"]
 
 
 def test_torch_has_no_upper_cap(pyproject: dict) -> None:
@@ -109,6 +109,7 @@ print(sorted({{m.split(".")[0] for m in sys.modules}} & {{"models", "probes", "t
 @pytest.mark.parametrize("package, allowed", [
     ("models", ["models"]),
     ("probes", ["models", "probes"]),
+    ("probes.doctor", ["models", "probes"]),
 ])
 def test_imports_run_one_way(package: str, allowed: list[str]) -> None:
     out = subprocess.run([sys.executable, "-c", LAYER_CHECK.format(package=package)],
