@@ -20,6 +20,7 @@ Our own trainer (`python -m train`) logs through this class too.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import time
@@ -82,6 +83,7 @@ class Monitor:
         self._handles: list[Any] = []
         self._lock: RunLock | None = None
         self._open(run_info, lock)
+        atexit.register(self._close_at_exit)  # a script that never closes it still gets its records
 
     # ------------------------------------------------------------------ set-up and close
 
@@ -132,9 +134,14 @@ class Monitor:
     def __exit__(self, *exc: Any) -> None:
         self.close(report=exc[0] is None or not issubclass(exc[0], (KeyboardInterrupt, SystemExit)))
 
+    def _close_at_exit(self) -> None:
+        if self._handles:
+            self.close()
+
     def close(self, report: bool | None = None) -> Any:
         """Write what is pending, unhook, unlock; print the diagnosis (unless `report` is False).
-        Returns the Diagnosis printed, or None."""
+        Returns the Diagnosis printed, or None. Also done at interpreter exit if not before."""
+        atexit.unregister(self._close_at_exit)
         result = None
         try:
             self.flush()
