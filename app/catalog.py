@@ -71,7 +71,8 @@ def typed(text: str, preset: str | None) -> list[data.Source]:
     path = Path(text).expanduser()
     if not path.exists():
         raise ValueError(f"{path} does not exist")
-    if is_run_dir(path) or is_snapshot_dir(path) or (path / MODEL_FILE).is_file() or (path / "ckpt.pt").is_file():
+    if is_run_dir(path) or is_snapshot_dir(path) or (path / MODEL_FILE).is_file() or (path / "ckpt.pt").is_file() \
+            or data.foreign_log(path) is not None:  # a Trainer's output, TensorBoard events: the doctor reads them
         return [data.Source(path)]
     if path.is_file() and path.suffix in SERIES_SUFFIXES:
         # nanoGPT names its checkpoints ckpt.pt (ckpt_500.pt when saved per step) and they carry
@@ -83,8 +84,8 @@ def typed(text: str, preset: str | None) -> list[data.Source]:
     runs = [data.Source(p) for p in sorted(path.iterdir()) if is_run_dir(p)] if path.is_dir() else []
     if runs:
         return runs
-    raise ValueError(f"{path} is not a run, a snapshot, a nanoGPT or Hugging Face checkpoint or a .pt "
-                     "state dict: nothing to open")
+    raise ValueError(f"{path} is not a run, a snapshot, a nanoGPT or Hugging Face checkpoint, a .pt "
+                     "state dict or a training log: nothing to open")
 
 
 # --------------------------------------------------------------------------- the landing view
@@ -103,7 +104,21 @@ def summary(source: data.Source) -> dict[str, Any]:
     if row.pop("is_run"):
         row["state"] = "training now" if data.is_training(path) else row["state"]
         row["doctor"] = verdict(path)
+    elif data.foreign_log(path) is not None:
+        row.update(foreign_row(path))
     return row
+
+
+def foreign_row(path: Path) -> dict[str, Any]:
+    """Steps, state and verdict of a folder holding another trainer's log, from the doctor's
+    cached diagnosis (which read that log)."""
+    try:
+        d = data.diagnosis(path)
+    except Exception as exc:  # noqa: BLE001 - one row says so; the Overview says why
+        return {"state": f"unreadable: {first_line(exc)}", "doctor": "unreadable"}
+    failed = any(f.code == "divergence" and f.severity == "failed" for f in d.findings)
+    return {"steps": d.last_step, "state": f"{'diverged' if failed else 'logged'} ({d.source})",
+            "doctor": d.verdict}
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -112,8 +127,8 @@ def _summary(path: str, stamp: tuple) -> dict[str, Any]:
     where_ = Path(path)
     if not is_run_dir(where_):
         meta = read_json_object(where_ / "config.json") if is_snapshot_dir(where_) else {}
-        return {"model": describe(None, meta.get("model") or {}), "steps": meta.get("step"), "snapshots": 1,
-                "last val loss": "-", "state": "snapshot", "doctor": "-", "is_run": False}
+        return {"model": describe(None, meta["model"]) if meta.get("model") else "-", "steps": meta.get("step"),
+                "snapshots": 1, "last val loss": "-", "state": "snapshot", "doctor": "-", "is_run": False}
     info = read_run_json(where_) or {}
     snaps = list_snapshots(where_)
     model = info.get("model") or (read_json_object(snaps[-1] / "config.json").get("model") if snaps else {})

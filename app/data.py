@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import streamlit as st
 
 from models.store.run import is_run_dir, is_snapshot_dir, list_snapshots, read_metrics, read_run_json
+from probes.doctor.sources import locate
 
 if TYPE_CHECKING:
     import torch
@@ -53,8 +54,16 @@ class Source:
 
 def _loadable(path: Path) -> bool:
     """A run (ours, or a folder of numbered nanoGPT checkpoints), a snapshot or Hugging Face GPT-2
-    directory (both have a config.json), or a nanoGPT out_dir with its ckpt.pt."""
-    return is_run_dir(path) or is_snapshot_dir(path) or (path / "ckpt.pt").is_file()
+    directory (both have a config.json), a nanoGPT out_dir with its ckpt.pt, or a folder holding
+    another trainer's log the doctor reads (a Trainer's output, TensorBoard events right in it)."""
+    return is_run_dir(path) or is_snapshot_dir(path) or (path / "ckpt.pt").is_file() or \
+        foreign_log(path, event_levels=0) is not None
+
+
+def foreign_log(path: Path, event_levels: int = 2) -> tuple[str, Path] | None:
+    """(kind, file or folder) of the other trainer's log the run doctor reads in `path`, or None
+    (a run of ours, or no log); TensorBoard events are looked for `event_levels` folders down."""
+    return locate(path, event_levels)
 
 
 def discover(roots: list[Path]) -> list[Source]:
@@ -264,9 +273,16 @@ def _update_history(run: str, modified: float) -> updates.UpdateHistory:
 
 
 def diagnosis(run: Path) -> diagnose.Diagnosis:
-    """The run doctor's report on the whole run (raises ProbeInputError, one line, when its metrics
-    are unusable); re-read when metrics.jsonl changes."""
-    return _diagnosis(str(run), metrics_mtime(run))
+    """The run doctor's report on the whole run, or on the other trainer's log in `run` (raises
+    ProbeInputError, one line, when its history is unusable); re-read when that history changes."""
+    found = foreign_log(run)
+    return _diagnosis(str(run), log_mtime(found[1]) if found else metrics_mtime(run))
+
+
+def log_mtime(where: Path) -> float:
+    """A log file's modification time, or a folder of event files' newest."""
+    files = [where] if where.is_file() else [p for p in where.iterdir() if p.is_file()]
+    return max((f.stat().st_mtime for f in files), default=0.0)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)

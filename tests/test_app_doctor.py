@@ -145,3 +145,31 @@ def test_with_findings_leaves_a_chart_without_findings_as_it_was():
     rule = marked["layer"][-1]
     assert rule["mark"]["type"] == "rule"
     assert rule["encoding"]["color"]["scale"]["range"][2] == charts.SEVERITY_COLOURS["failed"]
+
+
+def trainer_output(root: Path) -> Path:
+    """A Trainer output directory whose log goes NaN at step 30 (trainer_state.json written by
+    transformers' own TrainerState; no weights: the doctor needs none)."""
+    transformers = pytest.importorskip("transformers")
+    out = root / "hf-out"
+    out.mkdir(parents=True)
+    logs = [{"loss": 4.0 - s / 20 if s < 20 else 3.0 + (s - 20), "grad_norm": float("nan") if s >= 30 else 1.0 + s,
+             "learning_rate": 1e-3, "step": s} for s in range(5, 41, 5)]
+    transformers.TrainerState(max_steps=40, global_step=40, logging_steps=5, log_history=logs).save_to_json(
+        str(out / "trainer_state.json"))
+    return out
+
+
+def test_a_trainer_output_dir_is_listed_and_diagnosed_on_the_overview(start, tmp_path):
+    trainer_output(tmp_path)
+    expected = diagnose.run(tmp_path / "hf-out")
+    at = start("", roots=[tmp_path])  # the landing view: the folder's runs
+    table = at.dataframe[0].value.set_index("run")
+    assert table.loc["hf-out", "doctor"] == expected.verdict == "failed"
+    assert table.loc["hf-out", "steps"] == 40 and "trainer_state.json" in table.loc["hf-out", "state"]
+    at = start("hf-out", roots=[tmp_path])
+    verdicts = [e.value for e in at.error if e.value.startswith("Verdict")]
+    assert verdicts and "read from trainer_state.json" in verdicts[0]
+    divergence = next(f for f in expected.findings if f.code == "divergence")
+    assert any(f"`divergence` at step {divergence.step}" in e.label for e in at.expander)
+    assert any("train.monitor.Monitor" in m.value for m in at.markdown)  # what it did not log, and how

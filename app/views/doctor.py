@@ -25,12 +25,11 @@ MARK_COLUMNS = ["step", "code", "severity", "title"]
 def section(sel: Selection) -> None:
     """The diagnosis of the selected run: verdict, findings, what to try, what was not checked."""
     st.subheader("Run doctor")
-    if not sel.run.is_run:
-        st.info("The run doctor reads a run directory (its metrics.jsonl): open a run to see its diagnosis.")
-        return
-    if not (sel.run.path / "metrics.jsonl").is_file():
-        st.info("This run has no metrics.jsonl (a folder of checkpoints from another trainer, say): "
-                "the run doctor reads what `python -m train` logs, so it has nothing to diagnose here.")
+    if not diagnosable(sel.run):
+        what = "This run has no metrics.jsonl" if sel.run.is_run else "This is a lone snapshot"
+        st.info(f"{what}: the run doctor reads a run directory (its metrics.jsonl, from `python -m train` "
+                "or `train.monitor.Monitor`), a Trainer's trainer_state.json, TensorBoard event files, or "
+                "nanoGPT's printed *.log beside its ckpt.pt.")
         return
     try:
         diagnosis = data.diagnosis(sel.run.path)
@@ -49,10 +48,15 @@ def section(sel: Selection) -> None:
             st.markdown("\n".join(f"- `{code}`: {why}" for code, why in diagnosis.not_checked.items()))
 
 
+def diagnosable(run: Any) -> bool:
+    """A run of ours with its metrics.jsonl, or a folder holding another trainer's log."""
+    return (run.is_run and (run.path / "metrics.jsonl").is_file()) or data.foreign_log(run.path) is not None
+
+
 def verdict(diagnosis: Any) -> None:
     counts = Counter(f.severity for f in diagnosis.findings)
     found = ", ".join(f"{counts[s]} {s}" for s in reversed(SEVERITIES) if counts[s]) or "no findings"
-    span = f"steps {diagnosis.first_step}..{diagnosis.last_step}"
+    span = f"steps {diagnosis.first_step}..{diagnosis.last_step}; read from {diagnosis.source}"
     box = {"healthy": st.success, "warning": st.warning, "failed": st.error}[diagnosis.verdict]
     box(f"Verdict: **{diagnosis.verdict}** ({found}; {span})")
 
@@ -99,7 +103,7 @@ def marks(run: Any) -> pd.DataFrame:
     `charts.with_findings`; empty for a lone snapshot or a run the doctor cannot read (the
     Overview says why)."""
     rows: list[dict[str, Any]] = []
-    if run.is_run:
+    if diagnosable(run):
         try:
             rows = [{"step": f.step, "code": f.code, "severity": f.severity, "title": f.title}
                     for f in data.diagnosis(run.path).findings if f.step is not None]

@@ -36,13 +36,13 @@ def event_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob(EVENTS_PREFIX + "*") if p.is_file())
 
 
-def find_event_folder(folder: Path) -> Path | None:
-    """The folder holding the event files to read: `folder` itself, else the subfolder (up to two
-    levels down) written to last, each subfolder being one run; None if there are none."""
+def find_event_folder(folder: Path, levels: int = SUBFOLDER_DEPTH) -> Path | None:
+    """The folder holding the event files to read: `folder` itself, else the subfolder (up to
+    `levels` down) written to last, each subfolder being one run; None if there are none."""
     if event_files(folder):
         return folder
     found = []
-    for depth in range(1, SUBFOLDER_DEPTH + 1):
+    for depth in range(1, levels + 1):
         for sub in folder.glob("/".join(["*"] * depth)):
             if sub.is_dir() and (files := event_files(sub)):
                 found.append((max(f.stat().st_mtime for f in files), str(sub), sub))

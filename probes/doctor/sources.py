@@ -14,11 +14,11 @@ from typing import Iterable
 from models.store.run import METRICS_FILE, is_run_dir, is_snapshot_dir, snapshot_step
 from probes.doctor.log_file import Log, user_tags
 from probes.doctor.read_nanogpt import find_nanogpt_log, read_nanogpt_log
-from probes.doctor.read_tensorboard import EVENTS_PREFIX, find_event_folder, read_tensorboard
+from probes.doctor.read_tensorboard import EVENTS_PREFIX, SUBFOLDER_DEPTH, find_event_folder, read_tensorboard
 from probes.doctor.read_trainer import STATE_FILE, find_trainer_state, read_trainer_state
 from probes.errors import ProbeInputError
 
-__all__ = ["EXPECTED", "MONITOR_HINT", "find_log", "read_log_file", "snapshot_alone"]
+__all__ = ["EXPECTED", "MONITOR_HINT", "find_log", "locate", "read_log_file", "snapshot_alone"]
 
 Tags = Iterable[str] | dict[str, str] | None
 
@@ -75,19 +75,30 @@ def read_log_file(path: Path, tags: Tags = None) -> Log:
 
 
 def read_folder(path: Path, tags: Tags) -> Log | None:
-    if (path / METRICS_FILE).is_file() or in_a_run(path):
-        return None
-    if (state := find_trainer_state(path)) is not None:
-        return read_trainer_state(state, tags)
-    if (printed := find_nanogpt_log(path)) is not None:
-        return nanogpt(printed, tags)
-    if (events := find_event_folder(path)) is not None:
-        return read_tensorboard(events, tags)
-    if is_run_dir(path):
-        return None  # ours without metrics.jsonl yet: RunHistory says so
+    found = locate(path)
+    if found is not None:
+        kind, where = found
+        return READERS[kind](where, tags)
+    if (path / METRICS_FILE).is_file() or in_a_run(path) or is_run_dir(path):
+        return None  # ours (without metrics.jsonl yet: RunHistory says so)
     if is_snapshot_dir(path):
         raise ProbeInputError(snapshot_alone(path))
     raise ProbeInputError(f"{path}: no history the doctor can read: expected {EXPECTED}; found {describe(path)}")
+
+
+def locate(folder: Path, event_depth: int = SUBFOLDER_DEPTH) -> tuple[str, Path] | None:
+    """(kind, what to read) of the foreign log a folder holds, without reading it: "trainer" and
+    its trainer_state.json, "nanogpt" and the *.log beside ckpt.pt, "tensorboard" and the folder of
+    event files (searched `event_depth` levels down); None for a run of ours or no log at all."""
+    if not folder.is_dir() or (folder / METRICS_FILE).is_file() or in_a_run(folder):
+        return None
+    if (state := find_trainer_state(folder)) is not None:
+        return "trainer", state
+    if (printed := find_nanogpt_log(folder)) is not None:
+        return "nanogpt", printed
+    if (events := find_event_folder(folder, event_depth)) is not None:
+        return "tensorboard", events
+    return None
 
 
 def nanogpt(path: Path, tags: Tags) -> Log:
@@ -95,6 +106,9 @@ def nanogpt(path: Path, tags: Tags) -> Log:
         raise ProbeInputError(f"{path}: --tag maps the names of a TensorBoard log or trainer_state.json, "
                               "not the lines of a nanoGPT log")
     return read_nanogpt_log(path)
+
+
+READERS = {"trainer": read_trainer_state, "nanogpt": nanogpt, "tensorboard": read_tensorboard}
 
 
 def in_a_run(path: Path) -> bool:
