@@ -53,7 +53,7 @@ class Monitor:
                  save_every: int = 0, tokenizer: Any = None, diagnose_every: int = 0,
                  steps: int | None = None, start_step: int = 0, tokens_per_step: int | None = None,
                  resume: bool = False, run_info: dict[str, Any] | None = None, report: bool = True,
-                 autocast: Any = nullcontext, lock: bool = True):
+                 autocast: Any = nullcontext, lock: bool = True, trainer: str | None = None):
         for name, value in (("log_every", log_every), ("eval_every", eval_every),
                             ("save_every", save_every), ("diagnose_every", diagnose_every),
                             ("start_step", start_step)):
@@ -64,6 +64,9 @@ class Monitor:
         self.log_every, self.eval_every, self.save_every = log_every, eval_every, save_every
         self.steps, self.tokens_per_step, self.tokenizer = steps, tokens_per_step, tokenizer
         self.kind = model_kind(self.model)
+        # whose settings the doctor's fixes name (probes.doctor.flags): nanoGPT's GPT is trained by
+        # its train.py; HFCallback says "hf"; any other loop gets plain words
+        self.trainer = trainer or ("nanogpt" if self.kind == "nanogpt" else "unknown")
         self.config = twin_config(self.model)
         self.eval_tokens = self._check_eval_tokens(eval_tokens)
         self.resume, self.report_at_close, self.autocast = resume, report, autocast

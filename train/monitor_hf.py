@@ -40,7 +40,7 @@ class HFCallback(TrainerCallback):
             raise ValueError("HFCallback: the Trainer gave no model or optimizer at on_train_begin")
         # the Trainer numbers a step after taking it: the first one it takes now is global_step + 1
         options = {"steps": state.max_steps or None, "start_step": state.global_step + 1,
-                   "resume": state.global_step > 0, **self.options}
+                   "resume": state.global_step > 0, "trainer": "hf", **self.options}
         self.monitor = Monitor(model, optimizer, self.out_dir, **options)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

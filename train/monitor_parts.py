@@ -98,7 +98,7 @@ def monitored_run_json(monitor: Monitor) -> dict[str, Any]:
     optimizer = monitor.optimizer
     hyper = {k: v for k, v in optimizer.defaults.items() if isinstance(v, (int, float, str, bool, type(None)))
              or (isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v))}
-    return {"preset": None, "source": "monitor",
+    return {"preset": None, "source": "monitor", "trainer": monitor.trainer,
             "model": None if monitor.config is None else monitor.config.to_dict(),
             "monitored_model": describe_model(monitor),
             "train": {"steps": monitor.steps, "log_every": monitor.log_every, "eval_every": monitor.eval_every,

@@ -108,7 +108,8 @@ class RunHistory:
                                   "by `python -m train` or train.monitor.Monitor)")
         kept = cut_at(run_dir, by_step(records), upto)
         steps = [s for p in snapshots if (s := snapshot_step(p)) is not None and (upto is None or s <= upto)]
-        return cls(run_dir, kept, info, _model_config(info, snapshots), steps, upto)
+        trainer = info.get("trainer") if info.get("trainer") in flags.TRAINERS else flags.OURS  # a Monitor's run
+        return cls(run_dir, kept, info, _model_config(info, snapshots), steps, upto, trainer=trainer)
 
     # ------------------------------------------------------------------ facts about the run
 
