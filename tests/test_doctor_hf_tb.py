@@ -14,6 +14,7 @@ import pytest
 
 from probes import diagnose
 from probes.doctor.run_history import RunHistory
+from test_doctor_logs import cli, one_error_line
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tensorboard")
@@ -60,22 +61,10 @@ def trainer_output(tmp_path: Path, diverge: bool = False) -> Path:
         folder = save_state(out / f"checkpoint-{step}", [e for e in logs if e["step"] <= step]
                             + ([{"train_loss": 9.9, "train_runtime": 3.0, "step": step}] if step == 100 else []),
                             global_step=step)
-        transformers.GPT2Config(vocab_size=65, n_positions=32, n_embd=16, n_layer=2, n_head=2,
-                                 bos_token_id=0, eos_token_id=0).to_json_file(
-            str(folder / "config.json"))
+        config = transformers.GPT2Config(vocab_size=65, n_positions=32, n_embd=16, n_layer=2, n_head=2,
+                                         bos_token_id=0, eos_token_id=0)
+        config.to_json_file(str(folder / "config.json"))
     return out
-
-
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = diagnose.main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def one_error_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0]
 
 
 # ------------------------------------------------------------------ Hugging Face Trainer
