@@ -41,7 +41,16 @@ def test_distribution_metadata(pyproject: dict) -> None:
 
 
 def test_packages_models_probes_and_train(pyproject: dict) -> None:
-    assert sorted(pyproject["tool"]["setuptools"]["packages"]) == ["models", "models.store", "probes", "probes.doctor", "train"]
+    assert sorted(pyproject["tool"]["setuptools"]["packages"]) == ["models", "models.store", "probes", "probes.doctor",
+                                                                   "scratchscope", "train"]
+
+
+def test_optional_parts_are_extras_that_dev_installs(pyproject: dict) -> None:
+    extras = pyproject["project"]["optional-dependencies"]
+    names = {extra: {Requirement(r).name.lower() for r in reqs} for extra, reqs in extras.items()}
+    assert names["hf"] == {"transformers"} and names["tensorboard"] == {"tensorboard"}
+    assert {"transformers", "tensorboard"} <= names["dev"]
+    assert not {"transformers", "tensorboard"} & set(_requirements(pyproject))  # not for every user
 
 
 def test_torch_has_no_upper_cap(pyproject: dict) -> None:

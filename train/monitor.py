@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import logging
 import math
+import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -42,6 +43,17 @@ from train.monitor_parts import (divergence_reason, first_optimizer, grad_norm,
 log = logging.getLogger("train.monitor")
 
 __all__ = ["HFCallback", "Monitor"]
+
+
+def show_doctor_lines() -> None:
+    """The doctor speaks through the "train" logger; in a script that configured no logging, its
+    lines (a healthy verdict is INFO) would be lost: give it a plain stderr handler then."""
+    doctor_log = logging.getLogger("train")
+    if not logging.getLogger().hasHandlers() and not doctor_log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        doctor_log.addHandler(handler)
+        doctor_log.setLevel(logging.INFO)
 
 
 class Monitor:
@@ -74,6 +86,7 @@ class Monitor:
         if diagnose_every or report:
             from train.doctor import LiveDoctor
             self.doctor = LiveDoctor(self.out_dir, diagnose_every)
+            show_doctor_lines()
         self._next_step = start_step  # the step number the next optimizer step will be logged under
         self._steps_since_log = 0  # optimizer steps taken since the last log call
         self._captures: dict[int, dict[str, Any]] = {}  # step -> what measuring its update left
