@@ -56,6 +56,8 @@ def find_log(ckpt: str | Path | None, log_file: str | Path | None = None, tags: 
 def read_log_file(path: Path, tags: Tags = None) -> Log:
     """One file: trainer_state.json, an event file or a nanoGPT log, told apart by its name; a
     nanoGPT ckpt.pt stands for the *.log beside it."""
+    if path.is_dir():
+        raise ProbeInputError(f"{path}: a directory; --log takes a log file (a folder goes to --ckpt)")
     if not path.is_file():
         raise ProbeInputError(f"{path}: no such file")
     if path.name == STATE_FILE:
