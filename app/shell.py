@@ -78,6 +78,9 @@ def sidebar() -> tuple[Selection | None, list[data.Source]]:
         st.session_state["run"] = labels[0]
     chosen = sources[labels.index(st.sidebar.selectbox("run", labels, key="run", on_change=picked))]
     snaps = chosen.snapshots()
+    if not snaps and chosen.is_run and data.metrics(chosen.path):  # a Monitor's run without weights
+        st.sidebar.caption("No snapshot saved: this run's history only.")
+        return Selection(chosen, None, pick_text(chosen), sources), sources
     if not snaps:
         st.sidebar.error(f"{chosen.path} holds no snapshots")
         return None, sources

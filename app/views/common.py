@@ -19,7 +19,7 @@ PAGES = [("home", "Runs"), ("overview", "Overview"), ("attention", "Attention"),
 @dataclass
 class Selection:
     run: data.Source  # the run (or lone snapshot) picked in the sidebar
-    snapshot: Path  # the snapshot picked in the sidebar
+    snapshot: Path | None  # the snapshot picked in the sidebar; None: a run that saved no weights
     text: str  # the text to probe
     sources: list[data.Source]  # every run the app knows, for Compare
 
@@ -34,10 +34,16 @@ def current() -> Selection | None:
     return st.session_state.get("selection")
 
 
-def page(title: str, question: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """A page body: title and question, nothing without a selection, and an error box (never a
-    traceback) for bad input: a missing or corrupt checkpoint, a model without attention, an
-    empty text, a character the vocabulary lacks."""
+NO_WEIGHTS = ("This run saved no weights: it holds its training history only (a `train.monitor.Monitor` "
+              "without `save_every`), which the Overview, Training dynamics and Compare show. The pages "
+              "that read the model need a snapshot: give the Monitor `save_every=N` (and `tokenizer=`).")
+
+
+def page(title: str, question: str, needs_model: bool = True) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A page body: title and question, nothing without a selection (nor, for a page that reads
+    the model, without a snapshot), and an error box (never a traceback) for bad input: a missing
+    or corrupt checkpoint, a model without attention, an empty text, a character the vocabulary
+    lacks."""
     def wrap(body: Callable[..., None]) -> Callable[..., None]:
         @functools.wraps(body)
         def render(selection: Selection | None, *args: Any) -> None:
@@ -45,6 +51,9 @@ def page(title: str, question: str) -> Callable[[Callable[..., None]], Callable[
             st.caption(question)
             if selection is None:
                 st.info("Choose a run in the sidebar.")
+                return
+            if needs_model and selection.snapshot is None:
+                st.info(NO_WEIGHTS)
                 return
             try:
                 body(selection, *args)

@@ -14,7 +14,7 @@ from app.views import overlay
 from app.views.common import Selection, first_line, has_attention, page, show
 
 
-@page("Compare", "How do runs differ over training, and two snapshots on the same text?")
+@page("Compare", "How do runs differ over training, and two snapshots on the same text?", needs_model=False)
 def render(sel: Selection) -> None:
     overlay.section(sel)
     snapshots(sel)
@@ -31,7 +31,10 @@ def snapshots(sel: Selection) -> None:
     st.subheader("Snapshots side by side")
     options = snapshot_options(sel)
     labels = list(options)
-    here = f"{sel.run.label} / {sel.snapshot.name}"
+    if not labels:
+        st.info("No run here saved a snapshot: nothing to put side by side.")
+        return
+    here = f"{sel.run.label} / {sel.snapshot.name}" if sel.snapshot is not None else labels[0]
     other_default = next((l for l in labels if l != here), here)
     c1, c2 = st.columns(2)
     a = options[c1.selectbox("A", labels, index=labels.index(here), key="cmp_a")]

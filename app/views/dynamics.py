@@ -14,7 +14,8 @@ from probes.timeline import uniform_series_entropy
 from probes.update_report import GROUPS
 
 
-@page("Training dynamics", "When did each head collapse or diverge, and which parameters barely move?")
+@page("Training dynamics", "When did each head collapse or diverge, and which parameters barely move?",
+      needs_model=False)
 def render(sel: Selection) -> None:
     if not sel.run.is_run:
         st.info("A lone snapshot has no training history: open a run directory.")

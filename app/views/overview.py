@@ -7,10 +7,10 @@ import streamlit as st
 from app import charts, data, series, warm
 from app.views import doctor, live
 from app.views.controls import curve_controls, smoothed_frame
-from app.views.common import Selection, first_line, page, show
+from app.views.common import NO_WEIGHTS, Selection, first_line, page, show
 
 
-@page("Overview", "What is this model, how did training go, and what does it write?")
+@page("Overview", "What is this model, how did training go, and what does it write?", needs_model=False)
 def render(sel: Selection) -> None:
     follow = sel.run.is_run and live.follow_toggle(sel.run, "follow_overview")
     # the run's log first: it shows even when a snapshot is broken, and before the model loads
@@ -18,6 +18,9 @@ def render(sel: Selection) -> None:
     facts = st.container()  # the model's numbers, filled in once the curves below are drawn
     if sel.run.is_run:
         live.live(curves, follow)(sel, follow)
+    if sel.snapshot is None:  # a history-only run: its log is all there is
+        st.info(NO_WEIGHTS)
+        return
     warm.before_first_model()  # the charts above are drawn first
     snap = data.snapshot(sel.snapshot, sel.run.preset)
     with facts:
