@@ -270,6 +270,42 @@ def test_parameter_groups_for_our_names_and_transformer_lens_names(name, group):
     assert parameter_group(name) == group
 
 
+@pytest.mark.parametrize("name, group", [
+    # nanoGPT's GPT and Hugging Face GPT-2 (c_attn split into q|k|v rows by named_trainable)
+    ("transformer.wte.weight", "embeddings"), ("transformer.wpe.weight", "embeddings"),
+    ("transformer.h.0.attn.c_attn.q.weight", "attention Q/K"), ("transformer.h.0.attn.c_attn.k.bias", "attention Q/K"),
+    ("transformer.h.0.attn.c_attn.v.weight", "attention V/O"), ("transformer.h.3.attn.c_proj.weight", "attention V/O"),
+    ("transformer.h.0.mlp.c_fc.weight", "MLP"), ("transformer.h.0.mlp.c_proj.bias", "MLP"),
+    ("transformer.h.1.ln_1.weight", "norms"), ("transformer.ln_f.bias", "norms"), ("lm_head.weight", "unembedding"),
+    # other modules, by the names most libraries use (Llama-style)
+    ("model.embed_tokens.weight", "embeddings"), ("model.layers.0.self_attn.q_proj.weight", "attention Q/K"),
+    ("model.layers.0.self_attn.o_proj.weight", "attention V/O"), ("model.layers.0.mlp.gate_proj.weight", "MLP"),
+    ("model.layers.0.input_layernorm.weight", "norms"), ("model.norm.weight", "norms"),
+    ("encoder.mystery.weight", "other")])
+def test_parameter_groups_for_nanogpt_hf_gpt2_and_other_modules(name, group):
+    assert parameter_group(name) == group
+
+
+def test_gpt2_packed_c_attn_becomes_q_k_v_rows_in_both_layouts():
+    """nn.Linear keeps q|k|v as rows of its [3d d] weight, Conv1D as columns of [d 3d]: each third
+    is that kind's projection, whichever the layout."""
+    class Conv1D(nn.Module):  # transformers.pytorch_utils.Conv1D's layout: weight [in out]
+        def __init__(self, d_in: int, d_out: int):
+            super().__init__()
+            self.weight, self.bias = nn.Parameter(torch.randn(d_in, d_out)), nn.Parameter(torch.randn(d_out))
+
+    for layer, dim in ((nn.Linear(4, 12), 0), (Conv1D(4, 12), 1)):
+        model = nn.Module()
+        model.attn = nn.Module()
+        model.attn.c_attn = layer
+        rows = updates.named_trainable(model)
+        assert list(rows) == ["attn.c_attn.q.weight", "attn.c_attn.k.weight", "attn.c_attn.v.weight",
+                              "attn.c_attn.q.bias", "attn.c_attn.k.bias", "attn.c_attn.v.bias"]
+        for i, part in enumerate("qkv"):
+            assert torch.equal(rows[f"attn.c_attn.{part}.weight"], layer.weight.narrow(dim, 4 * i, 4))
+            assert torch.equal(rows[f"attn.c_attn.{part}.bias"], layer.bias[4 * i:4 * i + 4])
+
+
 @pytest.fixture(scope="module")
 def step_run(tmp_path_factory) -> Path:
     """A run logged and saved at every step, so snapshots and log can be compared."""
