@@ -18,7 +18,7 @@ from transformer_lens.hook_points import HookPoint
 
 from models.config import TransformerConfig
 from models.hooks import fire, is_hooked
-from models.layers import affine
+from models.layers import affine, make_norm
 from models.packed_heads import KINDS, HeadView, pack_state_dict, packed_source, unpack_state_dict
 
 ATTN_IMPLS = ("auto", "explicit", "fused")
@@ -56,6 +56,9 @@ class Attention(nn.Module):
         self.W_QKV = nn.Parameter(torch.empty(cfg.d_model, 3 * cfg.d_attn))  # [d_model (3 head d_head)]
         if cfg.attn_bias:
             self.b_QKV = nn.Parameter(torch.zeros(3 * cfg.d_attn))  # [(3 head d_head)]
+        if cfg.qk_norm != "none":  # per head over d_head; hooks q_norm.hook_scale|hook_normalized
+            self.q_norm = make_norm(cfg.qk_norm, cfg.d_head, cfg.norm_eps, cfg.norm_bias)
+            self.k_norm = make_norm(cfg.qk_norm, cfg.d_head, cfg.norm_eps, cfg.norm_bias)
         self.heads = [HeadView(self, j) for j in range(cfg.n_heads)]
         self._register_state_dict_hook(unpack_state_dict)
         self.register_load_state_dict_pre_hook(pack_state_dict)
@@ -131,7 +134,11 @@ class Attention(nn.Module):
         W, b, guard = self.qkv_weights()
         q, k, v = self.project_qkv(x, W, b).unbind(dim=2)  # each [batch pos head d_head]
         m = self._modules  # not self.hook_q: nn.Module.__getattr__ costs ~1 us a lookup
-        qk_touched = is_hooked(m["hook_q"]) or is_hooked(m["hook_k"])
+        qk_normed = "q_norm" in m
+        if qk_normed:  # hook_q / hook_k then see the q and k that make the scores
+            q, k = m["q_norm"](q), m["k_norm"](k)
+        # hooks, or norm gains, may make q or k non-finite where no q/k weight is: guard on q, k
+        qk_touched = is_hooked(m["hook_q"]) or is_hooked(m["hook_k"]) or qk_normed
         if qk_touched:
             q, k = fire(m["hook_q"], q), fire(m["hook_k"], k)
         v = fire(m["hook_v"], v)

@@ -93,11 +93,14 @@ class TransformerConfig(_ConfigBase):
     unembed_bias: bool = False  # logits = resid @ W_out + b_out, like an nn.Linear lm_head
     dropout: float = 0.0
     init: str = "series"
+    # queries and keys normalised per head (over d_head, one gain shared by the heads) before the
+    # dot product: the fix for attention-logit growth (Dehghani et al. 2023; Wortsman et al. 2023)
+    qk_norm: str = "none"
 
     def __post_init__(self) -> None:
         _check_positive(self, "d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "d_head",
                         "d_mlp", "mlp_depth")
-        for name, choices in (("act_fn", ACT_FNS), ("attn_scale", ATTN_SCALES), ("norm", NORMS),
+        for name, choices in (("act_fn", ACT_FNS), ("attn_scale", ATTN_SCALES), ("norm", NORMS), ("qk_norm", NORMS),
                               ("norm_placement", NORM_PLACEMENTS), ("pos_embed", POS_EMBEDS),
                               ("unembed", UNEMBEDS), ("init", INITS)):
             _check_choice(self, name, choices)

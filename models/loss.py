@@ -21,11 +21,25 @@ def block_len(cfg: Any) -> int:
 
 def lm_loss(model: torch.nn.Module, block: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy (nats) over every predicted position of a [batch length] block."""
+    logits, targets = _logits_and_targets(model, block)
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def lm_loss_and_z(model: torch.nn.Module, block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean cross-entropy, mean log²Z) over the predicted positions, log Z = logsumexp of a
+    position's logits: the z-loss (PaLM; Wortsman et al. 2023) adds COEF * log²Z to the loss, so
+    that log Z stays near 0 and the output logits cannot drift off together."""
+    logits, targets = _logits_and_targets(model, block)  # [batch P vocab], [batch P]
+    log_z = logits.logsumexp(dim=-1)  # [batch P]
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten()), log_z.square().mean()
+
+
+def _logits_and_targets(model: torch.nn.Module, block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     logits = model(block[:, :-1])  # [batch P vocab]
     targets = block[:, -logits.shape[1]:]  # [batch P]
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()  # the softmax of autocast logits in fp32; a float64 model stays float64
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    return logits, targets
 
 
 def lm_loss_terms(model: torch.nn.Module, block: torch.Tensor) -> int:

@@ -14,7 +14,8 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "optimizer": "adamw", "lr": 3e-4, "momentum": 0.0, "nesterov": False, "betas": [0.9, 0.999],
     "weight_decay": 0.0, "batch_size": 32, "grad_accum": 1, "steps": 1000, "warmup": 0, "schedule": None,
     "min_lr_ratio": 0.1, "grad_clip": 0.0, "log_every": 10, "eval_every": 100, "eval_batches": 4,
-    "save_every": 500, "val_fraction": 0.1, "seed": 1337, "dtype": "fp32"}
+    "save_every": 500, "val_fraction": 0.1, "seed": 1337, "dtype": "fp32", "z_loss": 0.0,
+    "unembed_weight_decay": None}
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
@@ -41,6 +42,12 @@ def train_config_flags(p: argparse.ArgumentParser) -> None:
     flag("--betas", type=_betas, help="Adam/AdamW betas as B1,B2 (default: the preset's, else 0.9,0.999)")
     flag("--weight-decay", type=float,
          help="decay on parameters with 2+ dims only (the GPT-2 recipe; default: the preset's, else 0)")
+    flag("--unembed-weight-decay", type=float,
+         help="weight decay on the unembedding matrix W_out alone, against output-logit growth "
+              "(default: --weight-decay's; needs a separate unembedding)")
+    flag("--z-loss", type=float, metavar="COEF",
+         help="add COEF * log^2 Z of the output softmax to the loss, logged on its own as z_loss "
+              "(PaLM, Wortsman et al. 2023 use 1e-4; default 0 = off)")
     flag("--warmup", type=int, help="linear warmup steps (default: the preset's, else 0)")
     flag("--schedule", choices=("constant", "cosine"),
          help="after warmup: constant, or cosine down to --min-lr-ratio * lr at the last step "

@@ -26,13 +26,16 @@ from train.args import OPTIMIZERS, TRAIN_DEFAULTS, train_config_flags  # noqa: F
 log = logging.getLogger("train")
 
 
-PRESET_KEY_NAMES = {"warmup_steps": "warmup"}  # PRESETS[name].train key -> our key
+PRESET_KEY_NAMES = {"warmup_steps": "warmup"}
+OPTIONAL_NUMBERS = {"unembed_weight_decay"}  # None: not set (the others' values apply)  # PRESETS[name].train key -> our key
 NUMBER_RULES = [  # (key, test on a finite value, what the message asks for)
     ("lr", lambda v: v > 0, "a finite number > 0"),
     ("momentum", lambda v: 0 <= v < 1, "a number in [0, 1)"),
     ("weight_decay", lambda v: v >= 0, "a finite number >= 0"),
     ("min_lr_ratio", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
-    ("grad_clip", lambda v: v >= 0, "a finite number >= 0 (0 = off)")]
+    ("grad_clip", lambda v: v >= 0, "a finite number >= 0 (0 = off)"),
+    ("z_loss", lambda v: v >= 0, "a finite number >= 0 (0 = off)"),
+    ("unembed_weight_decay", lambda v: v >= 0, "a finite number >= 0")]
 
 
 def resolve_train_config(args: argparse.Namespace, preset_train: dict[str, Any],
@@ -57,6 +60,8 @@ def resolve_train_config(args: argparse.Namespace, preset_train: dict[str, Any],
                          "per step is more than any machine holds; use at most 1048576")
     for key, test, wanted in NUMBER_RULES:
         value = tc[key]
+        if value is None and key in OPTIONAL_NUMBERS:
+            continue
         if not (isinstance(value, (int, float)) and math.isfinite(value) and test(value)):
             raise ValueError(f"--{key.replace('_', '-')} must be {wanted}, got {value!r}")
     if not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in tc["betas"]):
@@ -101,10 +106,23 @@ def model_config(preset: str, sets: list[str], vocab_size: int) -> Any:
     return cfg.replace(**overrides)
 
 
+def unembedding_for_decay(model: torch.nn.Module, decay: float | None) -> torch.nn.Parameter | None:
+    """W_out when --unembed-weight-decay is given (its own weight-decay group), else None."""
+    if decay is None:
+        return None
+    unembed = getattr(model, "W_out", None)
+    if not isinstance(unembed, torch.nn.Parameter):
+        raise ValueError("--unembed-weight-decay needs a separate unembedding matrix W_out; this model's "
+                         f"unembed is {getattr(model.cfg, 'unembed', None)!r} (try --set unembed=separate)")
+    return unembed
+
+
 def build_optimizer(model: torch.nn.Module, tc: dict[str, Any], device: torch.device):
     """SGD / Adam / AdamW; weight decay only on parameters with 2+ dims (matrices, embeddings)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": tc["weight_decay"]},
+    unembed = unembedding_for_decay(model, tc.get("unembed_weight_decay"))
+    groups = [{"params": [p for p in params if p.dim() >= 2 and p is not unembed], "weight_decay": tc["weight_decay"]},
+              {"params": [p for p in params if p is unembed], "weight_decay": tc.get("unembed_weight_decay")},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
     if tc["optimizer"] == "sgd":

@@ -37,6 +37,7 @@ from models.store.run import METRICS_FILE
 from train.args import build_parser
 from train.config import init_distributed, lr_at
 from train.doctor import LiveDoctor
+from models.loss import lm_loss_and_z
 from train.data import block_len, lm_loss, predictions_per_block, sample_blocks
 from train.records import (console_line, open_monitor, run_description, to_json_line, trim_metrics,
                            write_record)
@@ -66,8 +67,11 @@ def batch_seed(seed: int, rank: int, step: int, micro: int = 0) -> int:
 
 
 def backward_micro_batches(state: TrainState) -> torch.Tensor:
-    """--grad-accum micro-batches of --batch-size windows; DDP syncs grads on the last only."""
+    """--grad-accum micro-batches of --batch-size windows; DDP syncs grads on the last only.
+    Returns the mean cross-entropy; with --z-loss COEF, COEF * log²Z is added to what is
+    differentiated and summed into `state.z_sum` (logged on its own as z_loss)."""
     tc, accum = state.tc, state.tc["grad_accum"]
+    coef = tc.get("z_loss") or 0.0
     total = torch.zeros((), device=state.device)
     for micro in range(accum):
         seed = batch_seed(tc["seed"], state.dist.rank, state.step, micro)
@@ -77,9 +81,15 @@ def backward_micro_batches(state: TrainState) -> torch.Tensor:
         sync = micro == accum - 1 or not state.dist.enabled
         with nullcontext() if sync else state.model.no_sync():
             with state.autocast():
-                loss = lm_loss(state.model, block.to(state.device, non_blocking=True)) / accum
-            loss.backward()
-        total += loss.detach().float()
+                inputs = block.to(state.device, non_blocking=True)
+                if coef:
+                    ce, log_z_sq = lm_loss_and_z(state.model, inputs)
+                    z_term = coef * log_z_sq / accum
+                    state.z_sum += z_term.detach().float()
+                else:
+                    ce, z_term = lm_loss(state.model, inputs), 0.0
+            (ce / accum + z_term).backward()
+        total += ce.detach().float() / accum
     return total
 
 
@@ -130,6 +140,7 @@ def run_steps(state: TrainState) -> None:
     per_step = tc["batch_size"] * tc["grad_accum"] * predictions_per_block(state.cfg) * dist.world_size
     loss_sum, n, t0, last = torch.zeros((), device=state.device), 0, time.perf_counter(), tc["steps"]
     first_bad = torch.full((), -1, dtype=torch.long, device=state.device)  # step of the first NaN loss
+    state.z_sum = torch.zeros((), device=state.device)  # --z-loss: its term, summed like the loss
     with progress(state) as bar:
         while state.step < last and not state.stop_requested():
             log_now = is_due(state.step + 1, tc["log_every"], last)
@@ -144,6 +155,9 @@ def run_steps(state: TrainState) -> None:
                 record = {"step": state.step, "tokens": state.tokens, "lr": lr_at(state.step - 1, tc),
                           "train_loss": dist.mean(mean_loss),
                           "step_time_ms": 1000 * (time.perf_counter() - t0) / n}
+                if tc.get("z_loss"):
+                    record["z_loss"] = dist.mean(float(state.z_sum) / n)
+                    state.z_sum.zero_()
                 if dist.is_main:
                     record["grad_norm"] = grad_norm
                     record = write_record(state, record, eval_now, first_bad=int(first_bad))

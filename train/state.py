@@ -43,6 +43,7 @@ class TrainState:
     diverged_at: int | None = None  # first step whose loss was non-finite (--keep-going: reported once)
     doctor: Any = None  # train.doctor.LiveDoctor on rank 0: --diagnose-every and the final report
     monitor: Any = None  # train.monitor.Monitor on rank 0: writes run.json and every record
+    z_sum: Any = None  # --z-loss: the term added since the last record, on the device
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)

@@ -76,8 +76,7 @@ def collapse_finding(h: RunHistory, timeline: Any, collapsed: list[tuple[int, in
               "through it vanishes and the head stops learning (entropy collapse)",
         fix="scale the scores by 1/sqrt(d) (--set attn_scale=sqrt_d_model, as the series did) and "
             "keep a residual path" if unscaled else
-            "lower the learning rate, or normalise queries and keys (QK-layernorm); Zhai et al. "
-            "bound the scores with sigma-reparam",
+            f"lower the learning rate, or {qk_norm_fix(h)}; Zhai et al. bound the scores with sigma-reparam",
         reference=f"{SERIES_ATTENTION}; {ZHAI}" if unscaled else ZHAI, page="dynamics")
 
 
@@ -98,6 +97,13 @@ def uniform_finding(timeline: Any, uniform: list[tuple[int, int]]) -> Finding:
 
 
 # ------------------------------------------------------------------ logit growth
+
+def qk_norm_fix(h: RunHistory) -> str:
+    """QK-norm as the run's trainer spells it; for a run that has it already, what is left."""
+    if h.model.get("qk_norm", "none") != "none":
+        return f"add warmup (its queries and keys are normalised already: qk_norm={h.model['qk_norm']})"
+    return f"normalise queries and keys (QK-norm: {h.flag('--set qk_norm=rms')})"
+
 
 def max_head_logit(record: dict[str, Any]) -> list[float]:
     return [v for vs in layer_values(record.get("attn_logit_max")).values() for v in vs if math.isfinite(v)]
@@ -130,7 +136,7 @@ def attn_logit_growth(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
                   "growth": worst[4] / worst[3] if worst[3] > 0 else math.nan},
         cause="query and key weights grow together, so the scores grow quadratically and the "
               "softmax heads for one-hot (the precursor of entropy collapse and loss spikes)",
-        fix="normalise queries and keys (QK-layernorm) or lower the learning rate",
+        fix=f"{qk_norm_fix(h)} or lower the learning rate",
         reference=WORTSMAN, page="dynamics")]
 
 
@@ -150,7 +156,8 @@ def output_logit_growth(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
         evidence={"start": value(records[0]), "peak": peak, "growth_at_step": hit[1]},
         cause="the output logits drift apart from the log-probabilities' scale (output-logit "
               "divergence): the softmax saturates and the loss becomes unstable",
-        fix="add a z-loss (1e-4 * log^2 Z) or weight decay on the unembedding",
+        fix=f"add a z-loss ({h.flag('--z-loss 1e-4')}) or weight decay on the unembedding "
+            f"({h.flag('--unembed-weight-decay 0.1')})",
         reference=WORTSMAN, page="dynamics")]
 
 
