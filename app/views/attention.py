@@ -11,6 +11,7 @@ from app import charts, charts_attention, data
 from app.views.common import Selection, has_attention, page, show
 
 FEW_ROWS = 16  # below this the attention-sink score is not meaningful (uniform rows score high)
+TYPES_WIDTH = 520  # px of the head-type column: its radio buttons wrap inside it
 
 
 @page("Attention", "Which heads collapsed, went uniform or became sinks, and what does one head look at?")
@@ -40,7 +41,10 @@ def render(sel: Selection) -> None:
          "multiples", (layer, head), every_head)
     with tokens:
         token_view(detail, labels, layer, head)
-    left, right = grids.columns(2)
+    # side by side where both fit, the head-type grid wrapping below where they do not: a chart
+    # wider than half the page never runs under the controls beside it
+    row = grids.container(horizontal=True, gap="large")
+    left, right = row.container(width="content"), row.container(width=TYPES_WIDTH)
     pick(charts.entropy_grid(result["normalized"], result["verdicts"], evidence,
                              "normalised entropy and verdict per head"), "entropy", (layer, head), left)
     head_types(sel, right, (layer, head))
