@@ -44,6 +44,7 @@ def _logits_and_targets(model: torch.nn.Module, block: torch.Tensor) -> tuple[to
 
 def lm_loss_terms(model: torch.nn.Module, block: torch.Tensor) -> int:
     """How many predictions `lm_loss` averages over for a [batch length] block."""
-    cfg = model.cfg
-    predictions = block.shape[1] - 1 if cfg.family == "transformer" else block.shape[1] - cfg.n_ctx
+    cfg = model.cfg  # a TransformerLens cfg has no family: a transformer, as in block_len
+    transformer = getattr(cfg, "family", "transformer") == "transformer"
+    predictions = block.shape[1] - 1 if transformer else block.shape[1] - cfg.n_ctx
     return block.shape[0] * predictions

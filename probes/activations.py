@@ -11,7 +11,11 @@ in the MLP family):
   pre-activation > 0 for ReLU and GELU (a unit whose input is never positive passes no
   gradient worth having), |tanh| <= `saturation` for tanh (a unit pinned at +-1 is dead too);
 - saturated_fraction: activations in the flat part of the non-linearity: |tanh| > 0.97
-  (makemore's threshold), GELU input below -3 (slope < 0.004), ReLU output exactly 0;
+  (makemore's threshold), GELU input below -3 (|slope| < 0.012), SiLU input below -6 (the same
+  slope), ReLU output exactly 0;
+
+A gated MLP (Llama's SwiGLU: act(x W_gate) * (x W_in)) is read the same way: `hook_pre` is the
+gate's input to the non-linearity, `hook_post` the product that W_out reads.
 - mean / std of the activations, and (with `grads=True`) of the gradient of the mean
   next-token cross-entropy with respect to them, each with a histogram.
 
@@ -38,7 +42,8 @@ from probes.common import (ProbeInputError, lm_windows, model_device, print_json
                            run_cli, token_batches, tokens_or_text)
 from probes.thresholds import SATURATION
 
-GELU_FLAT = -3.0  # GELU'(x) < 0.004 below this input
+GELU_FLAT = -3.0  # |GELU'(x)| < 0.012 below this input
+SILU_FLAT = -6.0  # |SiLU'(x)| < 0.0123 below: sigmoid(x) (1 + x (1 - sigmoid(x))) at -6
 HIST_BINS = 40
 SAMPLE_CAP = 200_000  # values kept per layer for the histograms
 POST_HOOK = re.compile(r"(^|\.)mlp\.hook_post(_\d+)?$")
@@ -62,6 +67,8 @@ def saturated_mask(pre: torch.Tensor, post: torch.Tensor, act_fn: str,
         return post.abs() > saturation
     if act_fn == "gelu":
         return pre < GELU_FLAT
+    if act_fn == "silu":
+        return pre < SILU_FLAT
     return post == 0
 
 
@@ -150,7 +157,7 @@ def mlp_layers(model: Any) -> list[str]:
 
 def _act_fn(model: Any) -> str:
     act = str(getattr(model.cfg, "act_fn", "relu") or "relu").lower()
-    return "gelu" if act.startswith("gelu") else act
+    return "gelu" if act.startswith("gelu") else "silu" if act == "swish" else act
 
 
 @dataclass
@@ -218,21 +225,30 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, grads: boo
 
 def _one_batch(model: Any, batch: torch.Tensor, stats: dict[str, LayerStats],
                pres: dict[str, torch.Tensor], grads: bool) -> None:
-    def keep_pre(t: torch.Tensor, hook: Any) -> None:
-        pres[hook.name.replace("hook_pre", "hook_post")] = t.detach()
+    # each hook is told its layer by name: a bridge calls it with the aliased hook's own name
+    # (`blocks.0.mlp.hook_post` fires as `blocks.0.mlp.out.hook_in`)
+    def keep_pre(name: str):
+        def hook(t: torch.Tensor, hook: Any) -> None:  # [batch pos d_hidden]
+            pres[name] = t.detach()
+        return hook
 
-    def reduce_post(t: torch.Tensor, hook: Any) -> None:
-        stats[hook.name].update(pres.pop(hook.name), t)
+    def reduce_post(name: str):
+        def hook(t: torch.Tensor, hook: Any) -> None:  # [batch pos d_hidden]
+            stats[name].update(pres.pop(name), t)
+        return hook
 
-    def keep_grad(g: torch.Tensor, hook: Any) -> None:
-        stats[hook.name].grad.add(g)
+    def keep_grad(name: str):
+        def hook(g: torch.Tensor, hook: Any) -> None:  # [batch pos d_hidden]
+            stats[name].grad.add(g)
+        return hook
 
-    fwd = [(n.replace("hook_post", "hook_pre"), keep_pre) for n in stats] + [(n, reduce_post) for n in stats]
+    fwd = [(n.replace("hook_post", "hook_pre"), keep_pre(n)) for n in stats] + \
+          [(n, reduce_post(n)) for n in stats]
     if not grads:
         with torch.no_grad():
             model.run_with_hooks(batch, fwd_hooks=fwd)
         return
-    with model.hooks(fwd_hooks=fwd, bwd_hooks=[(n, keep_grad) for n in stats]):
+    with model.hooks(fwd_hooks=fwd, bwd_hooks=[(n, keep_grad(n)) for n in stats]):
         lm_loss(model, batch).backward()
 
 

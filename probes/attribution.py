@@ -6,8 +6,8 @@
     result.heads[layer][head], result.mlps[layer], result.total == result.logit
 
 Definition: the final residual at the position is a sum of components (token embedding,
-positional embedding, every head's output z_h W_O_h, every MLP's output, and the attention output
-biases summed over layers). The final norm is linear in its input once its scale is fixed, so, as
+positional embedding, every head's output z_h W_O_h, every MLP's output (a gated MLP's too), and
+the attention output biases summed over layers: zero in a model without them, as Llama's). The final norm is linear in its input once its scale is fixed, so, as
 TransformerLens's `ActivationCache.logit_attrs` computes it, each component c contributes
     ((c - mean(c)) / scale) . (gamma * W_U[:, target])        (LayerNorm; RMSNorm: no mean)
 with `scale` the final norm's cached `hook_scale` at the position (TransformerLens folds gamma into
@@ -54,6 +54,13 @@ def direct_attributions(components: torch.Tensor, scale: torch.Tensor | float, d
     if center:
         components = components - components.mean(-1, keepdim=True)
     return (components / scale) @ direction
+
+
+def output_bias(attn: Any, W_O: torch.Tensor) -> torch.Tensor:
+    """An attention layer's output bias b_O [d_model], float on W_O's device; zeros where it has
+    none (Llama-family models): a missing bias adds nothing to the residual."""
+    b_O = getattr(attn, "b_O", None)
+    return W_O.new_zeros(W_O.shape[-1]) if b_O is None else b_O.detach().to(W_O)
 
 
 def final_norm_affine(model: Any) -> tuple[torch.Tensor | None, torch.Tensor | None, bool]:
@@ -172,7 +179,7 @@ def run(model: Any, tokens: torch.Tensor | str, *, position: int = -1, target: i
         logits = model.run_with_hooks(window.to(model_device(model)),
                                       fwd_hooks=[(n, keep(n)) for n in names])[0, pos].float()  # [d_vocab]
         W_O = torch.stack([block.attn.W_O for block in model.blocks]).float()  # [layer head d_head d_model]
-        b_O = torch.stack([block.attn.b_O for block in model.blocks]).float()  # [layer d_model]
+        b_O = torch.stack([output_bias(block.attn, W_O) for block in model.blocks])  # [layer d_model]
         W_U = model.W_U.detach().float()  # [d_model d_vocab]
         b_U = getattr(model, "b_U", None)
         b_U = None if b_U is None else b_U.detach().float()  # [d_vocab]
@@ -192,7 +199,8 @@ def run(model: Any, tokens: torch.Tensor | str, *, position: int = -1, target: i
     labels += [f"L{l}H{h}" for l in range(L) for h in range(heads.shape[1])] + \
               [f"L{l} MLP" for l in range(L)] + ["attn_bias"]
     components = torch.cat(rows)  # [rows d_model]
-    resid_error = float((components.sum(0) - kept[f"blocks.{L - 1}.hook_resid_post"]).abs().max())
+    resid = kept[f"blocks.{L - 1}.hook_resid_post"]  # [d_model]
+    resid_error = float((components.sum(0) - resid).abs().max()) / max(1.0, float(resid.abs().max()))
 
     gamma, beta, centers = final_norm_affine(model)
     scale = kept["ln_final.hook_scale"] if gamma is not None or centers else 1.0  # [1]
@@ -206,7 +214,7 @@ def run(model: Any, tokens: torch.Tensor | str, *, position: int = -1, target: i
     logit = float(logits[target_id] - (0.0 if versus_id is None else logits[versus_id]))
     total = float(values.double().sum())
     if abs(total - logit) > SUM_TOLERANCE * max(1.0, abs(logit)) or resid_error > SUM_TOLERANCE:
-        log.warning("the attributions sum to %.6g but the model's logit is %.6g (residual off by %.3g): "
+        log.warning("the attributions sum to %.6g but the model's logit is %.6g (residual off by %.3g of its size): "
                     "this model's residual is not the sum of its components", total, logit, resid_error)
     start = labels.index("L0H0")
     n_heads = heads.shape[1]

@@ -55,6 +55,16 @@ def require_attention(model: Any) -> ModelDims:
     return dims
 
 
+def per_query_head(weights: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """A head-stacked weight [head ...] with one row per query head: grouped-query attention
+    (Llama, SmolLM) stores K and V for n_kv < n_heads heads, query head h reading kv head
+    h // (n_heads / n_kv), as Hugging Face's `repeat_kv` and TransformerLens expand them."""
+    n_kv = weights.shape[0]
+    if n_kv == n_heads or n_kv < 1 or n_heads % n_kv:
+        return weights
+    return weights.repeat_interleave(n_heads // n_kv, dim=0)  # [n_heads ...]
+
+
 def check_layer_head(dims: ModelDims, layer: int | None, head: int | None) -> None:
     if layer is not None and not 0 <= layer < dims.n_layers:
         raise ProbeInputError(f"layer {layer} is out of range: the model has layers 0..{dims.n_layers - 1}")

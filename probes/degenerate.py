@@ -37,7 +37,7 @@ from typing import Any, Iterable
 import torch
 
 from probes.args import degenerate_parser as build_parser
-from probes.common import (ProbeInputError, check_layer_head, print_json,
+from probes.common import (ProbeInputError, check_layer_head, per_query_head, print_json,
                            require_attention, run_cli, to_jsonable, token_batches, tokens_or_text)
 from probes.entropy import PatternStats, collect_stats, describe_model, format_table
 from probes.thresholds import Thresholds
@@ -113,6 +113,7 @@ def head_weights_finite(model: Any, layers: list[int], n_heads: int) -> torch.Te
             else:
                 tensors = [getattr(attn, n) for n in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V")
                            if isinstance(getattr(attn, n, None), torch.Tensor)]
+                tensors = [per_query_head(t, n_heads) for t in tensors if t.dim() > 1]
                 tensors = [t for t in tensors if t.shape[0] == n_heads]
             if not tensors:
                 return None

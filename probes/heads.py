@@ -43,9 +43,9 @@ from typing import Any, Iterable
 import torch
 
 from probes.args import heads_parser as build_parser
-from probes.common import (ProbeInputError, StopForward, as_batches, eval_mode, model_device, print_json,
-                           progress_bar, require_attention, run_cli, to_jsonable, token_batches,
-                           tokens_or_text)
+from probes.common import (ProbeInputError, StopForward, as_batches, eval_mode, model_device,
+                           per_query_head, print_json, progress_bar, require_attention, run_cli,
+                           to_jsonable, token_batches, tokens_or_text)
 
 log = logging.getLogger(__name__)
 
@@ -280,8 +280,9 @@ def model_copying_scores(model: Any) -> list[list[float]] | None:
     """`copying_scores` from the model's W_E, W_V, W_O, W_U (ours and TransformerLens names)."""
     try:
         with torch.no_grad():
-            W_V = torch.stack([block.attn.W_V for block in model.blocks])  # [layer head d_model d_head]
             W_O = torch.stack([block.attn.W_O for block in model.blocks])  # [layer head d_head d_model]
+            W_V = torch.stack([per_query_head(block.attn.W_V, W_O.shape[1])
+                               for block in model.blocks])  # [layer head d_model d_head]
             return copying_scores(model.W_E, W_V, W_O, model.W_U).tolist()
     except (AttributeError, RuntimeError, ValueError, TypeError) as err:
         log.debug("no copying score: %s", err)

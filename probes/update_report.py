@@ -22,14 +22,14 @@ STATS = ("g", "w", "u", "u_nominal")
 
 Row = dict[str, float | None]
 
-_NORM_PARTS = {"rms1", "rms2", "ln1", "ln2", "ln_1", "ln_2", "ln_final", "ln_f", "norm"}
+_NORM_PARTS = {"rms1", "rms2", "ln1", "ln2", "ln_1", "ln_2", "ln_final", "ln_f", "ln_out", "norm"}
 _QK = {"W_Q", "W_K", "b_Q", "b_K", "q", "k", "q_proj", "k_proj", "query", "key"}
 _VO = {"W_V", "W_O", "b_V", "b_O", "v", "o", "v_proj", "o_proj", "value"}
 _ATTN_OUT = {"c_proj", "out_proj", "dense"}  # an attention block's output projection (GPT-2, OPT, ...)
 _ATTN = {"attn", "attention", "self_attn", "self_attention"}
 _EMBED = {"embedding", "embed", "W_E", "W_pos", "pos_embed", "wte", "wpe", "embed_tokens",
-          "embed_positions"}
-_UNEMBED = {"W_out", "b_out", "W_U", "b_U", "unembed", "lm_head"}
+          "embed_positions", "tok_embed", "pos"}  # the last two: TransformerLens's native model
+_UNEMBED = {"W_out", "b_out", "W_U", "b_U", "unembed", "lm_head", "head"}
 _MLP = {"mlp", "ffn", "feed_forward"}
 
 

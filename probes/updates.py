@@ -55,6 +55,7 @@ __all__ = ["GROUPS", "TARGET_BAND", "UpdateHistory", "UpdateReport", "between", 
            "snapshot_params", "strip_wrapper_prefix"]
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DistributedDataParallel, torch.compile
+BRIDGE_WRAPPER = "_original_component."  # a TransformerBridge wraps every module of the model in one
 
 Table = dict[str, dict[str, float | None]]
 
@@ -67,7 +68,10 @@ def rms(t: torch.Tensor) -> float:
 
 
 def strip_wrapper_prefix(name: str) -> str:
-    """`module._orig_mod.blocks.0.attention.W_O` -> `blocks.0.attention.W_O` (the series' name)."""
+    """`module._orig_mod.blocks.0.attention.W_O` -> `blocks.0.attention.W_O` (the series' name);
+    a TransformerBridge's `layers.0._original_component.attn._original_component.q.weight` ->
+    `layers.0.attn.q.weight` (the wrapped model's own name)."""
+    name = name.replace(BRIDGE_WRAPPER, "")
     changed = True
     while changed:
         changed = False

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from llama_kit import llama, llama_tokens  # noqa: F401  (fixture: a bias-free Llama-family bridge)
 
 from models import MLPConfig, build_model, get_preset
 from probes import activations
@@ -120,3 +121,36 @@ def test_nan_activations_are_reported_as_such_not_as_dead_units():
     assert layer["dead_fraction"] is None and layer["saturated_fraction"] is None
     assert layer["nonfinite_fraction"] == pytest.approx(4 / 16)
     assert "25% of activations are NaN or inf" in activations.ActivationsResult([layer]).format()
+
+
+def test_a_gated_silu_mlp_on_a_bias_free_bridge_agrees_with_its_cache(llama):  # noqa: F811
+    """SwiGLU: hook_pre is the gate's input to SiLU, hook_post = SiLU(gate) * up. A bridge names
+    its hooks by their aliases (`mlp.hook_post` fires as `mlp.out.hook_in`): they still count."""
+    ids = llama_tokens(3, 16)
+    result = activations.run(llama, ids, batch_size=2)
+    assert [l["name"] for l in result.layers] == ["blocks.0.mlp.hook_post", "blocks.1.mlp.hook_post"]
+    with torch.no_grad():
+        _, cache = llama.run_with_cache(ids[:, :-1])
+    for layer in result.layers:
+        pre, post = cache[layer["name"].replace("post", "pre")], cache[layer["name"]]  # [batch pos d_mlp]
+        assert layer["act_fn"] == "silu" and layer["units"] == 64
+        assert layer["mean"] == pytest.approx(post.mean().item(), rel=1e-5, abs=1e-6 * post.abs().max().item())
+        assert layer["std"] == pytest.approx(post.std(unbiased=False).item(), rel=1e-5)
+        assert layer["dead_fraction"] == pytest.approx((pre.flatten(0, 1) <= 0).all(0).float().mean().item())
+        assert layer["saturated_fraction"] == pytest.approx((pre < activations.SILU_FLAT).float().mean().item())
+        assert layer["grad_std"] > 0
+
+
+def test_a_silu_gate_fed_zero_is_dead_and_below_minus_six_is_flat(llama):  # noqa: F811
+    gate = llama.original_model.layers[0]._original_component.mlp._original_component.gate._original_component
+    saved = gate.weight.detach().clone()
+    try:
+        with torch.no_grad():
+            gate.weight.zero_()  # SiLU(0) = 0: no unit ever active, none on the flat tail
+        layer = activations.run(llama, llama_tokens(2, 16), grads=False).layers[0]
+        assert (layer["dead_fraction"], layer["saturated_fraction"], layer["mean"]) == (1.0, 0.0, 0.0)
+        assert activations.saturated_mask(torch.tensor([-10.0, -5.0, 0.0]), None, "silu").tolist() == \
+            [True, False, False]
+    finally:
+        with torch.no_grad():
+            gate.weight.copy_(saved)

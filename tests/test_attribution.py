@@ -16,6 +16,7 @@ import json
 import pytest
 import torch
 from test_activation_cache import randomise_norms_and_biases
+from llama_kit import llama, llama_tokens, tl_folded_twin  # noqa: F401  (fixture: a Llama-family bridge)
 from test_interop import BRIDGE_CFG, bridge  # noqa: F401  (fixture: a TransformerBridge)
 
 from models import TransformerConfig, build_model, get_preset
@@ -96,6 +97,29 @@ def test_runs_on_a_transformer_bridge(bridge):  # noqa: F811
     assert r.target["id"] == int(tokens[0, 6]) and abs(r.logit - logit) < 1e-5
     assert abs(r.total - r.logit) < 1e-4
     assert len(r.heads) == BRIDGE_CFG["n_layers"] and len(r.heads[0]) == BRIDGE_CFG["n_heads"]
+
+
+def test_a_bias_free_rmsnorm_gated_mlp_bridge_equals_transformer_lens(llama):  # noqa: F811
+    """Llama-family: no biases (b_O is None), RMSNorm with random gains, SwiGLU, rotary, GQA. The
+    rows sum to the logit and equal TransformerLens's own `logit_attrs` on its folded twin."""
+    twin, tokens = tl_folded_twin(), llama_tokens()
+    with torch.no_grad():
+        logits, cache = twin.run_with_cache(tokens)
+        torch.testing.assert_close(logits, llama(tokens), atol=1e-5 * float(logits.abs().max()), rtol=0)
+    stack = torch.cat([cache["embed"].unsqueeze(0), cache.stack_head_results(layer=-1),
+                       torch.stack([cache["mlp_out", l] for l in range(2)])])  # [rows batch pos d_model]
+    for pos, target, versus in [(5, 17, None), (11, 3, 40), (0, 49, None)]:
+        ours = attribution.run(llama, tokens, position=pos, target=target, versus=versus)
+        ref = cache.logit_attrs(stack, target, versus)[:, 0, pos]  # [rows]
+        assert ours.labels == ["embed"] + [f"L{l}H{h}" for l in range(2) for h in range(4)] + \
+            ["L0 MLP", "L1 MLP", "attn_bias", "final_bias"]
+        scale = float(ref.abs().max())
+        assert scale > 0.1
+        torch.testing.assert_close(torch.tensor(ours.values[:-2]), ref, atol=1e-5 * scale, rtol=0)
+        assert ours.values[-2:] == [0.0, 0.0]  # no b_O, no final shift, no b_U
+        expected = float(logits[0, pos, target] - (0 if versus is None else logits[0, pos, versus]))
+        assert ours.total == pytest.approx(expected, rel=1e-5, abs=1e-5 * scale)
+        assert ours.logit == pytest.approx(expected, rel=1e-5, abs=1e-5 * scale)
 
 
 # ---------------------------------------------------------------- ablation where the rest is linear

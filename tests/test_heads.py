@@ -17,6 +17,7 @@ import types
 
 import pytest
 import torch
+from llama_kit import llama  # noqa: F401  (fixture: a bias-free Llama-family bridge, GQA)
 from test_interop import BRIDGE_CFG, bridge  # noqa: F401  (fixture: a TransformerBridge)
 from transformer_lens import head_detector as hd
 
@@ -122,6 +123,18 @@ def test_bridge_scores_equal_head_detector_on_its_patterns(bridge):  # noqa: F81
                           for l in range(BRIDGE_CFG["n_layers"])])  # P[i, i - 5] for i >= 6
     torch.testing.assert_close(torch.tensor(result.induction_repeat), olsson, atol=1e-6, rtol=0)
     assert result.copying is not None and all(-1 <= c <= 1 for row in result.copying for c in row)
+
+
+def test_copying_scores_with_grouped_query_attention_equal_transformer_lens_ov_circuits(llama):  # noqa: F811
+    """4 query heads share 2 kv heads (W_V [2 d_model d_head]): each query head's OV circuit uses
+    its group's W_V. The reference: the eigenvalues of TransformerLens's own W_E OV W_U."""
+    with torch.no_grad():
+        eig = (llama.W_E @ llama.OV @ llama.W_U).eigenvalues  # [layer head d_head]
+    ref = eig.real.sum(-1) / eig.abs().sum(-1)
+    ours = heads.model_copying_scores(llama)
+    assert ours is not None
+    torch.testing.assert_close(torch.tensor(ours, dtype=torch.float64), ref.detach().double(), atol=1e-5, rtol=0)
+    assert float(ref.abs().max()) > 0.05
 
 
 # ---------------------------------------------------------------- a hand-built induction circuit

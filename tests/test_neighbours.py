@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from llama_kit import llama  # noqa: F401  (fixture: a bias-free Llama-family bridge)
 
 from models import TransformerConfig, build_model, get_preset
 from models.checkpoint import save_snapshot
@@ -139,6 +140,13 @@ def test_transformer_bridge_tables():
                           "cross": (bridge.W_E, bridge.W_U.T)}.items():
         result = neighbours.run(bridge, 4, k=5, table=table)
         ref_values, ref_ids = full_matrix(q.detach(), k.detach(), 5)
+        assert [n["id"] for n in result.neighbours] == ref_ids[4].tolist()
+
+
+def test_bias_free_bridge_tables(llama):  # noqa: F811
+    for table, (q, k) in {"output": (llama.W_U.T, llama.W_U.T), "cross": (llama.W_E, llama.W_U.T)}.items():
+        result = neighbours.run(llama, 4, k=5, table=table)
+        _, ref_ids = full_matrix(q.detach(), k.detach(), 5)
         assert [n["id"] for n in result.neighbours] == ref_ids[4].tolist()
 
 

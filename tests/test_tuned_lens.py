@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from llama_kit import llama, llama_tokens  # noqa: F401  (fixture: a bias-free Llama-family bridge)
 
 from models import build_model, get_preset
 from models.checkpoint import list_snapshots, load_checkpoint, save_snapshot
@@ -68,6 +69,20 @@ def test_identity_initialised_translators_start_as_the_logit_lens():
     tokens = random_ids()[:256].view(16, 16)
     tuned, plain = logit_lens.run(model, tokens, lens=TunedLens(model)), logit_lens.run(model, tokens)
     torch.testing.assert_close(torch.tensor(tuned.kl_to_final), torch.tensor(plain.kl_to_final), atol=1e-6, rtol=0)
+
+
+def test_a_tuned_lens_on_a_bias_free_rmsnorm_bridge(llama):  # noqa: F811
+    """Identity translators read as the logit lens (RMSNorm with gains, no bias, recomputed per
+    layer); a few steps of fitting lower every translated layer's KL; the last point is the model."""
+    tokens = llama_tokens(8, 16, seed=1)
+    lens = TunedLens(llama)
+    plain = logit_lens.run(llama, tokens)
+    tuned = logit_lens.run(llama, tokens, lens=lens)
+    torch.testing.assert_close(torch.tensor(tuned.kl_to_final), torch.tensor(plain.kl_to_final), atol=1e-6, rtol=1e-5)
+    fit(lens, iter([tokens] * 30), steps=30, lr=1e-2, progress=False)
+    after = logit_lens.run(llama, tokens, lens=lens).kl_to_final
+    assert all(a < b for a, b in zip(after[:-1], plain.kl_to_final[:-1])), (after, plain.kl_to_final)
+    assert after[-1] == pytest.approx(0.0, abs=1e-5)
 
 
 def test_training_is_deterministic_with_a_seed(tmp_path):

@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 from torch import nn
+from llama_kit import llama, llama_tokens  # noqa: F401  (fixture: a bias-free Llama-family bridge)
 
 from models import build_model, get_preset
 from models.packed_heads import named_rows
@@ -408,3 +409,16 @@ def test_cli_bad_input_is_one_line_and_exit_2(step_run, tmp_path):
     proc = cli("--ckpt", str(truncated), "--history", "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["steps"] == [1, 2, 3, 4]
     assert "truncated last line" in proc.stderr
+
+
+def test_one_step_on_a_bias_free_bridge_names_and_groups_its_own_parameters(llama):  # noqa: F811
+    """A TransformerBridge (no `family` in its cfg) wraps every module in `_original_component`:
+    the rows carry the wrapped model's names, grouped, and plain SGD gives u = lr g / w."""
+    report = updates.run(llama, llama_tokens(2, 16), "sgd", lr=0.01)
+    groups = {name: parameter_group(name) for name in report.parameters}
+    assert groups["tok_embed.weight"] == "embeddings" and groups["head.weight"] == "unembedding"
+    assert groups["layers.0.attn.q.weight"] == "attention Q/K" and groups["layers.1.attn.o.weight"] == "attention V/O"
+    assert groups["layers.0.mlp.gate.weight"] == "MLP" and groups["ln_out.weight"] == "norms"
+    assert "other" not in groups.values() and len(groups) == 21  # 1 + 2 x 9 + 2
+    for row in report.parameters.values():
+        assert row["u"] == pytest.approx(row["u_nominal"], rel=1e-4)
