@@ -163,9 +163,10 @@ def _act_fn(model: Any) -> str:
 @dataclass
 class ActivationsResult:
     layers: list[dict[str, Any]]  # one per hidden layer: name, dead_fraction, ... (see module doc)
+    source: str | None = None  # the text the CLI read
 
     def to_dict(self) -> dict[str, Any]:
-        return {"layers": self.layers}
+        return {"layers": self.layers, **({} if self.source is None else {"source": self.source})}
 
     def compact(self) -> dict[str, dict[str, float]]:
         """What training logs at eval steps: {layer: {dead, saturated, mean, std}}."""
@@ -261,9 +262,10 @@ def main(argv: list[str] | None = None) -> int:
         from models.checkpoint import load_from_args
 
         snap = load_from_args(args)
-        batches, source = token_batches(args, snap.tokenizer, 2 * snap.config.n_ctx)  # re-windowed by run()
+        batches, source = token_batches(args, snap.tokenizer, 2 * snap.config.n_ctx, snap)  # re-windowed by run()
         result = run(snap.model, batches, grads=not args.no_grads, saturation=args.saturation,
                      batch_size=args.batch_size)
+        result.source = source
         if args.json:
             print_json(result.to_dict())
         else:

@@ -35,7 +35,9 @@ def add_input_arguments(parser: argparse.ArgumentParser, default_samples: int = 
     group.add_argument("--text", help="text to run the model on (windowed to the model's context)")
     group.add_argument("--text-file", type=Path, metavar="PATH", help="read the text from this UTF-8 file")
     group.add_argument("--data", type=Path, metavar="PATH",
-                       help="a corpus file to sample --samples random windows from")
+                       help="a corpus file to sample --samples random windows from (default, with no "
+                            "--text or --text-file: the validation split of the run's own data, else "
+                            "data/tinyshakespeare.txt)")
     parser.add_argument("--samples", type=POSITIVE_INT, default=None, metavar="N",
                         help=f"windows sampled from --data (default {default_samples})")
     parser.set_defaults(samples_default=default_samples)
@@ -180,7 +182,8 @@ def attribution_parser() -> Parser:
         "to the difference of two tokens' logits.",
         "--ckpt checkpoints/shakespeare_gpt --text 'ROMEO:' --position -1",
         "--ckpt checkpoints/shakespeare_gpt --text 'ROMEO: But soft' --target ' ' --versus 'e' --json")
-    parser.add_argument("--text", required=True, help="the prompt (at most one context of tokens)")
+    parser.add_argument("--text", help="the prompt (at most one context of tokens; default: one window "
+                                         "of the run's own text, see --data of the other probes)")
     parser.add_argument("--position", type=int, default=-1, metavar="P",
                         help="the position whose prediction is attributed (negative counts from the end)")
     parser.add_argument("--target", metavar="TOKEN",
@@ -215,8 +218,8 @@ def _band_in_order(args: argparse.Namespace) -> str | None:
 def updates_parser() -> Parser:
     parser = probe_parser(
         "updates", "g / w / u per parameter: what training logged (a run directory as --ckpt), "
-        "the difference of two snapshots (--between), or one optimizer step on a copy (give "
-        "--text, --text-file or --data).",
+        "the difference of two snapshots (--between), or one optimizer step on a copy (on "
+        "--text, --text-file or --data; a snapshot outside a run without them: its own text).",
         f"--ckpt {RUN}", f"--ckpt {RUN} --history", f"--ckpt {RUN} --text 'ROMEO: But soft' --optimizer adam",
         checks=[_band_in_order])
     mode = parser.add_mutually_exclusive_group()
@@ -289,7 +292,8 @@ def tuned_lens_parser() -> Parser:
     mode.add_argument("--steps", type=POSITIVE_INT, metavar="N", help="train the translators for N batches")
     mode.add_argument("--eval", action="store_true", help="read the saved tuned lens instead of training")
     parser.add_argument("--data", type=Path, metavar="PATH",
-                        help="the text to train and evaluate on (default: the data the run's run.json records)")
+                        help="the text to train and evaluate on (default: the data the run's run.json "
+                             "records, else data/tinyshakespeare.txt)")
     parser.add_argument("--lens", type=Path, metavar="PATH",
                         help="the translators' .safetensors file (default: beside the snapshot)")
     parser.add_argument("--batch-size", type=number_type(int, low=1, high=MAX_BATCH, noun="batch size"),

@@ -30,9 +30,9 @@ from typing import Any
 import torch
 
 from probes.args import attribution_parser as build_parser
-from probes.common import (ProbeInputError, as_batches, eval_mode, hook_names, model_device,
-                           model_tokenizer, print_json, require_attention, run_cli, to_jsonable,
-                           tokens_or_text)
+from probes.common import (ProbeInputError, as_batches, default_windows, eval_mode, hook_names,
+                           model_device, model_tokenizer, print_json, require_attention, run_cli,
+                           to_jsonable, tokens_or_text)
 from probes.neighbours import resolve_token, token_piece
 
 log = logging.getLogger(__name__)
@@ -117,6 +117,7 @@ class AttributionResult:
     versus: dict[str, Any] | None
     tokens: list[int]
     pieces: list[str | None]
+    source: str | None = None  # where the CLI took the window from when given no --text
 
     def to_dict(self) -> dict[str, Any]:
         return to_jsonable(dict(self.__dict__))
@@ -126,7 +127,8 @@ class AttributionResult:
         if self.versus is not None:
             what += f" minus {self.versus['piece']!r} (id {self.versus['id']})"
         shown = "".join(p if p is not None else "?" for p in self.pieces)
-        lines = [f"direct logit attribution at position {self.position} of {shown!r}", what,
+        lines = [f"direct logit attribution at position {self.position} of {shown!r}"
+                 + (f" ({self.source})" if self.source else ""), what,
                  f"model: {self.logit:.4f}   sum of the rows: {self.total:.4f}",
                  f"largest {min(top, len(self.values))} of {len(self.values)} rows:"]
         order = sorted(range(len(self.values)), key=lambda i: -abs(self.values[i]))[:top]
@@ -236,8 +238,12 @@ def main(argv: list[str] | None = None) -> int:
         from models.checkpoint import load_from_args
         snap = load_from_args(args)
         check_decomposable(snap.model)  # an MLP-family model is refused before the text is read
-        result = run(snap.model, args.text, position=args.position, target=args.target,
+        text, source = args.text, None
+        if text is None:  # one window of the run's own text (probes.run_text)
+            text, source = default_windows(snap, snap.tokenizer, int(snap.model.cfg.n_ctx), 1, 0)
+        result = run(snap.model, text, position=args.position, target=args.target,
                      versus=args.versus, tokenizer=snap.tokenizer)
+        result.source = source
         if args.json:
             print_json(result.to_dict())
         else:

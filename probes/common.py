@@ -19,6 +19,7 @@ from models.cli import EXIT_BAD_INPUT, run_cli, to_jsonable  # noqa: F401  (re-e
 from models.loss import block_len
 from probes.args import add_input_arguments  # noqa: F401  (torch-free; re-exported for callers)
 from probes.errors import ProbeInputError  # noqa: F401  (re-exported for probes)
+from probes.run_text import NO_INPUT, default_text, shown, validation_split
 
 log = logging.getLogger(__name__)
 
@@ -237,10 +238,13 @@ def read_text_file(path: Path) -> str:
         raise ProbeInputError(f"cannot read text file {path}: {err.strerror}") from None
 
 
-def token_batches(args: argparse.Namespace, tokenizer: Any, n_ctx: int) -> tuple[list[torch.Tensor], str]:
-    """The [batch pos] batches a CLI run should see, and a description of where they came from."""
+def token_batches(args: argparse.Namespace, tokenizer: Any, n_ctx: int,
+                  snap: Any = None) -> tuple[list[torch.Tensor], str]:
+    """The [batch pos] batches a CLI run should see, and a description of where they came from.
+    With no --text, --text-file or --data: windows of `snap`'s own text (`default_batches`)."""
     check_batch_size(args.batch_size)
-    if args.data is None and args.samples is not None:
+    given = args.data is not None or args.text_file is not None or args.text is not None
+    if given and args.data is None and args.samples is not None:
         log.warning("--samples applies to --data only; ignored for --text / --text-file")
     if args.samples is None:
         args.samples = args.samples_default
@@ -254,9 +258,28 @@ def token_batches(args: argparse.Namespace, tokenizer: Any, n_ctx: int) -> tuple
     elif args.text is not None:
         text, source = args.text, "--text"
     else:
-        raise ProbeInputError("give the input with --text, --text-file or --data")
+        sample, source = default_windows(snap, tokenizer, n_ctx, args.samples, args.seed)
+        return list(torch.split(sample, max(1, args.batch_size))), source
     batches = text_batches(tokenizer, text, n_ctx, args.batch_size)
     return batches, f"{source} in {sum(len(b) for b in batches)} window(s)"
+
+
+def default_windows(snap: Any, tokenizer: Any, n_ctx: int, samples: int, seed: int) -> tuple[torch.Tensor, str]:
+    """`samples` windows [samples n_ctx] (seeded) from the validation split of the run's recorded
+    data, else of the shipped text where the tokenizer encodes it (`probes.run_text`), and one
+    line saying so."""
+    found = None if snap is None else default_text(snap)
+    if found is None:
+        raise ProbeInputError(NO_INPUT)
+    try:
+        ids = encode_text(tokenizer, read_text_file(found.path))
+    except ProbeInputError:
+        if found.origin != "shipped":
+            raise
+        raise ProbeInputError(f"{NO_INPUT} (this checkpoint records no data, and its tokenizer "
+                              f"cannot encode the shipped {shown(found.path)})") from None
+    sample = sample_windows(validation_split(ids, found.val_fraction), n_ctx, samples, seed)
+    return sample, found.describe(samples, n_ctx, seed)
 
 
 def print_json(data: Any) -> None:

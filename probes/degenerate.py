@@ -213,16 +213,14 @@ def main(argv: list[str] | None = None) -> int:
         t = Thresholds(args.collapse_entropy, args.collapse_max_prob, args.uniform_entropy,
                        args.sink_mass, args.one_hot_mass, args.sink_score)
         run_dir = args.ckpt is not None and is_run_dir(args.ckpt)
-        if not has_input(args) and not run_dir:
-            raise ProbeInputError("give the input with --text, --text-file or --data "
-                                  "(or a run directory for its training timeline)")
+        read_text = has_input(args) or not run_dir  # a run and no input: its training timeline alone
         snap = load_from_args(args)
         dims = require_attention(snap.model)
         check_layer_head(dims, args.layer, args.head)
         timeline = (entropy_timeline(read_metrics(args.ckpt), dims.n_ctx, args.timeline_collapse,
                                      args.timeline_uniform) if run_dir else None)
-        if has_input(args):
-            batches, source = token_batches(args, snap.tokenizer, dims.n_ctx)
+        if read_text:  # with no input, the snapshot's own text (probes.run_text)
+            batches, source = token_batches(args, snap.tokenizer, dims.n_ctx, snap)
             result = run(snap.model, batches, thresholds=t, layer=args.layer, head=args.head,
                          batch_size=args.batch_size, progress=args.progress, name=str(snap.name), source=source)
             result.timeline = timeline

@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         snap = load_from_args(args)
         dims = require_attention(snap.model)
         check_layer_head(dims, args.layer, args.head)
-        batches, source = token_batches(args, snap.tokenizer, dims.n_ctx)
+        batches, source = token_batches(args, snap.tokenizer, dims.n_ctx, snap)
         result = run(snap.model, batches, layer=args.layer, head=args.head,
                      per_position=args.per_position, batch_size=args.batch_size,
                      progress=args.progress, name=str(snap.name), source=source)

@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.repeat:
             result = run_repeat(snap.model, args.length, samples=args.samples or 16, seed=args.seed, **options)
         else:
-            batches, source = token_batches(args, snap.tokenizer, dims.n_ctx)
+            batches, source = token_batches(args, snap.tokenizer, dims.n_ctx, snap)
             result = run(snap.model, batches, source=source, **options)
         if args.json:
             print_json(result.to_dict())

@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         from models.checkpoint import load_from_args
         snap = load_from_args(args)
         lens = LogitLens(snap.model, args.mid)  # refuses models without a residual stream first
-        batches, source = token_batches(args, snap.tokenizer, int(snap.model.cfg.n_ctx))
+        batches, source = token_batches(args, snap.tokenizer, int(snap.model.cfg.n_ctx), snap)
         result = run(snap.model, batches, k=args.k, tokenizer=snap.tokenizer, lens=lens,
                      batch_size=args.batch_size, progress=args.progress, source=source)
         if args.json:

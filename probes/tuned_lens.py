@@ -40,11 +40,11 @@ from probes.args import tuned_lens_parser as build_parser
 from probes.common import (ProbeInputError, encode_text, model_device, print_json, read_text_file,
                            run_cli, sample_windows, to_jsonable)
 from probes.logit_lens import LogitLens, LogitLensResult
+from probes.run_text import DefaultText, default_text, shown, val_fraction, validation_split
 from probes.tuned_lens_file import (check_fits, lens_paths, model_record, read_lens, save_lens,
                                     sha256_bytes)
 
 log = logging.getLogger(__name__)
-REPO = Path(__file__).resolve().parent.parent
 
 
 # ---------------------------------------------------------------- the lens
@@ -175,38 +175,26 @@ class Corpus:
     sha256: str
     train: torch.Tensor  # [n_train] ids: translators are trained here
     val: torch.Tensor  # [n_val] ids: and evaluated here
-
-
-def recorded_data(snapshot_path: Path) -> Path | None:
-    """The text the run holding this snapshot was trained on, where run.json says (relative to the
-    working directory, the run, or this repository), or None if none is recorded or found."""
-    from models.runs import read_run_json, snapshot_step
-    if snapshot_step(snapshot_path) is None:
-        return None
-    try:
-        recorded = ((read_run_json(snapshot_path.parent) or {}).get("data") or {}).get("path")
-    except ValueError:
-        return None
-    if not recorded:
-        return None
-    for candidate in (Path(recorded), snapshot_path.parent / recorded, REPO / recorded):
-        if candidate.is_file():
-            return candidate
-    return None
+    origin: str = "given"  # given (--data) | run (run.json's data) | shipped (the checkpoint records none)
 
 
 def read_corpus(snap: Any, path: Path | None) -> Corpus:
-    """The text (`path`, else the run's recorded data) encoded and split as training split it."""
-    if path is None:
-        path = recorded_data(Path(snap.path))
-        if path is None:
-            raise ProbeInputError(f"{snap.path}: its run records no data file that exists here: give --data FILE")
-    text = read_text_file(path)
-    ids = torch.tensor(encode_text(snap.tokenizer, text), dtype=torch.long)  # [n_tokens]
-    val_fraction = float((snap.meta.get("train_config") or {}).get("val_fraction", 0.1))
-    n_val = int(round(len(ids) * val_fraction))
-    train, val = (ids[: len(ids) - n_val], ids[len(ids) - n_val:]) if n_val else (ids, ids)
-    return Corpus(path, sha256_bytes(text.encode("utf-8")), train, val)
+    """The text (`path`, else the run's recorded data, else the shipped text where the snapshot's
+    tokenizer encodes it: `probes.run_text`) encoded and split as training split it."""
+    found = DefaultText(Path(path), "given", val_fraction(snap)) if path is not None else default_text(snap)
+    if found is None:
+        raise ProbeInputError(f"{snap.path}: its run records no data file that exists here: give --data FILE")
+    text = read_text_file(found.path)
+    try:
+        ids = torch.tensor(encode_text(snap.tokenizer, text), dtype=torch.long)  # [n_tokens]
+    except ProbeInputError:
+        if found.origin != "shipped":
+            raise
+        raise ProbeInputError(f"{snap.path}: it records no data, and its tokenizer cannot encode the "
+                              f"shipped {shown(found.path)}: give --data FILE") from None
+    val = torch.as_tensor(validation_split(ids, found.val_fraction))
+    train = ids[: len(ids) - len(val)] if len(val) < len(ids) else ids
+    return Corpus(found.path, sha256_bytes(text.encode("utf-8")), train, val, found.origin)
 
 
 # ---------------------------------------------------------------- save, load, compare
@@ -304,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{lens.meta['final_loss']:.4f})", file=sys.stderr)
         n_ctx = int(snap.model.cfg.n_ctx)
         windows = sample_windows(corpus.val.tolist(), n_ctx, args.samples, args.seed + 1)
-        source = f"{args.samples} random windows of {n_ctx} from the validation split of {corpus.path}"
+        text = DefaultText(corpus.path, corpus.origin, val_fraction(snap))
+        source = text.describe(args.samples, n_ctx, args.seed + 1)
         result = compare(snap.model, lens, windows, batch_size=args.batch_size, progress=args.progress,
                          source=source)
         print_json(result.to_dict()) if args.json else print(result.format())

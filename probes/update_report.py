@@ -102,6 +102,7 @@ class UpdateReport:
     source: str = "run"  # run | between | step
     lr: float | None = None
     span: int | None = None  # optimizer steps between the two snapshots (source "between")
+    text: str | None = None  # the text the step read, as the CLI describes it (source "step")
     group_of: dict[str, str] = field(init=False)
     flags: dict[str, list[str]] = field(init=False)
     groups: dict[str, dict[str, Any]] = field(init=False)  # {group: {median_log10_u, parameters}}
@@ -138,7 +139,7 @@ class UpdateReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "source": self.source, "lr": self.lr, "span": self.span,
-                "band": list(self.band),
+                **({} if self.text is None else {"text": self.text}), "band": list(self.band),
                 "parameters": self.parameters, "groups": self.groups, "spread": self.spread,
                 "flags": self.flags}
 
@@ -148,6 +149,8 @@ class UpdateReport:
         lines = [f"{title} ({self.source}); band log10(u) in [{self.band[0]:g}, {self.band[1]:g}]"]
         if self.span and self.span > 1:
             lines.append(f"u accumulated over {self.span} steps: the band is for one step")
+        if self.text:
+            lines.append(f"on {self.text}")
         lines += self.table_lines(name_width)
         lines.append("groups (median log10 u):")
         for group, info in self.groups.items():

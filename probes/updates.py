@@ -295,12 +295,12 @@ OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 
 
-def run(model: nn.Module, tokens: torch.Tensor, optimizer: str | Callable[..., Any] = "sgd", *,
+def run(model: nn.Module, tokens: torch.Tensor | list[torch.Tensor], optimizer: str | Callable[..., Any] = "sgd", *,
         lr: float = 1e-3, band: tuple[float, float] = TARGET_BAND, **kwargs: Any) -> UpdateReport:
     """One optimizer step taken on a copy of `model`: the caller's model and gradients stay as they are.
 
     g is the gradient of the mean next-token cross-entropy over every position of `tokens`
-    [batch pos]; `optimizer` is "sgd" | "adam" | "adamw" or a callable(params, lr=lr, **kwargs)
+    [batch pos] (or a list of such batches); `optimizer` is "sgd" | "adam" | "adamw" or a callable(params, lr=lr, **kwargs)
     returning a torch optimizer (fresh: Adam's first step moves every entry by about lr).
     """
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
@@ -330,8 +330,10 @@ def _snapshot_arg(run_dir: Path, text: str) -> Path:
     return found[0] if found else run_dir / snapshot_name(int(text))
 
 
-def _first_batch(args: argparse.Namespace, snap: Any) -> torch.Tensor:
-    return token_batches(args, snap.tokenizer, snap.config.n_ctx + 1)[0][0]  # [batch pos], re-windowed
+def _input_batches(args: argparse.Namespace, snap: Any) -> tuple[list[torch.Tensor], str]:
+    """Every [batch pos] batch of the input (all of them go into the one step's gradient, as the
+    description says), and where they came from."""
+    return token_batches(args, snap.tokenizer, snap.config.n_ctx + 1, snap)
 
 
 def _report(args: argparse.Namespace) -> UpdateReport | UpdateHistory:
@@ -341,13 +343,13 @@ def _report(args: argparse.Namespace) -> UpdateReport | UpdateHistory:
     has_input = any(x is not None for x in (args.text, args.text_file, args.data))
     if args.between:
         a, b = (_load(_snapshot_arg(ckpt, x)) for x in args.between)
-        return between(a, b, _first_batch(args, a) if has_input else None, band=band)
-    if has_input:
+        return between(a, b, _input_batches(args, a)[0] if has_input else None, band=band)
+    if has_input or not is_run_dir(ckpt):  # not a run and no input: a step on its own text
         snap = load_from_args(args)
-        return run(snap.model, _first_batch(args, snap), args.optimizer, lr=args.lr, band=band)
-    if not is_run_dir(ckpt):
-        raise ProbeInputError(f"{ckpt} is not a run: give --text or --data to take one step on a "
-                              "copy, or --between A B")
+        tokens, source = _input_batches(args, snap)
+        report = run(snap.model, tokens, args.optimizer, lr=args.lr, band=band)
+        report.text = source
+        return report
     history = from_run(ckpt, band=band)
     return history if args.history else history.at(args.step) if args.step is not None else history.latest
 

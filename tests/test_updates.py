@@ -398,7 +398,6 @@ def test_cli_bad_input_is_one_line_and_exit_2(step_run, tmp_path):
         f.write('{"step": 5, "gwu": {"W_pos": {"g": 1')  # a crash mid-write
     cases = [(("--ckpt", str(empty)), "no metrics.jsonl records"),
              (("--ckpt", str(step_run), "--step", "9"), "step 9 has no g/w/u record"),
-             (("--ckpt", str(step_run / "step_000004")), "is not a run"),
              (("--ckpt", str(step_run), "--band", "-2", "-4"), "band"),
              (("--ckpt", str(tmp_path / "missing")), "")]
     for args, message in cases:
@@ -409,6 +408,8 @@ def test_cli_bad_input_is_one_line_and_exit_2(step_run, tmp_path):
     proc = cli("--ckpt", str(truncated), "--history", "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["steps"] == [1, 2, 3, 4]
     assert "truncated last line" in proc.stderr
+    proc = cli("--ckpt", str(step_run / "step_000004"), "--json")  # a snapshot: one step on its run's text
+    assert proc.returncode == 0 and json.loads(proc.stdout)["text"].endswith("t.txt (the run's data)")
 
 
 def test_one_step_on_a_bias_free_bridge_names_and_groups_its_own_parameters(llama):  # noqa: F811
