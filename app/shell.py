@@ -87,6 +87,7 @@ def sidebar() -> tuple[Selection | None, list[data.Source]]:
     names = [p.name for p in snaps]
     key = snapshot_slider_key(chosen)
     newest_unless_moved(key, names)
+    follow_snapshot(key, names)
     name = st.sidebar.select_slider("snapshot", names, key=key, help=FOLLOWS_NEWEST) \
         if len(names) > 1 else names[0]
     return Selection(chosen, snaps[names.index(name)], pick_text(chosen), sources), sources
@@ -109,10 +110,36 @@ def follow_requests(sources: list[data.Source], typed: list[data.Source]) -> Non
     st.session_state["linked_run"] = wanted
 
 
+def follow_snapshot(key: str, names: list[str]) -> None:
+    """A `&snapshot=NAME` link (a shared address, a reload) moves the snapshot slider, once per link."""
+    wanted = st.query_params.get("snapshot")
+    if wanted in names and st.session_state.get("linked_snapshot") != wanted:
+        st.session_state[key] = wanted
+    st.session_state["linked_snapshot"] = wanted
+
+
 def picked() -> None:
     """The user chose a run in the sidebar: the link now names it (shareable, and no stale ?run=)."""
     st.query_params["run"] = st.session_state["run"]
     st.session_state["linked_run"] = st.session_state["run"]
+
+
+def address(selection: Selection) -> None:
+    """The address names what a run's page shows: `?run=` its run, `&snapshot=` its snapshot unless
+    that is the latest (which a run still training moves on from). Said on every page load, as a
+    page link in the sidebar drops the query; what is written here is no new request."""
+    run, snapshot = selection.run.label, None
+    snaps = [p.name for p in selection.run.snapshots()] if selection.snapshot is not None else []
+    if snaps and selection.snapshot.name != snaps[-1]:
+        snapshot = selection.snapshot.name
+    if st.query_params.get("run") != run:
+        st.query_params["run"] = run
+    if st.query_params.get("snapshot") != snapshot:
+        if snapshot is None:
+            del st.query_params["snapshot"]
+        else:
+            st.query_params["snapshot"] = snapshot
+    st.session_state["linked_run"], st.session_state["linked_snapshot"] = run, snapshot
 
 
 def unknown_run(sources: list[data.Source]) -> None:
@@ -129,9 +156,16 @@ def main() -> None:
     st.session_state["selection"], st.session_state["sources"] = selection, sources
     st.session_state["run_roots"] = run_roots()  # the landing view watches them for new runs
     unknown_run(sources)
-    jump = catalog.find(sources, st.query_params.get("run")) is not None  # a link to a run: its Overview
-    default = "overview" if jump else "home"
-    pages = [st.Page(f"screens/{name}.py", title=title, url_path=name, default=name == default)
-             for name, title in PAGES]
-    st.navigation(pages).run()
+    # the landing view stays the default page (served at the root), so that every other page keeps
+    # its own path: a default Overview would be served at / only, and /overview would be "not found"
+    pages = {name: st.Page(f"screens/{name}.py", title=title, url_path=name, default=name == "home")
+             for name, title in PAGES}
+    shown = st.navigation(list(pages.values()))
+    if shown is pages["home"]:
+        if catalog.find(sources, st.query_params.get("run")) is not None:  # /?run=NAME: that run's Overview
+            st.session_state["linked_run"] = None  # followed there: a widget's pick does not outlive the switch
+            st.switch_page(pages["overview"], query_params=st.query_params.to_dict())
+    elif selection is not None:
+        address(selection)
+    shown.run()
     warm.model_stack()  # after the page is drawn: the import would hold up its first chart

@@ -4,7 +4,7 @@ checked where it was seen: controls never on top of a chart at any width from 10
 from __future__ import annotations
 
 import pytest
-from browser_kit import browser, server  # noqa: F401 - fixtures
+from browser_kit import REPO, browser, server  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.browser
 
@@ -40,4 +40,67 @@ def test_no_control_sits_on_the_attention_grids(server, browser, width):  # noqa
     page.get_by_role("heading", name="Attention").first.wait_for(timeout=120_000)
     settled(page, 4)
     assert overlaps(page) == []
+    page.close()
+
+
+def run_shown(page) -> str:
+    """The run the sidebar's selectbox shows."""
+    return page.locator('[data-testid="stSidebar"] input[aria-label="run"]').first.input_value()
+
+
+def opened(page, title: str) -> None:
+    page.get_by_role("heading", name=title).first.wait_for(timeout=120_000)
+    page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=120_000)
+    page.wait_for_timeout(1000)
+
+
+@pytest.mark.parametrize("name,title", [("overview", "Overview"), ("attention", "Attention"), ("lens", "Logit lens")])
+def test_every_pages_own_path_opens_with_a_run(server, browser, name, title):  # noqa: F811
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{server}/{name}?run=mha4", timeout=120_000)
+    opened(page, title)
+    assert page.get_by_text("Page not found").count() == 0
+    assert run_shown(page) == "mha4"
+    assert f"/{name}?run=mha4" in page.url
+    page.close()
+
+
+def test_the_address_keeps_the_run_and_snapshot_across_pages_and_reloads(server, browser):  # noqa: F811
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{server}/attention?run=transformer4_nan", timeout=120_000)
+    opened(page, "Attention")
+    page.locator('[data-testid="stSidebarNav"] a').filter(has_text="Logit lens").click()
+    opened(page, "Logit lens")
+    page.wait_for_url("**/lens?run=transformer4_nan", timeout=30_000)
+    page.reload()
+    opened(page, "Logit lens")
+    assert run_shown(page) == "transformer4_nan"
+    page.goto(f"{server}/embeddings?run=mha4&snapshot=step_000500", timeout=120_000)
+    opened(page, "Embeddings")
+    slider = page.locator('[data-testid="stSidebar"] [data-testid="stSlider"]')
+    assert "step_000500" in slider.inner_text()
+    page.locator('[data-testid="stSidebarNav"] a').filter(has_text="Overview").click()
+    opened(page, "Overview")
+    page.wait_for_url("**/overview?run=mha4&snapshot=step_000500", timeout=30_000)
+    page.close()
+
+
+def test_a_typed_path_is_named_in_the_address_and_a_bad_one_changes_nothing(server, browser):  # noqa: F811
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{server}/overview?run=mha4", timeout=120_000)
+    opened(page, "Overview")
+    page.locator('[data-testid="stSidebar"]').get_by_text("Open a path").click()
+    path = page.locator('[data-testid="stSidebar"] input[type="text"]').first
+    path.fill(str(REPO / "checkpoints" / "char_mlp"))
+    path.press("Enter")
+    page.wait_for_function("() => document.querySelector('[data-testid=\"stSidebar\"] input[aria-label=\"run\"]')"
+                           ".value == 'char_mlp'", timeout=60_000)
+    opened(page, "Overview")
+    page.wait_for_url("**?run=char_mlp", timeout=30_000)
+    path.fill(str(REPO / "no such run"))
+    path.press("Enter")
+    page.locator('[data-testid="stSidebar"] [data-testid="stAlertContentError"]').first.wait_for(timeout=60_000)
+    opened(page, "Overview")
+    assert run_shown(page) == "char_mlp"
+    page.wait_for_url("**?run=char_mlp", timeout=30_000)
     page.close()
