@@ -296,28 +296,39 @@ def head_types_grid(scores: dict[str, list[list[float]]], shown: str, title: str
     return (cells + text).properties(width=max(240, 60 * len(scores[shown][0])), height=44 * len(scores[shown]))
 
 
-def attribution_bars(labels: list[str], values: list[float], title: str) -> alt.Chart:
-    """One bar per component (embeddings, heads, MLPs, biases) in the model's order, sign-coloured."""
-    data = pd.DataFrame({"component": labels, "attribution": [_finite(v) for v in values],
-                         "sign": ["positive" if _ok(v) and v >= 0 else "negative" for v in values]})
-    return alt.Chart(data, title=title).mark_bar().encode(
+def attribution_colour(bound: float) -> alt.Color:
+    """The one colour scale of direct attribution, on the bars and the heatmap alike: diverging,
+    red below 0, white at 0, blue above, symmetric to +-bound (the largest |value| of both charts)."""
+    return alt.Color("attribution:Q", scale=alt.Scale(scheme="redblue", domain=[-bound, bound], domainMid=0),
+                     legend=alt.Legend(orient="bottom", title="direct attribution (red -, blue +)",
+                                       gradientLength=220))
+
+
+def attribution_bound(*values: list[float]) -> float:
+    """The largest finite |value| among the lists given (a tiny number for none)."""
+    return max([abs(v) for vs in values for v in vs if _ok(v)] + [1e-9])
+
+
+def attribution_bars(labels: list[str], values: list[float], title: str, bound: float | None = None) -> alt.Chart:
+    """One bar per component (embeddings, heads, MLPs, biases) in the model's order, coloured on
+    attribution_colour's scale."""
+    data = pd.DataFrame({"component": labels, "attribution": [_finite(v) for v in values]})
+    return alt.Chart(data, title=title).mark_bar(stroke="#888", strokeWidth=0.5).encode(
         x=alt.X("component:N", sort=labels, title=None),
         y=alt.Y("attribution:Q", title="direct contribution to the logit"),
-        color=alt.Color("sign:N", scale=alt.Scale(domain=["positive", "negative"], range=["#2b83ba", "#d7191c"]),
-                        legend=None),
+        color=attribution_colour(bound or attribution_bound(values)),
         tooltip=tooltips(["component", "attribution"])).properties(height=260)
 
 
-def attribution_heatmap(heads: list[list[float]], title: str) -> alt.Chart:
-    """Layer x head, each head's direct attribution on a diverging scale centred on 0."""
+def attribution_heatmap(heads: list[list[float]], title: str, bound: float | None = None) -> alt.Chart:
+    """Layer x head, each head's direct attribution on attribution_colour's scale."""
     rows = [{"layer": l, "head": h, "attribution": _finite(v), "text": f"{v:.2f}" if _ok(v) else "-"}
             for l, row in enumerate(heads) for h, v in enumerate(row)]
     data = pd.DataFrame(rows)
-    bound = max([abs(v) for row in heads for v in row if _ok(v)] + [1e-9])
+    bound = bound or attribution_bound(*heads)
     base = alt.Chart(data, title=title).encode(x=alt.X("head:O"), y=alt.Y("layer:O"))
     cells = base.mark_rect(stroke="white").encode(
-        color=alt.Color("attribution:Q", scale=alt.Scale(scheme="redblue", domain=[-bound, bound], reverse=True),
-                        legend=alt.Legend(orient="bottom", title="direct attribution")),
+        color=attribution_colour(bound),
         tooltip=tooltips(["layer", "head", "attribution"]))
     text = base.mark_text(fontSize=11).encode(text="text:N")
     return (cells + text).properties(width=max(240, 60 * len(heads[0])), height=44 * len(heads))

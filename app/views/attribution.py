@@ -41,6 +41,7 @@ def render(sel: Selection, snap: Any) -> None:
     st.markdown(f"**{what}** at position {result['position']} "
                 f"(`{data.shown(pieces[result['position']] or '?')}`, target: {result['target']['source']}): "
                 f"model {result['logit']:.3f}, sum of the bars {result['total']:.3f}")
-    show(charts.attribution_bars(result["labels"], result["values"], "direct attribution per component"),
+    bound = charts.attribution_bound(result["values"], *result["heads"])  # one scale for both charts
+    show(charts.attribution_bars(result["labels"], result["values"], "direct attribution per component", bound),
          stretch=True)
-    show(charts.attribution_heatmap(result["heads"], "direct attribution per head"))
+    show(charts.attribution_heatmap(result["heads"], "direct attribution per head", bound))

@@ -1,0 +1,41 @@
+"""The app reviewed page by page (issue 29), what AppTest can check of it on the runs
+tests/test_app.py trains: the attribution charts share one colour scale, ..."""
+
+from __future__ import annotations
+
+import json
+
+from test_app import app, chart_data, open_page, runs  # noqa: F401  (fixtures and helpers)
+
+
+def specs_titled(at, words: str) -> list[dict]:
+    out = []
+    for i in range(len(at.get("vega_lite_chart"))):
+        _, spec = chart_data(at, i)
+        if words in json.dumps([spec.get("title")] + [layer.get("title") for layer in spec.get("layer", [])]):
+            out.append(spec)
+    return out
+
+
+def colour_of(spec: dict, field: str) -> dict:
+    """The color encoding on `field` in a (layered) spec."""
+    stack = [spec]
+    while stack:
+        node = stack.pop()
+        colour = node.get("encoding", {}).get("color", {})
+        if colour.get("field") == field:
+            return colour
+        stack += node.get("layer", [])
+    raise AssertionError(f"no colour on {field}")
+
+
+def test_both_attribution_charts_share_one_diverging_scale_centred_at_zero_with_a_legend(app):  # noqa: F811
+    open_page(app, "lens")
+    [bars], [cells] = specs_titled(app, "per component"), specs_titled(app, "direct attribution per head")
+    scales = [colour_of(spec, "attribution") for spec in (bars, cells)]
+    for colour in scales:
+        scale = colour["scale"]
+        assert scale.get("scheme") == "redblue" and not scale.get("reverse"), scale  # negative red, positive blue
+        assert scale.get("domainMid") == 0, scale
+        assert colour.get("legend") is not None, colour
+    assert scales[0]["scale"] == scales[1]["scale"]  # one scale: the same value, the same colour
