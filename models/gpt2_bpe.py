@@ -21,6 +21,7 @@ __all__ = ["GPT2BPETokenizer", "find_gpt2_files"]
 
 TOKENIZER_JSON = "tokenizer.json"
 VOCAB_JSON, MERGES_TXT = "vocab.json", "merges.txt"
+END_OF_TEXT = "<|endoftext|>"  # GPT-2's one special token (id 50256 in its vocab.json)
 
 
 def find_gpt2_files(directory: Path) -> list[Path] | None:
@@ -43,15 +44,18 @@ def _backend_from_json(text: str, source: Path) -> Any:
 
 def _backend_from_vocab_merges(vocab: Path, merges: Path) -> Any:
     """GPT-2's pipeline as Hugging Face builds it from these two files: byte-level pre-tokenizer
-    (no added prefix space) and decoder around a BPE model."""
+    (no added prefix space) and decoder around a BPE model, and `<|endoftext|>` a special token
+    (its vocab.json id, or the next id where the vocabulary lacks it, as transformers adds it):
+    in text it is one token, not the five pieces its characters would make."""
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as Backend
-    from tokenizers import decoders, models, pre_tokenizers
     try:
         backend = Backend(models.BPE.from_file(str(vocab), str(merges)))
     except Exception as exc:  # noqa: BLE001
         raise TokenizerError(f"{vocab} + {merges}: not GPT-2 BPE files ({str(exc).splitlines()[0][:200]})") from None
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken(END_OF_TEXT, special=True)])
     return backend
 
 
@@ -89,6 +93,11 @@ class GPT2BPETokenizer(Tokenizer):
     @property
     def vocab_size(self) -> int:
         return self._backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def special_count(self) -> int:
+        """How many of the tokens are special (`<|endoftext|>`, a pad token, ...)."""
+        return sum(t.special for t in self._backend.get_added_tokens_decoder().values())
 
     def encode(self, text: str) -> list[int]:
         return self._backend.encode(text, add_special_tokens=False).ids

@@ -31,8 +31,8 @@ import torch
 
 from probes.args import attribution_parser as build_parser
 from probes.common import (ProbeInputError, as_batches, default_windows, eval_mode, hook_names,
-                           model_device, model_tokenizer, print_json, require_attention, run_cli,
-                           to_jsonable, tokens_or_text)
+                           model_device, model_tokenizer, no_tokenizer, print_json, require_attention,
+                           run_cli, to_jsonable, tokens_or_text)
 from probes.neighbours import resolve_token, token_piece
 
 log = logging.getLogger(__name__)
@@ -238,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         from models.checkpoint import load_from_args
         snap = load_from_args(args)
         check_decomposable(snap.model)  # an MLP-family model is refused before the text is read
+        if snap.tokenizer is None:
+            no_tokenizer(snap)
         text, source = args.text, None
         if text is None:  # one window of the run's own text (probes.run_text)
             text, source = default_windows(snap, snap.tokenizer, int(snap.model.cfg.n_ctx), 1, 0)

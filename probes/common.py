@@ -75,8 +75,9 @@ def check_layer_head(dims: ModelDims, layer: int | None, head: int | None) -> No
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
     if tokenizer is None:
-        raise ProbeInputError("this checkpoint has no tokenizer, so text cannot be encoded; "
-                              "put the series' vocab.json beside the .pt file")
+        raise ProbeInputError("this checkpoint has no tokenizer, so text cannot be encoded: give its "
+                              "tokenizer files (the series' vocab.json, nanoGPT's meta.pkl with --tokenizer, "
+                              "GPT-2's tokenizer.json), or token ids")
     if not text:
         raise ProbeInputError("the text is empty: give at least one character")
     try:
@@ -241,8 +242,10 @@ def read_text_file(path: Path) -> str:
 def token_batches(args: argparse.Namespace, tokenizer: Any, n_ctx: int,
                   snap: Any = None) -> tuple[list[torch.Tensor], str]:
     """The [batch pos] batches a CLI run should see, and a description of where they came from.
-    With no --text, --text-file or --data: windows of `snap`'s own text (`default_batches`)."""
+    With no --text, --text-file or --data: windows of `snap`'s own text (`default_windows`)."""
     check_batch_size(args.batch_size)
+    if tokenizer is None and snap is not None:
+        no_tokenizer(snap)
     given = args.data is not None or args.text_file is not None or args.text is not None
     if given and args.data is None and args.samples is not None:
         log.warning("--samples applies to --data only; ignored for --text / --text-file")
@@ -264,6 +267,12 @@ def token_batches(args: argparse.Namespace, tokenizer: Any, n_ctx: int,
     return batches, f"{source} in {sum(len(b) for b in batches)} window(s)"
 
 
+def no_tokenizer(snap: Any) -> None:
+    """Raise the snapshot's own one line for a checkpoint loaded without a tokenizer: what its
+    format needs (nanoGPT's meta.pkl, GPT-2's tokenizer files, the series' vocab.json)."""
+    raise ProbeInputError(str(snap.no_tokenizer()))
+
+
 def default_windows(snap: Any, tokenizer: Any, n_ctx: int, samples: int, seed: int) -> tuple[torch.Tensor, str]:
     """`samples` windows [samples n_ctx] (seeded) from the validation split of the run's recorded
     data, else of the shipped text where the tokenizer encodes it (`probes.run_text`), and one
@@ -271,6 +280,8 @@ def default_windows(snap: Any, tokenizer: Any, n_ctx: int, samples: int, seed: i
     found = None if snap is None else default_text(snap)
     if found is None:
         raise ProbeInputError(NO_INPUT)
+    if tokenizer is None:
+        no_tokenizer(snap)
     try:
         ids = encode_text(tokenizer, read_text_file(found.path))
     except ProbeInputError:

@@ -37,8 +37,8 @@ import torch.nn.functional as F
 
 from probes import logit_lens
 from probes.args import tuned_lens_parser as build_parser
-from probes.common import (ProbeInputError, encode_text, model_device, print_json, read_text_file,
-                           run_cli, sample_windows, to_jsonable)
+from probes.common import (ProbeInputError, encode_text, model_device, no_tokenizer, print_json,
+                           read_text_file, run_cli, sample_windows, to_jsonable)
 from probes.logit_lens import LogitLens, LogitLensResult
 from probes.run_text import DefaultText, default_text, shown, val_fraction, validation_split
 from probes.tuned_lens_file import (check_fits, lens_paths, model_record, read_lens, save_lens,
@@ -184,6 +184,8 @@ def read_corpus(snap: Any, path: Path | None) -> Corpus:
     found = DefaultText(Path(path), "given", val_fraction(snap)) if path is not None else default_text(snap)
     if found is None:
         raise ProbeInputError(f"{snap.path}: its run records no data file that exists here: give --data FILE")
+    if snap.tokenizer is None:
+        no_tokenizer(snap)
     text = read_text_file(found.path)
     try:
         ids = torch.tensor(encode_text(snap.tokenizer, text), dtype=torch.long)  # [n_tokens]

@@ -92,6 +92,48 @@ def cli_error(ckpt: Path) -> str:
     return proc.stderr
 
 
+def copy_model(hf_dir, to: Path, *tokenizer_files: str) -> Path:
+    for name in ("config.json", "model.safetensors", *tokenizer_files):
+        (to / name).write_bytes((hf_dir[0] / name).read_bytes())
+    return to
+
+
+def test_vocab_and_merges_alone_keep_endoftext_one_special_token(hf_dir, tmp_path):
+    """transformers makes <|endoftext|> one token (here 300: the trained vocabulary lacks it; GPT-2's
+    own vocab.json has it at 50256); the bare BPE made it five pieces of its characters."""
+    _, _, tok = hf_dir
+    snap = load_checkpoint(copy_model(hf_dir, tmp_path, "vocab.json", "merges.txt"))
+    text = "ROMEO:<|endoftext|>But"
+    assert snap.encode(text)[0].tolist() == tok(text)["input_ids"] and 300 in tok(text)["input_ids"]
+    assert snap.tokenizer.vocab_size == len(tok) == 301 and snap.tokenizer.special_count == 1
+    assert snap.decode(snap.encode(text)) == text
+
+
+def test_a_tokenizer_of_another_size_is_refused_naming_both(hf_dir, tmp_path):
+    one = tokenizers.Tokenizer(tokenizers.models.BPE(vocab={"a": 0}, merges=[]))
+    one.save(str(tmp_path / "tokenizer.json"))  # 1 token beside a 320-id model: loaded without a word
+    copy_model(hf_dir, tmp_path)
+    with pytest.raises(CheckpointError, match=r"tokenizer\.json: the tokenizer has 1 tokens but the "
+                                              r"model's vocabulary has 320 \(0 of them special\)"):
+        load_checkpoint(tmp_path)
+
+
+def test_a_model_that_pads_its_vocabulary_is_warned_about_once(hf_dir, tmp_path, caplog):
+    snap = load_checkpoint(copy_model(hf_dir, tmp_path, "vocab.json", "merges.txt"))  # 301 tokens, 320 ids
+    warned = [r.getMessage() for r in caplog.records if "pads it" in r.getMessage()]
+    assert len(warned) == 1 and "the tokenizer has 301 tokens and the model's vocabulary 320" in warned[0]
+    assert "ids 301..319 are padding" in warned[0] and snap.tokenizer is not None
+
+
+def test_text_on_a_directory_without_tokenizer_files_asks_for_gpt2s(hf_dir, tmp_path, capsys):
+    from probes import entropy
+
+    copy_model(hf_dir, tmp_path)
+    assert entropy.main(["--ckpt", str(tmp_path), "--text", "ROMEO"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "tokenizer.save_pretrained(DIR)" in error and "series" not in error, error
+
+
 def test_another_architecture_is_sent_to_transformer_lens(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
     (tmp_path / "model.safetensors").write_bytes(b"")

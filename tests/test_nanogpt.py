@@ -119,6 +119,29 @@ def test_pt_of_neither_format_names_its_keys(tmp_path):
     assert sorted(os.listdir(tmp_path)) == before  # nothing written
 
 
+def test_a_nanogpt_file_without_its_weights_names_the_missing_key(tmp_path):
+    save_like_nanogpt(nanogpt(), tmp_path / "ckpt.pt")
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    del ckpt["model"]  # model_args is there: the message said "(no 'model_args')"
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(tmp_path / "ckpt.pt")
+    error = str(info.value)
+    assert "not a whole nanoGPT checkpoint (it has 'model_args' but no 'model'" in error
+    assert "no 'model_args'" not in error and "'model_args', 'iter_num'" in error and "\n" not in error
+
+
+def test_text_on_a_nanogpt_file_without_meta_pkl_asks_for_its_tokenizer(tmp_path, capsys):
+    """The probe said "put the series' vocab.json beside the .pt file": nanoGPT has a meta.pkl."""
+    from probes import entropy
+
+    save_like_nanogpt(nanogpt(), tmp_path / "ckpt.pt", dataset="elsewhere")
+    for argv in (["--text", "ROMEO"], []):  # given text, and the shipped text by default
+        assert entropy.main(["--ckpt", str(tmp_path / "ckpt.pt"), *argv]) == 2
+        error = capsys.readouterr().err.strip()
+        assert "\n" not in error and "--tokenizer PATH/meta.pkl" in error and "vocab.json" not in error, error
+
+
 @pytest.mark.parametrize("change, message", [
     ({"n_embd": 64}, r"tensor 'transformer\.wte\.weight' has shape \[65, 32\] but model_args \(.*n_embd=64.*\) imply \[65, 64\]"),
     ({"n_layer": 3}, r"tensor 'transformer\.h\.2\.attn\.c_attn\.weight' is missing .*model_args \(n_layer=3"),

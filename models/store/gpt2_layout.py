@@ -11,17 +11,22 @@ is built, so a file whose config disagrees with its weights fails in one line na
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from models.config import TransformerConfig
 from models.store.files import CheckpointError
 
-__all__ = ["GPT2Dims", "check_layout", "gpt2_config", "our_state", "without_buffers"]
+__all__ = ["GPT2Dims", "check_layout", "check_vocab_fits", "gpt2_config", "our_state", "without_buffers"]
+
+logger = logging.getLogger(__name__)
 
 BLOCK = "transformer.h.{i}."
+PAD_MULTIPLES = (64, 128)  # nanoGPT pads GPT-2's 50257 ids to 50304; others pad to a multiple of 128
 MASK_BUFFERS = (".attn.bias", ".attn.masked_bias")  # the causal mask some versions save: not weights
 
 
@@ -151,3 +156,20 @@ def is_tied(state: dict[str, torch.Tensor]) -> bool:
     if head.shape != wte.shape:
         return False
     return head.data_ptr() == wte.data_ptr() or bool(torch.equal(head, wte))
+
+
+def check_vocab_fits(tokenizer: Any, d_vocab: int, source: Path) -> None:
+    """Refuse a tokenizer that is not the model's: more tokens than the model's vocabulary, or
+    fewer by more than its special tokens; a model that pads its vocabulary to a multiple of 64
+    or 128 (nanoGPT's 50304 for GPT-2's 50257) loads with one warning naming the padding ids."""
+    n, special = tokenizer.vocab_size, getattr(tokenizer, "special_count", 0)
+    gap = d_vocab - n
+    if 0 <= gap <= special:
+        return
+    if gap > 0 and any(d_vocab % m == 0 and gap < m for m in PAD_MULTIPLES):
+        logger.warning("%s: the tokenizer has %d tokens and the model's vocabulary %d: the model pads it, "
+                       "ids %d..%d are padding that no text encodes to", source, n, d_vocab, n, d_vocab - 1)
+        return
+    raise CheckpointError(f"{source}: the tokenizer has {n:,} tokens but the model's vocabulary has "
+                          f"{d_vocab:,} ({special} of them special): it is not this model's tokenizer; "
+                          "put the model's own tokenizer files beside it")

@@ -17,7 +17,8 @@ import torch
 
 from models.gpt2_bpe import GPT2BPETokenizer, find_gpt2_files
 from models.store.files import CheckpointError, read_json_object
-from models.store.gpt2_layout import GPT2Dims, check_layout, gpt2_config, our_state, without_buffers
+from models.store.gpt2_layout import (GPT2Dims, check_layout, check_vocab_fits, gpt2_config, our_state,
+                                      without_buffers)
 from models.store.result import Snapshot
 from models.store.snapshot import read_safetensors
 from models.store.weights import build_and_load, torch_load
@@ -111,14 +112,13 @@ def _prefixed(state: dict[str, Any]) -> dict[str, Any]:
 def _tokenizer(directory: Path, d_vocab: int) -> tuple[Any, str | None]:
     files = find_gpt2_files(directory)
     if files is None:
-        hint = "the directory has no tokenizer.json (or vocab.json and merges.txt): save the tokenizer there"
+        hint = ("the directory has no GPT-2 tokenizer files: save the model's tokenizer there "
+                "(tokenizer.save_pretrained(DIR) writes tokenizer.json, or vocab.json and merges.txt)")
         logger.warning("%s: loaded with token ids only; %s", directory, hint)
         return None, hint
     try:
         tokenizer = GPT2BPETokenizer.from_files(files)
     except TokenizerError as exc:
         raise CheckpointError(str(exc)) from None
-    if tokenizer.vocab_size > d_vocab:
-        raise CheckpointError(f"{files[0]}: tokenizer has {tokenizer.vocab_size} tokens but the "
-                              f"model's vocab_size is {d_vocab}")
+    check_vocab_fits(tokenizer, d_vocab, files[0])
     return tokenizer, None

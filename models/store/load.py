@@ -19,7 +19,7 @@ import torch
 
 from models.store.files import CheckpointError, read_json_object
 from models.store.hf import is_hf_config, load_hf_gpt2
-from models.store.nanogpt import is_nanogpt, load_nanogpt
+from models.store.nanogpt import is_nanogpt, load_nanogpt, why_not_nanogpt
 from models.store.result import Snapshot
 from models.store.run import SNAPSHOT_CONFIG, is_run_dir, latest_snapshot
 from models.store.series import SERIES_SUFFIXES, load_series_checkpoint
@@ -81,9 +81,12 @@ def _load_pt(path: Path, preset: str | None, config: Any, device: Any, tokenizer
     if is_nanogpt(loaded):
         _ignored(preset, config, "nanoGPT checkpoint", path)
         return load_nanogpt(path, loaded, device, tokenizer)
+    if isinstance(loaded, dict) and "model_args" in loaded:  # nanoGPT's, with a part missing
+        raise CheckpointError(f"{path}: not a whole nanoGPT checkpoint ({why_not_nanogpt(loaded)}): "
+                              f"{_what_it_holds(loaded)}")
     if preset is None and config is None:
         raise CheckpointError(f"{path}: a series .pt needs --preset or --config, and it is not a "
-                              f"nanoGPT checkpoint (no 'model_args'): {_what_it_holds(loaded)}")
+                              f"nanoGPT checkpoint ({why_not_nanogpt(loaded)}): {_what_it_holds(loaded)}")
     return load_series_checkpoint(path, preset=preset, config=config, device=device, loaded=loaded)
 
 

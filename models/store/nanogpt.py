@@ -21,13 +21,14 @@ from typing import Any
 import torch
 
 from models.store.files import CheckpointError
-from models.store.gpt2_layout import GPT2Dims, check_layout, gpt2_config, is_tied, our_state, without_buffers
+from models.store.gpt2_layout import (GPT2Dims, check_layout, check_vocab_fits, gpt2_config, is_tied,
+                                      our_state, without_buffers)
 from models.store.result import Snapshot
 from models.store.weights import build_and_load, strip_prefixes
 from models.gpt2_bpe import GPT2BPETokenizer, find_gpt2_files
 from models.tokenizers import CharTokenizer, Tokenizer, TokenizerError
 
-__all__ = ["is_nanogpt", "load_nanogpt", "read_meta_pkl"]
+__all__ = ["is_nanogpt", "load_nanogpt", "read_meta_pkl", "why_not_nanogpt"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,16 @@ INT_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
 def is_nanogpt(obj: Any) -> bool:
     """A nanoGPT checkpoint dict: weights under "model", the architecture under "model_args"."""
     return isinstance(obj, dict) and isinstance(obj.get("model_args"), dict) and "model" in obj
+
+
+def why_not_nanogpt(obj: Any) -> str:
+    """What keeps `obj` from being a nanoGPT checkpoint, naming the key that is missing."""
+    keys = set(obj) if isinstance(obj, dict) else set()
+    if "model_args" not in keys:
+        return "no 'model_args'" + (" beside its 'model'" if "model" in keys else "")
+    if not isinstance(obj["model_args"], dict):
+        return f"its 'model_args' is a {type(obj['model_args']).__name__}, not a dict"
+    return "it has 'model_args' but no 'model', the weights nanoGPT saves beside them"
 
 
 def load_nanogpt(path: Path, obj: dict[str, Any], device: str | torch.device = "cpu",
@@ -104,9 +115,7 @@ def _tokenizer(path: Path, obj: dict[str, Any], d_vocab: int,
     for candidate in _candidates(path, obj, given):
         tokenizer = _read_tokenizer(candidate)
         if tokenizer is not None:
-            if tokenizer.vocab_size > d_vocab:
-                raise CheckpointError(f"{candidate}: tokenizer has {tokenizer.vocab_size} tokens but the "
-                                      f"model's vocab_size is {d_vocab}")
+            check_vocab_fits(tokenizer, d_vocab, candidate)
             return tokenizer, None
     if given is not None:
         raise CheckpointError(f"{given}: no tokenizer there (expected nanoGPT's {META_PKL}, or GPT-2's "
