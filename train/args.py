@@ -4,6 +4,8 @@ answered before torch is imported (see `models.cli`); `train.config` resolves th
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,29 @@ def train_config_flags(p: argparse.ArgumentParser) -> None:
     flag("--save-every", type=int, help=f"steps between snapshots; 0 = end only (default {d['save_every']})")
     flag("--val-fraction", type=float, help="last fraction of the tokens held out for val (default 0.1)")
     flag("--seed", type=int, help=f"seed for init and batch sampling (default {d['seed']})")
+
+
+def parse_sets(cfg: Any, items: list[str]) -> dict[str, Any]:
+    """--set key=value pairs typed by the config's field annotations (torch-free: `train.sweep`
+    checks a sweep's --vary values with it before any run starts)."""
+    hints = typing.get_type_hints(type(cfg))
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or key not in fields:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY one of {sorted(fields)}")
+        kind = hints[key]
+        try:
+            if kind is bool:
+                if text.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(text)
+                out[key] = text.lower() in ("true", "1")
+            else:
+                out[key] = kind(text) if kind in (int, float) else text
+        except ValueError:
+            raise ValueError(f"--set {item!r}: {key} must be {kind.__name__}") from None
+    return out
 
 
 EXAMPLES = """examples:

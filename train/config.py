@@ -10,18 +10,16 @@ Under torchrun (RANK / WORLD_SIZE / LOCAL_RANK set) `init_distributed` joins the
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import math
 import os
-import typing
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from models.presets import PRESETS
-from train.args import OPTIMIZERS, TRAIN_DEFAULTS, train_config_flags  # noqa: F401  (torch-free)
+from train.args import OPTIMIZERS, TRAIN_DEFAULTS, parse_sets, train_config_flags  # noqa: F401  (torch-free)
 
 log = logging.getLogger("train")
 
@@ -69,28 +67,6 @@ def resolve_train_config(args: argparse.Namespace, preset_train: dict[str, Any],
     if tc["optimizer"] not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {tc['optimizer']!r}")
     return tc
-
-
-def parse_sets(cfg: Any, items: list[str]) -> dict[str, Any]:
-    """--set key=value pairs typed by the config's field annotations."""
-    hints = typing.get_type_hints(type(cfg))
-    fields = {f.name for f in dataclasses.fields(cfg)}
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or key not in fields:
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY one of {sorted(fields)}")
-        kind = hints[key]
-        try:
-            if kind is bool:
-                if text.lower() not in ("true", "false", "1", "0"):
-                    raise ValueError(text)
-                out[key] = text.lower() in ("true", "1")
-            else:
-                out[key] = kind(text) if kind in (int, float) else text
-        except ValueError:
-            raise ValueError(f"--set {item!r}: {key} must be {kind.__name__}") from None
-    return out
 
 
 def model_config(preset: str, sets: list[str], vocab_size: int) -> Any:
