@@ -1,0 +1,167 @@
+"""A learning-rate sweep read back: the table (rate x variant: final val loss, where it diverged,
+the doctor's verdict) and each variant's LR sensitivity and widest stable range.
+
+    python -m probes.sweep --ckpt sweeps/qk
+    python -m probes.sweep --ckpt sweeps/qk --json
+
+    from probes import sweep
+    s = sweep.run("sweeps/qk")
+    s.variants[0]["lr_sensitivity"], s.cell(1e-2, "qk_norm=rms")["verdict"]
+
+Torch-free like the doctor: it reads SWEEP_DIR/sweep.json (written by `python -m train.sweep`)
+and, for runs still training, how far their metrics.jsonl got. The numbers are defined in
+`probes.sweep_stats`.
+"""
+
+from __future__ import annotations
+
+if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on (see models.interrupts)
+    from models.interrupts import quiet_signals
+    quiet_signals()
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from models.cli import Parser, add_json_argument, run_cli
+from models.store.files import CheckpointError, read_json_object
+from models.store.run import read_metrics
+from probes.sweep_stats import SWEEP_FILE
+
+__all__ = ["SweepResult", "build_parser", "main", "rate_text", "run"]
+
+CELL = 29  # characters per variant in the table
+
+
+def rate_text(rate: float) -> str:
+    return f"{rate:.0e}" if float(f"{rate:.0e}") == rate else f"{rate:.3g}"
+
+
+@dataclass
+class SweepResult:
+    """sweep.json of one sweep, with the progress of runs still training read from their files."""
+
+    path: str
+    data: dict[str, Any]
+
+    @property
+    def runs(self) -> list[dict[str, Any]]:
+        return self.data["runs"]
+
+    @property
+    def variants(self) -> list[dict[str, Any]]:
+        return self.data.get("variants", [])
+
+    @property
+    def rates(self) -> list[float]:
+        return list(self.data["grid"]["rates"])
+
+    def cell(self, lr: float, variant: str) -> dict[str, Any] | None:
+        return next((r for r in self.runs if r["lr"] == lr and r["variant"] == variant), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sweep": self.path, **self.data}
+
+    def format(self) -> str:
+        return "\n".join([self.headline(), "", *self.table(), "", *self.summary()])
+
+    def headline(self) -> str:
+        grid, runs = self.data["grid"], self.runs
+        done = sum(r["status"] == "finished" for r in runs)
+        failed = sum(r["status"] == "failed" for r in runs)
+        return (f"{self.path}: {grid['preset']}, {len(self.rates)} rates x {len(self.variants)} variant(s), "
+                f"{done} of {len(runs)} runs finished" + (f", {failed} failed" if failed else "")
+                + f"; sweep {self.data.get('status', '?')}")
+
+    def table(self) -> list[str]:
+        """One row per rate; per variant its final val loss, divergence step and verdict."""
+        names = [v["name"] for v in self.variants]
+        head = f"{'final':>7}  {'diverged':<10} {'verdict'}"
+        rows = [("", [n[:CELL] for n in names]), ("lr", [head] * len(names))]
+        rows += [(rate_text(lr), [cell_text(self.cell(lr, n)) for n in names]) for lr in self.rates]
+        return [(f"{first:8}" + "".join(f"  {c:<{CELL}}" for c in cells)).rstrip() for first, cells in rows]
+
+    def summary(self) -> list[str]:
+        lines = [f"{'variant':<24} {'LR sensitivity':<20} {'stable rates':<34} best"]
+        for v in self.variants:
+            sens = "-" if v.get("lr_sensitivity") is None else f"{v['lr_sensitivity']:.3f}"
+            if not v.get("complete"):
+                sens += f" ({v['finished']} of {v['runs']})"
+            best = "-" if v.get("best_lr") is None else f"{v['best_val_loss']:.3f} at lr {rate_text(v['best_lr'])}"
+            lines.append(f"{v['name']:<24} {sens:<20} {range_text(v.get('stable_range')):<34} {best}".rstrip())
+        return lines
+
+
+def cell_text(run: dict[str, Any] | None) -> str:
+    """'  3.738  -          healthy', or what the run is doing instead (running, failed...)."""
+    if run is None:
+        return "-"
+    status = run["status"]
+    if status == "running" and run.get("last_step") is not None:
+        return f"running, step {run['last_step']}/{run.get('steps', '?')}"
+    if status != "finished":
+        return status + (f" (exit {run['exit_code']})" if run.get("exit_code") is not None else "")
+    final = "-" if run.get("final_val_loss") is None else f"{run['final_val_loss']:.3f}"
+    diverged = "-" if run.get("diverged_at") is None else f"step {run['diverged_at']}"
+    return f"{final:>7}  {diverged:<10} {run.get('verdict') or '-'}"
+
+
+def range_text(rng: dict[str, Any] | None) -> str:
+    if not rng:
+        return "none (every rate diverged)"
+    if rng["lo"] == rng["hi"]:
+        return f"{rate_text(rng['lo'])} only"
+    return f"{rate_text(rng['lo'])}..{rate_text(rng['hi'])} ({rng['decades']:.1f} decades)"
+
+
+def run(sweep_dir: str | Path) -> SweepResult:
+    """Read a sweep folder; ValueError (one line) for a folder that holds no sweep."""
+    folder = Path(sweep_dir)
+    path = folder / SWEEP_FILE
+    if not folder.is_dir():
+        raise ValueError(f"{folder}: no such folder")
+    if not path.is_file():
+        raise ValueError(f"{folder} is no sweep: it holds no {SWEEP_FILE} (python -m train.sweep writes one)")
+    data = read_json_object(path)
+    if not isinstance(data.get("grid"), dict) or not isinstance(data.get("runs"), list):
+        raise ValueError(f"{path} is not a sweep's {SWEEP_FILE} (no grid and runs)")
+    for entry in data["runs"]:
+        if entry.get("status") == "running":
+            entry["last_step"] = last_step(folder / entry["dir"])
+    return SweepResult(str(sweep_dir), data)
+
+
+def last_step(run_dir: Path) -> int | None:
+    try:
+        records = read_metrics(run_dir)
+    except CheckpointError:
+        return None
+    return records[-1]["step"] if records else None
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m probes.sweep",
+               description="A learning-rate sweep (python -m train.sweep) read back: final val loss, "
+                           "divergence step and the doctor's verdict per rate and variant, then each "
+                           "variant's LR sensitivity (Wortsman et al. 2023) and widest stable range.",
+               epilog="examples:\n  python -m probes.sweep --ckpt sweeps/qk\n"
+                      "  python -m probes.sweep --ckpt sweeps/qk --json\n")
+    p.add_argument("--ckpt", required=True, metavar="SWEEP_DIR", help="the sweep's folder (holding sweep.json)")
+    add_json_argument(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    def body() -> int:
+        args = build_parser().parse_args(argv)
+        result = run(args.ckpt)
+        print(json.dumps(result.to_dict(), indent=2) if args.json else result.format())
+        return 0
+
+    return run_cli(body)
+
+
+if __name__ == "__main__":
+    from models.cli import exit_entry
+    exit_entry(main())
