@@ -201,3 +201,22 @@ def test_the_shipped_nanogpt_log_in_a_fresh_process_without_torch():
     verdict, code_, step, warning, torch_loaded, tb_loaded = json.loads(out.stdout)
     assert (verdict, code_, step) == ("failed", "divergence", first_nan)
     assert warning < first_nan and not torch_loaded and not tb_loaded
+
+
+@pytest.mark.parametrize("name, make, kind", [
+    ("exported", lambda p: (write(p / "config.json", json.dumps({"format_version": 1, "model": {}})),
+                            write(p / "model.safetensors", "x")), "a snapshot outside a run"),
+    ("hf", lambda p: (write(p / "config.json", json.dumps({"model_type": "gpt2", "n_layer": 1})),
+                      write(p / "model.safetensors", "x")), "a Hugging Face gpt2 model directory"),
+    ("out/ckpt.pt", lambda p: write(p, "x"), "nanoGPT's checkpoint with no *.log beside it"),
+    ("out", lambda p: write(p / "ckpt.pt", "x"), "nanoGPT's checkpoint with no *.log beside it"),
+    ("model.pt", lambda p: write(p, "x"), "a .pt file")])
+def test_weights_without_a_history_say_what_they_are_and_what_the_doctor_reads(tmp_path, capsys, name, make, kind):
+    """A Hugging Face directory was 'a snapshot outside a run', a series .pt 'pass nanoGPT's
+    printed log': each says what it is, then the histories the doctor reads, the Monitor's too."""
+    make(tmp_path / name)
+    code, _, err = cli(capsys, "--ckpt", str(tmp_path / name))
+    line = one_error_line(err)
+    assert code == 2 and f": {kind}, which holds weights but no training history;" in line
+    for needed in ("metrics.jsonl", "train.monitor.Monitor", "trainer_state.json", "TensorBoard", "--log FILE"):
+        assert needed in line, (needed, line)

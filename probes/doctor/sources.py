@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from models.store.run import METRICS_FILE, is_run_dir, is_snapshot_dir, snapshot_step
+from models.store.run import (METRICS_FILE, CheckpointError, is_run_dir, is_snapshot_dir, read_json_object,
+                              snapshot_step)
 from probes.doctor.log_file import Log, user_tags
 from probes.doctor.read_nanogpt import find_nanogpt_log, read_nanogpt_log
 from probes.doctor.read_tensorboard import EVENTS_PREFIX, SUBFOLDER_DEPTH, find_event_folder, read_tensorboard
@@ -25,13 +26,30 @@ Tags = Iterable[str] | dict[str, str] | None
 EXPECTED = ("a run directory with metrics.jsonl, a Trainer output directory with trainer_state.json, "
             "TensorBoard event files, or a nanoGPT log via --log")
 TEXT_LOGS = (".log", ".txt", ".out")
+NANOGPT_CKPT = "ckpt.pt"  # what nanoGPT's train.py saves in its out_dir
 MONITOR_HINT = "log it with train.monitor.Monitor (see README, Monitor your own training loop)"
+NEEDS = ("the doctor reads what training logged: a run directory with metrics.jsonl (ours, or one written "
+         "by train.monitor.Monitor in any training loop), a Trainer output directory, TensorBoard events, "
+         "or a log given with --log FILE (nanoGPT's printed output, trainer_state.json)")
 
 
 def snapshot_alone(path: Path) -> str:
-    return (f"{path}: a snapshot outside a run; the doctor reads a run's history: a run directory with "
-            "metrics.jsonl (ours, or one written by train.monitor.Monitor), or a log (--log FILE, "
-            "trainer_state.json, TensorBoard events)")
+    """For weights without their history (a snapshot copied out of its run, an imported model):
+    what the path is, and what the doctor needs instead."""
+    return f"{path}: {weights_kind(path)}, which holds weights but no training history; {NEEDS}"
+
+
+def weights_kind(path: Path) -> str:
+    """A few words for a checkpoint the doctor cannot read: ours, Hugging Face's, nanoGPT's or a .pt."""
+    if path.is_file():
+        return "nanoGPT's checkpoint with no *.log beside it" if path.name.startswith("ckpt") else "a .pt file"
+    try:
+        config = read_json_object(path / "config.json")
+    except CheckpointError:
+        config = {}
+    if "model_type" in config and "format_version" not in config:
+        return f"a Hugging Face {config['model_type']} model directory"
+    return "a snapshot outside a run"
 
 
 def find_log(ckpt: str | Path | None, log_file: str | Path | None = None, tags: Tags = None) -> Log | None:
@@ -67,8 +85,7 @@ def read_log_file(path: Path, tags: Tags = None) -> Log:
     if path.suffix == ".pt":
         beside = find_nanogpt_log(path)
         if beside is None:
-            raise ProbeInputError(f"{path}: a checkpoint with no *.log beside it; the doctor reads training "
-                                  "logs: pass nanoGPT's printed log with --log FILE")
+            raise ProbeInputError(snapshot_alone(path))
         return nanogpt(beside, tags)
     if path.suffix in TEXT_LOGS or path.name.endswith(".log"):
         return nanogpt(path, tags)
@@ -83,8 +100,8 @@ def read_folder(path: Path, tags: Tags) -> Log | None:
         return READERS[kind](where, tags)
     if (path / METRICS_FILE).is_file() or in_a_run(path) or is_run_dir(path):
         return None  # ours (without metrics.jsonl yet: RunHistory says so)
-    if is_snapshot_dir(path):
-        raise ProbeInputError(snapshot_alone(path))
+    if is_snapshot_dir(path) or (path / NANOGPT_CKPT).is_file():
+        raise ProbeInputError(snapshot_alone(path if is_snapshot_dir(path) else path / NANOGPT_CKPT))
     raise ProbeInputError(f"{path}: no history the doctor can read: expected {EXPECTED}; found {describe(path)}")
 
 
@@ -122,7 +139,5 @@ def describe(folder: Path) -> str:
     names = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir())
     if not names:
         return "an empty directory"
-    if "ckpt.pt" in names:
-        return "ckpt.pt but no *.log beside it"
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     return f"{len(names)} entr{'y' if len(names) == 1 else 'ies'}: {shown}"
