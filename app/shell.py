@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -88,6 +89,7 @@ def sidebar() -> tuple[Selection | None, list[data.Source]]:
     key = snapshot_slider_key(chosen)
     newest_unless_moved(key, names)
     follow_snapshot(key, names)
+    follow_step(key, names)
     name = st.sidebar.select_slider("snapshot", names, key=key, help=FOLLOWS_NEWEST) \
         if len(names) > 1 else names[0]
     return Selection(chosen, snaps[names.index(name)], pick_text(chosen), sources), sources
@@ -116,6 +118,32 @@ def follow_snapshot(key: str, names: list[str]) -> None:
     if wanted in names and st.session_state.get("linked_snapshot") != wanted:
         st.session_state[key] = wanted
     st.session_state["linked_snapshot"] = wanted
+
+
+def follow_step(key: str, names: list[str]) -> None:
+    """A `?step=N` link (the doctor's "see it on Attention at step N") moves the snapshot slider to
+    the snapshot nearest step N, once per link; step_notice says on the page which one it is."""
+    wanted = st.query_params.get("step")
+    if wanted is None or st.session_state.get("linked_snapshot_step") == wanted:
+        return
+    st.session_state["linked_snapshot_step"] = wanted
+    steps = {name: int(m.group()) for name in names if (m := re.search(r"\d+", name))}
+    if not wanted.isdigit() or not steps:
+        return
+    nearest = min(steps, key=lambda name: (abs(steps[name] - int(wanted)), steps[name]))
+    st.session_state[key] = nearest
+    st.session_state["step_notice"] = (wanted, nearest, steps[nearest] == int(wanted))
+
+
+def step_notice(selection: Selection) -> None:
+    """Above a page opened by a `?step=N` link, while it shows the snapshot picked for it: which one."""
+    notice = st.session_state.get("step_notice")
+    if not notice or selection.snapshot is None:
+        return
+    step, name, exact = notice
+    if st.query_params.get("step") == step and selection.snapshot.name == name:
+        st.info(f"The link names step {step}: this page shows snapshot `{name}`, "
+                + ("saved at that step." if exact else "the saved snapshot nearest it (none was saved at that step)."))
 
 
 def picked() -> None:
@@ -167,5 +195,7 @@ def main() -> None:
             st.switch_page(pages["overview"], query_params=st.query_params.to_dict())
     elif selection is not None:
         address(selection)
+        if shown is not pages["dynamics"]:  # which reads ?step= for its own table
+            step_notice(selection)
     shown.run()
     warm.model_stack()  # after the page is drawn: the import would hold up its first chart

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from test_app import app, chart_data, open_page, runs  # noqa: F401  (fixtures and helpers)
+from test_app import app, chart_data, fresh_app, open_page, runs  # noqa: F401  (fixtures and helpers)
 
 
 def specs_titled(at, words: str) -> list[dict]:
@@ -39,3 +39,17 @@ def test_both_attribution_charts_share_one_diverging_scale_centred_at_zero_with_
         assert scale.get("domainMid") == 0, scale
         assert colour.get("legend") is not None, colour
     assert scales[0]["scale"] == scales[1]["scale"]  # one scale: the same value, the same colour
+
+
+def test_a_link_to_a_step_opens_the_snapshot_nearest_it_and_says_which(runs, monkeypatch):  # noqa: F811
+    app = fresh_app(runs, monkeypatch, run="a_rms")  # snapshots at steps 0, 10 and 20
+    app.query_params["step"] = "12"  # the doctor's "see it on Attention at step 12"
+    app.switch_page("screens/attention.py").run()
+    assert not app.exception, [e.value for e in app.exception]
+    slider = next(s for s in app.sidebar.select_slider if s.label == "snapshot")
+    assert slider.value == "step_000010"
+    notice = next(i.value for i in app.info if "step 12" in i.value)
+    assert "step_000010" in notice and "nearest" in notice
+    slider.set_value("step_000020").run()  # the user moves on: the link no longer holds the slider
+    assert next(s for s in app.sidebar.select_slider if s.label == "snapshot").value == "step_000020"
+    assert not any("step 12" in i.value for i in app.info)

@@ -104,3 +104,18 @@ def test_a_typed_path_is_named_in_the_address_and_a_bad_one_changes_nothing(serv
     assert run_shown(page) == "char_mlp"
     page.wait_for_url("**?run=char_mlp", timeout=30_000)
     page.close()
+
+
+def test_a_link_to_a_step_on_training_dynamics_lands_on_its_table(server, browser):  # noqa: F811
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{server}/dynamics?run=shakespeare_rms4&step=1000", timeout=120_000)
+    opened(page, "Training dynamics")
+    settled(page, 5)
+    heading = page.get_by_role("heading", name="g / w / u of shakespeare_rms4")
+    page.wait_for_function("""() => { const h = [...document.querySelectorAll('h3')]
+        .find(e => e.textContent.startsWith('g / w / u of')); const r = h && h.getBoundingClientRect();
+        return r && r.top >= 0 && r.bottom <= window.innerHeight; }""", timeout=30_000)
+    assert heading.count() == 1
+    assert page.get_by_text("At step 1000, group medians").count() == 1  # the table's step is the link's
+    assert page.get_by_text("At the last logged step (3000)").count() == 1  # the chart's caption says its own
+    page.close()

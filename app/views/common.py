@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -80,6 +81,24 @@ def show(chart: Any, where: Any = None, stretch: bool = False, **select: Any) ->
     autosize = alt.AutoSizeParams(type="fit-x" if stretch else "pad", contains="padding")
     return (where or st).altair_chart(chart.properties(autosize=autosize), width="stretch" if stretch else "content",
                                       **select)
+
+
+SCROLL = """<script>(() => {  // bring the heading into view while the charts above it draw, until the user scrolls
+  let tries = 0;
+  const stop = () => { tries = 1e9; };
+  ["wheel", "touchmove", "keydown"].forEach(e => window.addEventListener(e, stop, {once: true}));
+  const go = () => {
+    const h = [...document.querySelectorAll("h1, h2, h3")].find(e => e.textContent.startsWith(%s));
+    if (h) h.scrollIntoView({block: "start"});
+    if (++tries < 20) setTimeout(go, 300);
+  };
+  go();
+})();</script>"""
+
+
+def scroll_to(heading: str) -> None:
+    """Scroll the page to the heading starting with `heading` (a link that names what lies below the top)."""
+    st.html(SCROLL % json.dumps(heading), unsafe_allow_javascript=True)
 
 
 def has_attention(snap: Any) -> bool:

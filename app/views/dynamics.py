@@ -9,7 +9,7 @@ import streamlit as st
 
 from app import charts, data, series
 from app.views import doctor, live, signals
-from app.views.common import Selection, page, show
+from app.views.common import Selection, page, scroll_to, show
 from probes.timeline import uniform_series_entropy
 from probes.update_report import GROUPS
 
@@ -125,7 +125,7 @@ def updates_caption(label: str, report, lo: float, hi: float) -> str:
     if len(medians) < 2:
         return text
     slow, fast = min(medians, key=medians.get), max(medians, key=medians.get)
-    return (text + f" At step {report.step}, {label}'s slowest group is {slow} (median u "
+    return (text + f" At the last logged step ({report.step}), {label}'s slowest group is {slow} (median u "
             f"{10 ** medians[slow]:.2e}) and its fastest {fast} ({10 ** medians[fast]:.2e}), "
             f"{report.spread:.1f} orders of magnitude apart.")
 
@@ -139,6 +139,7 @@ def table_at_step(label: str, history) -> None:
     linked = linked_step(history.steps)
     if linked is not None:  # a finding's link: show its step (the widget then keeps the user's choice)
         st.session_state["gwu_step"] = linked
+        scroll_to("g / w / u of")  # what the link names lies below the charts
     live.newest_unless_moved("gwu_step", history.steps)
     step = st.select_slider("step", history.steps, key="gwu_step", help=live.FOLLOWS_NEWEST)
     report = history.at(step)
