@@ -30,6 +30,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load, save
 
 from models.runs import dumps_json, write_bytes_atomic
+from models.store.files import writing
 from probes.errors import ProbeInputError
 
 FORMAT = "scratchscope.tuned_lens"
@@ -92,10 +93,11 @@ def save_lens(tensors_path: Path, json_path: Path, weight: torch.Tensor, bias: t
     atomically, the JSON last (it carries the safetensors file's sha256)."""
     data = save({"weight": weight.detach().float().cpu().contiguous(),
                  "bias": bias.detach().float().cpu().contiguous()})
-    write_bytes_atomic(tensors_path, data)
     meta = {"format": FORMAT, "version": VERSION, **record, "tensors_sha256": sha256_bytes(data),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    write_bytes_atomic(json_path, (dumps_json(meta, indent=2) + "\n").encode())
+    with writing(tensors_path.parent):  # a read-only or full disk: one line naming the folder
+        write_bytes_atomic(tensors_path, data)
+        write_bytes_atomic(json_path, (dumps_json(meta, indent=2) + "\n").encode())
 
 
 def read_lens(tensors_path: Path, json_path: Path) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:

@@ -79,12 +79,14 @@ def test_disk_full_mid_save_is_one_line_and_keeps_the_previous_snapshot(data, tm
     import models.store.snapshot as checkpoint
 
     def full_disk(*args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device")
+        raise OSError(errno.ENOSPC, "No space left on device", str(out / ".step_000004.tmp-6633"))
 
     monkeypatch.setattr(checkpoint, "save_file", full_disk)
     capsys.readouterr()
     assert train(data, out, "--resume", "--steps", "4", "--save-every", "2") == 2
-    assert "cannot save snapshot" in error_line(capsys)
+    line = error_line(capsys)  # names the run and what is free, never the temporary directory
+    assert line.startswith(f"error: no space left on the device holding {out} (") and ".tmp-" not in line
+    assert "MB free, a snapshot needs " in line and "snapshot step_000004 not saved; any earlier snapshot is intact" in line
     assert {p.name: (p / "model.safetensors").read_bytes() for p in list_snapshots(out)} == before
     assert not [p.name for p in out.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from models.store.files import CheckpointError, current_umask
+from models.store.files import CheckpointError, current_umask, writing
 
 log = logging.getLogger("train")
 
@@ -41,7 +41,8 @@ class RunLock:
 
     def acquire(self) -> RunLock:
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666 & ~current_umask())
+            with writing(self.path.parent):  # a read-only or full run directory: one line naming it
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666 & ~current_umask())
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

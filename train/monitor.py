@@ -33,6 +33,7 @@ import torch
 
 from models.cli import to_jsonable
 from models.store.live import hooked_twin, model_kind, twin_config, unwrap
+from models.store.files import writing
 from models.store.result import nonfinite_tensors
 from models.store.run import (METRICS_FILE, append_metrics, list_snapshots, read_metrics, read_run_json,
                               write_run_json)
@@ -132,7 +133,8 @@ class Monitor:
         if old and not self.resume:
             raise ValueError(f"Monitor: {self.out_dir} already holds a run (metrics.jsonl or snapshots); "
                              "pass resume=True to continue it, or choose another directory")
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with writing(self.out_dir):
+            self.out_dir.mkdir(parents=True, exist_ok=True)
         self._lock = RunLock(self.out_dir).acquire() if lock else None
         try:
             if run_info is not None or not (self.resume and read_run_json(self.out_dir)):

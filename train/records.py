@@ -21,6 +21,7 @@ import torch
 
 from train.data import Corpus, evaluate
 from probes.update_report import UpdateReport
+from models.store.files import writing
 from models.store.run import METRICS_FILE, read_metrics, read_run_json, write_bytes_atomic, write_run_json
 from train.config import DistInfo
 from models.cli import to_jsonable
@@ -44,7 +45,8 @@ def trim_metrics(run_dir: Path, step: int) -> None:
     if len(kept) != len(records):
         log.info("resume: dropping %d metrics record(s) after step %d", len(records) - len(kept), step)
         text = "".join(to_json_line(r) for r in kept)
-        write_bytes_atomic(run_dir / METRICS_FILE, text.encode("utf-8"))
+        with writing(run_dir):
+            write_bytes_atomic(run_dir / METRICS_FILE, text.encode("utf-8"))
 
 
 def to_json_line(record: dict[str, Any]) -> str:

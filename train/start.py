@@ -14,6 +14,7 @@ from models import PRESETS, build_model
 from models.checkpoint import (latest_snapshot, list_snapshots, load_optimizer_state, load_snapshot,
                                resolve_device)
 from models.packed_heads import pack_optimizer_state
+from models.store.files import writing
 from models.store.run import read_run_json
 from train.config import (DistInfo, build_optimizer, lr_at, model_config, resolve_train_config)
 from train.data import check_length, load_corpus
@@ -31,7 +32,8 @@ def lock_run_dir(args: argparse.Namespace, dist: DistInfo) -> RunLock | None:
     if args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out} exists and is not a directory")
     created = not args.out.exists()
-    args.out.mkdir(parents=True, exist_ok=True)
+    with writing(args.out):
+        args.out.mkdir(parents=True, exist_ok=True)
     lock = RunLock(args.out)
     lock.created_dir = created
     lock.acquire()

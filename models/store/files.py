@@ -6,14 +6,18 @@ and are renamed into place. Torch-free: the run doctor and the CLIs' --help impo
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 __all__ = ["CheckpointError", "current_umask", "dumps_json", "fsync_dir", "fsync_file", "read_json_object",
-           "write_bytes_atomic"]
+           "write_bytes_atomic", "write_error", "writing"]
 
 
 class CheckpointError(ValueError):
@@ -22,6 +26,48 @@ class CheckpointError(ValueError):
 
 
 # --------------------------------------------------------------------------- durable writes
+
+
+def write_error(exc: BaseException, where: Path, needed: int | None = None) -> CheckpointError:
+    """A failed write under `where` (a run directory) in our words, naming `where`, never the
+    temporary file the write went to: read-only file system, no space left (what is free, and
+    `needed` bytes), permission denied, else the system's own words for the cause."""
+    code = getattr(exc, "errno", None)
+    if code is None:  # safetensors writes in Rust: "I/O error: ... (os error 28)"
+        found = re.search(r"os error (\d+)", str(exc))
+        code = int(found.group(1)) if found else None
+    if code == errno.EROFS:
+        return CheckpointError(f"cannot write {where}: read-only file system")
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        need = f", a snapshot needs {megabytes(needed)}" if needed else ""
+        return CheckpointError(f"no space left on the device holding {where} ({megabytes(free_bytes(where))} "
+                               f"free{need})")
+    if code in (errno.EACCES, errno.EPERM):
+        return CheckpointError(f"cannot write {where}: permission denied")
+    cause = os.strerror(code).lower() if code else (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return CheckpointError(f"cannot write {where}: {cause}")
+
+
+@contextmanager
+def writing(where: str | Path, needed: int | None = None) -> Iterator[None]:
+    """An OSError raised by the writes inside becomes `write_error`'s one line naming `where`."""
+    try:
+        yield
+    except OSError as exc:
+        raise write_error(exc, Path(where), needed) from None
+
+
+def free_bytes(where: Path) -> int:
+    """Free bytes on the device holding `where` (or its nearest existing parent)."""
+    for folder in (where, *where.parents):
+        if folder.exists():
+            return shutil.disk_usage(folder).free
+    return 0
+
+
+def megabytes(n: int | None) -> str:
+    mb = (n or 0) / 1e6
+    return f"{mb:.2f} MB" if mb < 1 else f"{mb:.1f} MB" if mb < 10 else f"{mb:,.0f} MB"
 
 
 def fsync_file(path: str | Path) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from models.store.files import (CheckpointError, dumps_json, read_json_object,  # noqa: F401
-                                write_bytes_atomic)
+                                write_bytes_atomic, writing)
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +100,9 @@ def latest_snapshot(run_dir: str | Path) -> Path:
 def write_run_json(run_dir: str | Path, data: dict[str, Any]) -> Path:
     """Write ``run.json`` (the run's description: preset, train config, ...) atomically."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return write_bytes_atomic(run_dir / RUN_FILE, (dumps_json(data, indent=2) + "\n").encode())
+    with writing(run_dir):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return write_bytes_atomic(run_dir / RUN_FILE, (dumps_json(data, indent=2) + "\n").encode())
 
 
 def read_run_json(run_dir: str | Path) -> dict[str, Any] | None:
@@ -182,10 +183,11 @@ def append_metrics(run_dir: str | Path, record: dict[str, Any]) -> None:
         raise ValueError(f"a metrics record must be a dict, got {type(record).__name__}")
     line = dumps_json(record) + "\n"
     path = _metrics_path(run_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as f:
-        _drop_partial_last_line(f)
-        f.seek(0, os.SEEK_END)
-        f.write(line.encode("utf-8"))
-        f.flush()
-        os.fsync(f.fileno())
+    with writing(path.parent):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a+b") as f:
+            _drop_partial_last_line(f)
+            f.seek(0, os.SEEK_END)
+            f.write(line.encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())

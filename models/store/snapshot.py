@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from models.config import ModelConfig
 from models.interrupts import deferred_signals
 from models.store.files import (CheckpointError, current_umask, dumps_json, fsync_dir, fsync_file,
-                                read_json_object, write_bytes_atomic)
+                                read_json_object, write_bytes_atomic, write_error)
 from models.store.result import Snapshot
 from models.store.weights import build_and_load, parse_config, torch_load
 from models.tokenizers import Tokenizer, TokenizerError, load_tokenizer
@@ -108,27 +108,31 @@ def save_snapshot(directory: str | Path, model, tokenizer: Tokenizer | None, *, 
             "step": step, "tokens_seen": tokens_seen, "train_config": train_config,
             "tensors_sha256": None,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     aside = target.parent / f".{target.name}.old-{os.getpid()}"
     with deferred_signals():  # Ctrl-C / SIGTERM wait until the snapshot is in place (or abandoned)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
         try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
             _write_snapshot_files(tmp, model, tokenizer, meta, optimizer)
             _swap_into_place(tmp, target, aside)
-        except (OSError, RuntimeError, SafetensorError) as exc:  # disk full, quota, I/O error
-            raise CheckpointError(f"cannot save snapshot {target}: {_first_line(exc)}; any earlier "
-                                  "snapshot is intact") from None
+        except (OSError, RuntimeError, SafetensorError) as exc:  # read-only, disk full, quota, I/O error
+            shutil.rmtree(tmp, ignore_errors=True)  # before measuring what is free
+            why = write_error(exc, target.parent, snapshot_bytes(model, optimizer))  # names the run, not tmp
+            raise CheckpointError(f"{why}: snapshot {target.name} not saved; any earlier snapshot is intact") from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     logger.info("saved snapshot %s", target)
     return target
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def snapshot_bytes(model, optimizer=None) -> int:
+    """About what a snapshot of `model` (and `optimizer`'s state) takes on disk: its tensors' bytes."""
+    state = optimizer.state_dict() if hasattr(optimizer, "state_dict") else optimizer or {}
+    tensors = list(model.state_dict().values()) + [t for per in (state.get("state") or {}).values()
+                                                   for t in per.values() if isinstance(t, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _swap_into_place(tmp: Path, target: Path, aside: Path) -> None:
