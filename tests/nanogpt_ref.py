@@ -96,6 +96,21 @@ class GPT(nn.Module):
         return self.lm_head(self.transformer.ln_f(x))
 
 
+def init_like_nanogpt(model: GPT) -> GPT:
+    """nanoGPT's own init (its _init_weights and the c_proj rescaling), for training from scratch:
+    N(0, 0.02) weights, zero biases, unit LayerNorms, residual projections N(0, 0.02/sqrt(2 n_layer))."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+            elif ".ln_" in name:
+                p.fill_(1.0)
+            else:
+                std = 0.02 / math.sqrt(2 * model.config.n_layer) if name.endswith("c_proj.weight") else 0.02
+                p.normal_(0.0, std)
+    return model
+
+
 def save_like_nanogpt(model: nn.Module, path: Path, iter_num: int = 250, dataset: str = "shakespeare_char") -> None:
     """train.py's checkpoint dict, written with torch.save as it does (model may be compiled)."""
     raw = getattr(model, "_orig_mod", model)

@@ -4,6 +4,7 @@ gradient norm of a step, a record's divergence, and the internal signals at an e
 from __future__ import annotations
 
 import math
+import numbers
 from contextlib import nullcontext
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -31,13 +32,16 @@ def first_optimizer(optimizer: Any) -> torch.optim.Optimizer:
 
 
 def number(name: str, value: Any) -> float | int | None:
-    """A logged value as a plain number: a 0-d tensor is read (one device sync), None stays None."""
+    """A logged value as a plain number: a 0-d tensor is read (one device sync), a numpy scalar
+    becomes a Python one, None stays None."""
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ValueError(f"Monitor.log: {name} must be one number, got a tensor of shape {list(value.shape)}")
         value = value.item()
     if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
         return value
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):  # numpy's float32, int64, ...
+        return int(value) if isinstance(value, numbers.Integral) else float(value)
     raise ValueError(f"Monitor.log: {name} must be a number, got {type(value).__name__} {value!r}")
 
 
