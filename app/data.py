@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
-from models.store.run import is_run_dir, is_snapshot_dir, list_snapshots, read_metrics, read_run_json
+from models.store.record_check import MetricsLog
+from models.store.run import (METRICS_FILE, is_run_dir, is_snapshot_dir, list_snapshots, read_metrics_log,
+                              read_run_json)
 from probes.doctor.sources import locate
 
 if TYPE_CHECKING:
@@ -142,7 +144,19 @@ def shown(piece: str) -> str:
 
 def metrics(run: Path) -> list[dict[str, Any]]:
     """The run's records (tolerates a half-written last line: the reader skips it)."""
-    return read_metrics(run) if run.is_dir() else []
+    return metrics_log(run).records
+
+
+def metrics_log(run: Path) -> MetricsLog:
+    """The run's records and the malformed ones the reader skipped (`read_metrics_log`)."""
+    return read_metrics_log(run) if run.is_dir() else MetricsLog(run / METRICS_FILE, [])
+
+
+def records_caption(log: MetricsLog) -> str:
+    """'120 records, steps 0..2000', and how many malformed records the reader left out."""
+    records = log.records
+    text = f"{len(records)} records, steps {records[0]['step']}..{records[-1]['step']}" if records else "no records"
+    return text + (f"; {log.skipped_text()}: the app's log says what is wrong with each" if log.skipped else "")
 
 
 def recorded_data(run: Path) -> str | None:

@@ -206,10 +206,20 @@ def has_input(args: argparse.Namespace) -> bool:
     return any(getattr(args, k) is not None for k in ("text", "text_file", "data"))
 
 
+def run_timeline(args: argparse.Namespace, dims: Any) -> Timeline:
+    """The timeline of the run --ckpt names: its records checked as read, against the loaded
+    model's layers and heads too; malformed ones skipped and counted."""
+    from models.store.record_check import RunShape
+    from models.store.run import read_metrics_log
+    metrics = read_metrics_log(args.ckpt)
+    return entropy_timeline(metrics.records, dims.n_ctx, args.timeline_collapse, args.timeline_uniform,
+                            shape=RunShape(dims.n_layers, dims.n_heads), skipped=len(metrics.skipped))
+
+
 def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         args = build_parser().parse_args(argv)
-        from models.checkpoint import is_run_dir, load_from_args, read_metrics
+        from models.checkpoint import is_run_dir, load_from_args
         t = Thresholds(args.collapse_entropy, args.collapse_max_prob, args.uniform_entropy,
                        args.sink_mass, args.one_hot_mass, args.sink_score)
         run_dir = args.ckpt is not None and is_run_dir(args.ckpt)
@@ -217,8 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         snap = load_from_args(args)
         dims = require_attention(snap.model)
         check_layer_head(dims, args.layer, args.head)
-        timeline = (entropy_timeline(read_metrics(args.ckpt), dims.n_ctx, args.timeline_collapse,
-                                     args.timeline_uniform) if run_dir else None)
+        timeline = run_timeline(args, dims) if run_dir else None
         if read_text:  # with no input, the snapshot's own text (probes.run_text)
             batches, source = token_batches(args, snap.tokenizer, dims.n_ctx, snap)
             result = run(snap.model, batches, thresholds=t, layer=args.layer, head=args.head,

@@ -127,6 +127,24 @@ def test_unusable_metrics_are_an_error_line_and_the_page_goes_on(start, tmp_path
     assert not at.exception
 
 
+def test_a_malformed_record_is_counted_on_the_overview_and_dynamics(start, tmp_path):
+    run = tmp_path / "attn1_noscale"
+    shutil.copytree(SHIPPED / "attn1_noscale", run)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    bad = json.dumps({"step": json.loads(lines[2])["step"] + 1, "attn_entropy": {"0": [1.0] * 9}})  # 1 head
+    (run / "metrics.jsonl").write_text("\n".join(lines[:3] + [bad] + lines[3:]) + "\n")
+    expected = diagnose.run(SHIPPED / "attn1_noscale")
+    at = start("attn1_noscale", roots=[tmp_path])
+    boxes = [b.value for b in [*at.success, *at.warning, *at.error] if "Verdict" in b.value]
+    assert boxes and "; read from metrics.jsonl; 1 malformed record skipped)" in boxes[0]
+    assert f"Verdict: **{expected.verdict}**" in boxes[0]  # the answer of the clean run
+    skipped = f"; 1 malformed record of {run / 'metrics.jsonl'} skipped (line 4)"
+    assert any(c.value == f"{len(lines)} records, steps 0..{json.loads(lines[-1])['step']}{skipped}: the app's "
+               "log says what is wrong with each" for c in at.caption), [c.value for c in at.caption]
+    at.switch_page("screens/dynamics.py").run()
+    assert not at.exception and any(skipped in c.value for c in at.caption)
+
+
 def test_a_lone_snapshot_says_the_doctor_reads_a_run(start):
     snapshot = SHIPPED / "transformer4_nan" / "step_000000"
     at = start(snapshot.name, roots=[snapshot])

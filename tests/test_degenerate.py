@@ -196,20 +196,27 @@ def test_timeline_from_hand_written_metrics():
     assert "L0H0 collapsed from step 200" in tl.format()
 
 
-def test_timeline_accepts_int_keys_lists_and_strings():
-    records = [{"step": 1, "attn_entropy": {0: ["0.003"], 1: [1.0]}},
-               {"step": 2, "attn_entropy": [[0.002], [float("nan")]]}]
+def test_timeline_takes_int_keys_and_skips_a_malformed_record_instead_of_stopping(caplog):
+    records = [{"step": 1, "attn_entropy": {0: [0.003], 1: [1.0]}},
+               {"step": 2, "attn_entropy": [[0.002], [float("nan")]]},  # a list, not layers -> heads
+               {"step": 3, "attn_entropy": ["bad", None]},  # stopped the whole timeline before
+               {"step": 4, "attn_entropy": {"0": ["0.003"], "1": [1.0]}},  # a string, not a number
+               {"step": 5, "attn_entropy": {"a": [1.0]}},  # stopped it too ("keys must be layer numbers")
+               {"step": 6, "attn_entropy": {"0": [0.002], "1": [None]}}]
     tl = entropy_timeline(records, n_ctx=16)
-    assert tl.collapsed == [[1], [None]] and tl.diverged == [[None], [2]]
-    with pytest.raises(ProbeInputError, match="layer numbers"):
-        entropy_timeline([{"step": 0, "attn_entropy": {"a": [1.0]}}], n_ctx=16)
+    assert tl.collapsed == [[1], [None]] and tl.diverged == [[None], [6]]
+    assert (tl.steps, tl.skipped) == (2, 4) and "2 logged steps (1..6; 4 malformed records skipped)" in tl.format()
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned[1] == "timeline: skipping the record at step 3 ('attn_entropy' must map layers to " \
+                        "per-head lists, got ['bad', None])"
+    assert len(warned) == 4 and "step 5 ('attn_entropy' has layers ['a'], not those of layers numbered from 0 (0))" in warned[3]
 
 
 # ---------------------------------------------------------------- CLI
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n"
 PRESET = "transformer4_rms_small"
-N_LAYERS, N_HEADS = get_preset(PRESET).n_layers, get_preset(PRESET).n_heads
+N_LAYERS, N_HEADS = 2, 2  # the shape of metrics_records(): a record must fit the run's model
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +225,7 @@ def run_dir(tmp_path_factory):
     from models.tokenizers import CharTokenizer
     tok = CharTokenizer.from_text(TEXT)
     torch.manual_seed(0)
-    model = build_model(get_preset(PRESET, d_vocab=tok.vocab_size))
+    model = build_model(get_preset(PRESET, d_vocab=tok.vocab_size, n_layers=N_LAYERS, n_heads=N_HEADS))
     run = tmp_path_factory.mktemp("runs") / "run"
     run.mkdir()
     save_snapshot(run / snapshot_name(300), model, tok, step=300)
@@ -270,3 +277,25 @@ def test_cli_snapshot_without_input_is_an_error(run_dir, capsys):
 def test_timeline_thresholds_out_of_range_are_refused(collapse, uniform):
     with pytest.raises(ProbeInputError, match="timeline thresholds"):
         degenerate.entropy_timeline([], 8, collapse=collapse, uniform=uniform)
+
+
+@pytest.mark.parametrize("bad", [
+    {"step": 250, "attn_entropy": [[1, 2], [3, 4]]},  # a list, not layers -> heads
+    {"step": 250, "attn_entropy": {"7": [1.0, 1.0]}},  # layer 7 of a 2-layer model
+    {"step": 250, "attn_entropy": {"0": [1.0] * 9, "1": [1.0] * 9}},  # 9 values for 2 heads
+])
+def test_cli_a_malformed_record_leaves_the_answer_as_on_the_clean_run(run_dir, tmp_path, capsys, bad):
+    import shutil
+
+    copy = shutil.copytree(run_dir, tmp_path / "bad")
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    (copy / "metrics.jsonl").write_text("\n".join(lines[:4] + [json.dumps(bad)] + lines[4:]) + "\n")
+    answers = []
+    for run in (run_dir, copy):
+        assert degenerate.main(["--ckpt", str(run), "--json"]) == 0
+        answers.append(json.loads(capsys.readouterr().out)["timeline"])
+    assert answers[1].pop("skipped") == 1 and answers[0].pop("skipped") == 0
+    assert answers[1] == answers[0]
+    assert degenerate.main(["--ckpt", str(copy)]) == 0
+    out = capsys.readouterr().out
+    assert "over 4 logged steps (0..300; 1 malformed record skipped)" in out and "L0H0 collapsed from step 200" in out

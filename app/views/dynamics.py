@@ -27,11 +27,12 @@ def render(sel: Selection) -> None:
 def body(sel: Selection, follow: bool = False) -> None:
     if follow:
         live.rerun_if_snapshots_changed(sel.run)  # the sidebar's slider must offer a new snapshot
-    records = data.metrics(sel.run.path)
+    history = data.metrics_log(sel.run.path)
+    records = history.records
     if not records:
         st.info("No metrics yet: training has not logged its first step.")
         return
-    st.caption(f"{len(records)} records, steps {records[0]['step']}..{records[-1]['step']}")
+    st.caption(data.records_caption(history))
     st.caption("Dashed rules mark where the run doctor's findings start (red failed, orange warning, "
                "blue info; hover one for its code and title): see the Overview for the diagnosis.")
     marks = doctor.marks(sel.run)

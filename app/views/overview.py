@@ -46,12 +46,13 @@ def model_facts(snap) -> None:
 def curves(sel: Selection, follow: bool = False) -> None:
     if follow:
         live.rerun_if_snapshots_changed(sel.run)  # the sidebar's slider must offer a new snapshot
-    records = data.metrics(sel.run.path)
+    history = data.metrics_log(sel.run.path)
+    records = history.records
     losses = series.rows(records, {"train loss": "train_loss", "val loss": "val_loss"}, "loss")
     if not losses:
         st.info("This run logged no losses yet.")
         return
-    st.caption(f"{len(records)} records, steps {records[0]['step']}..{records[-1]['step']}")
+    st.caption(data.records_caption(history))
     log, weight = curve_controls("loss")
     left, right = st.columns(2)
     loss = charts.smoothed_over_steps(smoothed_frame(losses, "loss", "curve", weight), "loss", "curve",

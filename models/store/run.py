@@ -18,11 +18,14 @@ from typing import Any
 
 from models.store.files import (CheckpointError, dumps_json, read_json_object,  # noqa: F401
                                 write_bytes_atomic, writing)
+from models.store.record_check import (MetricsLog, RunShape, Skipped, in_order, out_of_order, problem,
+                                       run_shape)
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["METRICS_FILE", "RUN_FILE", "append_metrics", "is_run_dir", "is_snapshot_dir",
-           "latest_snapshot", "list_snapshots", "read_metrics", "read_run_json", "snapshot_name",
+           "latest_snapshot", "list_snapshots", "read_metrics", "read_metrics_log", "read_run_json",
+           "run_model_config", "snapshot_name",
            "snapshot_step", "write_run_json", "checkpoint_files"]
 
 METRICS_FILE = "metrics.jsonl"
@@ -120,39 +123,89 @@ def _metrics_path(run_dir: str | Path) -> Path:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The records of ``metrics.jsonl`` (a run directory or the file itself).
+    """The records of ``metrics.jsonl`` (a run directory or the file itself) that pass the check
+    of :mod:`models.store.record_check`: see :func:`read_metrics_log`."""
+    return read_metrics_log(run_dir).records
 
-    A line that is not a JSON object, or whose ``step`` is not a non-negative integer (a crash
-    mid-write, a hand edit), is skipped with a warning naming the file and the line; the rest of
-    the history stays readable. No file yet means no records.
-    """
+
+def read_metrics_log(run_dir: str | Path) -> MetricsLog:
+    """``metrics.jsonl`` read with every record checked against the run's model (run.json, else
+    the newest snapshot's config.json): a line that is not a JSON object, or whose step, numbers
+    or per-layer fields do not fit (``record_check.problem``), or whose step goes back, is skipped
+    with a warning naming the file, the line and what is wrong, and listed in ``skipped``; the rest
+    of the history stays readable. No file yet means no records."""
     path = _metrics_path(run_dir)
     if not path.parent.is_dir():
         raise CheckpointError(f"{path.parent}: run directory not found")
     if not path.is_file():
-        return []
+        return MetricsLog(path, [])
     try:
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read ({exc})") from None
-    records = []
+    shape = run_shape(_model_or_none(path.parent))
+    numbered, skipped = [], []
     for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+        if line.strip():
+            record, why, truncated = _parse(line, shape, last=number == len(lines))
+            if why is None:
+                numbered.append((number, record))
+            else:
+                skipped.append(Skipped(number, why, truncated))
+    kept = in_order([r["step"] for _, r in numbered])
+    steps = [r["step"] if i in kept else None for i, (_, r) in enumerate(numbered)]
+    skipped += [Skipped(number, out_of_order(steps, i, record["step"]))
+                for i, (number, record) in enumerate(numbered) if i not in kept]
+    skipped.sort(key=lambda s: s.line)
+    for s in skipped:
+        _warn_once(path, s)
+    return MetricsLog(path, [r for i, (_, r) in enumerate(numbered) if i in kept], skipped)
+
+
+def _parse(line: str, shape: RunShape | None, last: bool) -> tuple[Any, str | None, bool]:
+    """(record, None, False), or (None, what is wrong with the line, a JSON cut short at the end)."""
+    try:
+        record = json.loads(line)
+    except ValueError as exc:
+        return None, str(exc)[:120], last
+    return record, problem(record, shape), False
+
+
+_warned: set[tuple[str, int, str]] = set()  # a record the app or a Monitor re-reads is warned about once
+
+
+def _warn_once(path: Path, skipped: Skipped) -> None:
+    key = (str(path), skipped.line, skipped.reason)
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning("%s: skipping %sline %d (%s)", path, "truncated last " if skipped.truncated else "",
+                       skipped.line, skipped.reason)
+
+
+def run_model_config(run_dir: str | Path) -> dict[str, Any]:
+    """The run's model config: run.json's, else that of the newest snapshot's config.json (JSON
+    only, no weights read); {} when neither has one."""
+    run_dir = Path(run_dir)
+    model = (read_run_json(run_dir) or {}).get("model")
+    if isinstance(model, dict):
+        return model
+    for snapshot in reversed(list_snapshots(run_dir)):
         try:
-            record = json.loads(line)
-            if not isinstance(record, dict):
-                raise ValueError(f"expected a JSON object, got {type(record).__name__}")
-            step = record.get("step")
-            if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-                raise ValueError(f"'step' must be a non-negative integer, got {step!r}")
-        except ValueError as exc:
-            last = number == len(lines)
-            logger.warning("%s: skipping %sline %d (%s)", path, "truncated last " if last else "", number,
-                           str(exc)[:120])
+            config = read_json_object(snapshot / SNAPSHOT_CONFIG)
+        except CheckpointError:
             continue
-        records.append(record)
-    return records
+        if isinstance(config.get("model"), dict):
+            return config["model"]
+    return {}
+
+
+def _model_or_none(run_dir: Path) -> dict[str, Any] | None:
+    """The model config the records are checked against; None when run.json is unreadable (the
+    records are then checked without it: whoever reads run.json reports it)."""
+    try:
+        return run_model_config(run_dir) or None
+    except CheckpointError:
+        return None
 
 
 def _drop_partial_last_line(f) -> None:

@@ -39,11 +39,17 @@ class Diagnosis:
     upto: int | None = None
     not_checked: dict[str, str] = field(default_factory=dict)  # code -> why
     source: str = "metrics.jsonl"  # what the history was read from (RunHistory.source)
+    skipped_records: int = 0  # malformed records left out of the history (each warned about)
 
     def to_dict(self) -> dict[str, Any]:
         return {"run": self.run, "source": self.source, "verdict": self.verdict, "first_step": self.first_step,
-                "last_step": self.last_step, "upto": self.upto,
+                "last_step": self.last_step, "upto": self.upto, "skipped_records": self.skipped_records,
                 "findings": [f.to_dict() for f in self.findings], "not_checked": self.not_checked}
+
+    def skipped_text(self) -> str:
+        """'; 2 malformed records skipped' (the warnings name their lines), or nothing."""
+        n = self.skipped_records
+        return f"; {n} malformed record{'s' if n > 1 else ''} skipped" if n else ""
 
     def above_info(self) -> list[Finding]:
         return [f for f in self.findings if f.severity != "info"]
@@ -62,7 +68,7 @@ class Diagnosis:
     def format(self) -> str:
         """A short ranked list (headline, evidence, cause), then what to try with its sources."""
         span = f"steps {self.first_step}-{self.last_step}" + (f", cut at --step {self.upto}" if self.upto is not None else "")
-        lines = [f"{self.run} ({span}; read from {self.source}): {self.verdict.upper()}"]
+        lines = [f"{self.run} ({span}; read from {self.source}{self.skipped_text()}): {self.verdict.upper()}"]
         if not self.findings:
             lines.append("  no findings: every rule that could look found the run healthy")
         for i, f in enumerate(self.findings, 1):
@@ -115,7 +121,7 @@ def diagnose_history(history: RunHistory, thresholds: DoctorThresholds | None = 
     findings.sort(key=rank_key)
     worst = max((SEVERITIES.index(f.severity) for f in findings), default=0)
     return Diagnosis(str(history.path), VERDICTS[SEVERITIES[worst]], findings, history.first_step,
-                     history.last_step, history.upto, not_checked, history.source)
+                     history.last_step, history.upto, not_checked, history.source, history.skipped)
 
 
 def run(run_dir: str | Path | None, step: int | None = None, thresholds: DoctorThresholds | None = None,

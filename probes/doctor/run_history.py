@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from models.store.run import (METRICS_FILE, SNAPSHOT_CONFIG, CheckpointError, is_run_dir, is_snapshot_dir,
-                              list_snapshots, read_json_object, read_metrics, read_run_json, snapshot_step)
+from models.store.run import (METRICS_FILE, CheckpointError, is_run_dir, is_snapshot_dir, list_snapshots,
+                              read_metrics_log, read_run_json, run_model_config, snapshot_step)
 from probes.doctor import flags
 from probes.doctor.finding import NotChecked
 from probes.doctor.log_file import Log
@@ -76,6 +76,7 @@ class RunHistory:
     source: str = OURS  # where the records come from: metrics.jsonl, or a foreign log (Log.source)
     trainer: str = flags.OURS  # whose settings the fixes name (probes.doctor.flags)
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)  # what rules derive, derived once
+    skipped: int = 0  # malformed records of metrics.jsonl left out (each warned about with its line)
 
     @classmethod
     def read(cls, path: str | Path | None, upto: int | None = None, log: str | Path | None = None,
@@ -98,18 +99,19 @@ class RunHistory:
         if upto is None:
             upto = snapshot_limit
         try:
-            records = read_metrics(run_dir)
+            log = read_metrics_log(run_dir)
             info = read_run_json(run_dir) or {}
             snapshots = list_snapshots(run_dir)
+            model = run_model_config(run_dir)
         except CheckpointError as err:
             raise ProbeInputError(str(err)) from None
-        if not records:
-            raise ProbeInputError(f"{run_dir}: no metrics.jsonl records to diagnose (they are written "
-                                  "by `python -m train` or train.monitor.Monitor)")
-        kept = cut_at(run_dir, by_step(records), upto)
+        if not log.records:
+            raise ProbeInputError(f"{run_dir}: no metrics.jsonl records to diagnose (they are written by "
+                                  "`python -m train` or train.monitor.Monitor)" + no_records_why(log.skipped_text()))
+        kept = cut_at(run_dir, by_step(log.records), upto)
         steps = [s for p in snapshots if (s := snapshot_step(p)) is not None and (upto is None or s <= upto)]
         trainer = info.get("trainer") if info.get("trainer") in flags.TRAINERS else flags.OURS  # a Monitor's run
-        return cls(run_dir, kept, info, _model_config(info, snapshots), steps, upto, trainer=trainer)
+        return cls(run_dir, kept, info, model, steps, upto, trainer=trainer, skipped=len(log.skipped))
 
     # ------------------------------------------------------------------ facts about the run
 
@@ -168,16 +170,6 @@ def cut_at(path: Path, ordered: list[dict[str, Any]], upto: int | None) -> list[
     return kept
 
 
-def _model_config(info: dict[str, Any], snapshots: list[Path]) -> dict[str, Any]:
-    """run.json's model config, else that of the newest snapshot's config.json (JSON only)."""
-    model = info.get("model")
-    if isinstance(model, dict):
-        return model
-    for snapshot in reversed(snapshots):
-        try:
-            config = read_json_object(snapshot / SNAPSHOT_CONFIG)
-        except CheckpointError:
-            continue
-        if isinstance(config.get("model"), dict):
-            return config["model"]
-    return {}
+def no_records_why(skipped: str | None) -> str:
+    """What an empty history adds to its error: every record was skipped, and where."""
+    return f"; {skipped}: see the warnings" if skipped else ""
