@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from close import assert_close_to_scale
 
 from models.checkpoint import CheckpointError, load_checkpoint
 
@@ -52,9 +53,9 @@ def test_hf_gpt2_gives_its_logits_and_tokenization(hf_dir):
     tokens = torch.tensor([every[:24], every[1:25]])  # [batch pos]
     with torch.no_grad():
         want = model(tokens).logits  # [batch pos vocab]
-        assert torch.allclose(snap.model(tokens), want, atol=1e-5, rtol=0)
+        assert_close_to_scale(snap.model(tokens), want)
         logits, cache = snap.model.run_with_cache(tokens)  # the explicit path, hooks firing
-    assert torch.allclose(logits, want, atol=1e-5, rtol=0)
+    assert_close_to_scale(logits, want)
     assert cache["blocks.0.mlp.hook_post"].shape == (2, 24, 128)
     cfg = snap.config
     assert (cfg.act_fn, cfg.unembed, cfg.attn_bias, cfg.norm_bias) == ("gelu_tanh", "tied", True, True)
@@ -76,7 +77,7 @@ def test_pytorch_model_bin_loads_and_a_snapshot_of_it_round_trips(hf_dir, tmp_pa
     snap = load_checkpoint(tmp_path, device="cpu")
     tokens = torch.randint(0, 320, (1, 24))
     with torch.no_grad():
-        assert torch.allclose(snap.model(tokens), model(tokens).logits, atol=1e-5, rtol=0)
+        assert_close_to_scale(snap.model(tokens), model(tokens).logits)
     from models.checkpoint import save_snapshot
     save_snapshot(tmp_path / "ours", load_checkpoint(out).model, load_checkpoint(out).tokenizer)
     again = load_checkpoint(tmp_path / "ours")

@@ -14,6 +14,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from close import assert_close_to_scale
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -88,7 +89,7 @@ def test_small_preset_builds_and_runs(name):
     # a short prefix works for transformers (probes feed the last, shorter window)
     if isinstance(cfg, TransformerConfig):
         assert model(toks[:, :5]).shape == (3, 5, cfg.d_vocab)
-        torch.testing.assert_close(model(toks[:, :5]), logits[:, :5], atol=1e-5, rtol=1e-5)
+        assert_close_to_scale(model(toks[:, :5]), logits[:, :5])
 
 
 def expected_params(cfg) -> int:
@@ -214,7 +215,7 @@ def test_hook_walk(name):
     assert got == want  # exactly these names (TransformerLens spelling), exactly these shapes
     assert set(model.hook_dict) == set(want) | {f"blocks.{l}.attn.hook_result"
                                                 for l in range(cfg.n_layers)}
-    torch.testing.assert_close(logits, model(toks), atol=1e-5, rtol=1e-5)
+    assert_close_to_scale(logits, model(toks))
 
     causal = torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool).triu(1)
     for l in range(cfg.n_layers):
@@ -269,7 +270,7 @@ def test_hook_result_sums_to_attn_out(name):
             torch.testing.assert_close(result[:, :, h, own], z[:, :, h])
             assert (result[:, :, h, :own.start] == 0).all() and (result[:, :, h, own.stop:] == 0).all()
     model.set_use_attn_result(False)
-    torch.testing.assert_close(model(toks), logits, atol=1e-5, rtol=1e-5)
+    assert_close_to_scale(model(toks), logits)
 
 
 # --------------------------------------------------------------------------------------------
@@ -320,7 +321,7 @@ def test_uniform_pattern_equals_zero_query_key_weights(name):
                 head.W_K.zero_()
     _, cache = zeroed.run_with_cache(toks, names_filter=lambda nm: nm.endswith("hook_pattern"))
     torch.testing.assert_close(cache["blocks.0.attn.hook_pattern"][0, 0], uniform)
-    torch.testing.assert_close(hooked, zeroed(toks), atol=1e-5, rtol=1e-5)
+    assert_close_to_scale(hooked, zeroed(toks))
     assert (hooked - model(toks)).abs().max() > 1e-4
 
 
@@ -363,7 +364,7 @@ def test_explicit_and_fused_paths_agree(name):
     toks = rand_tokens(cfg, batch=3)
     logits_e, grads_e = logits_and_grads(model, toks, "explicit")
     logits_f, grads_f = logits_and_grads(model, toks, "fused")
-    torch.testing.assert_close(logits_f, logits_e, atol=1e-5, rtol=1e-5)
+    assert_close_to_scale(logits_f, logits_e)
     assert grads_e.keys() == grads_f.keys()
     for key in grads_e:
         scale = max(1.0, grads_e[key].abs().max().item())
@@ -373,7 +374,7 @@ def test_explicit_and_fused_paths_agree(name):
     model.set_attn_impl("explicit")
     short_e = model(toks[:, :7])
     model.set_attn_impl("fused")
-    torch.testing.assert_close(model(toks[:, :7]), short_e, atol=1e-5, rtol=1e-5)
+    assert_close_to_scale(model(toks[:, :7]), short_e)
 
 
 class PathSpy:
@@ -665,7 +666,7 @@ def test_any_valid_config_builds_runs_and_paths_agree(cfg, batch):
     model.set_attn_impl("fused")
     logits_f = model(toks)
     assert logits_e.shape == (batch, cfg.n_ctx, cfg.d_vocab)
-    torch.testing.assert_close(logits_f, logits_e, atol=1e-5, rtol=1e-5)
+    assert_close_to_scale(logits_f, logits_e)
     assert config_from_dict(cfg.to_dict()) == cfg
     model.set_attn_impl("auto")
     _, cache = model.run_with_cache(toks)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from close import assert_close_to_scale
 from nanogpt_ref import GPT, GPTConfig, save_like_nanogpt, write_meta_pkl
 
 from models.checkpoint import CheckpointError, is_run_dir, list_snapshots, load_checkpoint, snapshot_step
@@ -35,9 +36,9 @@ def test_nanogpt_checkpoint_gives_its_modules_logits(tmp_path, bias, compiled):
     tokens = torch.randint(0, 65, (3, 16))  # [batch pos], the whole block_size
     with torch.no_grad():
         want = ref(tokens)  # [batch pos vocab]
-        assert torch.allclose(snap.model(tokens), want, atol=1e-5, rtol=0)
+        assert_close_to_scale(snap.model(tokens), want)
         logits, cache = snap.model.run_with_cache(tokens)  # the explicit path, every hook firing
-    assert torch.allclose(logits, want, atol=1e-5, rtol=0)
+    assert_close_to_scale(logits, want)
     assert cache["blocks.1.attn.hook_pattern"].shape == (3, 4, 16, 16)
     cfg = snap.config
     assert (cfg.attn_bias, cfg.mlp_bias, cfg.norm_bias) == (bias, bias, bias)
@@ -85,7 +86,7 @@ def test_folder_of_numbered_checkpoints_is_a_run(tmp_path):
     assert latest.step == 1000 and latest.name == "out/ckpt_001000.pt"
     tokens = torch.arange(10)[None]
     with torch.no_grad():
-        assert torch.allclose(latest.model(tokens), nanogpt(seed=1000)(tokens), atol=1e-5, rtol=0)
+        assert_close_to_scale(latest.model(tokens), nanogpt(seed=1000)(tokens))
     from probes import updates  # g/w/u between two snapshots works on those files, by step
     assert updates.main(["--ckpt", str(run), "--between", "250", "500", "--json"]) == 0
 
