@@ -109,6 +109,19 @@ def number_type(kind: type, *, low: float | None = None, high: float | None = No
     return parse
 
 
+def path_text(text: str) -> str:
+    """An argparse `type=` for a path flag: an empty one (`--ckpt ""`, an unset shell variable)
+    is refused instead of read as the current directory."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty (an unset shell variable?)")
+    return text
+
+
+def path_type(text: str) -> Path:
+    """`path_text` as a Path."""
+    return Path(path_text(text))
+
+
 POSITIVE_INT = number_type(int, low=1)
 NON_NEGATIVE_INT = number_type(int, low=0)
 POSITIVE_FLOAT = number_type(float, above=0)
@@ -118,17 +131,17 @@ FRACTION = number_type(float, low=0, high=1)
 def add_ckpt_arguments(parser: argparse.ArgumentParser, *, required: bool = True,
                        preset_help: str | None = None) -> None:
     """Add --ckpt, --preset, --config and --device, the way every probe CLI takes a model."""
-    parser.add_argument("--ckpt", required=required, metavar="PATH",
+    parser.add_argument("--ckpt", required=required, metavar="PATH", type=path_text,
                         help="snapshot directory, run directory (its latest snapshot), nanoGPT "
                              "ckpt.pt or folder of them, Hugging Face GPT-2 directory, or a series "
                              ".pt state dict (with --preset or --config)")
     parser.add_argument("--preset", metavar="NAME",
                         help=preset_help or "the model preset of a series .pt state dict given as "
                                             "--ckpt (names: python -m models.info --list-presets)")
-    parser.add_argument("--config", metavar="JSON",
+    parser.add_argument("--config", metavar="JSON", type=path_text,
                         help="model config JSON file for a series .pt state dict given as --ckpt "
                              "({\"family\": ..., ...})")
-    parser.add_argument("--tokenizer", metavar="PATH",
+    parser.add_argument("--tokenizer", metavar="PATH", type=path_text,
                         help="for a nanoGPT checkpoint: its meta.pkl, or a directory with GPT-2's "
                              "tokenizer.json (or vocab.json and merges.txt)")
     parser.add_argument("--device", default="auto",

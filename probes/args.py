@@ -6,10 +6,9 @@ re-exports its parser as `build_parser`; the shared argument groups live here on
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from models.cli import (FRACTION, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT, Parser,
-                        add_ckpt_arguments, add_json_argument, number_type)
+                        add_ckpt_arguments, add_json_argument, number_type, path_type, path_text)
 from probes.doctor.log_file import KNOWN_NAMES, parse_tag
 from probes.thresholds import SATURATION, TIMELINE_COLLAPSE, TIMELINE_UNIFORM, Thresholds
 from probes.update_report import TARGET_BAND, band_in_order
@@ -33,8 +32,8 @@ def add_input_arguments(parser: argparse.ArgumentParser, default_samples: int = 
     """--text / --text-file / --data and how the windows are batched, plus --json."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--text", help="text to run the model on (windowed to the model's context)")
-    group.add_argument("--text-file", type=Path, metavar="PATH", help="read the text from this UTF-8 file")
-    group.add_argument("--data", type=Path, metavar="PATH",
+    group.add_argument("--text-file", type=path_type, metavar="PATH", help="read the text from this UTF-8 file")
+    group.add_argument("--data", type=path_type, metavar="PATH",
                        help="a corpus file to sample --samples random windows from (default, with no "
                             "--text or --text-file: the validation split of the run's own data, else "
                             "data/tinyshakespeare.txt)")
@@ -250,11 +249,11 @@ def diagnose_parser() -> Parser:
                     "ranked by severity. Exit 0 whatever the verdict (see --fail-on), 2 for unusable input.",
         epilog="examples:\n" + "".join(f"  python -m probes.diagnose {e}\n" for e in examples),
         checks=[lambda a: None if a.ckpt or a.log else "give --ckpt PATH, --log FILE or both"])
-    parser.add_argument("--ckpt", metavar="PATH",
+    parser.add_argument("--ckpt", metavar="PATH", type=path_text,
                         help="a run directory (or a snapshot inside one: the run up to that snapshot), a "
                              "Trainer output directory or checkpoint-N/, a folder of TensorBoard event "
                              "files, or a nanoGPT ckpt.pt (or its folder) with its printed *.log beside it")
-    parser.add_argument("--log", metavar="FILE",
+    parser.add_argument("--log", metavar="FILE", type=path_text,
                         help="the log to read instead of finding one under --ckpt: nanoGPT's printed "
                              "output (train.py ... | tee train.log), a trainer_state.json or an event file; "
                              "--ckpt may then be left out")
@@ -291,10 +290,10 @@ def tuned_lens_parser() -> Parser:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--steps", type=POSITIVE_INT, metavar="N", help="train the translators for N batches")
     mode.add_argument("--eval", action="store_true", help="read the saved tuned lens instead of training")
-    parser.add_argument("--data", type=Path, metavar="PATH",
+    parser.add_argument("--data", type=path_type, metavar="PATH",
                         help="the text to train and evaluate on (default: the data the run's run.json "
                              "records, else data/tinyshakespeare.txt)")
-    parser.add_argument("--lens", type=Path, metavar="PATH",
+    parser.add_argument("--lens", type=path_type, metavar="PATH",
                         help="the translators' .safetensors file (default: beside the snapshot)")
     parser.add_argument("--batch-size", type=number_type(int, low=1, high=MAX_BATCH, noun="batch size"),
                         default=16, metavar="N", help="windows per training step and per evaluation pass")

@@ -123,6 +123,23 @@ def test_number_types_accept_the_range_and_name_the_problem():
             parse(text)
 
 
+@pytest.mark.parametrize("name, parser", parsers())
+def test_an_empty_path_is_refused_not_read_as_the_current_directory(name, parser):
+    flags = [a.option_strings[0] for a in parser._actions
+             if a.option_strings and a.option_strings[0] in ("--ckpt", "--out", "--data", "--text-file", "--log", "--config")]
+    assert flags or name == "models.info"
+    for flag in flags:  # `--ckpt ""` read "." before: ".: expected a snapshot directory ..."
+        with pytest.raises(UsageError, match=f"^argument {flag}: the path is empty \\(an unset shell variable\\?\\)"):
+            parser.parse_args([flag, ""])
+
+
+def test_an_empty_checkpoint_path_is_refused_by_the_library_too():
+    from models.checkpoint import CheckpointError, load_checkpoint
+
+    with pytest.raises(CheckpointError, match="^the checkpoint path is empty"):
+        load_checkpoint("")
+
+
 def test_parser_errors_and_checks_are_one_line_usage_errors():
     parser = Parser(prog="demo", checks=[lambda a: "--lo must be below --hi" if a.lo >= a.hi else None])
     parser.add_argument("--lo", type=int, default=0)

@@ -6,10 +6,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
-from pathlib import Path
 from typing import Any
 
-from models.cli import NON_NEGATIVE_INT, Parser
+from models.cli import NON_NEGATIVE_INT, Parser, path_type
 
 # Built-in defaults, used when neither a flag, a resumed run nor the preset's recipe gives one.
 TRAIN_DEFAULTS: dict[str, Any] = {
@@ -103,13 +102,13 @@ def build_parser() -> Parser:
     p.add_argument("--preset", metavar="NAME", help="model preset (required unless --resume)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a model config field, e.g. --set n_layers=2 (repeatable)")
-    p.add_argument("--data", type=Path,
+    p.add_argument("--data", type=path_type,
                    help="UTF-8 text file to train on (on --resume: default the file the run recorded)")
     p.add_argument("--tokenizer", choices=("char", "bpe"), default=None,
                    help="char (default): one token per character; bpe: SentencePiece BPE trained "
                         "on --data. A resumed run keeps its own")
     p.add_argument("--bpe-vocab", type=int, default=2048, help="BPE vocabulary size (default 2048)")
-    p.add_argument("--out", type=Path, required=True, metavar="RUN_DIR",
+    p.add_argument("--out", type=path_type, required=True, metavar="RUN_DIR",
                    help="run directory to create (an existing run is refused unless --resume)")
     p.add_argument("--resume", action="store_true",
                    help="continue RUN_DIR from its latest snapshot, optimizer state included")

@@ -38,6 +38,8 @@ def load_checkpoint(path: str | Path, *, preset: str | None = None, config: str 
     """The checkpoint at `path` in any format we read (see the module doc). `preset` / `config`
     describe a series ``.pt`` (the other formats carry their own); `tokenizer` is a nanoGPT
     ``meta.pkl`` or a directory of GPT-2 tokenizer files for a nanoGPT checkpoint."""
+    if not str(path).strip():  # Path("") is the current directory: never read it by accident
+        raise CheckpointError("the checkpoint path is empty: give a snapshot or run directory, or a checkpoint file")
     path = Path(path)
     if path.is_dir():
         return _load_directory(path, preset, config, device, tokenizer)
