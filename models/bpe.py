@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import logging
 import operator
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +22,7 @@ from models.tokenizer_base import (Tokenizer, TokenizerError, UnknownTokenError,
 
 logger = logging.getLogger("models.tokenizers")  # the name it always logged under
 
-__all__ = ["BPETokenizer"]
+__all__ = ["BPETokenizer", "BPEVocabError"]
 
 # Trainer settings fixed so that decode(encode(text)) == text for any text.
 _BPE_FIXED_OPTIONS: dict[str, Any] = {
@@ -34,6 +35,14 @@ _BPE_FIXED_OPTIONS: dict[str, Any] = {
 }
 
 _META = "\u2581"  # SentencePiece's whitespace symbol; a literal one would decode as " "
+
+
+class BPEVocabError(TokenizerError):
+    """vocab_size does not fit the training text: `low` / `high` is the bound it must meet."""
+
+    def __init__(self, message: str, vocab_size: int, low: int | None = None, high: int | None = None):
+        super().__init__(message)
+        self.vocab_size, self.low, self.high = vocab_size, low, high
 
 
 class BPETokenizer(Tokenizer):
@@ -111,10 +120,7 @@ class BPETokenizer(Tokenizer):
             spm.SentencePieceTrainer.train(
                 input=str(text_file), vocab_size=vocab_size, model_writer=model, **options)
         except RuntimeError as exc:
-            raise TokenizerError(
-                f"cannot train a BPE tokenizer with vocab_size={vocab_size} on {text_file}: "
-                f"{_sentencepiece_message(exc)}"
-            ) from None
+            raise _training_error(exc, vocab_size, text_file) from None
         tok = cls(model.getvalue(), source=f"BPE model trained on {text_file}")
         seconds = time.perf_counter() - start
         logger.info("trained BPE tokenizer: vocab_size=%d on %s in %.2fs", vocab_size, text_file, seconds)
@@ -184,6 +190,23 @@ class BPETokenizer(Tokenizer):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["proto"], source=state["source"])  # type: ignore[misc]
+
+
+def _training_error(exc: BaseException, vocab_size: int, text_file: Path) -> TokenizerError:
+    """SentencePiece's refusal in our words: a vocab_size outside what the text allows names the
+    bound (its own text suggests a --character_coverage flag that no CLI of ours has)."""
+    text = _sentencepiece_message(exc)
+    start = f"cannot train a BPE tokenizer with vocab_size={vocab_size} on {text_file}"
+    small = re.search(r"smaller than required_chars\. \d+ vs (\d+)", text)
+    if small:
+        low = int(small.group(1))
+        return BPEVocabError(f"{start}: too small, this text needs at least {low} pieces (one per "
+                             "character kept, 256 byte pieces and the control pieces)", vocab_size, low=low)
+    large = re.search(r"too high \(\d+\)\. Please set it to a value <= (\d+)", text)
+    if large:
+        high = int(large.group(1))
+        return BPEVocabError(f"{start}: too high, this text yields at most {high} pieces", vocab_size, high=high)
+    return TokenizerError(f"{start}: {text}")
 
 
 def _sentencepiece_message(exc: BaseException) -> str:

@@ -287,6 +287,25 @@ def test_bpe_vocab_too_large_is_readable(corpus_file: Path) -> None:
     assert "too high" in msg and "src/" not in msg
 
 
+def test_bpe_vocab_out_of_range_names_the_bound_and_the_cli_flag_not_sentencepieces(corpus_file: Path) -> None:
+    from models.bpe import BPEVocabError
+    from train.data import build_tokenizer
+
+    with pytest.raises(BPEVocabError) as small:
+        BPETokenizer.train(corpus_file, 100)
+    assert small.value.low > 100 and small.value.high is None
+    assert str(small.value) == (f"cannot train a BPE tokenizer with vocab_size=100 on {corpus_file}: too small, this "
+                                f"text needs at least {small.value.low} pieces (one per character kept, 256 byte "
+                                "pieces and the control pieces)")
+    assert BPETokenizer.train(corpus_file, small.value.low).vocab_size == small.value.low  # the bound is right
+    with pytest.raises(ValueError) as cli:  # python -m train said "... with --character_coverage option."
+        build_tokenizer("bpe", corpus_file, "", 100)
+    assert str(cli.value).endswith(f": pass --bpe-vocab {small.value.low} or more")
+    assert "character_coverage" not in str(cli.value)
+    with pytest.raises(ValueError, match=r": too high, this text yields at most (\d+) pieces: pass --bpe-vocab \1 or less$"):
+        build_tokenizer("bpe", corpus_file, "", 100_000)
+
+
 def test_bpe_vocab_too_small_and_bad_inputs(corpus_file: Path, tmp_path: Path) -> None:
     with pytest.raises(TokenizerError, match="vocab_size=50"):
         BPETokenizer.train(corpus_file, 50)

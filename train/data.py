@@ -23,6 +23,7 @@ import torch
 
 from models.config import ModelConfig, TransformerConfig
 from models.loss import block_len, lm_loss
+from models.bpe import BPEVocabError
 from models.tokenizers import BPETokenizer, CharTokenizer, Tokenizer
 from probes.entropy import series_entropy
 
@@ -80,7 +81,11 @@ def build_tokenizer(kind: str, path: Path, text: str, bpe_vocab: int) -> Tokeniz
     if kind == "char":
         return CharTokenizer.from_text(text)
     if kind == "bpe":
-        return BPETokenizer.train(path, bpe_vocab)
+        try:
+            return BPETokenizer.train(path, bpe_vocab)
+        except BPEVocabError as err:  # in this CLI's words: the flag to change, and to what
+            bound = f"{err.low} or more" if err.low is not None else f"{err.high} or less"
+            raise ValueError(f"{err}: pass --bpe-vocab {bound}") from None
     raise ValueError(f"unknown tokenizer kind {kind!r}; use char or bpe")
 
 
