@@ -201,6 +201,20 @@ def describe_model(model: Any) -> str:
 
 # ---------------------------------------------------------------- CLI
 
+def cli_warnings(result: EntropyResult) -> list[str]:
+    """What the CLI says below the table: a diverged layer, and windows of one token (whose one
+    row sees one key: H / ln(1) is 0 / 0, so the normalised entropy is not a number)."""
+    lines = []
+    bad = result.nonfinite_layers()
+    if bad:
+        lines.append(f"attention in layer(s) {', '.join(map(str, bad))} is NaN or inf: the model diverged "
+                     "there (JSON shows null)")
+    if result.tokens == result.windows:
+        lines.append("every window is one token long: its one row sees one key, which gives no normalised "
+                     "entropy (H / ln 1 = 0 / 0: nan, JSON null; the entropy itself is 0); give 2+ tokens")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         args = build_parser().parse_args(argv)
@@ -216,10 +230,8 @@ def main(argv: list[str] | None = None) -> int:
             print_json(result.to_dict())
         else:
             print(result.format())
-        bad = result.nonfinite_layers()
-        if bad:
-            print(f"warning: attention in layer(s) {', '.join(map(str, bad))} is NaN or inf: the "
-                  "model diverged there (JSON shows null)", file=sys.stderr)
+        for line in cli_warnings(result):
+            print(f"warning: {line}", file=sys.stderr)
         return 0
 
     return run_cli(body)

@@ -237,6 +237,18 @@ def test_cli_human_shows_series_shape(snapshot, capsys, tmp_path):
     assert "{0: [" in out and "1: [" in out and f"L{LAYERS - 1}H{HEADS - 1}:" in out
 
 
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_cli_one_token_says_why_the_normalised_entropy_is_nan(snapshot, capsys, json_flag):
+    assert entropy.main(["--ckpt", str(snapshot), "--text", "F", *json_flag]) == 0
+    captured = capsys.readouterr()
+    assert ("nan" in captured.out) != bool(json_flag)  # JSON: null
+    assert captured.err == ("warning: every window is one token long: its one row sees one key, which gives no "
+                            "normalised entropy (H / ln 1 = 0 / 0: nan, JSON null; the entropy itself is 0); "
+                            "give 2+ tokens\n")
+    assert entropy.main(["--ckpt", str(snapshot), "--text", "Fi"]) == 0
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--text", ""], "empty"),
     (["--text", "xyz~"], "~"),
