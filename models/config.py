@@ -193,7 +193,8 @@ def config_from_dict(data: dict[str, Any]) -> ModelConfig:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ValueError(f"unknown {family} config field(s) {unknown}")
+        raise ValueError(f"unknown {family} config field(s) {unknown}; known: family, "
+                         f"{', '.join(f.name for f in dataclasses.fields(cls))}")
     missing = sorted(f.name for f in dataclasses.fields(cls)
                      if f.name not in data and f.default is dataclasses.MISSING)
     if missing:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 __all__ = ["CheckpointError", "current_umask", "dumps_json", "fsync_dir", "fsync_file", "read_json_object",
-           "write_bytes_atomic", "write_error", "writing"]
+           "refuse_unknown_fields", "write_bytes_atomic", "write_error", "writing"]
 
 
 class CheckpointError(ValueError):
@@ -128,6 +128,14 @@ def _json_default(obj: Any) -> Any:
 
 def dumps_json(obj: Any, **kwargs: Any) -> str:
     return json.dumps(obj, default=_json_default, **kwargs)
+
+
+def refuse_unknown_fields(data: dict[str, Any], known: Any, source: Path, what: str) -> None:
+    """A CheckpointError naming the fields of `data` that are not `known`, and the known ones
+    (a misspelt field must not be read as absent)."""
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise CheckpointError(f"{source}: unknown {what} field(s) {unknown}; known: {', '.join(known)}")
 
 
 def read_json_object(path: Path) -> dict[str, Any]:

@@ -17,8 +17,9 @@ import torch
 
 from models import get_preset
 from models.config import ModelConfig
-from models.store.files import CheckpointError
+from models.store.files import CheckpointError, refuse_unknown_fields
 from models.store.result import Snapshot
+from models.store.snapshot import SNAPSHOT_KEYS
 from models.store.weights import build_and_load, parse_config, strip_prefixes, torch_load
 from models.tokenizers import CharTokenizer, Tokenizer, TokenizerError
 
@@ -98,6 +99,7 @@ def _config_file(path: Path) -> ModelConfig:
         raise CheckpointError(f"{path}: config file not found") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
-    if isinstance(data, dict) and "format_version" in data and "model" in data:
-        data = data["model"]  # a snapshot's config.json works too
+    if isinstance(data, dict) and isinstance(data.get("model"), dict):  # a snapshot's config.json works too
+        refuse_unknown_fields(data, SNAPSHOT_KEYS, path, "top-level")
+        data = data["model"]
     return parse_config(data, path)

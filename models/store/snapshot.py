@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from models.config import ModelConfig
 from models.interrupts import deferred_signals
 from models.store.files import (CheckpointError, current_umask, dumps_json, fsync_dir, fsync_file,
-                                read_json_object, write_bytes_atomic, write_error)
+                                read_json_object, refuse_unknown_fields, write_bytes_atomic, write_error)
 from models.store.result import Snapshot
 from models.store.weights import build_and_load, parse_config, torch_load
 from models.tokenizers import Tokenizer, TokenizerError, load_tokenizer
@@ -38,6 +38,7 @@ CONFIG_FILE = "config.json"
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 REQUIRED_KEYS = ("format_version", "model", "tokenizer", "step", "tokens_seen", "tensors_sha256")
+SNAPSHOT_KEYS = REQUIRED_KEYS + ("train_config", "created")  # everything save_snapshot writes
 
 
 # --------------------------------------------------------------------------- save
@@ -162,6 +163,7 @@ def _read_meta(directory: Path) -> dict[str, Any]:
     missing = [key for key in REQUIRED_KEYS if key not in meta]
     if missing:
         raise CheckpointError(f"{path}: missing key(s) {missing}")
+    refuse_unknown_fields(meta, SNAPSHOT_KEYS, path, "top-level")
     if meta["format_version"] != FORMAT_VERSION:
         raise CheckpointError(f"{path}: unknown format_version {meta['format_version']!r} "
                               f"(this version of scratchscope reads {FORMAT_VERSION})")
