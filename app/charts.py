@@ -175,6 +175,21 @@ def position_axis(n: int, size_px: int, title: str) -> alt.Axis:
                     labelLimit=80, labelExpr=f"parseInt(split(datum.value, ':')[0]) % {every} == 0 ? datum.value : ''")
 
 
+DARK_AT = 0.6  # past this fraction of a sequential (or either half of a diverging) scale a cell is dark
+INK = alt.condition("datum.dark", alt.value("white"), alt.value("black"))  # text readable on its cell
+
+
+def shade(values: pd.Series, color: str) -> list[float]:
+    """Where each value sits on lens_grid's colour scale for `color`, 0 (lightest) to 1 (darkest)."""
+    finite = [v for v in values if _ok(v)]
+    if color == "top-1 probability":
+        return [v if _ok(v) else 1.0 for v in values]
+    top = max(finite + [1e-12])
+    if color == "rank of the true next token":  # symlog: log1p
+        return [math.log1p(v) / math.log1p(top) if _ok(v) else 1.0 for v in values]
+    return [v / top if _ok(v) else 1.0 for v in values]
+
+
 def lens_grid(cells: pd.DataFrame, color: str, title: str) -> alt.Chart:
     """Layer x position: the top-1 token as text, coloured by the chosen measure; cells whose
     measure is NaN (column NAN says "NaN") in the NaN colour. Up to FIT_PX wide at its own size;
@@ -186,6 +201,7 @@ def lens_grid(cells: pd.DataFrame, color: str, title: str) -> alt.Chart:
     n = cells["label"].nunique()
     step = min(38, FIT_PX // n)  # pixels per position at its own size
     stretch = step < 14  # too many positions for FIT_PX: the page's width, ~12 px each at 1280 px
+    cells = cells.assign(dark=[not _ok(v) or t > DARK_AT for v, t in zip(cells[color], shade(cells[color], color))])
     base = alt.Chart(cells, title=title).encode(
         x=alt.X("label:N", sort=list(dict.fromkeys(cells["label"])),
                 axis=position_axis(n, FIT_PX if stretch else step * n, "position: input token")),
@@ -194,8 +210,8 @@ def lens_grid(cells: pd.DataFrame, color: str, title: str) -> alt.Chart:
         color=alt.Color(f"{color}:Q", scale=scales[color]), tooltip=tooltips(["layer", "label", "top-k", color]))
     fits = step >= 30  # "(NaN)" in a cell; narrower cells leave the NaN colour and legend to say it
     text = base.transform_calculate(shown="datum['top-1'] == '(NaN)' ? '%s' : datum['top-1']"
-                                    % ("(NaN)" if fits else "")).mark_text(fontSize=10 if stretch else 11).encode(
-        text="shown:N")
+                                    % ("(NaN)" if fits else "")).mark_text(
+        fontSize=12 if stretch else 14, fontWeight="bold").encode(text="shown:N", color=INK)
     return _with_nan(rect, base, cells, text).properties(
         width="container" if stretch else step * n, height=30 * cells["layer"].nunique())
 
@@ -261,7 +277,7 @@ def _with_nan(cells: alt.Chart, base: alt.Chart, data: pd.DataFrame, text: alt.C
     nan = base.transform_filter(f"datum['{NAN}'] == 'NaN'").mark_rect(stroke="white").encode(
         color=alt.Color(f"{NAN}:N", scale=alt.Scale(domain=["NaN"], range=[NAN_COLOUR]),
                         legend=alt.Legend(orient="bottom", title=None)),
-        tooltip=tooltips(c for c in data.columns if c != "text"))
+        tooltip=tooltips(c for c in data.columns if c not in ("text", "dark")))
     return alt.layer(cells, nan, text).resolve_scale(color="independent")
 
 
@@ -322,13 +338,13 @@ def attribution_bars(labels: list[str], values: list[float], title: str, bound: 
 
 def attribution_heatmap(heads: list[list[float]], title: str, bound: float | None = None) -> alt.Chart:
     """Layer x head, each head's direct attribution on attribution_colour's scale."""
-    rows = [{"layer": l, "head": h, "attribution": _finite(v), "text": f"{v:.2f}" if _ok(v) else "-"}
-            for l, row in enumerate(heads) for h, v in enumerate(row)]
-    data = pd.DataFrame(rows)
     bound = bound or attribution_bound(*heads)
+    rows = [{"layer": l, "head": h, "attribution": _finite(v), "text": f"{v:.2f}" if _ok(v) else "-",
+             "dark": _ok(v) and abs(v) > DARK_AT * bound} for l, row in enumerate(heads) for h, v in enumerate(row)]
+    data = pd.DataFrame(rows)
     base = alt.Chart(data, title=title).encode(x=alt.X("head:O"), y=alt.Y("layer:O"))
     cells = base.mark_rect(stroke="white").encode(
         color=attribution_colour(bound),
         tooltip=tooltips(["layer", "head", "attribution"]))
-    text = base.mark_text(fontSize=11).encode(text="text:N")
+    text = base.mark_text(fontSize=11).encode(text="text:N", color=INK)
     return (cells + text).properties(width=max(240, 60 * len(heads[0])), height=44 * len(heads))

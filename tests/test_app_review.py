@@ -53,3 +53,25 @@ def test_a_link_to_a_step_opens_the_snapshot_nearest_it_and_says_which(runs, mon
     slider.set_value("step_000020").run()  # the user moves on: the link no longer holds the slider
     assert next(s for s in app.sidebar.select_slider if s.label == "snapshot").value == "step_000020"
     assert not any("step 12" in i.value for i in app.info)
+
+
+def text_colour(spec: dict) -> dict:
+    """The color encoding of the text layer of a (layered) spec."""
+    layer = next(l for l in spec["layer"] if (l.get("mark") or {}).get("type", l.get("mark")) == "text")
+    return layer["mark"], layer["encoding"]["color"]
+
+
+def test_cell_labels_are_white_on_dark_cells_and_the_lens_letters_are_large_enough(app):  # noqa: F811
+    open_page(app, "lens")
+    for title, value, dark_at in [("top-1 token per layer", "top-1 probability", lambda v, m: v > 0.6),
+                                  ("direct attribution per head", "attribution", lambda v, m: abs(v) > 0.6 * m)]:
+        i = next(i for i in range(len(app.get("vega_lite_chart"))) if title in json.dumps(chart_data(app, i)[1]))
+        frames, spec = chart_data(app, i)
+        mark, colour = text_colour(spec)
+        assert colour["condition"]["value"] == "white" and colour["value"] == "black", colour
+        cells = frames[0]
+        biggest = colour_of(spec, value)["scale"].get("domain", [0, 1])[1]  # attribution: +-the largest |value|
+        assert list(cells["dark"]) == [dark_at(v, biggest) for v in cells[value]], title
+        assert cells["dark"].any() or title.startswith("direct")  # the lens of a trained model has confident cells
+        if value == "top-1 probability":
+            assert mark["fontSize"] >= 12
