@@ -26,7 +26,7 @@ from typing import Any
 
 from models.cli import Parser, add_json_argument, run_cli
 from models.store.files import CheckpointError, read_json_object
-from models.store.run import read_metrics
+from models.store.run import read_metrics, read_run_json
 from probes.sweep_stats import SWEEP_FILE
 
 __all__ = ["SweepResult", "build_parser", "main", "rate_text", "run"]
@@ -128,16 +128,18 @@ def run(sweep_dir: str | Path) -> SweepResult:
         raise ValueError(f"{path} is not a sweep's {SWEEP_FILE} (no grid and runs)")
     for entry in data["runs"]:
         if entry.get("status") == "running":
-            entry["last_step"] = last_step(folder / entry["dir"])
+            entry.update(progress(folder / entry["dir"]))
     return SweepResult(str(sweep_dir), data)
 
 
-def last_step(run_dir: Path) -> int | None:
+def progress(run_dir: Path) -> dict[str, Any]:
+    """How far a run still training got: its last logged step and its planned steps."""
     try:
         records = read_metrics(run_dir)
+        steps = ((read_run_json(run_dir) or {}).get("train") or {}).get("steps")
     except CheckpointError:
-        return None
-    return records[-1]["step"] if records else None
+        return {}
+    return {"last_step": records[-1]["step"] if records else None, "steps": steps}
 
 
 def build_parser() -> Parser:
