@@ -18,6 +18,7 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "save_every": 500, "val_fraction": 0.1, "seed": 1337, "dtype": "fp32", "z_loss": 0.0,
     "unembed_weight_decay": None}
 OPTIMIZERS = ("sgd", "adam", "adamw")
+BPE_VOCAB = 2048  # --bpe-vocab's default
 
 
 def _betas(text: str) -> list[float]:
@@ -107,7 +108,8 @@ def build_parser() -> Parser:
     p.add_argument("--tokenizer", choices=("char", "bpe"), default=None,
                    help="char (default): one token per character; bpe: SentencePiece BPE trained "
                         "on --data. A resumed run keeps its own")
-    p.add_argument("--bpe-vocab", type=int, default=2048, help="BPE vocabulary size (default 2048)")
+    p.add_argument("--bpe-vocab", type=int, default=None,
+                   help=f"BPE vocabulary size with --tokenizer bpe (default {BPE_VOCAB}; a resumed run keeps its own)")
     p.add_argument("--out", type=path_type, required=True, metavar="RUN_DIR",
                    help="run directory to create (an existing run is refused unless --resume)")
     p.add_argument("--resume", action="store_true",

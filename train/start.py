@@ -16,7 +16,8 @@ from models.checkpoint import (latest_snapshot, list_snapshots, load_optimizer_s
 from models.packed_heads import pack_optimizer_state
 from models.store.files import writing
 from models.store.run import read_run_json
-from train.config import (DistInfo, build_optimizer, lr_at, model_config, resolve_train_config)
+from train.args import BPE_VOCAB
+from train.config import (DistInfo, build_optimizer, lr_at, model_config, parse_sets, resolve_train_config)
 from train.data import check_length, load_corpus
 from train.guard import RunLock, check_optimizer_state, clean_leftovers
 from train.state import TrainState
@@ -75,10 +76,7 @@ def recipe(args: argparse.Namespace, snap: Any) -> tuple[str, dict[str, Any]]:
     if snap is None and not args.preset:
         raise ValueError("--preset is required for a new run (python -m models.info lists them)")
     if snap and args.preset and saved.get("preset") not in (None, args.preset):
-        raise ValueError(f"--resume: the run was trained as preset {saved['preset']!r}, not "
-                         f"{args.preset!r}; leave --preset out to continue it")
-    if snap and args.set:
-        log.warning("--resume: ignoring --set %s; the run keeps its saved model config", args.set)
+        raise fixed_by_run("--preset", args.preset, f"it was trained as preset {saved['preset']}")
     preset = args.preset or saved.get("preset")
     if snap is None and preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
@@ -86,6 +84,27 @@ def recipe(args: argparse.Namespace, snap: Any) -> tuple[str, dict[str, Any]]:
     if snap and saved.get("steps") not in (None, tc["steps"]) and tc["schedule"] == "cosine":
         check_new_horizon(args, saved, tc, int(snap.step or 0))
     return preset, {**tc, "preset": preset}
+
+
+def fixed_by_run(flag: str, given: Any, run_has: str) -> ValueError:
+    """A flag naming what the resumed run already fixes, with another value: refused (one rule for
+    every such flag: --preset, --set, --tokenizer, --bpe-vocab); its own value is accepted."""
+    return ValueError(f"--resume: {flag} {given} would change what the run fixes ({run_has}); leave "
+                      f"{flag} out to continue it, or train a new run with another --out")
+
+
+def refuse_changes_to_the_run(args: argparse.Namespace, snap: Any) -> None:
+    """--set, --tokenizer and --bpe-vocab on --resume: the run's model and tokenizer are fixed."""
+    config = snap.config
+    for key, value in parse_sets(config, args.set).items():
+        if getattr(config, key) != value:
+            raise fixed_by_run("--set", f"{key}={value}", f"its model has {key}={getattr(config, key)}")
+    kind = getattr(snap.tokenizer, "kind", None)
+    if args.tokenizer not in (None, kind):
+        raise fixed_by_run("--tokenizer", args.tokenizer, f"the {kind} tokenizer")
+    if args.bpe_vocab is not None and (kind != "bpe" or args.bpe_vocab != snap.tokenizer.vocab_size):
+        size = f" of {snap.tokenizer.vocab_size} pieces" if snap.tokenizer is not None else ""
+        raise fixed_by_run("--bpe-vocab", args.bpe_vocab, f"the {kind} tokenizer{size}")
 
 
 def check_new_horizon(args: argparse.Namespace, saved: dict[str, Any], tc: dict[str, Any],
@@ -121,16 +140,18 @@ def setup(args: argparse.Namespace, dist: DistInfo) -> TrainState:
     resume_from = prepare_run_dir(args.out, args.resume)
     snap = load_snapshot(resume_from) if resume_from is not None else None
     args.data = data_path(args)
-    if snap is not None and args.tokenizer not in (None, getattr(snap.tokenizer, "kind", None)):
-        raise ValueError(f"--resume: the run was trained with the {snap.tokenizer.kind} tokenizer; "
-                         f"--tokenizer {args.tokenizer} cannot change it (leave it out)")
+    if snap is not None:
+        refuse_changes_to_the_run(args, snap)
+    elif args.bpe_vocab is not None and args.tokenizer != "bpe":
+        raise ValueError(f"--bpe-vocab {args.bpe_vocab} applies to --tokenizer bpe only (this run's is "
+                         f"{args.tokenizer or 'char'}): leave it out, or add --tokenizer bpe")
     args.tokenizer = args.tokenizer or "char"
     preset, tc = recipe(args, snap)
     if tc["warmup"] >= tc["steps"]:
         log.warning("--warmup %d is not shorter than the run (--steps %d): the learning rate never "
                     "reaches %g; lower --warmup (the gpt2_124m recipe warms up for 715 steps)",
                     tc["warmup"], tc["steps"], tc["lr"])
-    corpus = load_corpus(args.data, args.tokenizer, tc["val_fraction"], bpe_vocab=args.bpe_vocab,
+    corpus = load_corpus(args.data, args.tokenizer, tc["val_fraction"], bpe_vocab=args.bpe_vocab or BPE_VOCAB,
                          tokenizer=snap.tokenizer if snap else None)
     cfg = snap.config if snap else model_config(preset, args.set, corpus.tokenizer.vocab_size)
     check_length(corpus, cfg)

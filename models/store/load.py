@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +20,12 @@ from models.store.files import CheckpointError, read_json_object
 from models.store.hf import is_hf_config, load_hf_gpt2
 from models.store.nanogpt import is_nanogpt, load_nanogpt, why_not_nanogpt
 from models.store.result import Snapshot
-from models.store.run import SNAPSHOT_CONFIG, is_run_dir, latest_snapshot
+from models.store.run import SNAPSHOT_CONFIG, is_run_dir, latest_snapshot, read_run_json
 from models.store.series import SERIES_SUFFIXES, load_series_checkpoint
 from models.store.snapshot import MODEL_FILE, load_snapshot
 from models.store.weights import torch_load
 
 __all__ = ["load_checkpoint"]
-
-logger = logging.getLogger(__name__)
 
 NANOGPT_FILE = "ckpt.pt"  # what nanoGPT's train.py writes into its out_dir
 
@@ -55,13 +52,15 @@ def load_checkpoint(path: str | Path, *, preset: str | None = None, config: str 
 def _load_directory(path: Path, preset: str | None, config: Any, device: Any, tokenizer: Any) -> Snapshot:
     if (path / SNAPSHOT_CONFIG).is_file():
         data = read_json_object(path / SNAPSHOT_CONFIG)
-        _ignored(preset, config, "Hugging Face directory" if is_hf_config(data) else "snapshot", path)
+        trained = data.get("train_config")
+        recorded = trained.get("preset") if isinstance(trained, dict) else None
+        _fixed(preset, config, "Hugging Face directory" if is_hf_config(data) else "snapshot", path, recorded)
         return load_hf_gpt2(path, data, device) if is_hf_config(data) else load_snapshot(path, device)
     if (path / MODEL_FILE).is_file():  # a snapshot that lost its config.json: its loader says so
-        _ignored(preset, config, "snapshot", path)
+        _fixed(preset, config, "snapshot", path)
         return load_snapshot(path, device)
     if is_run_dir(path):
-        _ignored(preset, config, "run", path)
+        _fixed(preset, config, "run", path, (read_run_json(path) or {}).get("preset"))
         latest = latest_snapshot(path)
         if latest.is_file():  # a folder of nanoGPT checkpoints: its highest step
             return _load_pt(latest, None, None, device, tokenizer)
@@ -73,15 +72,20 @@ def _load_directory(path: Path, preset: str | None, config: Any, device: Any, to
                           "GPT-2 directory or a nanoGPT out_dir (with ckpt.pt)")
 
 
-def _ignored(preset: str | None, config: Any, kind: str, path: Path) -> None:
-    if preset or config:
-        logger.warning("ignoring --preset/--config: %s %s carries its own config", kind, path)
+def _fixed(preset: str | None, config: Any, kind: str, path: Path, recorded: Any = None) -> None:
+    """--preset / --config describe a series .pt; a checkpoint carrying its own config fixes what they
+    would say: refused, as a resumed run refuses a flag it fixes (the preset it records is accepted)."""
+    flag = "--config" if config else "--preset" if preset and preset != recorded else None
+    if flag:
+        trained = f", trained as preset {recorded}" if recorded else ""
+        raise CheckpointError(f"{flag} {config or preset}: {kind} {path} carries its own model config{trained}; "
+                              f"leave {flag} out ({flag} describes a series .pt state dict)")
 
 
 def _load_pt(path: Path, preset: str | None, config: Any, device: Any, tokenizer: Any) -> Snapshot:
     loaded = torch_load(path)  # weights_only=True: a file that needs more is refused in one line
     if is_nanogpt(loaded):
-        _ignored(preset, config, "nanoGPT checkpoint", path)
+        _fixed(preset, config, "nanoGPT checkpoint", path)
         return load_nanogpt(path, loaded, device, tokenizer)
     if isinstance(loaded, dict) and "model_args" in loaded:  # nanoGPT's, with a part missing
         raise CheckpointError(f"{path}: not a whole nanoGPT checkpoint ({why_not_nanogpt(loaded)}): "
