@@ -179,29 +179,33 @@ DARK_AT = 0.6  # past this fraction of a sequential (or either half of a divergi
 INK = alt.condition("datum.dark", alt.value("white"), alt.value("black"))  # text readable on its cell
 
 
-def shade(values: pd.Series, color: str) -> list[float]:
-    """Where each value sits on lens_grid's colour scale for `color`, 0 (lightest) to 1 (darkest)."""
+def shade(values: pd.Series, color: str, top: float | None = None) -> list[float]:
+    """Where each value sits on lens_grid's colour scale for `color` (up to `top`, else the largest
+    value), 0 (lightest) to 1 (darkest)."""
     finite = [v for v in values if _ok(v)]
     if color == "top-1 probability":
         return [v if _ok(v) else 1.0 for v in values]
-    top = max(finite + [1e-12])
+    top = top or max(finite + [1e-12])
     if color == "rank of the true next token":  # symlog: log1p
         return [math.log1p(v) / math.log1p(top) if _ok(v) else 1.0 for v in values]
     return [v / top if _ok(v) else 1.0 for v in values]
 
 
-def lens_grid(cells: pd.DataFrame, color: str, title: str) -> alt.Chart:
+def lens_grid(cells: pd.DataFrame, color: str, title: str, rank_top: int | None = None) -> alt.Chart:
     """Layer x position: the top-1 token as text, coloured by the chosen measure; cells whose
     measure is NaN (column NAN says "NaN") in the NaN colour. Up to FIT_PX wide at its own size;
     more positions than fit make a chart of width "container" (show it stretched: it fits the
-    page, every label or every k-th on the axis and each cell's position in its tooltip)."""
+    page, every label or every k-th on the axis and each cell's position in its tooltip).
+    `rank_top` (the vocabulary's last rank) fixes the rank scale, so two lenses' grids share it."""
+    ranks = {"domain": [0, rank_top]} if rank_top else {}
     scales = {"top-1 probability": alt.Scale(scheme="greens", domain=[0, 1]),
               "KL to final (nats)": alt.Scale(scheme="orangered"),
-              "rank of the true next token": alt.Scale(scheme="purples", type="symlog")}
+              "rank of the true next token": alt.Scale(scheme="purples", type="symlog", **ranks)}
     n = cells["label"].nunique()
     step = min(38, FIT_PX // n)  # pixels per position at its own size
     stretch = step < 14  # too many positions for FIT_PX: the page's width, ~12 px each at 1280 px
-    cells = cells.assign(dark=[not _ok(v) or t > DARK_AT for v, t in zip(cells[color], shade(cells[color], color))])
+    top = rank_top if color == "rank of the true next token" else None
+    cells = cells.assign(dark=[not _ok(v) or t > DARK_AT for v, t in zip(cells[color], shade(cells[color], color, top))])
     base = alt.Chart(cells, title=title).encode(
         x=alt.X("label:N", sort=list(dict.fromkeys(cells["label"])),
                 axis=position_axis(n, FIT_PX if stretch else step * n, "position: input token")),

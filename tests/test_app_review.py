@@ -75,3 +75,21 @@ def test_cell_labels_are_white_on_dark_cells_and_the_lens_letters_are_large_enou
         assert cells["dark"].any() or title.startswith("direct")  # the lens of a trained model has confident cells
         if value == "top-1 probability":
             assert mark["fontSize"] >= 12
+
+
+def test_the_logit_and_the_tuned_lens_colour_ranks_on_one_scale(runs, monkeypatch, tmp_path):  # noqa: F811
+    import shutil
+
+    from probes import tuned_lens
+
+    lensed = tmp_path / "runs"
+    shutil.copytree(runs / "a_rms", lensed / "a_rms")
+    assert tuned_lens.main(["--ckpt", str(lensed / "a_rms"), "--steps", "3", "--batch-size", "2",
+                            "--samples", "2", "--no-progress", "--device", "cpu"]) == 0
+    app = fresh_app(lensed, monkeypatch, run="a_rms")
+    open_page(app, "lens")
+    app.radio(key="lens_measure").set_value("rank of the true next token").run()
+    grids = specs_titled(app, "top-1 token per layer and position")
+    assert len(grids) == 2 and "tuned lens: top-1" in json.dumps(grids[1])
+    scales = [colour_of(spec, "rank of the true next token")["scale"] for spec in grids]
+    assert scales[0] == scales[1] and scales[0]["domain"][0] == 0 and scales[0]["domain"][1] > 1, scales

@@ -27,7 +27,8 @@ def render(sel: Selection) -> None:
     measure = st.radio("colour by", MEASURES, horizontal=True, key="lens_measure")
     result = data.lens(*sel.key[:2], sel.text, 5, sel.run.preset)
     cells = lens_cells(result)
-    show(charts.lens_grid(with_nan(cells, measure), measure, "top-1 token per layer and position"))
+    rank_top = snap.tokenizer.vocab_size - 1  # one rank scale for the logit and the tuned lens
+    show(charts.lens_grid(with_nan(cells, measure), measure, "top-1 token per layer and position", rank_top))
     nan = [label for label in result["layers"] if (cells[cells["layer"] == label]["top-1"] == NOT_FINITE).any()]
     if nan:
         st.caption(f"{NOT_FINITE}: the layer's distribution holds NaN or inf there (layers {', '.join(nan)}), "
@@ -37,7 +38,7 @@ def render(sel: Selection) -> None:
                    "layer's distribution is not finite, so there is nothing to measure against.")
     kl = pd.DataFrame({"layer": result["layers"], "KL(final || layer)": result["kl_to_final"], "run": "this"})
     show(charts.per_layer_line(kl, "KL(final || layer)", "run", "KL to the final layer, per layer"), stretch=True)
-    tuned.render_tuned(sel, result, measure)
+    tuned.render_tuned(sel, result, measure, rank_top)
     _attribution(sel, snap)
 
 

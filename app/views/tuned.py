@@ -20,8 +20,9 @@ def train_command(sel: Selection) -> str:
     return f"python -m probes.tuned_lens --ckpt {ckpt} --steps 500"
 
 
-def render_tuned(sel: Selection, logit: dict, measure: str) -> None:
-    """Below the logit lens: `logit` is its result (data.lens), `measure` the grid's colour."""
+def render_tuned(sel: Selection, logit: dict, measure: str, rank_top: int | None = None) -> None:
+    """Below the logit lens: `logit` is its result (data.lens), `measure` the grid's colour, `rank_top`
+    the top of the rank scale both grids share."""
     from app.views.lens import lens_cells
 
     st.subheader("Tuned lens")
@@ -45,4 +46,4 @@ def render_tuned(sel: Selection, logit: dict, measure: str) -> None:
         pd.DataFrame({"layer": result["layers"], "KL(final || layer)": result["kl_to_final"], "lens": "tuned lens"})])
     show(charts.per_layer_line(kl, "KL(final || layer)", "lens", "KL to the final layer: logit lens and tuned lens"),
          stretch=True)
-    show(charts.lens_grid(lens_cells(result), measure, "tuned lens: top-1 token per layer and position"))
+    show(charts.lens_grid(lens_cells(result), measure, "tuned lens: top-1 token per layer and position", rank_top))
