@@ -229,8 +229,10 @@ def per_layer_line(data: pd.DataFrame, y: str, color: str, title: str) -> alt.Ch
     frame = data.assign(**{NAN: ["NaN" if m else "" for m in missing]}) if missing.any() else data
     base = alt.Chart(frame).encode(
         x=alt.X("layer:N", sort=order),
-        color=alt.Color(f"{color}:N", legend=alt.Legend(orient="bottom", title=None)))
-    line = base.mark_line(point=True).encode(y=alt.Y(f"{y}:Q", title=y), tooltip=tooltips(data.columns))
+        color=alt.Color(f"{color}:N", legend=alt.Legend(orient="bottom", title=None, labelLimit=0)))
+    # all NaN: no extent to scale to (Vega's "Infinite extent", one tick at 0); a plain 0..1 floor for the crosses
+    scale = alt.Scale(domain=[0, 1]) if missing.all() else alt.Undefined
+    line = base.mark_line(point=True).encode(y=alt.Y(f"{y}:Q", title=y, scale=scale), tooltip=tooltips(data.columns))
     if not missing.any():
         return line.properties(title=title, height=220)
     nan = base.transform_filter(f"datum['{NAN}'] == 'NaN'")

@@ -93,3 +93,23 @@ def test_the_logit_and_the_tuned_lens_colour_ranks_on_one_scale(runs, monkeypatc
     assert len(grids) == 2 and "tuned lens: top-1" in json.dumps(grids[1])
     scales = [colour_of(spec, "rank of the true next token")["scale"] for spec in grids]
     assert scales[0] == scales[1] and scales[0]["domain"][0] == 0 and scales[0]["domain"][1] > 1, scales
+
+
+def test_the_lens_kl_of_a_diverged_snapshot_has_a_finite_axis_and_lines_name_their_snapshots(monkeypatch):
+    from pathlib import Path
+
+    nan_run = Path(__file__).resolve().parent.parent / "checkpoints" / "transformer4_nan"
+    app = fresh_app(nan_run.parent / "transformer4_nan", monkeypatch, run="transformer4_nan")
+    open_page(app, "lens")
+    [kl] = specs_titled(app, "KL to the final layer, per layer")
+    frames = chart_data(app, next(i for i in range(len(app.get("vega_lite_chart")))
+                                  if "KL to the final layer, per layer" in json.dumps(chart_data(app, i)[1])))[0]
+    assert frames[0]["KL(final || layer)"].isna().all()  # the final layer is NaN: nothing to measure against
+    assert set(frames[0]["run"]) == {"transformer4_nan / step_000005"}  # not "this"
+    line = next(l for l in kl["layer"] if (l.get("mark") or {}).get("type") == "line")
+    assert line["encoding"]["y"]["scale"]["domain"] == [0, 1]  # no "Infinite extent"
+    open_page(app, "compare")
+    [kl] = specs_titled(app, "logit-lens KL per layer")
+    i = next(i for i in range(len(app.get("vega_lite_chart"))) if "logit-lens KL" in json.dumps(chart_data(app, i)[1]))
+    assert set(chart_data(app, i)[0][0]["run"]) == {"A: transformer4_nan / step_000005",
+                                                    "B: transformer4_nan / step_000000"}

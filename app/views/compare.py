@@ -56,8 +56,9 @@ def snapshots(sel: Selection) -> None:
             and len(attn[0]["normalized"][0]) == len(attn[1]["normalized"][0]):
         show(charts.difference_grid(attn[0]["normalized"], attn[1]["normalized"],
                                     "B - A: normalised entropy (red: B more focused)"))
+    names = [f"{ab}: {run.label} / {path.name}" for ab, (run, path) in zip("AB", (a, b))]  # name the snapshots
     kl = [{"layer": layer, "run": name, "KL(final || layer)": value}
-          for name, r in zip(("A", "B"), results) if r.get("lens")
+          for name, r in zip(names, results) if r.get("lens")
           for layer, value in zip(r["lens"]["layers"], r["lens"]["kl_to_final"])]
     if kl:
         show(charts.per_layer_line(pd.DataFrame(kl), "KL(final || layer)", "run", "logit-lens KL per layer"),

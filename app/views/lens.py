@@ -36,7 +36,8 @@ def render(sel: Selection) -> None:
     if all(v is None for v in result["kl_to_final"]):
         st.caption("KL to the final layer is NaN at every layer (crosses on the floor): the final "
                    "layer's distribution is not finite, so there is nothing to measure against.")
-    kl = pd.DataFrame({"layer": result["layers"], "KL(final || layer)": result["kl_to_final"], "run": "this"})
+    kl = pd.DataFrame({"layer": result["layers"], "KL(final || layer)": result["kl_to_final"],
+                       "run": f"{sel.run.label} / {sel.snapshot.name}"})
     show(charts.per_layer_line(kl, "KL(final || layer)", "run", "KL to the final layer, per layer"), stretch=True)
     tuned.render_tuned(sel, result, measure, rank_top)
     _attribution(sel, snap)
