@@ -286,7 +286,7 @@ def tuned_lens_parser() -> Parser:
         "<snapshot>.tuned_lens.safetensors + .json; or read one with --eval. Either way, prints "
         "KL(final||layer) and cross-entropy per layer for the logit lens and the tuned lens on "
         "random windows of the validation split.",
-        f"--ckpt {gpt} --data {DATA} --steps 500", f"--ckpt {gpt} --eval --json")
+        f"--ckpt {gpt} --eval --json", f"--ckpt {gpt} --steps 500 --lens runs/gpt_lens.safetensors")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--steps", type=POSITIVE_INT, metavar="N", help="train the translators for N batches")
     mode.add_argument("--eval", action="store_true", help="read the saved tuned lens instead of training")
@@ -295,6 +295,8 @@ def tuned_lens_parser() -> Parser:
                              "records, else data/tinyshakespeare.txt)")
     parser.add_argument("--lens", type=path_type, metavar="PATH",
                         help="the translators' .safetensors file (default: beside the snapshot)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace a tuned lens already saved there (without it, training refuses)")
     parser.add_argument("--batch-size", type=number_type(int, low=1, high=MAX_BATCH, noun="batch size"),
                         default=16, metavar="N", help="windows per training step and per evaluation pass")
     parser.add_argument("--lr", type=POSITIVE_FLOAT, default=3e-3, help="Adam's learning rate (decayed linearly to 0)")

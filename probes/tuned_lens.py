@@ -214,10 +214,17 @@ def load(snap: Any, path: str | Path | None = None) -> TunedLens:
 
 
 def train_and_save(snap: Any, corpus: Corpus, steps: int, *, batch_size: int = 16, lr: float = 3e-3,
-                   seed: int = 0, progress: bool | None = None, path: str | Path | None = None) -> TunedLens:
+                   seed: int = 0, progress: bool | None = None, path: str | Path | None = None,
+                   force: bool = False) -> TunedLens:
     """Train translators for the snapshot on the corpus's training split and save them beside it
-    (or at `path`); the lens carries its record as `.meta`."""
+    (or at `path`, its folder made); the lens carries its record as `.meta`. A lens already there
+    (the shipped run's is tracked by git) is replaced only with `force`."""
     files = lens_paths(snap.path, path)  # a bad path is refused before minutes of training
+    if not force and any(f.exists() for f in files):
+        raise ProbeInputError(f"{files[0]}: a tuned lens is already there: give --force to replace it, or "
+                              "--lens PATH.safetensors to save another one elsewhere (nothing was trained)")
+    if path is not None:
+        files[0].parent.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     lens = TunedLens(snap.model)
     n_ctx = int(snap.model.cfg.n_ctx)
@@ -289,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             lens = load(snap, args.lens)
         else:
             lens = train_and_save(snap, corpus, args.steps, batch_size=args.batch_size, lr=args.lr,
-                                  seed=args.seed, progress=args.progress, path=args.lens)
+                                  seed=args.seed, progress=args.progress, path=args.lens, force=args.force)
             print(f"saved {lens_paths(snap.path, args.lens)[0]} (final training KL "
                   f"{lens.meta['final_loss']:.4f})", file=sys.stderr)
         n_ctx = int(snap.model.cfg.n_ctx)

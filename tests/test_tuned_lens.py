@@ -205,6 +205,23 @@ def test_broken_or_missing_lens_files_are_one_line(run, capsys):
     assert code == 2 and ".safetensors" in one_error_line(err)
 
 
+def test_a_saved_lens_is_replaced_only_with_force(run, tmp_path, capsys):
+    """Training again beside a snapshot silently overwrote its lens (the shipped run's is tracked
+    by git): now refused before any training, unless --force; --lens saves elsewhere, folders made."""
+    small = ("--batch-size", 2, "--samples", 2)
+    assert cli(capsys, "--ckpt", run, "--steps", 1, *small)[0] == 0
+    tensors, record = lens_paths(run / "step_000010")
+    saved = tensors.read_bytes(), record.read_bytes()
+    code, _, err = cli(capsys, "--ckpt", run, "--steps", 3, "--seed", 1, *small)
+    assert code == 2 and "a tuned lens is already there: give --force" in one_error_line(err)
+    assert (tensors.read_bytes(), record.read_bytes()) == saved
+    elsewhere = tmp_path / "new" / "folder" / "lens.safetensors"
+    assert cli(capsys, "--ckpt", run, "--steps", 3, "--seed", 1, "--lens", elsewhere, *small)[0] == 0
+    assert elsewhere.is_file() and elsewhere.with_suffix(".json").is_file()
+    assert cli(capsys, "--ckpt", run, "--steps", 3, "--seed", 1, "--force", *small)[0] == 0
+    assert tensors.read_bytes() == elsewhere.read_bytes() and json.loads(record.read_text())["steps"] == 3
+
+
 def test_an_mlp_family_model_is_one_line_and_exit_2(tmp_path, capsys):
     snap = save_snapshot(tmp_path / "mlp", build_model(get_preset("char_mlp_small")), CharTokenizer.from_text(TEXT))
     (tmp_path / "text.txt").write_text(TEXT)
