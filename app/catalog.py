@@ -123,7 +123,7 @@ def foreign_row(path: Path) -> dict[str, Any]:
 
 @st.cache_data(max_entries=64, show_spinner=False)
 def _summary(path: str, stamp: tuple) -> dict[str, Any]:
-    """model, steps, snapshots, last val loss and state (healthy / diverged) from the files alone."""
+    """model, steps, snapshots, last val loss and state (logged / diverged) from the files alone."""
     where_ = Path(path)
     if not is_run_dir(where_):
         meta = read_json_object(where_ / "config.json") if is_snapshot_dir(where_) else {}
@@ -137,7 +137,8 @@ def _summary(path: str, stamp: tuple) -> dict[str, Any]:
     return {"model": describe(info.get("preset"), model or {}),
             "steps": records[-1]["step"] if records else None, "snapshots": len(snaps),
             "last val loss": shown_loss(losses[-1]) if losses else "-",
-            "state": "diverged" if diverged(records) else "healthy" if records else "no metrics yet",
+            # what the files hold; whether that is healthy is the doctor's word (its own column)
+            "state": "diverged" if diverged(records) else "logged" if records else "no metrics yet",
             "is_run": True}
 
 

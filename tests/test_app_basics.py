@@ -121,8 +121,9 @@ def test_compare_keeps_a_nan_runs_kl_and_the_whole_head_grid(start):
     no_traceback_box(at, "compare")
     charts = at.get("vega_lite_chart")
     kl = datasets(charts[-1])[0]
-    assert set(kl["run"]) == {"A", "B"}
-    assert (kl[kl["run"] == "A"]["NaN"] == "NaN").all() and (kl[kl["run"] == "B"]["NaN"] == "").all()
+    a, b = "A: transformer4_nan / step_000005", "B: shakespeare_gpt / step_001500"  # the lines name their snapshots
+    assert set(kl["run"]) == {a, b}
+    assert (kl[kl["run"] == a]["NaN"] == "NaN").all() and (kl[kl["run"] == b]["NaN"] == "").all()
     grids = [c for c in charts if "verdict" in datasets(c)[0].columns]  # A's and B's, after the run overlay
     gpt = datasets(grids[1])[0]
     assert sorted(set(gpt["head"])) == list(range(6))
@@ -194,7 +195,7 @@ def test_the_landing_view_lists_each_run_with_its_state_without_loading_a_model(
     assert table.loc["transformer4_nan", "state"] == "diverged"
     assert table.loc["transformer4_nan", "doctor"] == "failed"
     assert table.loc["transformer4_nan", "last val loss"] == "NaN"
-    assert table.loc["shakespeare_rms4_adam", "state"] == "healthy"
+    assert table.loc["shakespeare_rms4_adam", "state"] == "logged"  # health is the doctor's column
     assert table.loc["shakespeare_rms4_adam", "doctor"] == "healthy"
     assert table.loc["shakespeare_rms4_adam", "steps"] == 3000
     assert table.loc["shakespeare_rms4_adam", "model"].startswith("transformer4_rms · transformer 4L×4H")

@@ -113,3 +113,22 @@ def test_the_lens_kl_of_a_diverged_snapshot_has_a_finite_axis_and_lines_name_the
     i = next(i for i in range(len(app.get("vega_lite_chart"))) if "logit-lens KL" in json.dumps(chart_data(app, i)[1]))
     assert set(chart_data(app, i)[0][0]["run"]) == {"A: transformer4_nan / step_000005",
                                                     "B: transformer4_nan / step_000000"}
+
+
+def test_the_landing_view_leaves_health_to_the_doctor(monkeypatch):
+    """attn1_noscale's files hold no NaN, but the doctor fails it: the state column said "healthy"
+    beside "failed"; now it says what the files hold and the doctor alone judges."""
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    monkeypatch.delenv("SCRATCHSCOPE_RUNS", raising=False)
+    monkeypatch.delenv("SCRATCHSCOPE_NO_SHIPPED", raising=False)
+    at = AppTest.from_file("../app/main.py", default_timeout=180)
+    at.run()
+    table = at.dataframe[0].value.set_index("run")
+    assert table.loc["attn1_noscale", "doctor"] == "failed"
+    words = {"healthy", "warning", "failed"}
+    assert not words & set(table["state"]), table["state"].to_dict()  # health words are the doctor's column
+    assert table.loc["transformer4_nan", "state"] == "diverged"

@@ -53,10 +53,11 @@ def table(sources: list[data.Source]) -> None:
     st.dataframe(rows.style.map(colour, subset=["state", "doctor"]), hide_index=True, width="stretch",
                  column_config={"steps": st.column_config.NumberColumn(format="%d", help="last logged step"),
                                 "state": st.column_config.TextColumn(
-                                    help="healthy; diverged: a NaN/inf loss or a 'diverged' record; "
+                                    help="what the files hold: logged; diverged: a NaN/inf loss or a 'diverged' record; "
                                          "training now: metrics written in the last 2 minutes under a lock"),
                                 "doctor": st.column_config.TextColumn(
-                                    help="the run doctor's verdict (probes.diagnose): see the Overview")})
+                                    help="the run doctor's verdict (probes.diagnose), the one word on a "
+                                         "run's health: see the Overview")})
 
 
 def colour(value: object) -> str:
