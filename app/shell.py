@@ -18,7 +18,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import catalog, data, warm
+from app import catalog, data, sweeps, warm
 from app.views.common import PAGES, Selection
 from app.views.live import FOLLOWS_NEWEST, newest_unless_moved, snapshot_slider_key
 
@@ -69,7 +69,9 @@ def pick_text(run: data.Source) -> str:
 def sidebar() -> tuple[Selection | None, list[data.Source]]:
     st.sidebar.title("scratchscope")
     typed = typed_sources()
-    sources = catalog.labelled([*typed, *data.discover(run_roots())])
+    roots = run_roots()
+    st.session_state["sweeps"] = sweeps.discover(roots)  # their runs are listed like any other
+    sources = catalog.labelled([*typed, *data.discover([*roots, *st.session_state["sweeps"]])])
     if not sources:
         st.sidebar.error("No runs found: pass `-- --runs DIR` or type a path above.")
         return None, []

@@ -14,7 +14,7 @@ from app import data
 
 # (url_path, title) of each page; app/main.py builds the navigation from screens/<url_path>.py
 PAGES = [("home", "Runs"), ("overview", "Overview"), ("attention", "Attention"), ("dynamics", "Training dynamics"),
-         ("embeddings", "Embeddings"), ("lens", "Logit lens"), ("compare", "Compare")]
+         ("embeddings", "Embeddings"), ("lens", "Logit lens"), ("compare", "Compare"), ("sweep", "Sweep")]
 
 
 @dataclass

@@ -13,8 +13,9 @@ from datetime import timedelta
 import pandas as pd
 import streamlit as st
 
-from app import catalog, data
+from app import catalog, data, sweeps
 from app.views import live
+from app.views.common import first_line
 
 WATCH_EVERY = timedelta(seconds=5)
 
@@ -33,11 +34,30 @@ def render(sources: list[data.Source]) -> None:
                 "under \"Open a path\" in the sidebar.")
         return
     live.live(table, any(s.is_run and data.is_training(s.path) for s in sources))(sources)
+    sweep_list(st.session_state.get("sweeps") or [])
     st.markdown("**Open a run**")
     columns = st.columns(4)
     for i, source in enumerate(sources):
         columns[i % len(columns)].page_link("screens/overview.py", label=source.label,
                                             query_params={"run": source.label}, icon=":material/arrow_forward:")
+
+
+def sweep_list(folders: list) -> None:
+    """The learning-rate sweeps found (python -m train.sweep), each with its LR sensitivities."""
+    if not folders:
+        return
+    st.subheader("Sweeps")
+    rows, labels = [], [sweeps.label_of(f, folders) for f in folders]
+    for label, folder in zip(labels, folders):
+        try:
+            rows.append({"sweep": label, **sweeps.overview_row(sweeps.read(folder))})
+        except Exception as exc:  # noqa: BLE001 - one row says so; the Sweep page says why
+            rows.append({"sweep": label, "status": f"unreadable: {first_line(exc)}"})
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    columns = st.columns(4)
+    for i, label in enumerate(labels):
+        columns[i % len(columns)].page_link("screens/sweep.py", label=f"Sweep {label}", query_params={"sweep": label},
+                                            icon=":material/show_chart:")
 
 
 def watch_runs(sources: list[data.Source]) -> None:
