@@ -13,6 +13,10 @@ from typing import Any, ClassVar
 
 ATTN_SCALES = ("none", "sqrt_d_model", "sqrt_d_head")
 NORMS = ("none", "rms", "layer")
+# fields added to the configs after they were first saved, each with the value that means "as
+# before": a config saved without one reads as that value, and identities (a tuned lens's config
+# hash) leave it out at that value, so artefacts made before it still match
+ADDED_FIELDS = {"qk_norm": "none"}
 NORM_PLACEMENTS = ("pre", "post")
 ACT_FNS = ("relu", "gelu", "gelu_tanh", "tanh")  # gelu: exact (nanoGPT); gelu_tanh: GPT-2's gelu_new
 POS_EMBEDS = ("learned", "none")

@@ -29,6 +29,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
+from models.config import ADDED_FIELDS
 from models.runs import dumps_json, write_bytes_atomic
 from models.store.files import writing
 from probes.errors import ProbeInputError
@@ -60,8 +61,11 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def config_sha256(config: Any) -> str:
-    """sha256 of the model config as canonical JSON (sorted keys): the architecture's identity."""
+    """sha256 of the model config as canonical JSON (sorted keys): the architecture's identity. A
+    field added to the configs later, at the value that means "as before" (`ADDED_FIELDS`), is left
+    out, so a lens saved before the field existed still matches its model."""
     fields = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+    fields = {k: v for k, v in fields.items() if k not in ADDED_FIELDS or v != ADDED_FIELDS[k]}
     return sha256_bytes(json.dumps(fields, sort_keys=True, default=str).encode())
 
 

@@ -198,3 +198,15 @@ def test_a_monitored_nanogpt_run_is_told_its_own_words(tmp_path):
     assert "--set" not in finding(d, "attn_logit_growth").fix
     assert "CausalSelfAttention" in finding(d, "attn_logit_growth").fix
     assert "logsumexp" in finding(d, "output_logit_growth").fix
+
+
+def test_a_tuned_lens_saved_before_qk_norm_existed_still_matches_its_model():
+    """The config hash leaves out an added field at its "as before" value, and only then."""
+    from probes.tuned_lens_file import config_sha256
+
+    import dataclasses
+
+    cfg = tiny().cfg
+    old = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "qk_norm"}  # the config before the field
+    assert config_sha256(cfg) == config_sha256(old)
+    assert config_sha256(cfg.replace(qk_norm="rms")) != config_sha256(cfg)
