@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.cli import Parser, add_json_argument, run_cli
+from models.cli import Parser, add_json_argument, path_text, run_cli
 from models.store.files import CheckpointError, read_json_object
 from models.store.run import read_metrics, read_run_json
 from probes.sweep_stats import SWEEP_FILE
@@ -149,7 +149,8 @@ def build_parser() -> Parser:
                            "variant's LR sensitivity (Wortsman et al. 2023) and widest stable range.",
                epilog="examples:\n  python -m probes.sweep --ckpt sweeps/qk\n"
                       "  python -m probes.sweep --ckpt sweeps/qk --json\n")
-    p.add_argument("--ckpt", required=True, metavar="SWEEP_DIR", help="the sweep's folder (holding sweep.json)")
+    p.add_argument("--ckpt", type=path_text, required=True, metavar="SWEEP_DIR",
+                   help="the sweep's folder (holding sweep.json)")
     add_json_argument(p)
     return p
 

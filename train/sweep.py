@@ -29,7 +29,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from models.cli import EXIT_INTERRUPTED, POSITIVE_INT, Parser, run_cli
+from models.cli import EXIT_INTERRUPTED, POSITIVE_INT, Parser, path_text, path_type, run_cli
 from probes.sweep import range_text
 from probes.sweep_stats import SWEEP_FILE
 from train.args import build_parser as train_parser
@@ -75,13 +75,13 @@ def build_parser() -> SweepParser:
                     checks=[lambda a: None if a.resume or (a.lr and a.preset and a.data) else
                             "give --preset, --data and --lr (or --resume a sweep)"])
     p.add_argument("--preset", metavar="NAME", help="model preset of every run")
-    p.add_argument("--data", metavar="FILE", help="UTF-8 text file every run trains on")
+    p.add_argument("--data", type=path_text, metavar="FILE", help="UTF-8 text file every run trains on")
     p.add_argument("--lr", type=parse_rates, metavar="R1,R2,...",
                    help="the learning rates to sweep, separated by commas (log-spaced, e.g. 1e-4,1e-3,1e-2)")
     p.add_argument("--vary", type=parse_vary, action="append", default=[], metavar="FIELD=V1,V2",
                    help="a second axis (repeatable; the variants are the product): a train hyperparameter "
                         "(z_loss=0,1e-4 -> --z-loss) or a model field (qk_norm=none,rms -> --set qk_norm=)")
-    p.add_argument("--out", type=Path, required=True, metavar="SWEEP_DIR",
+    p.add_argument("--out", type=path_type, required=True, metavar="SWEEP_DIR",
                    help="folder of the sweep: one run folder per point, logs/, sweep.json")
     p.add_argument("--workers", type=POSITIVE_INT, metavar="N",
                    help="runs trained at once, one torch thread each (default: the number of cores)")
