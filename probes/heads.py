@@ -26,8 +26,9 @@ later copy to the token after its earlier occurrence (their "prefix matching" sc
 full OV circuit W_E W_V W_O W_U (norms left out), 1 when it copies what it attends to onto the
 logits, -1 when it suppresses it. From the weights alone; None where they cannot be read.
 
-`previous_token_rows` and `first_position_rows` are also what `probes.degenerate`'s "previous"
-and "sink" evidence is made of (through `probes.row_stats` and `probes.qk_rows`).
+`previous_token_rows` and `first_position_rows` (`probes.head_rows`) are also what
+`probes.degenerate`'s "previous" and "sink" evidence is made of (through `probes.row_stats` and
+`probes.qk_rows`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import Any, Iterable
 import torch
 
 from probes.args import heads_parser as build_parser
+from probes.head_rows import first_position_rows, previous_token_rows  # noqa: F401  (re-exported)
 from probes.common import (ProbeInputError, StopForward, as_batches, eval_mode, model_device,
                            per_query_head, print_json, progress_bar, require_attention, run_cli,
                            to_jsonable, token_batches, tokens_or_text)
@@ -54,20 +56,6 @@ ERROR_MEASURES = ("mul", "abs")
 
 
 # ---------------------------------------------------------------- pure functions on patterns
-
-def previous_token_rows(pattern: torch.Tensor, first_row: int = 0) -> torch.Tensor:
-    """P[i, i-1] for each query row: [... q k] -> [... q] (0 for row 0). The rows may be a block
-    of a causal pattern starting at row `first_row` (keys 0.. as in the full pattern)."""
-    sub = pattern.diagonal(offset=first_row - 1, dim1=-2, dim2=-1)  # rows max(first_row, 1)..
-    if first_row > 0:
-        return sub
-    return torch.cat([sub.new_zeros(*sub.shape[:-1], 1), sub], dim=-1)
-
-
-def first_position_rows(pattern: torch.Tensor) -> torch.Tensor:
-    """P[i, 0], the mass on the first position: [... q k] -> [... q]."""
-    return pattern[..., 0]
-
 
 def duplicate_token_detection(tokens: torch.Tensor) -> torch.Tensor:
     """detect_head's duplicate-token pattern: [batch pos] -> [batch q k] (j < i, t_j == t_i)."""

@@ -16,7 +16,7 @@ import torch
 
 from probes.common import (ProbeInputError, StopForward, as_batches, check_layer_head,  # noqa: F401
                            model_device, progress_bar, require_attention)  # StopForward re-exported
-from probes.heads import first_position_rows, previous_token_rows
+from probes.head_rows import first_position_rows, previous_token_rows
 from probes.qk_rows import (CHUNK_ELEMENTS, QUERY_BLOCK, qk_hooks, qk_path_scale, qk_row_stats,
                             softmax_sinks)
 

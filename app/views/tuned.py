@@ -9,6 +9,7 @@ import streamlit as st
 
 from app import charts, data
 from app.views.common import Selection, first_line, show
+from app.views.lens_cells import lens_cells
 
 
 def train_command(sel: Selection) -> str:
@@ -23,8 +24,6 @@ def train_command(sel: Selection) -> str:
 def render_tuned(sel: Selection, logit: dict, measure: str, rank_top: int | None = None) -> None:
     """Below the logit lens: `logit` is its result (data.lens), `measure` the grid's colour, `rank_top`
     the top of the rank scale both grids share."""
-    from app.views.lens import lens_cells
-
     st.subheader("Tuned lens")
     lens_modified = data.tuned_lens_mtime(sel.snapshot)
     if lens_modified is None:
