@@ -48,6 +48,14 @@ def run_shown(page) -> str:
     return page.locator('[data-testid="stSidebar"] input[aria-label="run"]').first.input_value()
 
 
+def visit(browser, url: str, title: str, width: int = 1280):
+    """A new 900 px high page at `url`, once the page titled `title` has drawn."""
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    page.goto(url, timeout=120_000)
+    opened(page, title)
+    return page
+
+
 def opened(page, title: str) -> None:
     page.get_by_role("heading", name=title).first.wait_for(timeout=120_000)
     page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=120_000)
@@ -56,9 +64,7 @@ def opened(page, title: str) -> None:
 
 @pytest.mark.parametrize("name,title", [("overview", "Overview"), ("attention", "Attention"), ("lens", "Logit lens")])
 def test_every_pages_own_path_opens_with_a_run(server, browser, name, title):  # noqa: F811
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    page.goto(f"{server}/{name}?run=mha4", timeout=120_000)
-    opened(page, title)
+    page = visit(browser, f"{server}/{name}?run=mha4", title)
     assert page.get_by_text("Page not found").count() == 0
     assert run_shown(page) == "mha4"
     assert f"/{name}?run=mha4" in page.url
@@ -66,9 +72,7 @@ def test_every_pages_own_path_opens_with_a_run(server, browser, name, title):  #
 
 
 def test_the_address_keeps_the_run_and_snapshot_across_pages_and_reloads(server, browser):  # noqa: F811
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    page.goto(f"{server}/attention?run=transformer4_nan", timeout=120_000)
-    opened(page, "Attention")
+    page = visit(browser, f"{server}/attention?run=transformer4_nan", "Attention")
     page.locator('[data-testid="stSidebarNav"] a').filter(has_text="Logit lens").click()
     opened(page, "Logit lens")
     page.wait_for_url("**/lens?run=transformer4_nan", timeout=30_000)
@@ -86,9 +90,7 @@ def test_the_address_keeps_the_run_and_snapshot_across_pages_and_reloads(server,
 
 
 def test_a_typed_path_is_named_in_the_address_and_a_bad_one_changes_nothing(server, browser):  # noqa: F811
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    page.goto(f"{server}/overview?run=mha4", timeout=120_000)
-    opened(page, "Overview")
+    page = visit(browser, f"{server}/overview?run=mha4", "Overview")
     page.locator('[data-testid="stSidebar"]').get_by_text("Open a path").click()
     path = page.locator('[data-testid="stSidebar"] input[type="text"]').first
     path.fill(str(REPO / "checkpoints" / "char_mlp"))
@@ -107,9 +109,7 @@ def test_a_typed_path_is_named_in_the_address_and_a_bad_one_changes_nothing(serv
 
 
 def test_a_link_to_a_step_on_training_dynamics_lands_on_its_table(server, browser):  # noqa: F811
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    page.goto(f"{server}/dynamics?run=shakespeare_rms4&step=1000", timeout=120_000)
-    opened(page, "Training dynamics")
+    page = visit(browser, f"{server}/dynamics?run=shakespeare_rms4&step=1000", "Training dynamics")
     settled(page, 5)
     heading = page.get_by_role("heading", name="g / w / u of shakespeare_rms4")
     page.wait_for_function("""() => { const h = [...document.querySelectorAll('h3')]

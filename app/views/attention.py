@@ -11,7 +11,6 @@ from app import charts, charts_attention, data
 from app.views.common import Selection, has_attention, page, show
 
 FEW_ROWS = 16  # below this the attention-sink score is not meaningful (uniform rows score high)
-TYPES_WIDTH = 520  # px of the head-type column: its radio buttons wrap inside it
 
 
 @page("Attention", "Which heads collapsed, went uniform or became sinks, and what does one head look at?")
@@ -44,7 +43,7 @@ def render(sel: Selection) -> None:
     # side by side where both fit, the head-type grid wrapping below where they do not: a chart
     # wider than half the page never runs under the controls beside it
     row = grids.container(horizontal=True, gap="large")
-    left, right = row.container(width="content"), row.container(width=TYPES_WIDTH)
+    left, right = row.container(width="content"), row.container(width="content")
     pick(charts.entropy_grid(result["normalized"], result["verdicts"], evidence,
                              "normalised entropy and verdict per head"), "entropy", (layer, head), left)
     head_types(sel, right, (layer, head))
@@ -96,6 +95,6 @@ def head_types(sel: Selection, where: Any, chosen: tuple[int, int]) -> None:
     """The head-type grid (probes.heads) beside the entropy grid."""
     types = data.head_types(*sel.key[:2], sel.text, sel.run.preset)
     choices = [label for label, name in HEAD_TYPES.items() if name in types["scores"]]
-    label = where.radio("head type", choices, horizontal=True, key="head_type")
+    label = where.radio("head type", choices, key="head_type")  # a column: as narrow as its grid
     title = f"{label} score per head" + (f" (period {types['repeat_length']})" if "repeat" in label else "")
     pick(charts.head_types_grid(types["scores"], HEAD_TYPES[label], title), "types", chosen, where)
