@@ -198,6 +198,8 @@ def test_resume_keeps_finished_runs_and_restarts_an_unfinished_one(local_sweep, 
     assert records(cut)[-1]["step"] == 8 and again[cut.name]["status"] == "finished"
     assert again[cut.name]["final_val_loss"] == pytest.approx(first[cut.name]["final_val_loss"], rel=1e-5)
     assert all(r["status"] == "finished" for r in again.values())
+    assert book(out)["command"] == book(local_sweep)["command"]  # how it started; the resume is listed
+    assert book(out)["resumes"][0]["command"] == f"python -m train.sweep --out {out} --resume --workers 2"
 
 
 @pytest.mark.slow

@@ -83,6 +83,9 @@ class SweepBook:
             entry.update({k: v for k, v in previous.get(point.name, {}).items() if k in ("exit_code", "seconds")})
             self.data["runs"].append(entry)
         self.by_name = {r["name"]: r for r in self.data["runs"]}
+        if old:  # the command that started the sweep stays; each --resume is added to its list
+            self.data["command"] = old.get("command", info.get("command"))
+            self.data["resumes"] = [*old.get("resumes", []), {"command": info.get("command"), "at": now()}]
 
     @property
     def id(self) -> str:
