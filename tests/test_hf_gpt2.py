@@ -114,8 +114,8 @@ def test_a_tokenizer_of_another_size_is_refused_naming_both(hf_dir, tmp_path):
     one = tokenizers.Tokenizer(tokenizers.models.BPE(vocab={"a": 0}, merges=[]))
     one.save(str(tmp_path / "tokenizer.json"))  # 1 token beside a 320-id model: loaded without a word
     copy_model(hf_dir, tmp_path)
-    with pytest.raises(CheckpointError, match=r"tokenizer\.json: the tokenizer has 1 tokens but the "
-                                              r"model's vocabulary has 320 \(0 of them special\)"):
+    with pytest.raises(CheckpointError, match=r"tokenizer\.json: the tokenizer has 1 tokens \(0 special\) "
+                                              r"but the model's vocabulary has 320: it is not this model's"):
         load_checkpoint(tmp_path)
 
 

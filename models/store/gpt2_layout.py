@@ -170,6 +170,6 @@ def check_vocab_fits(tokenizer: Any, d_vocab: int, source: Path) -> None:
         logger.warning("%s: the tokenizer has %d tokens and the model's vocabulary %d: the model pads it, "
                        "ids %d..%d are padding that no text encodes to", source, n, d_vocab, n, d_vocab - 1)
         return
-    raise CheckpointError(f"{source}: the tokenizer has {n:,} tokens but the model's vocabulary has "
-                          f"{d_vocab:,} ({special} of them special): it is not this model's tokenizer; "
-                          "put the model's own tokenizer files beside it")
+    raise CheckpointError(f"{source}: the tokenizer has {n:,} tokens ({special} special) but the model's "
+                          f"vocabulary has {d_vocab:,}: it is not this model's tokenizer; put the model's "
+                          "own tokenizer files beside it")
