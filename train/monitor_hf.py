@@ -16,7 +16,7 @@ try:
 except ImportError as err:  # pragma: no cover - the extra is installed in dev
     raise ImportError("train.monitor.HFCallback needs transformers: pip install 'scratchscope[hf]'") from err
 
-from train.monitor import Monitor
+from train.monitor_core import Monitor
 
 __all__ = ["HFCallback", "TRAINER_KEYS"]
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from train.monitor import Monitor
+    from train.monitor_core import Monitor
 
 __all__ = ["describe_model", "divergence_reason", "first_optimizer", "grad_norm", "internal_stats",
            "monitored_run_json", "number"]

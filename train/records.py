@@ -21,8 +21,7 @@ import torch
 
 from train.data import Corpus, evaluate
 from probes.update_report import UpdateReport
-from models.store.files import writing
-from models.store.run import METRICS_FILE, read_metrics, read_run_json, write_bytes_atomic, write_run_json
+from models.store.run import read_run_json, trim_metrics, write_run_json  # noqa: F401 (trim_metrics re-exported)
 from train.config import DistInfo
 from models.cli import to_jsonable
 
@@ -36,17 +35,6 @@ __all__ = ["console_line", "open_monitor", "run_description", "run_json_for", "t
 
 
 # --------------------------------------------------------------------------- run files
-
-
-def trim_metrics(run_dir: Path, step: int) -> None:
-    """On resume, drop records logged after the snapshot we continue from (they will be redone)."""
-    records = read_metrics(run_dir)
-    kept = [r for r in records if r.get("step", 0) <= step]
-    if len(kept) != len(records):
-        log.info("resume: dropping %d metrics record(s) after step %d", len(records) - len(kept), step)
-        text = "".join(to_json_line(r) for r in kept)
-        with writing(run_dir):
-            write_bytes_atomic(run_dir / METRICS_FILE, text.encode("utf-8"))
 
 
 def to_json_line(record: dict[str, Any]) -> str:

@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["METRICS_FILE", "RUN_FILE", "append_metrics", "is_run_dir", "is_snapshot_dir",
            "latest_snapshot", "list_snapshots", "read_metrics", "read_metrics_log", "read_run_json",
            "run_model_config", "snapshot_name",
-           "snapshot_step", "write_run_json", "checkpoint_files"]
+           "snapshot_step", "trim_metrics", "write_run_json", "checkpoint_files"]
 
 METRICS_FILE = "metrics.jsonl"
 RUN_FILE = "run.json"
@@ -228,6 +228,18 @@ def _drop_partial_last_line(f) -> None:
         pos = start
     logger.warning("%s: dropping a truncated last line (%d bytes)", f.name, end - pos)
     f.truncate(pos)
+
+
+def trim_metrics(run_dir: str | Path, step: int) -> None:
+    """On resume, drop records logged after `step` (the snapshot continued from: they are redone);
+    the file is rewritten atomically from the records the checked reader kept."""
+    records = read_metrics(run_dir)
+    kept = [r for r in records if r.get("step", 0) <= step]
+    if len(kept) != len(records):
+        logger.info("resume: dropping %d metrics record(s) after step %d", len(records) - len(kept), step)
+        text = "".join(dumps_json(r) + "\n" for r in kept)
+        with writing(run_dir):
+            write_bytes_atomic(_metrics_path(run_dir), text.encode("utf-8"))
 
 
 def append_metrics(run_dir: str | Path, record: dict[str, Any]) -> None:

@@ -1,0 +1,317 @@
+"""The Monitor itself (`train.monitor` is where users import it from, with the Trainer callback):
+optimizer step hooks, records, eval internals, snapshots, the live doctor."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from models.cli import to_jsonable
+from models.store.live import hooked_twin, model_kind, twin_config, unwrap
+from models.store.files import writing
+from models.store.result import nonfinite_tensors
+from models.store.run import (METRICS_FILE, append_metrics, list_snapshots, read_metrics, read_run_json,
+                              trim_metrics, write_run_json)
+from train.guard import RunLock
+from train.monitor_parts import (divergence_reason, first_optimizer, grad_norm,
+                                 internal_stats, monitored_run_json, number)
+
+log = logging.getLogger("train.monitor")
+
+__all__ = ["Monitor", "show_doctor_lines"]
+
+
+def show_doctor_lines() -> None:
+    """The doctor speaks through the "train" logger; in a script that configured no logging, its
+    lines (a healthy verdict is INFO) would be lost: give it a plain stderr handler then."""
+    doctor_log = logging.getLogger("train")
+    if not logging.getLogger().hasHandlers() and not doctor_log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        doctor_log.addHandler(handler)
+        doctor_log.setLevel(logging.INFO)
+
+
+class Monitor:
+    """Hooks `optimizer` (any torch optimizer, or a wrapper holding one as `.optimizer`) and
+    writes `out_dir` as a run directory. Use it as a context manager, or call `close()`."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: Any, out_dir: str | Path, *,
+                 log_every: int = 10, eval_every: int = 100, eval_tokens: torch.Tensor | None = None,
+                 save_every: int = 0, tokenizer: Any = None, diagnose_every: int = 0,
+                 steps: int | None = None, start_step: int = 0, tokens_per_step: int | None = None,
+                 resume: bool = False, run_info: dict[str, Any] | None = None, report: bool = True,
+                 autocast: Any = nullcontext, lock: bool = True, trainer: str | None = None):
+        for name, value in (("log_every", log_every), ("eval_every", eval_every),
+                            ("save_every", save_every), ("diagnose_every", diagnose_every),
+                            ("start_step", start_step)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "log_every" else 0):
+                raise ValueError(f"Monitor: {name} must be an integer >= {1 if name == 'log_every' else 0}, got {value!r}")
+        self.model, self.optimizer = unwrap(model), first_optimizer(optimizer)
+        self.out_dir = Path(out_dir)
+        self.log_every, self.eval_every, self.save_every = log_every, eval_every, save_every
+        self.steps, self.tokens_per_step, self.tokenizer = steps, tokens_per_step, tokenizer
+        self.kind = model_kind(self.model)
+        # whose settings the doctor's fixes name (probes.doctor.flags): nanoGPT's GPT is trained by
+        # its train.py; HFCallback says "hf"; any other loop gets plain words
+        self.trainer = trainer or ("nanogpt" if self.kind == "nanogpt" else "unknown")
+        self.config = twin_config(self.model)
+        self.eval_tokens = self._check_eval_tokens(eval_tokens)
+        self.resume, self.report_at_close, self.autocast = resume, report, autocast
+        self.doctor = None
+        if diagnose_every or report:
+            from train.doctor import LiveDoctor
+            self.doctor = LiveDoctor(self.out_dir, diagnose_every)
+            show_doctor_lines()
+        self._next_step = start_step  # the step number the next optimizer step will be logged under
+        self._steps_since_log = 0  # optimizer steps taken since the last log call
+        self._captures: dict[int, dict[str, Any]] = {}  # step -> what measuring its update left
+        self._said_off_by = False
+        self._step_lr: float | None = None
+        self._pending: dict[str, Any] | None = None
+        self._last_written: tuple[int, float] | None = None  # (step, time) for step_time_ms
+        self._said_no_internals = False
+        self.first_nonfinite_step: int | None = None  # the first step whose train_loss was NaN/inf
+        self._handles: list[Any] = []
+        self._lock: RunLock | None = None
+        self._open(run_info, lock)
+        atexit.register(self._close_at_exit)  # a script that never closes it still gets its records
+
+    # ------------------------------------------------------------------ set-up and close
+
+    def _check_eval_tokens(self, tokens: torch.Tensor | None) -> torch.Tensor | None:
+        if tokens is None:
+            return None
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype not in (torch.long, torch.int):
+            raise ValueError("Monitor: eval_tokens must be an integer tensor [batch pos], got "
+                             f"{getattr(tokens, 'dtype', type(tokens).__name__)} of shape "
+                             f"{list(getattr(tokens, 'shape', []))}")
+        if self.config is not None:
+            window = self.config.family == "mlp"  # the MLP family slides its n_ctx window along
+            if tokens.shape[1] < self.config.n_ctx if window else tokens.shape[1] > self.config.n_ctx:
+                raise ValueError(f"Monitor: eval_tokens has {tokens.shape[1]} positions, "
+                                 f"{'fewer' if window else 'more'} than the model's context of {self.config.n_ctx}")
+            if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.d_vocab):
+                raise ValueError(f"Monitor: eval_tokens holds ids outside [0, {self.config.d_vocab}) "
+                                 f"(min {int(tokens.min())}, max {int(tokens.max())})")
+        return tokens.long()
+
+    def _open(self, run_info: dict[str, Any] | None, lock: bool) -> None:
+        """Lock the run directory (unless the caller holds its lock, as our trainer does), refuse to
+        mix with an old run, write run.json, hook the optimizer.
+
+        run.json: `run_info` when given (the caller merged any older one), else the Monitor's own
+        description of the model and optimizer, kept as it is when resuming a run that has one."""
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise ValueError(f"Monitor: {self.out_dir} exists and is not a directory")
+        old = (self.out_dir / METRICS_FILE).is_file() or bool(list_snapshots(self.out_dir)) if self.out_dir.is_dir() else False
+        if old and not self.resume:
+            raise ValueError(f"Monitor: {self.out_dir} already holds a run (metrics.jsonl or snapshots); "
+                             "pass resume=True to continue it, or choose another directory")
+        with writing(self.out_dir):
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = RunLock(self.out_dir).acquire() if lock else None
+        try:
+            if run_info is not None or not (self.resume and read_run_json(self.out_dir)):
+                write_run_json(self.out_dir, to_jsonable(run_info if run_info is not None else monitored_run_json(self)))
+            self._handles = [self.optimizer.register_step_pre_hook(self._before_step),
+                             self.optimizer.register_step_post_hook(self._after_step)]
+        except BaseException:
+            if self._lock is not None:
+                self._lock.release()
+            raise
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close(report=exc[0] is None or not issubclass(exc[0], (KeyboardInterrupt, SystemExit)))
+
+    def _close_at_exit(self) -> None:
+        if self._handles:
+            self.close()
+
+    def close(self, report: bool | None = None) -> Any:
+        """Write what is pending, unhook, unlock; print the diagnosis (unless `report` is False).
+        Returns the Diagnosis printed, or None. Also done at interpreter exit if not before."""
+        atexit.unregister(self._close_at_exit)
+        result = None
+        try:
+            self.flush()
+            if self.doctor is not None and (self.report_at_close if report is None else report):
+                result = self.doctor.report()
+        finally:
+            for handle in self._handles:
+                handle.remove()
+            self._handles = []
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+        return result
+
+    # ------------------------------------------------------------------ optimizer hooks
+
+    def due(self, step: int) -> bool:
+        """A step whose update is measured (a log, eval or last step)."""
+        return (step % self.log_every == 0 or (self.eval_every > 0 and step % self.eval_every == 0)
+                or step == self.steps)
+
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._step_lr = optimizer.param_groups[0].get("lr")
+        if self.due(self._next_step):
+            from probes.updates import snapshot_params
+            for old in sorted(self._captures)[:-2]:  # never logged: keep memory bounded
+                del self._captures[old]
+            self._captures[self._next_step] = {"before": snapshot_params(self.model),
+                                               "grad_norm": grad_norm(self.model), "lr": self._step_lr}
+
+    def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        capture = self._captures.get(self._next_step)
+        if capture is not None and "before" in capture:
+            from probes.updates import gwu_table
+            capture["gwu"] = gwu_table(self.model, capture.pop("before"), capture["lr"] or 0.0)
+        self._next_step += 1
+        self._steps_since_log += 1
+
+    def _follow(self, step: int) -> None:
+        """Keep the optimizer's step count in line with the step numbers logged. A log call
+        comes right after the update of its step (`optimizer.step(); monitor.log(step)`), or
+        just before it (nanoGPT evaluates step N before taking step N); anything else is a
+        numbering the Monitor was not told of (start_step): it follows the log from here on."""
+        stepped, self._steps_since_log = self._steps_since_log, 0
+        if step in (self._next_step - 1, self._next_step) or (not stepped and step < self._next_step):
+            return
+        if stepped:  # the update just made is this step's
+            latest = self._captures.pop(self._next_step - 1, None)
+            if latest is not None:
+                self._captures[step] = latest
+            if not self._said_off_by:
+                self._said_off_by = True
+                log.info("monitor: step %d logged after the optimizer's step %d: numbering steps as "
+                         "logged from here on (give start_step= to measure the first ones)",
+                         step, self._next_step - 1)
+            self._next_step = step + 1
+        else:
+            self._next_step = step
+
+    # ------------------------------------------------------------------ records
+
+    def log(self, step: int, **scalars: Any) -> None:
+        """Log numbers for `step` (train_loss, val_loss, lr, tokens, ... any name). At a log step
+        (every `log_every`, an eval step, the last step) they make the step's record, with the
+        update the optimizer just made and, at eval steps, the model's internals; a second call
+        for the same step adds to that record. Other steps cost one check: a non-finite
+        train_loss is remembered (the record that follows names the step it began). A call with
+        a val_loss always makes a record: evaluations are rare, and each one counts."""
+        self._check_step(step)
+        self._follow(step)
+        pending = self._pending
+        if not self.due(step) and "val_loss" not in scalars and (pending is None or step != pending["step"]):
+            loss = scalars.get("train_loss")
+            if self.first_nonfinite_step is None and isinstance(loss, float) and not math.isfinite(loss):
+                self.first_nonfinite_step = step
+            return
+        self.record(step, **scalars)
+
+    def record(self, step: int, **scalars: Any) -> None:
+        """`log` at any step: the numbers make (or join) a record even between log steps (a
+        callback forwarding another trainer's own log lines uses this)."""
+        self._check_step(step)
+        if self._steps_since_log:  # called directly, not from log()
+            self._follow(step)
+        values = {name: number(name, value) for name, value in scalars.items()}
+        if self._pending is not None and step != self._pending["step"]:
+            self.flush()
+        if self._pending is None:
+            self._start_record(step)
+        self._pending.update(values)
+
+    def _check_step(self, step: Any) -> None:
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"Monitor.log: step must be a non-negative integer, got {step!r}")
+        last = self._pending["step"] if self._pending else self._last_written[0] if self._last_written else None
+        if last is not None and step < last:
+            raise ValueError(f"Monitor.log: step {step} after step {last}: steps must not go back "
+                             "(a resumed loop: open a new Monitor with resume=True)")
+
+    def _start_record(self, step: int) -> None:
+        if self.resume and self._last_written is None:
+            self._trim_after(step)
+        record: dict[str, Any] = {"step": step}
+        if self.tokens_per_step:
+            record["tokens"] = step * self.tokens_per_step
+        if self.eval_every and step % self.eval_every == 0 or step == self.steps:
+            # at the step's first call: nanoGPT logs its eval before taking the step
+            record.update(self._internals())
+        self._pending = record
+
+    def _trim_after(self, step: int) -> None:
+        """resume=True: records at or after the first step logged now are redone: drop them."""
+        trim_metrics(self.out_dir, step - 1)
+
+    def flush(self) -> dict[str, Any] | None:
+        """Write the pending record now, with the g/w/u of its step's update; return it."""
+        record, self._pending = self._pending, None
+        if record is None:
+            return None
+        step = record["step"]
+        capture = self._captures.get(step)
+        measured = {"grad_norm": capture["grad_norm"], "gwu": capture["gwu"]} if capture and "gwu" in capture else {}
+        lr = capture["lr"] if measured else self._step_lr if self._step_lr is not None else self.optimizer.param_groups[0].get("lr")
+        record = {"step": step, "lr": lr, **measured, **{k: v for k, v in record.items() if k != "step"}}  # given values win
+        for done in [s for s in self._captures if s <= step]:
+            del self._captures[done]
+        now = time.perf_counter()
+        if "step_time_ms" not in record and self._last_written and step > self._last_written[0]:
+            record["step_time_ms"] = 1000 * (now - self._last_written[1]) / (step - self._last_written[0])
+        reason = divergence_reason(record)
+        if reason:
+            bad = self.first_nonfinite_step
+            if bad is None and not math.isfinite(record.get("train_loss") or 0.0):
+                bad = step
+            record["diverged"] = {"reason": reason, "first_nonfinite_loss_step": bad,
+                                  "nonfinite_params": nonfinite_tensors(self.model)}
+        append_metrics(self.out_dir, to_jsonable(record))
+        self._last_written = (step, time.perf_counter())
+        if self.save_every and step % self.save_every == 0:
+            self.save(step)
+        if self.doctor is not None and self.doctor.due(step):
+            self.doctor.check()
+        return record
+
+    def _internals(self) -> dict[str, Any]:
+        if self.eval_tokens is None or self.config is None:
+            if not self._said_no_internals:
+                self._said_no_internals = True
+                log.info("monitor: %s", "no eval_tokens given: attention entropy, attention logits, "
+                         "residual rms, |logit| and dead units are not measured" if self.config is not None
+                         else f"a {type(self.model).__name__} is not a model models.store reads (ours, "
+                         "nanoGPT, HF GPT-2): its internals are not measured")
+            return {}
+        return internal_stats(hooked_twin(self.model, self.config), self.eval_tokens, self.autocast)
+
+    def save(self, step: int) -> Path:
+        """A snapshot of the model (as ours) at `step` in the run directory."""
+        from models.store.run import snapshot_name
+        from models.store.snapshot import save_snapshot
+        twin = hooked_twin(self.model, self.config)
+        if twin is None:
+            raise ValueError(f"Monitor: cannot save a {type(self.model).__name__} as a snapshot "
+                             "(ours, nanoGPT and HF GPT-2 models can be saved)")
+        tokens = step * self.tokens_per_step if self.tokens_per_step else 0
+        return save_snapshot(self.out_dir / snapshot_name(step), twin, self.tokenizer, step=step,
+                             tokens_seen=tokens)
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """What metrics.jsonl holds now (the pending record not yet included)."""
+        return read_metrics(self.out_dir)
+
