@@ -1,0 +1,211 @@
+"""What train.monitor.Monitor costs a training loop, measured side by side in one run.
+
+    python benchmarks/bench_monitor.py                           # 100 steps, 9 runs a side, CPU
+    python benchmarks/bench_monitor.py --steps 20 --repeats 1    # a smoke run
+    python benchmarks/bench_monitor.py --device cuda
+
+nanoGPT's GPT (its own module, tests/nanogpt_ref.py, with its own init) of a size a CPU trains:
+4 layers, 128-d, 4 heads, block 64, batch 16, char-level Tiny Shakespeare, AdamW as nanoGPT
+sets it. The bare loop (forward, backward, step, the loss read as a float) against the same
+loop with the Monitor's three lines at its defaults: a record every 10 steps (the grad norm and
+g/w/u of the real update, through the optimizer's step hooks) and the internals every 100 (on
+16 held-out windows as eval_tokens). Same initial weights and the same batches for every run;
+the sides alternate in adjacent pairs (bare, monitored, monitored, bare, ...) after one
+untimed run of each, so drift hits both alike; medians compared (and each pair's ratio), of
+wall-clock time and of this process's CPU time (on a shared machine the CPU time is what the
+Monitor adds; other processes' load moves the wall clock). Goal: at most 1.03x. Opening and
+closing the Monitor (run.json, the lock, the diagnosis printed at the end) happen once per run
+and are timed apart. On the CPU, what the Monitor does at a log step and at an eval step is also
+timed alone and spread over its interval: the overhead the runs should show, read without the
+noise of whole runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+DATA = REPO / "data" / "tinyshakespeare.txt"
+GOAL = 1.03
+LAYERS, D_MODEL, HEADS, BLOCK, BATCH = 4, 128, 4, 64, 16
+
+
+def char_batches(steps: int, device: str):
+    """`steps` training windows [BATCH BLOCK] with their targets, and BATCH held-out windows."""
+    import torch
+
+    text = DATA.read_text(encoding="utf-8")
+    chars = sorted(set(text))
+    ids = torch.tensor([chars.index(c) for c in text[:200_000]])  # [chars]
+    split = len(ids) * 9 // 10
+    g = torch.Generator().manual_seed(0)
+    starts = torch.randint(split - BLOCK - 1, (steps, BATCH), generator=g)
+    x = torch.stack([torch.stack([ids[s:s + BLOCK] for s in row]) for row in starts])  # [steps batch block]
+    y = torch.stack([torch.stack([ids[s + 1:s + BLOCK + 1] for s in row]) for row in starts])
+    val_starts = torch.randint(split, len(ids) - BLOCK, (BATCH,), generator=g)
+    val = torch.stack([ids[s:s + BLOCK] for s in val_starts])  # [batch block]
+    return x.to(device), y.to(device), val.to(device), len(chars)
+
+
+def initial_model(vocab: int, device: str):
+    import torch
+    from nanogpt_ref import GPT, GPTConfig, init_like_nanogpt
+
+    torch.manual_seed(0)
+    config = GPTConfig(block_size=BLOCK, vocab_size=vocab, n_layer=LAYERS, n_head=HEADS, n_embd=D_MODEL)
+    return init_like_nanogpt(GPT(config)).to(device)
+
+
+def sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+Timing = tuple[float, float, float]  # (loop wall s, loop CPU s, opening + closing the Monitor wall s)
+
+
+def one_run(start, x, y, val, device: str, monitored: bool, out: Path) -> Timing:
+    """How long one training run took: its loop (wall clock and CPU) and the Monitor's open + close."""
+    import torch
+    import torch.nn.functional as F
+
+    from train.monitor import Monitor
+
+    model = copy.deepcopy(start)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
+    t0 = time.perf_counter()
+    monitor = Monitor(model, optimizer, out, eval_tokens=val) if monitored else None
+    sync(device)
+    t1, cpu1 = time.perf_counter(), time.process_time()
+    for step in range(len(x)):
+        logits = model(x[step])  # [batch block vocab]
+        loss = F.cross_entropy(logits.flatten(0, 1), y[step].flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        value = loss.item()  # both sides read it, as a loop that prints its loss does
+        if monitor is not None:
+            monitor.log(step, train_loss=value)
+    sync(device)
+    t2, cpu2 = time.perf_counter(), time.process_time()
+    if monitor is not None:
+        monitor.close()
+    t3 = time.perf_counter()
+    return t2 - t1, cpu2 - cpu1, (t1 - t0) + (t3 - t2)
+
+
+def alternate(start, x, y, val, device: str, repeats: int) -> dict[str, list[Timing]]:
+    """repeats runs of each side in adjacent pairs (the order flips each round), after one
+    untimed run of each."""
+    times: dict[str, list[Timing]] = {"bare": [], "monitored": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(repeats + 1):
+            for side in (("bare", "monitored") if i % 2 else ("monitored", "bare")):
+                timing = one_run(start, x, y, val, device, side == "monitored", Path(tmp) / f"{side}{i}")
+                if i:  # the first round warms allocators, thread pools and the imports up
+                    times[side].append(timing)
+    return times
+
+
+def cpu_median(fn, repeats: int) -> float:
+    """Median CPU seconds of fn() over `repeats` calls."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.process_time()
+        fn()
+        times.append(time.process_time() - t0)
+    return statistics.median(times)
+
+
+def component_costs(start, x, y, val, repeats: int) -> list[str]:
+    """What the Monitor does at a log step and at an eval step, each timed alone (CPU time,
+    median) and spread over its interval: the overhead the side-by-side runs should show."""
+    import torch
+    import torch.nn.functional as F
+
+    from models.store.live import hooked_twin, twin_config
+    from probes.updates import gwu_table, snapshot_params
+    from train.monitor_parts import grad_norm, internal_stats
+
+    model = copy.deepcopy(start)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
+
+    def train_step() -> None:
+        loss = F.cross_entropy(model(x[0]).flatten(0, 1), y[0].flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)  # the grads stay for the measurements below
+
+    train_step()
+    step_s = cpu_median(train_step, repeats)
+    before = snapshot_params(model)
+    measure_s = cpu_median(lambda: (snapshot_params(model), grad_norm(model), gwu_table(model, before, 1e-3)), repeats)
+    config = twin_config(model)
+    eval_s = cpu_median(lambda: internal_stats(hooked_twin(model, config), val), repeats)
+    expected = 1 + (measure_s / 10 + eval_s / 100) / step_s
+    return [f"alone, CPU ms: a training step {step_s * 1e3:.1f}; a log step's grad norm + g/w/u "
+            f"{measure_s * 1e3:.2f} (/10 steps: {measure_s / 10 / step_s:.2%} of a step); an eval step's "
+            f"internals {eval_s * 1e3:.1f} (/100 steps: {eval_s / 100 / step_s:.2%})",
+            f"expected monitored / bare from these   {expected:.3f}x"]
+
+
+def report(times: dict[str, list[Timing]], steps: int, args: argparse.Namespace) -> list[str]:
+    import torch
+
+    median = lambda side, i: statistics.median(t[i] for t in times[side])  # noqa: E731
+    lines = [
+        f"== nanoGPT GPT {LAYERS} layers x {D_MODEL}-d, {HEADS} heads, block {BLOCK}, batch {BATCH}, AdamW; "
+        f"{steps} steps, {args.repeats} runs a side, {args.device}"
+        + (f", {torch.get_num_threads()} threads" if args.device == "cpu" else ""),
+        "Monitor defaults: a record every 10 steps (grad norm, g/w/u), internals every 100 (eval_tokens 16 x 64)",
+        f"{'median ms per step':20}{'bare':>9}{'monitored':>11}{'ratio':>9}{'pairs':>9}   (goal <= {GOAL})"]
+    for i, clock in ((0, "wall clock"), (1, "CPU time")):
+        bare, monitored = median("bare", i), median("monitored", i)
+        pairs = statistics.median(m[i] / b[i] for b, m in zip(times["bare"], times["monitored"]))
+        lines.append(f"{clock:20}{1e3 * bare / steps:9.2f}{1e3 * monitored / steps:11.2f}"
+                     f"{monitored / bare:8.3f}x{pairs:8.3f}x")
+    lines.append("(ratio: of the medians; pairs: the median ratio of runs taken one after the other)")
+    lines.append(f"opening + closing the Monitor: {median('monitored', 2) * 1e3:.1f} ms once per run "
+                 "(with the closing diagnosis)")
+    for side in ("bare", "monitored"):
+        lines.append(f"runs, wall / CPU s, {side + ':':11}" + " ".join(f"{w:.2f}/{c:.2f}" for w, c, _ in times[side]))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=100,
+                   help="training steps per run (default 100: one eval cycle, 10 records and 1 eval)")
+    p.add_argument("--repeats", type=int, default=9, help="timed runs per side, alternated (default 9)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to train (default cpu)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: on a shared CPU more threads add spin-wait noise)")
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.repeats < 1:
+        p.error("--steps and --repeats must be at least 1")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.ERROR)  # the closing diagnosis is timed, not shown
+    x, y, val, vocab = char_batches(args.steps, args.device)
+    start = initial_model(vocab, args.device)
+    for line in report(alternate(start, x, y, val, args.device, args.repeats), args.steps, args):
+        print(line, flush=True)
+    if args.device == "cpu":
+        for line in component_costs(start, x, y, val, repeats=20):
+            print(line)
+
+
+if __name__ == "__main__":
+    main()
