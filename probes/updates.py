@@ -146,7 +146,9 @@ def gwu_table(model: nn.Module, before: Mapping[str, torch.Tensor], lr: float) -
     before: `snapshot_params(model)` taken just before the step. Parameters absent from
     `before` are skipped. Returns {name: {"g", "w", "u", "u_nominal"}} in module order.
     The update is subtracted in the parameters' own dtype: for nearby floats that difference
-    is exact (Sterbenz), so tiny updates of big weights keep their digits.
+    is exact (Sterbenz), so tiny updates of big weights keep their digits. A parameter that was
+    all zeros before the step (a bias at init) has no u: its new weight is the update itself, so
+    the ratio would read 1 whatever the step size (`_ratio_from`).
     """
     params = {name: p for name, p in named_trainable(model).items() if name in before}
     grads = named_trainable(model, grads=True)
@@ -156,14 +158,19 @@ def gwu_table(model: nn.Module, before: Mapping[str, torch.Tensor], lr: float) -
     after = [params[n].detach().contiguous() for n in names]
     deltas = torch._foreach_sub(after, [before[n].to(a.device) for n, a in zip(names, after)])
     with_grad = [n for n in names if grads.get(n) is not None]
-    w, d = rms_many(after), rms_many(deltas)
+    w, d, w0 = rms_many(after), rms_many(deltas), rms_many([before[n] for n in names])
     g = dict(zip(with_grad, rms_many([grads[n].contiguous() for n in with_grad])))
     table: Table = {}
-    for name, w_i, d_i in zip(names, w, d):
+    for name, w_i, d_i, w0_i in zip(names, w, d, w0):
         g_i = g.get(name)
-        table[name] = {"g": g_i, "w": w_i, "u": _ratio(d_i, w_i),
-                       "u_nominal": None if g_i is None else _ratio(lr * g_i, w_i)}
+        table[name] = {"g": g_i, "w": w_i, "u": _ratio_from(w0_i, d_i, w_i),
+                       "u_nominal": None if g_i is None else _ratio_from(w0_i, lr * g_i, w_i)}
     return table
+
+
+def _ratio_from(w_before: float, num: float, w_after: float) -> float | None:
+    """num / w_after, or None for a parameter that was all zeros before (nothing to compare to)."""
+    return None if w_before == 0.0 else _ratio(num, w_after)
 
 
 def _strip_state(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -182,9 +189,9 @@ def gwu_from_snapshots(state_a: Mapping[str, Any], state_b: Mapping[str, Any]) -
     a, b = _strip_state(state_a), _strip_state(state_b)
     names = [n for n, t in b.items() if n in a and a[n].shape == t.shape and a[n].dtype == t.dtype]
     after = [b[n] for n in names]
-    w = rms_many(after)
+    w, w0 = rms_many(after), rms_many([a[n] for n in names])
     d = rms_many(torch._foreach_sub(after, [a[n].to(b[n].device) for n in names]))  # as gwu_table does
-    return {name: {"w": w_i, "u": _ratio(d_i, w_i)} for name, w_i, d_i in zip(names, w, d)}
+    return {name: {"w": w_i, "u": _ratio_from(w0_i, d_i, w_i)} for name, w_i, d_i, w0_i in zip(names, w, d, w0)}
 
 
 def format_gwu(table: Table, band: tuple[float, float] = TARGET_BAND, name_width: int = 36) -> str:

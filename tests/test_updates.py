@@ -423,3 +423,26 @@ def test_one_step_on_a_bias_free_bridge_names_and_groups_its_own_parameters(llam
     assert "other" not in groups.values() and len(groups) == 21  # 1 + 2 x 9 + 2
     for row in report.parameters.values():
         assert row["u"] == pytest.approx(row["u_nominal"], rel=1e-4)
+
+
+def test_a_parameter_that_starts_at_zero_has_no_update_ratio_at_its_first_step():
+    """A zero-initialised bias becomes the update itself: rms(delta) / rms(w) would read exactly 1
+    whatever the step size (nanoGPT's and GPT-2's biases and LayerNorm betas at init), which the
+    doctor read as 'updates far too fast at step 0'. It has no u; from the next step on it does."""
+    model = nn.Sequential(nn.Linear(3, 2))
+    with torch.no_grad():
+        model[0].bias.zero_()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    for step in range(2):
+        model(torch.randn(4, 3)).pow(2).sum().backward()
+        before = snapshot_params(model)
+        opt.step()
+        table = gwu_table(model, before, 1e-3)
+        opt.zero_grad()
+        if step == 0:
+            assert table["0.bias"]["u"] is None and table["0.bias"]["u_nominal"] is None
+            assert table["0.bias"]["w"] > 0 and table["0.weight"]["u"] is not None
+        else:
+            assert 0 < table["0.bias"]["u"] < 1
+    zero = {"b": torch.zeros(2)}
+    assert gwu_from_snapshots(zero, {"b": torch.ones(2)})["b"]["u"] is None

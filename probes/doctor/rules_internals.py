@@ -12,7 +12,7 @@ from typing import Any
 from probes.doctor.finding import (MAKEMORE_ACTIVATIONS, MAKEMORE_UPDATES, SERIES_ADAM, SERIES_ATTENTION,
                                    WORTSMAN, ZHAI, Finding, rule)
 from probes.doctor.run_history import RunHistory, as_float
-from probes.doctor.signals import first_nonfinite, layer_values, ten_fold, update_report
+from probes.doctor.signals import first_nonfinite, later_half_medians, layer_values, ten_fold, update_report
 from probes.doctor.thresholds import DoctorThresholds
 from probes.timeline import entropy_timeline, stayed_from
 from probes.update_report import TARGET_BAND, UpdateReport
@@ -174,9 +174,7 @@ def update_ratios(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
         raise h.not_logged("g/w/u update ratios", "no g/w/u table in metrics.jsonl")
     reports = [update_report(h, r) for r in logged]
     window = reports[len(reports) // 2:]  # the later half: past the first steps' transients
-    medians = {g: statistics.median(vs) for g in window[-1].groups
-               if (vs := [r.groups[g]["median_log10_u"] for r in window
-                          if g in r.groups and r.groups[g]["median_log10_u"] is not None])}
+    medians = later_half_medians(reports)
     findings = [f for f in (ratio_high(reports, medians, t), ratio_low(reports, window, medians, t)) if f]
     gap = slow_qk(h, reports, window, t)
     return findings + ([gap] if gap else [])

@@ -5,6 +5,7 @@ output logits, attention entropy), each with the step it first left its starting
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 from probes.doctor.run_history import RunHistory, as_float, is_finite
@@ -44,6 +45,17 @@ def update_report(h: RunHistory, record: dict[str, Any]) -> UpdateReport | None:
     if key not in h.cache:
         h.cache[key] = UpdateReport.from_table(table, step=record["step"])
     return h.cache[key]
+
+
+def later_half_medians(reports: list[UpdateReport]) -> dict[str, float]:
+    """Each group's median log10 u over the later half of `reports` (past the first steps'
+    transients): what the update-ratio rule judges, and when the divergence rule's warning began."""
+    window = reports[len(reports) // 2:]
+    if not window:
+        return {}
+    return {g: statistics.median(vs) for g in window[-1].groups
+            if (vs := [r.groups[g]["median_log10_u"] for r in window
+                       if g in r.groups and r.groups[g]["median_log10_u"] is not None])}
 
 
 def max_group_log10_u(h: RunHistory, record: dict[str, Any]) -> float:
@@ -101,9 +113,11 @@ def growth_signals(h: RunHistory, t: DoctorThresholds, before: int | None = None
         if hit:
             found.append((hit[0], label, f"{hit[1]:.0f}x"))
     found += entropy_collapse_signal(h, records, t)
-    u_hit = next((r["step"] for r in records if max_group_log10_u(h, r) > t.u_high), None)
-    if u_hit is not None:
-        found.append((u_hit, "update ratio", f"a group's median log10 u above {t.u_high}"))
+    reports = [report for r in records if (report := update_report(h, r)) is not None]
+    u_hit = next((reports[i].step for i in range(len(reports))
+                  if max(later_half_medians(reports[: i + 1]).values(), default=math.nan) > t.u_high), None)
+    if u_hit is not None:  # where the update-ratio rule, cut there, warns: not one noisy record
+        found.append((u_hit, "update ratio", f"a group's median log10 u above {t.u_high} over the later half"))
     return sorted(found, key=lambda s: s[0])
 
 
