@@ -274,7 +274,8 @@ def test_an_old_run_or_a_locked_directory_is_refused(tmp_path):
     busy = tmp_path / "busy"
     with open_monitor(model, optimizer, busy, log_every=1) as first:
         one_line_error(lambda: open_monitor(model, torch.optim.SGD(model.parameters(), lr=0.1), busy,
-                                            resume=True), "being trained by another process")
+                                            resume=True), "being trained by another process",
+                       "choose another directory")  # the Monitor's words, not the CLI's --out
         backward(model, optimizer, seed=1)
         optimizer.step()
         first.log(0, train_loss=4.0)

@@ -118,7 +118,11 @@ class Monitor:
                              "pass resume=True to continue it, or choose another directory")
         with writing(self.out_dir):
             self.out_dir.mkdir(parents=True, exist_ok=True)
-        self._lock = RunLock(self.out_dir).acquire() if lock else None
+        try:
+            self._lock = RunLock(self.out_dir).acquire() if lock else None
+        except ValueError as busy:  # the lock speaks to `python -m train` (--out): say it our way
+            raise ValueError(f"Monitor: {str(busy).split(';')[0]}; wait for it to finish or choose "
+                             "another directory") from None
         try:
             if run_info is not None or not (self.resume and read_run_json(self.out_dir)):
                 write_run_json(self.out_dir, to_jsonable(run_info if run_info is not None else monitored_run_json(self)))
