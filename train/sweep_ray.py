@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 
 from models.interrupts import EXIT_INTERRUPTED
 from train.sweep_book import Job
-from train.sweep_local import Ended, Started, launch
+from train.sweep_local import Ended, Started, launch, train_argv
 
 log = logging.getLogger("train.sweep")
 
@@ -65,8 +65,6 @@ def code_path() -> str:
 def train_task(spec: dict[str, Any], data: bytes | None) -> dict[str, Any]:
     """Run one point's `python -m train` (the Ray task's body); a cancel (KeyboardInterrupt) is
     passed on to the run as SIGINT, so it saves a snapshot and stops."""
-    from train.sweep_local import train_argv
-
     shared = spec["storage"] == "shared" or (spec["storage"] == "auto" and sees_sweep(spec))
     if spec["storage"] == "shared" and not sees_sweep(spec):
         raise RuntimeError(f"--ray-storage shared: {socket.gethostname()} does not see {spec['sweep_dir']}")
