@@ -200,7 +200,8 @@ def test_a_run_still_training_is_followed_and_a_half_written_line_tolerated(app,
     assert app.toggle(key="follow").value is True  # fresh metrics + a lock: follow by default
     before = next(c.value for c in app.caption if "records" in c.value)
     with open(live / "metrics.jsonl", "a") as f:
-        f.write(json.dumps({"step": 25, "tokens": 1, "lr": 0.05, "attn_entropy": {"0": [1.0, 1.0, 1.0, 1.0]}}) + "\n")
+        entropy = {str(layer): [1.0] * 4 for layer in range(4)}  # every layer, as training logs it
+        f.write(json.dumps({"step": 25, "tokens": 1, "lr": 0.05, "attn_entropy": entropy}) + "\n")
         f.write('{"step": 30, "tok')  # the trainer is mid-write
     app.run()
     assert not app.exception

@@ -31,12 +31,14 @@ def roots(tmp_path_factory) -> tuple[Path, Path]:
     write_meta_pkl(runs / "nano" / "meta.pkl", CHARS)
     hf = tmp_path_factory.mktemp("hf") / "my-gpt2"
     bpe = tokenizers.ByteLevelBPETokenizer()
-    bpe.train_from_iterator([TEXT * 3], vocab_size=280, min_frequency=1, show_progress=False)
+    bpe.train_from_iterator([TEXT * 3], vocab_size=280, min_frequency=1, show_progress=False,
+                            special_tokens=["<|endoftext|>"])  # as GPT-2's vocab.json holds it
     hf.mkdir()
     bpe.save_model(str(hf))
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(vocab_size=300, n_positions=32, n_embd=32, n_layer=2, n_head=4,
-                                  bos_token_id=280, eos_token_id=280)
+    vocab, eot = bpe.get_vocab_size(), bpe.token_to_id("<|endoftext|>")  # one of another size is refused
+    cfg = transformers.GPT2Config(vocab_size=vocab, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                                  bos_token_id=eot, eos_token_id=eot)
     transformers.GPT2LMHeadModel(cfg).save_pretrained(hf)
     return runs, hf
 

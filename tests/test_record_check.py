@@ -164,3 +164,17 @@ def test_a_monitors_run_is_read_through_the_same_check(tmp_path):
         assert all(len(r["attn_entropy"]["0"]) == 2 for r in monitor.records if "attn_entropy" in r)
     assert diagnose.run(tmp_path / "run").skipped_records == 1
     assert not math.isnan(read_metrics(tmp_path / "run")[0]["train_loss"])
+
+
+def test_a_last_line_still_being_written_is_not_a_malformed_record(tmp_path):
+    """A trainer mid-append leaves a last line without its newline: not malformed (the app follows
+    live runs); the same broken line with its newline after it is."""
+    from models.store.run import read_metrics_log
+
+    good = '{"step": 0, "train_loss": 4.0}\n{"step": 10, "train_loss": 3.0}\n'
+    (tmp_path / "metrics.jsonl").write_text(good + '{"step": 20, "train_lo')
+    log = read_metrics_log(tmp_path)
+    assert [r["step"] for r in log.records] == [0, 10] and log.skipped == [] and log.skipped_text() is None
+    (tmp_path / "metrics.jsonl").write_text(good + '{"step": 20, "train_lo\n')
+    log = read_metrics_log(tmp_path)
+    assert [s.line for s in log.skipped] == [3] and "1 malformed record" in log.skipped_text()

@@ -133,14 +133,17 @@ def read_metrics_log(run_dir: str | Path) -> MetricsLog:
     the newest snapshot's config.json): a line that is not a JSON object, or whose step, numbers
     or per-layer fields do not fit (``record_check.problem``), or whose step goes back, is skipped
     with a warning naming the file, the line and what is wrong, and listed in ``skipped``; the rest
-    of the history stays readable. No file yet means no records."""
+    of the history stays readable. A last line cut short with no newline after it is a write in
+    progress (a trainer mid-append) or one a kill cut off: warned about, but not counted among the
+    malformed (`append_metrics` drops it before its next write). No file yet means no records."""
     path = _metrics_path(run_dir)
     if not path.parent.is_dir():
         raise CheckpointError(f"{path.parent}: run directory not found")
     if not path.is_file():
         return MetricsLog(path, [])
     try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        text = path.read_text(encoding="utf-8", errors="replace")
+        lines = text.splitlines()
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read ({exc})") from None
     shape = run_shape(_model_or_none(path.parent))
@@ -150,6 +153,8 @@ def read_metrics_log(run_dir: str | Path) -> MetricsLog:
             record, why, truncated = _parse(line, shape, last=number == len(lines))
             if why is None:
                 numbered.append((number, record))
+            elif truncated and not text.endswith("\n"):
+                _warn_once(path, Skipped(number, why, truncated))
             else:
                 skipped.append(Skipped(number, why, truncated))
     kept = in_order([r["step"] for _, r in numbered])
