@@ -149,6 +149,13 @@ class DistInfo:
         torch.distributed.all_reduce(t)
         return float(t) / self.world_size
 
+    def wait_for_all(self) -> None:
+        """A barrier on the way out of a run every rank finished: a rank that tears gloo down (and
+        exits) while rank 0 is still writing its records and diagnosis could abort at exit
+        ('terminate called without an active exception', once in a CI run of the DDP test)."""
+        if self.enabled and torch.distributed.is_initialized():
+            torch.distributed.barrier()
+
     def close(self) -> None:
         if self.enabled and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

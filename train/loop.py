@@ -239,6 +239,7 @@ def train(args: argparse.Namespace) -> int:
             dump_rank_state(state)
         if state.doctor is not None and not state.interrupted:  # a signal gets its one line only
             state.doctor.report()  # the diagnosis when training ends or diverges, before its last line
+        dist.wait_for_all()  # every rank reaches here: the loop stops on all ranks at one step
         return outcome(state)
     finally:
         with deferred_signals():  # the lock file goes whole, even on a second signal
