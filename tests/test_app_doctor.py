@@ -86,6 +86,17 @@ def test_a_healthy_run_says_healthy_and_shows_no_error(start):
     assert not at.error and not at.warning
 
 
+def test_char_mlp_shows_its_sparse_layer_as_a_note_with_nothing_to_fix(start):
+    at = start("char_mlp")
+    sparse = next(e for e in at.expander if "`sparse_units`" in e.label)
+    text = "\n".join(m.value for m in sparse.markdown)
+    assert "**fix** none needed" in text and "Kaiming" not in text
+    markdown = [m.value for m in at.markdown]
+    what = markdown[markdown.index(next(m for m in markdown if m.startswith("**What to try**"))) + 1]
+    assert "Kaiming" not in what and "units alive" not in what
+    assert not any("dead_units" in e.label for e in at.expander)
+
+
 def test_the_loss_and_dynamics_charts_draw_one_rule_per_finding_step(start):
     findings = stepped("transformer4_nan")
     expected = sorted((f.step, f.code, f.severity) for f in findings)

@@ -75,12 +75,18 @@ def test_shakespeare_rms4_names_slow_qk_in_orders_of_magnitude_and_adam():
     assert "Adam" in slow.fix and slow.where[0].startswith("blocks.0")
 
 
-def test_char_mlp_names_the_zero_relu_share():
+def test_char_mlp_is_a_sparse_relu_layer_not_dead_units_and_gets_no_fix_for_it():
     d = diagnose.run(CHECKPOINTS / "char_mlp")
-    dead = finding(d, "dead_units")
-    last = [r for r in read_metrics(CHECKPOINTS / "char_mlp") if r.get("activations")][-1]
-    assert dead.evidence["zero_share"] == pytest.approx(last["activations"]["mlp.hook_post"]["saturated"])
-    assert dead.evidence["zero_share"] > 0.8 and "zero" in dead.title
+    last = [r for r in read_metrics(CHECKPOINTS / "char_mlp") if r.get("activations")][-1]["activations"]
+    assert last["mlp.hook_post"]["dead"] < DoctorThresholds().dead_info  # no unit dead over the sample
+    assert "dead_units" not in codes(d)
+    sparse = finding(d, "sparse_units")
+    assert sparse.evidence["zero_share"] == pytest.approx(last["mlp.hook_post"]["saturated"])
+    assert sparse.severity == "info" and sparse.fix == "" and "dead" not in sparse.title.split("(")[0]
+    assert f"{last['mlp.hook_post']['saturated']:.0%} of its ReLU outputs are zero" in sparse.title
+    text = d.format()
+    assert "sparse_units" not in text.split("what to try")[1].split("not checked")[0]
+    assert not any("Kaiming" in fix or "units alive" in fix for fix in d.fixes())
 
 
 @pytest.mark.parametrize("run", ["attn1_residual", "shakespeare_rms4_adam", "shakespeare_gpt"])
@@ -97,7 +103,7 @@ def test_every_shipped_run_is_diagnosed_with_ranked_json_ready_findings(run):
     assert ranks == sorted(ranks)
     assert json.loads(json.dumps(d.to_dict()))["verdict"] == d.verdict
     for f in d.findings:
-        assert f.cause and f.fix and f.reference and f.evidence
+        assert f.cause and f.reference and f.evidence and (f.fix or f.severity == "info")
 
 
 def test_step_before_the_failure_gives_the_warning_not_the_failure():
@@ -175,6 +181,21 @@ def test_overfitting_names_the_best_snapshot(tmp_path):
     over = finding(diagnose.run(run), "overfitting")
     assert over.step == 200 and over.evidence["best_snapshot"] == "step_000200"
     assert "step_000200" in over.fix
+
+
+def test_dead_units_and_a_sparse_relu_layer_are_told_apart(tmp_path):
+    layers = {"mlp.hook_post": {"dead": 0.0, "saturated": 0.9},      # sparse: every unit fires somewhere
+              "mlp.hook_post_1": {"dead": 0.3, "saturated": 0.95},   # dead: 30% of units never fire
+              "mlp.hook_post_2": {"dead": 0.05, "saturated": 0.5}}   # neither
+    records = [{"step": s, "train_loss": 3.0 - s / 100, "activations": layers} for s in range(0, 60, 10)]
+    d = diagnose.run(write_run(tmp_path / "r", records, model={"family": "mlp", "act_fn": "relu"}))
+    dead, sparse = finding(d, "dead_units"), finding(d, "sparse_units")
+    assert dead.where == ("mlp.hook_post_1",) and dead.severity == "warning" and dead.title.startswith("mlp.hook_post_1: 30% of units dead")
+    assert sparse.where == ("mlp.hook_post",) and sparse.severity == "info" and sparse.fix == ""
+    assert "every unit is active" in sparse.title and d.fixes() == [dead.fix]
+    none_dead = diagnose.run(write_run(tmp_path / "s", [{**r, "activations": {"mlp.hook_post": layers["mlp.hook_post"]}}
+                                                        for r in records], model={"family": "mlp", "act_fn": "relu"}))
+    assert "dead_units" not in codes(none_dead) and none_dead.fixes() == []
 
 
 def test_thresholds_are_one_frozen_dataclass():

@@ -16,7 +16,7 @@ __all__ = ["LiveDoctor"]
 
 
 def finding_line(f: Finding) -> str:
-    return f"doctor: [{f.severity}] {f.code} at step {f.step}: {f.title}; try: {f.fix}"
+    return f"doctor: [{f.severity}] {f.code} at step {f.step}: {f.title}" + (f"; try: {f.fix}" if f.fix else "")
 
 
 class LiveDoctor:

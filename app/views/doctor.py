@@ -71,7 +71,8 @@ def show_finding(f: Finding, run_label: str) -> None:
             lines[0] += f"; **first warning** at step {f.warning_step}"
         if f.where:
             lines.append("**where** " + ", ".join(f.where))
-        lines += [f"**cause** {f.cause}", f"**fix** {f.fix}", f"**reference** {f.reference}"]
+        lines += [f"**cause** {f.cause}", f"**fix** {f.fix or 'none needed: a note, not a fault'}",
+                  f"**reference** {f.reference}"]
         text.markdown("\n\n".join(lines))
         link(f, run_label, text)
         if f.evidence:

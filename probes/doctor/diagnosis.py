@@ -55,14 +55,16 @@ class Diagnosis:
         return [f for f in self.findings if f.severity != "info"]
 
     def fixes(self) -> list[str]:
-        """What to try, most urgent first, each fix once (info findings' fixes when nothing else)."""
+        """What to try, most urgent first, each fix once (info findings' fixes when nothing else);
+        a finding with no fix (a note such as `sparse_units`) adds nothing."""
         return list(self.fixes_with_sources())
 
     def fixes_with_sources(self) -> dict[str, list[Finding]]:
         chosen = self.above_info() or self.findings
         out: dict[str, list[Finding]] = {}
         for f in chosen:
-            out.setdefault(f.fix, []).append(f)
+            if f.fix:
+                out.setdefault(f.fix, []).append(f)
         return out
 
     def format(self) -> str:

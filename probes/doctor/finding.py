@@ -34,7 +34,7 @@ class Finding:
     title: str  # one line: what went wrong, where
     step: int | None  # the logged step it starts at
     cause: str
-    fix: str
+    fix: str  # what to change; "" for a note that needs no change (left out of "what to try")
     reference: str
     where: tuple[str, ...] = ()
     evidence: dict[str, Any] = field(default_factory=dict)  # named numbers (and short labels)

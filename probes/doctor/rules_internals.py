@@ -270,7 +270,7 @@ def slow_qk(h: RunHistory, reports: list[UpdateReport], window: list[UpdateRepor
 
 # ------------------------------------------------------------------ activation health
 
-@rule("dead_units", "saturated_units")
+@rule("dead_units", "sparse_units", "saturated_units")
 def activations(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     logged = [r for r in before_nonfinite(h) if isinstance(r.get("activations"), dict) and r["activations"]]
     if not logged:
@@ -280,10 +280,13 @@ def activations(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     last = {layer: (as_float(s.get("dead")), as_float(s.get("saturated")))
             for layer, s in logged[-1]["activations"].items() if isinstance(s, dict)}
     history = [(r["step"], r["activations"]) for r in logged]
-    dead = {l: d for l, (d, zeros) in last.items()
-            if d >= t.dead_info or (act_fn == "relu" and zeros >= t.relu_zero_info)}
+    dead = {l: d for l, (d, _) in last.items() if d >= t.dead_info}
+    # a ReLU layer mostly at zero whose units all still fire somewhere is sparse, not dead
+    sparse = {l: zeros for l, (_, zeros) in last.items()
+              if act_fn == "relu" and l not in dead and zeros >= t.relu_zero_info}
     flat = {l: sat for l, (_, sat) in last.items() if act_fn != "relu" and sat >= t.saturated_info}
     findings = [dead_finding(dead, last, act_fn, history, t)] if dead else []
+    findings += [sparse_finding(sparse, last, history, t)] if sparse else []
     return findings + ([saturated_finding(flat, act_fn, history, t)] if flat else [])
 
 
@@ -299,29 +302,50 @@ def dead_finding(dead: dict[str, float], last: dict[str, tuple[float, float]], a
     worst = max(dead, key=lambda l: (dead[l], last[l][1]))
     share, zeros = last[worst]
     relu = act_fn == "relu" and math.isfinite(zeros)
-    step = min(since(history, l, "dead", t.dead_info) if dead[l] >= t.dead_info
-               else since(history, l, "saturated", t.relu_zero_info) for l in dead)
     zero_text = f", {zeros:.0%} of its ReLU outputs are zero" if relu else ""
-    others = f" (and {len(dead) - 1} more layer{'s' if len(dead) > 2 else ''})" if len(dead) > 1 else ""
     return Finding(
-        "dead_units", "warning" if max(dead.values()) >= t.dead_warning else "info",
-        f"{worst}: {share:.0%} of units dead{zero_text}{others}", step=step, where=tuple(dead),
+        "dead_units", "warning" if dead[worst] >= t.dead_warning else "info",
+        f"{worst}: {share:.0%} of units dead (never active on the eval batch){zero_text}{more(dead)}",
+        step=min(since(history, l, "dead", t.dead_info) for l in dead), where=tuple(dead),
         evidence={"dead_share": share, **({"zero_share": zeros} if relu else {}), "act_fn": act_fn,
                   **{f"dead {l}": d for l, d in dead.items() if l != worst}},
         cause="units whose input never turns positive get no gradient and never come back (dead "
-              "ReLUs); a layer whose outputs are mostly zero uses little of its width",
+              "ReLUs): the layer works with less than its width",
         fix="lower the learning rate or fix the init (Kaiming: std = gain / sqrt(fan_in)); a "
             "smoother activation (GELU) keeps units alive",
         reference=MAKEMORE_ACTIVATIONS, page="dynamics")
 
 
+def sparse_finding(sparse: dict[str, float], last: dict[str, tuple[float, float]],
+                   history: list[tuple[int, dict]], t: DoctorThresholds) -> Finding:
+    """A ReLU layer whose outputs are mostly zero while every unit fires on some input: a note, not
+    a fault (no fix; it would be `dead_units` if units stopped firing altogether)."""
+    worst = max(sparse, key=sparse.get)
+    dead = last[worst][0]
+    alive = "every unit is active" if dead == 0 else f"all but {dead:.0%} of its units are active"
+    return Finding(
+        "sparse_units", "info", f"{worst}: {sparse[worst]:.0%} of its ReLU outputs are zero, yet {alive} "
+        f"on some of the eval batch{more(sparse)}",
+        step=min(since(history, l, "saturated", t.relu_zero_info) for l in sparse), where=tuple(sparse),
+        evidence={"zero_share": sparse[worst], "dead_share": last[worst][0], "act_fn": "relu",
+                  **{f"zero {l}": z for l, z in sparse.items() if l != worst}},
+        cause="each input switches on a few units and different inputs different ones: a sparse code, "
+              "with (nearly) the layer's whole width in use and receiving gradient",
+        fix="", reference=MAKEMORE_ACTIVATIONS, page="dynamics")
+
+
+def more(layers: dict[str, float]) -> str:
+    """' (and 2 more layers)' past the first layer named, or nothing."""
+    n = len(layers) - 1
+    return f" (and {n} more layer{'s' if n > 1 else ''})" if n else ""
+
+
 def saturated_finding(flat: dict[str, float], act_fn: str, history: list[tuple[int, dict]],
                       t: DoctorThresholds) -> Finding:
     worst = max(flat, key=flat.get)
-    others = f" (and {len(flat) - 1} more layer{'s' if len(flat) > 2 else ''})" if len(flat) > 1 else ""
     return Finding(
         "saturated_units", "warning" if flat[worst] >= t.saturated_warning else "info",
-        f"{worst}: {flat[worst]:.0%} of {act_fn} activations in the flat tail{others}",
+        f"{worst}: {flat[worst]:.0%} of {act_fn} activations in the flat tail{more(flat)}",
         step=min(since(history, l, "saturated", t.saturated_info) for l in flat), where=tuple(flat),
         evidence={"saturated_share": flat[worst], "act_fn": act_fn,
                   **{f"saturated {l}": v for l, v in flat.items() if l != worst}},

@@ -39,7 +39,8 @@ class DoctorThresholds:
     The series under SGD: 0.96 in block 0 of `shakespeare_rms4`; Adam: 0.3 at most.
     dead_info=0.1, dead_warning=0.25: share of units never active on an eval batch (makemore's
     dead ReLUs); `shakespeare_rms4_adam` ends at 5%. relu_zero_info=0.8: share of ReLU outputs
-    that are exactly zero (`char_mlp`: 86%, a layer gone sparse though no unit is dead).
+    that are exactly zero in a layer with fewer dead units than dead_info: `sparse_units`, a note
+    with no fix (`char_mlp`: 86%, a layer gone sparse though no unit is dead).
     saturated_info=0.1, saturated_warning=0.25: share of tanh/GELU activations in the flat tail
     (makemore: |tanh| > 0.97 should be rare, a few percent).
     overfit_rise=0.05 nats: val loss this far above its best while the train loss kept falling.
