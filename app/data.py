@@ -248,12 +248,22 @@ def nearest(path: str, modified: float, token: str, k: int, table: str,
             preset: str | None = None) -> dict[str, Any]:
     from probes import neighbours
 
+    from probes.neighbour_baseline import mean_cosine
+
     snap = load(path, modified, preset)
     result = neighbours.run(snap.model, token, k=k, table=table, tokenizer=snap.tokenizer).to_dict()
-    keys = neighbours.tables_for(snap.model, table)[1]  # what the neighbours were searched in
-    result["chance"] = {"cosine": neighbours.chance_cosine(keys.shape[0] - 1, keys.shape[1]),
-                        "keys": keys.shape[0] - 1, "dims": keys.shape[1]}
+    result["mean_cosine"] = mean_cosine(result["neighbours"])  # what the shuffled baseline measures
     return result
+
+
+@st.cache_data(max_entries=16, show_spinner="Shuffling the table for a baseline...")
+def neighbour_baseline(path: str, modified: float, table: str, k: int, preset: str | None = None) -> Any:
+    """The table's k-nearest mean cosine against its dimension-shuffled copies (probes.neighbour_baseline)."""
+    from probes import neighbours
+    from probes.neighbour_baseline import shuffled_baseline
+
+    queries, keys = neighbours.tables_for(load(path, modified, preset).model, table)
+    return shuffled_baseline(queries, None if table != "cross" else keys, k)
 
 
 @st.cache_data(max_entries=16, show_spinner="Projecting the embedding table...")

@@ -161,18 +161,17 @@ def test_the_gwu_table_is_scientific_and_explains_u_nominal(start, run):
 def test_embeddings_say_when_the_map_or_the_neighbours_show_little(start, run):
     from models.checkpoint import load_checkpoint
     from probes import neighbours, projection
+    from probes.neighbour_baseline import shuffled_baseline
 
     at = start(run.name, "embeddings", roots=[run])
     model = load_checkpoint(run).model
     explained = projection.run(model, "input")[1].sum().item()
     warned = any("explain only" in w.value for w in at.warning)
     assert warned == (explained < 0.2)
-    top = neighbours.run(model, "e", k=10).neighbours[0]["cosine"]
-    keys = neighbours.input_table(model)
-    chance = neighbours.chance_cosine(keys.shape[0] - 1, keys.shape[1])
-    near_chance = any(w.value.startswith("Near chance") for w in at.warning)
-    assert near_chance == (top < chance)
-    assert near_chance or any(f"below {chance:.2f}" in c.value for c in at.caption)
+    base = shuffled_baseline(neighbours.input_table(model), k=10)
+    near_chance = any(w.value.startswith("No more structure than chance") for w in at.warning)
+    assert near_chance == (not base.structured)
+    assert any(f"below {base.shuffled_level:.2f}" in m.value for m in [*at.warning, *at.caption])
     points = next(f for c in at.get("vega_lite_chart") for f in
                   [pa.ipc.open_stream(d.data.data).read_all().to_pandas() for d in c.proto.datasets]
                   if "side" in f.columns)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 import streamlit as st
 
@@ -28,7 +30,7 @@ def render(sel: Selection) -> None:
     left.dataframe(pd.DataFrame(rows), width="stretch", hide_index=True)
     if "self_cosine" in result:
         left.caption(f"cosine of the token's own input and output vectors: {result['self_cosine']:.3f}")
-    chance_note(result, left)
+    baseline_note(result, data.neighbour_baseline(*sel.key[:2], table, k, sel.run.preset), left, has_output)
     projected = data.embedding_map(*sel.key[:2], "output" if table == "output" else "input", sel.run.preset)
     chosen = result["query"].get("id") if isinstance(result.get("query"), dict) else None
     near = {n["id"]: n["cosine"] for n in result["neighbours"]}
@@ -48,19 +50,25 @@ def render(sel: Selection) -> None:
     pca_note(explained, frame, right)
 
 
-def chance_note(result: dict, where) -> None:
-    """Whether the nearest neighbour is closer than random directions would be (`neighbours.chance_cosine`)."""
-    chance, found = result.get("chance"), result["neighbours"]
-    if not chance or not found:
+def baseline_note(result: dict, base: Any, where, has_output: bool) -> None:
+    """The neighbours against the same table with its dimensions shuffled (`probes.neighbour_baseline`):
+    a warning where the table holds no more structure than that (an untrained table), a caption
+    saying what was compared otherwise."""
+    if not result["neighbours"]:
         return
-    top = found[0]["cosine"]
-    line = (f"the nearest of {chance['keys']} random directions in {chance['dims']} dimensions has a cosine "
-            f"below {chance['cosine']:.2f} 19 times in 20")
-    if top < chance["cosine"]:
-        where.warning(f"Near chance: the nearest neighbour's cosine {top:.2f} is no higher than random "
-                      f"vectors give ({line}); these neighbours say little about this token.")
-    else:
-        where.caption(f"Chance level: {line}.")
+    token = result["mean_cosine"]
+    compared = (f"a token's mean cosine to its {base.k} nearest: in this table {base.table_median:.2f} for the "
+                f"median token; with each dimension shuffled across tokens ({base.seeds} shuffles), "
+                f"{base.shuffled_median:.2f}, and {base.level:.0%} of tokens below {base.shuffled_level:.2f}")
+    if not base.structured:
+        other = " (another table may show more)" if has_output else ""
+        where.warning(f"No more structure than chance: {compared}. A random, untrained table looks like this; "
+                      f"these neighbours say little{other}.")
+        return
+    mine = f"this token: {token:.2f}"
+    if not base.token_above(token):
+        mine += ", no closer than a shuffled table's tokens: read its neighbours with care"
+    where.caption(f"Compared with chance: {compared}; {mine}.")
 
 
 def pca_note(explained: list[float], frame: pd.DataFrame, where) -> None:

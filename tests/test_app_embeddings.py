@@ -1,0 +1,63 @@
+"""The Embeddings page's verdict on its neighbours (AppTest on the shipped runs, issue 29 item 11):
+it compares the table with its dimension-shuffled copies (`probes.neighbour_baseline`), warns where
+a table is no more structured than those (an untrained, step-0 table) and only there, and says what
+it compared."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from models.store import load_checkpoint
+from probes import neighbours
+from probes.neighbour_baseline import shuffled_baseline
+
+REPO = Path(__file__).resolve().parent.parent
+APP = REPO / "app" / "main.py"
+SHIPPED = REPO / "checkpoints"
+WARNING = "No more structure than chance"
+
+
+@pytest.fixture
+def embeddings(monkeypatch):
+    """embeddings(run, table, snapshot=None): the page on a shipped run, that table chosen."""
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    st.cache_data.clear()
+    st.cache_resource.clear()  # caches outlive an AppTest
+
+    def open_page(run: str, table: str = "input", snapshot: str | None = None):
+        at = AppTest.from_file(str(APP), default_timeout=180)
+        at.query_params.update({"run": run, **({"snapshot": snapshot} if snapshot else {})})
+        at.run()
+        at.switch_page("screens/embeddings.py").run()
+        if table != "input":
+            at.selectbox(key="table").set_value(table).run()
+        assert not at.exception, [e.value for e in at.exception]
+        return at
+    return open_page
+
+
+def baseline(snapshot: Path, table: str):
+    return shuffled_baseline(neighbours.tables_for(load_checkpoint(snapshot).model, table)[0], k=10)
+
+
+def test_a_step_0_unembedding_is_warned_about_and_the_trained_one_is_not(embeddings):
+    at = embeddings("shakespeare_rms4", "output", snapshot="step_000000")
+    warned = [w.value for w in at.warning if w.value.startswith(WARNING)]
+    assert len(warned) == 1 and "shuffled across tokens" in warned[0]
+    expected = baseline(SHIPPED / "shakespeare_rms4" / "step_000000", "output")
+    assert f"{expected.table_median:.2f} for the median token" in warned[0]
+    at = embeddings("shakespeare_rms4", "output")  # the latest snapshot
+    assert not any(w.value.startswith(WARNING) for w in at.warning)
+    trained = baseline(sorted((SHIPPED / "shakespeare_rms4").glob("step_*[0-9]"))[-1], "output")
+    said = [c.value for c in at.caption if c.value.startswith("Compared with chance")]
+    assert len(said) == 1 and f"95% of tokens below {trained.shuffled_level:.2f}" in said[0]
+
+
+def test_the_gpt_default_token_is_not_called_near_chance(embeddings):
+    at = embeddings("shakespeare_gpt")  # 'e' in the input embedding: the page as it opens
+    assert not any(w.value.startswith((WARNING, "Near chance")) for w in at.warning)
+    assert any(c.value.startswith("Compared with chance") for c in at.caption)
