@@ -3,8 +3,8 @@ view's one-line summary of each run.
 
 A label is the directory's name, a snapshot inside a run is `run/step_NNNNNN`, and two sources
 with one name get their parent folder in brackets, so that every entry of the run list differs.
-The summaries read `run.json`, `metrics.jsonl` or a snapshot's `config.json` only (no model is
-loaded) and the run doctor's cached verdict.
+The summaries read `run.json`, `metrics.jsonl` and each checkpoint's config (`models.store.peek`:
+no model is built) and the run doctor's cached verdict.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import streamlit as st
 
 from app import data
 from app.views.common import first_line
-from models.store.files import read_json_object
 from models.store.run import is_run_dir, is_snapshot_dir, list_snapshots, read_metrics, read_run_json
 from probes.doctor.run_history import is_finite
 from probes.doctor.signals import nonfinite_in
@@ -97,13 +96,13 @@ def summary(source: data.Source) -> dict[str, Any]:
     stamp = tuple(p.stat().st_mtime if p.exists() else 0.0
                   for p in (path, path / "metrics.jsonl", path / "run.json"))
     try:
-        row = {"run": source.label, **_summary(str(path), stamp)}
+        row = {"run": source.label, **_summary(str(path), stamp, source.preset)}
     except Exception as exc:  # noqa: BLE001 - a garbled run.json or config.json: one row says so
         return {"run": source.label, "model": "-", "steps": None, "snapshots": None, "last val loss": "-",
                 "state": f"unreadable: {first_line(exc)}", "doctor": "-"}
     if row.pop("is_run"):
         row["state"] = "training now" if data.is_training(path) else row["state"]
-        row["doctor"] = verdict(path)
+        row["doctor"] = verdict(path) if (path / "metrics.jsonl").is_file() or data.foreign_log(path) else "-"
     elif data.foreign_log(path) is not None:
         row.update(foreign_row(path))
     return row
@@ -122,23 +121,30 @@ def foreign_row(path: Path) -> dict[str, Any]:
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def _summary(path: str, stamp: tuple) -> dict[str, Any]:
-    """model, steps, snapshots, last val loss and state (logged / diverged) from the files alone."""
+def _summary(path: str, stamp: tuple, preset: str | None = None) -> dict[str, Any]:
+    """model, steps, snapshots, last val loss and state (logged / diverged, or what a lone
+    checkpoint is) from the files alone: `models.store.peek` reads each format's config unbuilt."""
+    from models.store.peek import peek
+
     where_ = Path(path)
     if not is_run_dir(where_):
-        meta = read_json_object(where_ / "config.json") if is_snapshot_dir(where_) else {}
-        return {"model": describe(None, meta["model"]) if meta.get("model") else "-", "steps": meta.get("step"),
-                "snapshots": 1, "last val loss": "-", "state": "snapshot", "doctor": "-", "is_run": False}
+        if not (where_.is_file() or (where_ / "config.json").is_file() or (where_ / "ckpt.pt").is_file()):
+            return {"model": "-", "steps": None, "snapshots": 0, "last val loss": "-",  # another trainer's
+                    "state": "training log", "doctor": "-", "is_run": False}  # log alone (foreign_row)
+        held = peek(where_, preset)
+        return {"model": describe(preset, held["model"]), "steps": held["step"], "snapshots": 1,
+                "last val loss": "-", "state": held["format"], "doctor": "-", "is_run": False}
     info = read_run_json(where_) or {}
     snaps = list_snapshots(where_)
-    model = info.get("model") or (read_json_object(snaps[-1] / "config.json").get("model") if snaps else {})
+    latest = peek(snaps[-1]) if snaps and not info.get("model") else {}
     records = read_metrics(where_)
     losses = [r["val_loss"] for r in records if "val_loss" in r]
-    return {"model": describe(info.get("preset"), model or {}),
-            "steps": records[-1]["step"] if records else None, "snapshots": len(snaps),
+    return {"model": describe(info.get("preset"), info.get("model") or latest.get("model") or {}),
+            "steps": records[-1]["step"] if records else latest.get("step"), "snapshots": len(snaps),
             "last val loss": shown_loss(losses[-1]) if losses else "-",
             # what the files hold; whether that is healthy is the doctor's word (its own column)
-            "state": "diverged" if diverged(records) else "logged" if records else "no metrics yet",
+            "state": "diverged" if diverged(records) else "logged" if records else
+                     f"{latest['format']}s, no metrics" if snaps and snaps[-1].is_file() else "no metrics yet",
             "is_run": True}
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
+from app.tokenizer_help import no_tokenizer
 from models.store.record_check import MetricsLog
 from models.store.run import (METRICS_FILE, is_run_dir, is_snapshot_dir, list_snapshots, read_metrics_log,
                               read_run_json)
@@ -83,8 +84,9 @@ def discover(roots: list[Path]) -> list[Source]:
 
 
 def mtime(path: Path) -> float:
-    """Newest modification time of a snapshot's files (cache key: retrained means reloaded)."""
-    files = [path] if path.is_file() else list(path.iterdir()) if path.is_dir() else []
+    """Newest modification time of a snapshot's files (cache key: retrained means reloaded); a
+    checkpoint file's folder too, so a tokenizer put beside it is read on the next rerun."""
+    files = [path, path.parent] if path.is_file() else list(path.iterdir()) if path.is_dir() else []
     return max((f.stat().st_mtime for f in files), default=0.0)
 
 
@@ -122,8 +124,7 @@ def encode(snap: Any, text: str) -> torch.Tensor:
     if not text:
         raise ValueError("the text is empty: type some text in the sidebar")
     if snap.tokenizer is None:
-        raise snap.no_tokenizer() if hasattr(snap, "no_tokenizer") else \
-            ValueError("this checkpoint has no tokenizer: put the series' vocab.json beside the .pt file")
+        raise no_tokenizer(snap)
     ids = snap.tokenizer.encode(text)
     return torch.tensor([ids[: snap.config.n_ctx]])
 
@@ -251,6 +252,8 @@ def nearest(path: str, modified: float, token: str, k: int, table: str,
     from probes.neighbour_baseline import mean_cosine
 
     snap = load(path, modified, preset)
+    if snap.tokenizer is None:
+        raise no_tokenizer(snap)
     result = neighbours.run(snap.model, token, k=k, table=table, tokenizer=snap.tokenizer).to_dict()
     result["mean_cosine"] = mean_cosine(result["neighbours"])  # what the shuffled baseline measures
     return result
@@ -282,6 +285,8 @@ def sample(path: str, modified: float, prompt: str, n: int, greedy: bool, temper
     from models.sample import continue_text
 
     snap = load(path, modified, preset)
+    if snap.tokenizer is None:
+        raise no_tokenizer(snap)
     return continue_text(snap, prompt, n, greedy=greedy, temperature=temperature, seed=seed)
 
 

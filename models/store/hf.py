@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from models.config import TransformerConfig
 from models.gpt2_bpe import GPT2BPETokenizer, find_gpt2_files
 from models.store.files import CheckpointError, read_json_object
 from models.store.gpt2_layout import (GPT2Dims, check_layout, check_vocab_fits, gpt2_config, our_state,
@@ -24,7 +25,7 @@ from models.store.snapshot import read_safetensors
 from models.store.weights import build_and_load, torch_load
 from models.tokenizers import TokenizerError
 
-__all__ = ["HF_WEIGHTS", "is_hf_config", "load_hf_gpt2"]
+__all__ = ["HF_WEIGHTS", "hf_config", "is_hf_config", "load_hf_gpt2"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,12 +43,12 @@ def is_hf_config(data: dict[str, Any]) -> bool:
 def load_hf_gpt2(directory: Path, data: dict[str, Any], device: str | torch.device = "cpu") -> Snapshot:
     """The GPT-2 directory whose config.json is `data`, as our model with its tokenizer."""
     source = directory / "config.json"
-    dims, act_fn, tied, eps, scale = _read_config(data, source)
+    dims, _, tied, _, _ = _read_config(data, source)
+    config = hf_config(data, source)
     weights, state = _read_weights(directory)
     state = without_buffers(_prefixed(state))
     check_layout(state, dims, conv1d=True, lm_head="lm_head.weight" in state or not tied,
                  source=weights, said_by="config.json")
-    config = gpt2_config(dims, act_fn=act_fn, tied=tied, eps=eps, attn_scale=scale)
     model = build_and_load(config, our_state(state, config, conv1d=True), weights, exact_names=True,
                            described_by=source)
     tokenizer, hint = _tokenizer(directory, config.d_vocab)
@@ -55,6 +56,12 @@ def load_hf_gpt2(directory: Path, data: dict[str, Any], device: str | torch.devi
             "tokenizer": None if tokenizer is None else {"kind": tokenizer.kind, "files": list(tokenizer.files)},
             "step": None, "tokens_seen": None, "train_config": None, "tokenizer_hint": hint}
     return Snapshot(model.to(device).eval(), tokenizer, config, meta, directory)
+
+
+def hf_config(data: dict[str, Any], source: Path) -> TransformerConfig:
+    """Our config for the GPT-2 config.json `data` (read from `source`), weights unread."""
+    dims, act_fn, tied, eps, scale = _read_config(data, source)
+    return gpt2_config(dims, act_fn=act_fn, tied=tied, eps=eps, attn_scale=scale)
 
 
 def _read_config(data: dict[str, Any], source: Path) -> tuple[GPT2Dims, str, bool, float, str]:

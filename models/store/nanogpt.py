@@ -26,9 +26,10 @@ from models.store.gpt2_layout import (GPT2Dims, check_layout, check_vocab_fits, 
 from models.store.result import Snapshot
 from models.store.weights import build_and_load, strip_prefixes
 from models.gpt2_bpe import GPT2BPETokenizer, find_gpt2_files
+from models.config import TransformerConfig
 from models.tokenizers import CharTokenizer, Tokenizer, TokenizerError
 
-__all__ = ["is_nanogpt", "load_nanogpt", "read_meta_pkl", "why_not_nanogpt"]
+__all__ = ["int_or_none", "is_nanogpt", "load_nanogpt", "nanogpt_config", "read_meta_pkl", "why_not_nanogpt"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,16 +62,23 @@ def load_nanogpt(path: Path, obj: dict[str, Any], device: str | torch.device = "
                               "not a state dict")
     source = without_buffers(strip_prefixes(obj["model"]))  # torch.compile's _orig_mod. removed
     check_layout(source, dims, conv1d=False, lm_head=True, source=path, said_by="model_args")
-    config = gpt2_config(dims, act_fn="gelu", tied=is_tied(source), dropout=dropout)  # nn.GELU(): exact
+    config = nanogpt_config(path, obj)
     model = build_and_load(config, our_state(source, config, conv1d=False), path, exact_names=True)
     tokenizer, hint = _tokenizer(path, obj, config.d_vocab, tokenizer_path)
     meta = {"format_version": None, "source": "nanogpt", "model": config.to_dict(),
             "tokenizer": None if tokenizer is None else {"kind": tokenizer.kind, "files": list(tokenizer.files)},
-            "step": _int_or_none(obj.get("iter_num")), "tokens_seen": None,
+            "step": int_or_none(obj.get("iter_num")), "tokens_seen": None,
             "best_val_loss": _float_or_none(obj.get("best_val_loss")),
             "train_config": obj.get("config") if isinstance(obj.get("config"), dict) else None,
             "tokenizer_hint": hint}
     return Snapshot(model.to(device).eval(), tokenizer, config, meta, path)
+
+
+def nanogpt_config(path: Path, obj: dict[str, Any]) -> TransformerConfig:
+    """The config `load_nanogpt` builds from `obj`'s model_args (weights unread but for the tying test)."""
+    dims, dropout = _dims(obj["model_args"], path)
+    source = strip_prefixes(obj["model"]) if isinstance(obj.get("model"), dict) else {}
+    return gpt2_config(dims, act_fn="gelu", tied=is_tied(source), dropout=dropout)  # nn.GELU(): exact
 
 
 def _dims(args: dict[str, Any], path: Path) -> tuple[GPT2Dims, float]:
@@ -94,7 +102,7 @@ def _dims(args: dict[str, Any], path: Path) -> tuple[GPT2Dims, float]:
     return dims, float(dropout)
 
 
-def _int_or_none(value: Any) -> int | None:
+def int_or_none(value: Any) -> int | None:
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

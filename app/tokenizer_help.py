@@ -1,0 +1,29 @@
+"""What the app says when text is asked of a checkpoint loaded without a tokenizer: which files to
+put where, then reload. The loaders' own hint (`Snapshot.no_tokenizer`) names the CLI's
+`--tokenizer`, a flag the app has no place for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+GPT2_VOCABS = (50257, 50304)  # GPT-2's BPE, and nanoGPT's padding of it (models.store.nanogpt)
+
+
+def tokenizer_files(source: str | None, d_vocab: int) -> str:
+    """The tokenizer files a checkpoint of this format and vocabulary reads from beside itself."""
+    if source == "huggingface" or (source == "nanogpt" and d_vocab in GPT2_VOCABS):
+        return "GPT-2's tokenizer.json (or vocab.json and merges.txt)"
+    if source == "nanogpt":
+        return "nanoGPT's meta.pkl (its data/<dataset>/prepare.py writes it)"
+    return "the series' vocab.json"
+
+
+def no_tokenizer(snap: Any) -> ValueError:
+    """One line: the checkpoint has token ids only; put its tokenizer beside it and reload the page."""
+    meta = getattr(snap, "meta", None) or {}
+    path = Path(snap.path)
+    folder = path.parent if path.is_file() else path
+    files = tokenizer_files(meta.get("source"), snap.config.d_vocab)
+    return ValueError(f"{snap.name} has no tokenizer (token ids only): put {files} in {folder}, then "
+                      "reload the page")
