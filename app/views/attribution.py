@@ -7,7 +7,7 @@ from typing import Any
 import streamlit as st
 
 from app import charts, data
-from app.views.common import Selection, first_line, show
+from app.views.common import Selection, error_text, show
 from probes.common import ProbeInputError
 
 
@@ -28,7 +28,7 @@ def render(sel: Selection, snap: Any) -> None:
         result = data.attribution(*sel.key[:2], sel.text, int(position), target or None, versus or None,
                                   sel.run.preset)
     except (ProbeInputError, ValueError) as exc:
-        st.error(f"{type(exc).__name__}: {first_line(exc)}")
+        st.error(error_text(exc))
         return
     if result["logit"] is None:  # JSON's null: NaN or inf, a diverged snapshot
         st.warning("The model's logit at this position is NaN or inf (a diverged snapshot): there is "

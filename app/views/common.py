@@ -59,7 +59,7 @@ def page(title: str, question: str, needs_model: bool = True) -> Callable[[Calla
             try:
                 body(selection, *args)
             except Exception as exc:  # noqa: BLE001 - the page shows it; the app keeps working
-                st.error(f"{type(exc).__name__}: {first_line(exc)}")
+                st.error(error_text(exc))
         return render
     return wrap
 
@@ -67,6 +67,18 @@ def page(title: str, question: str, needs_model: bool = True) -> Callable[[Calla
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+SAID = (ValueError, OSError, RuntimeError)  # bad input or files: their message is the whole story
+
+
+def error_text(exc: BaseException) -> str:
+    """What an error box says: the message in our words, never led by a Python class name
+    ("ProbeInputError: ..."); an error of another kind (a bug) says so after its message."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, SAID) and text:
+        return text  # as written: it may start with a path, which must keep its case
+    return f"{text or 'Something went wrong'} (an unexpected {type(exc).__name__}: please report it)"
 
 
 def show(chart: Any, where: Any = None, stretch: bool = False, **select: Any) -> Any:

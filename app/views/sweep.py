@@ -15,7 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from app import sweeps
-from app.views.common import first_line, show
+from app.views.common import error_text, show
 from probes.sweep import range_text, rate_text
 
 OPENED = "sweep_opened"  # clicks followed so far: each chart starts with no point selected
@@ -39,7 +39,7 @@ def render(folders: list[Path], sources: list[Any]) -> None:
     try:
         result = sweeps.read(folder)
     except Exception as exc:  # noqa: BLE001 - the page says it; the app keeps working
-        st.error(f"{type(exc).__name__}: {first_line(exc)}")
+        st.error(error_text(exc))
         return
     run_labels = {s.path.name: s.label for s in sources if s.path.parent.resolve() == folder.resolve()}
     headline(result)
