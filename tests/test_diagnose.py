@@ -193,6 +193,8 @@ def test_dead_units_and_a_sparse_relu_layer_are_told_apart(tmp_path):
     assert dead.where == ("mlp.hook_post_1",) and dead.severity == "warning" and dead.title.startswith("mlp.hook_post_1: 30% of units dead")
     assert sparse.where == ("mlp.hook_post",) and sparse.severity == "info" and sparse.fix == ""
     assert "every unit is active" in sparse.title and d.fixes() == [dead.fix]
+    from train.doctor import finding_line  # the live doctor's line during training
+    assert "try:" not in finding_line(sparse) and finding_line(dead).endswith(f"; try: {dead.fix}")
     none_dead = diagnose.run(write_run(tmp_path / "s", [{**r, "activations": {"mlp.hook_post": layers["mlp.hook_post"]}}
                                                         for r in records], model={"family": "mlp", "act_fn": "relu"}))
     assert "dead_units" not in codes(none_dead) and none_dead.fixes() == []
