@@ -7,7 +7,8 @@ Formats: our snapshot directory (:mod:`.snapshot`) and run directory (:mod:`.run
 ``.pt`` state dict (:mod:`.series`), nanoGPT's ``ckpt.pt`` (:mod:`.nanogpt`) and a Hugging Face
 GPT-2 directory (:mod:`.hf`); :mod:`.load` detects which, :mod:`.weights` builds and loads our
 model once a format has its config and state dict, :mod:`.result` is the one :class:`Snapshot`;
-:mod:`.peek` reads any format's config, step and format name without building the model.
+:mod:`.peek` reads any format's config, step and format name without building the model
+(`from models.store.peek import peek`: the function shares its module's name).
 Names load on first use (PEP 562): the torch-free parts (run directories, durable writes) stay
 importable without torch.
 """
@@ -23,7 +24,7 @@ _LAZY = {
     "load_series_state_dict": "series", "load_nanogpt": "nanogpt", "load_hf_gpt2": "hf",
     "is_run_dir": "run", "is_snapshot_dir": "run", "list_snapshots": "run", "latest_snapshot": "run",
     "snapshot_name": "run", "snapshot_step": "run", "read_metrics": "run", "append_metrics": "run",
-    "read_run_json": "run", "write_run_json": "run", "peek": "peek",
+    "read_run_json": "run", "write_run_json": "run",
 }
 __all__ = sorted(_LAZY)
 
