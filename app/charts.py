@@ -54,17 +54,21 @@ def entropy_grid(normalized: list[list[float]], verdicts: list[list[str]],
 
 
 def difference_grid(a: list[list[float]], b: list[list[float]], title: str) -> alt.Chart:
-    """B - A per head; a head that is NaN on either side is a NaN cell."""
-    rows = [{"layer": l, "head": h, "difference": _finite(y - x) if _ok(x) and _ok(y) else None,
-             **_nan_flag(y - x if _ok(x) and _ok(y) else math.nan)}
-            for l, (ra, rb) in enumerate(zip(a, b)) for h, (x, y) in enumerate(zip(ra, rb))]
+    """B - A per head, its value written in each cell (white on a dark one); a head that is NaN on
+    either side is a NaN cell."""
+    rows = []
+    for l, (ra, rb) in enumerate(zip(a, b)):
+        for h, (x, y) in enumerate(zip(ra, rb)):
+            d = y - x if _ok(x) and _ok(y) else math.nan
+            rows.append({"layer": l, "head": h, "difference": _finite(d), **_nan_flag(d),
+                         "text": f"{d:+.2f}" if _ok(d) else "NaN", "dark": not _ok(d) or abs(d) > DARK_AT})
     data = pd.DataFrame(rows)
     base = alt.Chart(data, title=title).encode(x="head:O", y="layer:O")
     cells = base.mark_rect(stroke="white").encode(
         color=alt.Color("difference:Q", scale=alt.Scale(scheme="redblue", domain=[-1, 1]),
                         legend=alt.Legend(orient="bottom")),
         tooltip=tooltips(["layer", "head", alt.Tooltip("difference:Q", format="+.3f")]))
-    text = base.mark_text(fontSize=11, color="white").encode(text=f"{NAN}:N")
+    text = base.mark_text(fontSize=11).encode(text="text:N", color=INK)
     return _with_nan(cells, base, data, text).properties(width=max(320, 90 * len(a[0])), height=44 * len(a))
 
 
@@ -79,9 +83,16 @@ def row_entropy_line(values: list[float], labels: list[str]) -> alt.Chart:
     return (line + uniform).properties(height=180, title="entropy of each query row (dashed: uniform)")
 
 
-def step_axis() -> alt.X:
-    """The x axis of every over-steps chart: whole steps only (no 2.5 between steps 2 and 3)."""
-    return alt.X("step:Q", title="step", axis=alt.Axis(format="d", tickMinStep=1))
+def step_axis(domain: list[float] | None = None) -> alt.X:
+    """The x axis of every over-steps chart: whole steps only (no 2.5 between steps 2 and 3);
+    `domain` (`app.axes.x_range`) fixes the range, the same for every chart of a figure."""
+    scale = alt.Scale(domain=domain, nice=False) if domain is not None else alt.Undefined
+    return alt.X("step:Q", title="step", axis=alt.Axis(format="d", tickMinStep=1), scale=scale)
+
+
+def titled(title: str, note: str = "") -> alt.TitleParams | str:
+    """A chart title, with `note` (what `app.axes.choose_y` chose) as its subtitle."""
+    return alt.TitleParams(text=title, subtitle=note, subtitleColor="#555") if note else title
 
 
 def legend(columns: int = 4) -> alt.Legend:
@@ -89,31 +100,34 @@ def legend(columns: int = 4) -> alt.Legend:
     return alt.Legend(orient="bottom", title=None, columns=columns, labelLimit=0)
 
 
-def y_scale(log: bool = False, domain: list[float] | None = None) -> alt.Scale:
-    kwargs: dict[str, Any] = {"type": "log"} if log else {"zero": False}
+def y_scale(log: bool = False, domain: list[float] | None = None, zero: bool = False) -> alt.Scale:
+    """Log, or linear zoomed to the data (from 0 with `zero`); `domain` fixes the range."""
+    kwargs: dict[str, Any] = {"type": "log"} if log else {"zero": zero}
     return alt.Scale(**kwargs, **({"domain": domain} if domain is not None else {}))
 
 
-def lines_over_steps(data: pd.DataFrame, y: str, color: str, title: str, log: bool = False,
+def lines_over_steps(data: pd.DataFrame, y: str, color: str, title: str | alt.TitleParams, log: bool = False,
                      height: int = 200, y_title: str | None = None,
-                     domain: list[float] | None = None) -> alt.Chart:
+                     domain: list[float] | None = None, zero: bool = False,
+                     x_domain: list[float] | None = None) -> alt.Chart:
     """One line per `color` over steps; `y_title` names the axis (default: the column),
-    `domain` fixes the y range (shared axes)."""
+    `domain` fixes the y range (shared axes), `zero` starts it at 0, `x_domain` fixes the steps'."""
     return alt.Chart(data, title=title).mark_line(point=len(data) < 80, clip=domain is not None).encode(
-        x=step_axis(), y=alt.Y(f"{y}:Q", scale=y_scale(log, domain), title=y_title or y),
+        x=step_axis(x_domain), y=alt.Y(f"{y}:Q", scale=y_scale(log, domain, zero), title=y_title or y),
         color=alt.Color(f"{color}:N", legend=legend()),
         tooltip=tooltips(data.columns),
     ).properties(height=height)
 
 
-def smoothed_over_steps(data: pd.DataFrame, y: str, color: str, title: str, log: bool = False,
-                        height: int = 200, y_title: str | None = None) -> alt.TopLevelMixin:
+def smoothed_over_steps(data: pd.DataFrame, y: str, color: str, title: str | alt.TitleParams, log: bool = False,
+                        height: int = 200, y_title: str | None = None,
+                        x_domain: list[float] | None = None) -> alt.TopLevelMixin:
     """`lines_over_steps`, and where `data` has a `smoothed` column (the EMA, `app.series.ema`)
     that line in front with the raw values faint behind it, as TensorBoard draws them."""
     if "smoothed" not in data.columns:
-        return lines_over_steps(data, y, color, title, log, height, y_title)
+        return lines_over_steps(data, y, color, title, log, height, y_title, x_domain=x_domain)
     base = alt.Chart(data, title=title).encode(
-        x=step_axis(), color=alt.Color(f"{color}:N", legend=legend()), tooltip=tooltips(data.columns))
+        x=step_axis(x_domain), color=alt.Color(f"{color}:N", legend=legend()), tooltip=tooltips(data.columns))
     raw = base.mark_line(opacity=0.25).encode(y=alt.Y(f"{y}:Q", scale=y_scale(log), title=y_title or y))
     smooth = base.mark_line().encode(y=alt.Y("smoothed:Q", scale=y_scale(log), title=y_title or y))
     return alt.layer(raw, smooth).properties(height=height)
@@ -141,13 +155,20 @@ def with_findings(chart: alt.TopLevelMixin, marks: pd.DataFrame) -> alt.TopLevel
     if marks is None or marks.empty:
         return chart
     severities = list(SEVERITY_COLOURS)
-    rules = alt.Chart(marks[["step", "code", "severity", "title"]]).mark_rule(
+    rules = alt.Chart(drawing_order(marks[["step", "code", "severity", "title"]])).mark_rule(
         strokeWidth=2, strokeDash=[5, 3], opacity=0.8).encode(
         x="step:Q",
         color=alt.Color("severity:N", legend=None,
                         scale=alt.Scale(domain=severities, range=[SEVERITY_COLOURS[s] for s in severities])),
         tooltip=tooltips(["step", "severity", "code", "title"]))
     return alt.layer(chart, rules).resolve_scale(color="independent")
+
+
+def drawing_order(marks: pd.DataFrame) -> pd.DataFrame:
+    """The findings' rules in the order they are drawn: info, then warnings, failures last, so that
+    a failure's red rule lies on top of a warning's orange one at the same step."""
+    rank = {s: i for i, s in enumerate(SEVERITY_COLOURS)}
+    return marks.sort_values("severity", key=lambda c: c.map(rank).fillna(-1), kind="stable")
 
 
 def band_layer(lo: float = BAND[0], hi: float = BAND[1]) -> alt.Chart:
@@ -220,6 +241,9 @@ def lens_grid(cells: pd.DataFrame, color: str, title: str, rank_top: int | None 
         width="container" if stretch else step * n, height=30 * cells["layer"].nunique())
 
 
+LAYER_LABELS = "layer (embed: after the embeddings; N_post: after block N)"  # the lens's residual points
+
+
 def per_layer_line(data: pd.DataFrame, y: str, color: str, title: str) -> alt.Chart:
     """A measure per layer (embed, 0_post, 1_post, ...) in the model's order, one line per `color`;
     a NaN value is a cross labelled NaN on the chart's floor in its line's colour (a run whose
@@ -228,7 +252,7 @@ def per_layer_line(data: pd.DataFrame, y: str, color: str, title: str) -> alt.Ch
     missing = data[y].isna()
     frame = data.assign(**{NAN: ["NaN" if m else "" for m in missing]}) if missing.any() else data
     base = alt.Chart(frame).encode(
-        x=alt.X("layer:N", sort=order),
+        x=alt.X("layer:N", sort=order, title=LAYER_LABELS),
         color=alt.Color(f"{color}:N", legend=alt.Legend(orient="bottom", title=None, labelLimit=0)))
     # all NaN: no extent to scale to (Vega's "Infinite extent", one tick at 0); a plain 0..1 floor for the crosses
     scale = alt.Scale(domain=[0, 1]) if missing.all() else alt.Undefined

@@ -137,7 +137,20 @@ def pieces(snap: Any, ids: list[int]) -> list[str]:
 
 def shown(piece: str) -> str:
     """Whitespace made visible for axis labels."""
-    return piece.replace("\n", "⏎").replace(" ", "␣").replace("\t", "⇥") or "∅"
+    return piece.replace("\n", NEWLINE).replace(" ", "␣").replace("\t", "⇥") or "∅"
+
+
+NEWLINE = "⏎"  # a new line where a one-line box must show it
+
+
+def shown_newlines(text: str) -> str:
+    """`text` for a one-line input box, where a new line would vanish ("ROMEO:\\nBut" read "ROMEO:But")."""
+    return text.replace("\n", NEWLINE)
+
+
+def real_newlines(text: str) -> str:
+    """What `shown_newlines` showed, back to the text itself."""
+    return text.replace(NEWLINE, "\n")
 
 
 # --------------------------------------------------------------------------- runs

@@ -42,6 +42,18 @@ def default_runs(chosen: str | None, families: Mapping[str, tuple[str | None, st
     return [chosen]
 
 
+def snapshot_b(labels: list[str], here: str, overlaid: list[str]) -> str:
+    """Snapshot B's first choice among `labels` ("run / step_N", each run's in step order): the
+    latest snapshot of the first overlaid run that is not A's, else the first other snapshot."""
+    run_of = {label: label.rsplit(" / ", 1)[0] for label in labels}
+    for run in overlaid:
+        if run != run_of.get(here):
+            mine = [label for label in labels if run_of[label] == run]
+            if mine:
+                return mine[-1]
+    return next((label for label in labels if label != here), here)
+
+
 def logs_tokens(records: list[dict[str, Any]]) -> bool:
     """Every record says how many tokens the run had seen (the tokens axis needs all of them)."""
     return bool(records) and all(math.isfinite(as_float(r.get("tokens"))) for r in records)
@@ -96,6 +108,12 @@ def first_nonfinite(rows: list[dict], y: str, by: str = "line") -> list[dict]:
             first[r[by]] = {"run": r["run"], "step": r["step"], "tokens": r["tokens"],
                             "what": f"first non-finite {r.get('curve') or y} of {r['run']}"}
     return list(first.values())
+
+
+def x_values(logs: Mapping[str, list[dict[str, Any]]], x: str) -> list[float]:
+    """Every logged value of the x column ("step" or "tokens") over the runs' records: the extent
+    that every chart of the overlay shares (`app.axes.x_range`)."""
+    return [as_float(r.get(x)) for records in logs.values() for r in records]
 
 
 def on_axis(rows: list[dict], x: str) -> list[dict]:

@@ -133,7 +133,7 @@ def test_two_runs_overlaid_carry_their_logged_losses_lr_entropy_and_u(start):
     assert spec["layer"][0]["encoding"]["x"]["field"] == "tokens"
 
     at.slider(key="overlay_smoothing").set_value(0.6).run()
-    at.toggle(key="overlay_log").set_value(True).run()
+    at.radio(key="overlay_y").set_value("log").run()
     loss = rows_of(at, "loss (solid: train, dashed: val)", "smoothed")
     train = loss[(loss["run"] == ADAM) & (loss["curve"] == "train loss")].sort_values("step")
     last, ema = 0.0, []

@@ -117,7 +117,7 @@ def test_smoothing_draws_the_ema_in_front_of_the_raw_loss_and_log_y(start, run):
     assert spec["layer"][0]["encoding"]["y"]["title"] == "loss (nats per token)"
     assert spec["layer"][0]["encoding"]["x"]["axis"]["format"] == "d"  # whole steps
     at.slider(key="loss_smoothing").set_value(0.6).run()
-    at.toggle(key="loss_log").set_value(True).run()
+    at.radio(key="loss_y").set_value("log").run()
     frame = column(at, "loss", "smoothed")
     train = frame[frame["curve"] == "train loss"].sort_values("step")
     raw = [r["train_loss"] for r in records(run) if "train_loss" in r]

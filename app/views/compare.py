@@ -8,10 +8,10 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import charts, data
+from app import charts, data, overlay_data
 from models.store.run import snapshot_step
 from app.views import overlay
-from app.views.common import Selection, first_line, has_attention, page, show
+from app.views.common import Selection, error_text, has_attention, page, show
 
 
 @page("Compare", "How do runs differ over training, and two snapshots on the same text?", needs_model=False)
@@ -35,7 +35,8 @@ def snapshots(sel: Selection) -> None:
         st.info("No run here saved a snapshot: nothing to put side by side.")
         return
     here = f"{sel.run.label} / {sel.snapshot.name}" if sel.snapshot is not None else labels[0]
-    other_default = next((l for l in labels if l != here), here)
+    overlaid = st.session_state.get(overlay.runs_key(sel), [])  # the runs overlaid above, as the user left them
+    other_default = overlay_data.snapshot_b(labels, here, overlaid)
     c1, c2 = st.columns(2)
     a = options[c1.selectbox("A", labels, index=labels.index(here), key="cmp_a")]
     b = options[c2.selectbox("B", labels, index=labels.index(other_default), key="cmp_b")]
@@ -79,5 +80,5 @@ def probe(run: data.Source, path, text: str) -> dict:
             if snap.config.unembed != "mlp":
                 out["lens"] = data.lens(*key, text, 5, run.preset)
     except Exception as exc:  # noqa: BLE001 - shown beside the other side, which keeps working
-        out["error"] = f"{type(exc).__name__}: {first_line(exc)}"
+        out["error"] = error_text(exc)
     return out

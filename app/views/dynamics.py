@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import streamlit as st
 
-from app import charts, data, series
+from app import axes, charts, data, series
 from app.views import doctor, live, signals
 from app.views.common import Selection, page, scroll_to, show
 from probes.timeline import uniform_series_entropy
@@ -64,15 +64,20 @@ def entropy_over_steps(records: list[dict], marks: pd.DataFrame, n_ctx: int | No
     norm = c1.toggle("divide by uniform attention's entropy (1 = uniform)", key="entropy_norm",
                      disabled=uniform is None)
     shared = c2.toggle("same y-axis for every layer", key="entropy_shared")
+    zoom = c2.toggle("zoom each y-axis to its lines", key="entropy_zoom", disabled=shared,
+                     help="Off: every axis starts at 0, so a flat line looks flat. On: each axis spans only its "
+                          "own lines, which makes small moves visible (and flat lines look dramatic).")
     y = "entropy / uniform" if norm else "entropy (nats)"
     frame = pd.DataFrame(series.normalised(rows, "entropy (nats)", uniform, y) if norm else rows)
     level = 1.0 if norm else uniform
     top = max([v for v in frame[y] if v is not None and math.isfinite(v)] + ([level] if level else []), default=1.0)
     layers = sorted(frame["layer"].unique())
+    steps = axes.x_range(frame["step"])  # every layer's chart over the same steps
     columns = st.columns(min(2, len(layers)))
     for i, layer in enumerate(layers):
         chart = charts.lines_over_steps(frame[frame["layer"] == layer].drop(columns="layer"), y, "head",
-                                        f"layer {layer}", height=180, domain=[0, top * 1.05] if shared else None)
+                                        f"layer {layer}", height=180, domain=[0, top * 1.05] if shared else None,
+                                        zero=not zoom, x_domain=steps)
         if level is not None:
             chart = chart + charts.level_rule(level, "uniform attention")
         nan_steps = sorted({step for l, step in bad if l == layer})
@@ -157,11 +162,24 @@ def table_at_step(label: str, history) -> None:
     shown = {**{k: "{:.2e}" for k in ("g", "w", "u", "u_nominal")}, "log10 u": "{:+.2f}"}  # 3 significant digits
     st.dataframe(frame.style.format(shown, na_rep="-")
                  .map(lambda v: "color: #d62728; font-weight: bold" if v else "", subset=["flag"]),
-                 width="stretch", height=360, column_config={
+                 width="stretch", height=table_height(len(frame)), column_config={
                      "g": st.column_config.Column(help="|gradient| of the parameter at this step"),
                      "w": st.column_config.Column(help="|w|, the parameter's norm"),
                      "u": st.column_config.Column(help="|Δw| / |w|: the update this step made, measured"),
                      "u_nominal": st.column_config.Column(help=U_NOMINAL_HELP)})
+    st.caption(GWU_GLOSSARY)
+
+
+GWU_GLOSSARY = ("g = rms of the parameter's gradient; w = rms of the parameter; u = rms(Δw) / rms(w), the "
+                "update this step made, measured; u_nominal = lr · g / w, what plain SGD would make (equal to u "
+                "only without momentum or Adam); log10 u against makemore's target of -3; flag: outside the band.")
+ROW_PX = 35  # a table row's height in Streamlit's dataframe (its header's too)
+
+
+def table_height(rows: int, most: int = 360) -> int:
+    """A table's height in pixels: its rows and header, up to `most` (then it scrolls), so that a
+    model with few parameters shows no empty rows below its last."""
+    return min(most, (rows + 1) * ROW_PX + 3)
 
 
 def linked_step(steps: list[int]) -> int | None:

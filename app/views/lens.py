@@ -25,6 +25,8 @@ def render(sel: Selection) -> None:
     cells = lens_cells(result)
     rank_top = snap.tokenizer.vocab_size - 1  # one rank scale for the logit and the tuned lens
     show(charts.lens_grid(with_nan(cells, measure), measure, "top-1 token per layer and position", rank_top))
+    st.caption("Rows: the residual stream read through the unembedding after the embeddings (embed) and "
+               "after each block N (N_post); the last row is the model's own prediction.")
     nan = [label for label in result["layers"] if (cells[cells["layer"] == label]["top-1"] == NOT_FINITE).any()]
     if nan:
         st.caption(f"{NOT_FINITE}: the layer's distribution holds NaN or inf there (layers {', '.join(nan)}), "

@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from app import charts, data, overlay_charts, overlay_data, series
+from app import axes, charts, data, overlay_charts, overlay_data, series
 from app.views.common import Selection, first_line, show
 from app.views.controls import curve_controls, smoothed_frame
 from models.store.run import read_run_json
@@ -39,7 +39,7 @@ def section(sel: Selection) -> None:
     infos = {label: run_info(source.path) for label, source in runs.items()}
     families = {label: (info.get("preset"), (info.get("model") or {}).get("family"))
                 for label, info in infos.items()}
-    chosen = st.multiselect("runs to overlay", list(runs), key=f"overlay_runs:{sel.run.label}",
+    chosen = st.multiselect("runs to overlay", list(runs), key=runs_key(sel),
                             default=overlay_data.default_runs(sel.run.label if sel.run.is_run else None, families),
                             help="Any runs the app knows; each keeps one colour in every chart.")
     if not chosen:
@@ -47,6 +47,11 @@ def section(sel: Selection) -> None:
         return
     curves(chosen, {label: runs[label].path for label in chosen})
     config_diff(chosen, infos)
+
+
+def runs_key(sel: Selection) -> str:
+    """The overlay's run picker's key (one per sidebar run: each opens on its own default)."""
+    return f"overlay_runs:{sel.run.label}"
 
 
 def run_info(path: Path) -> dict[str, Any]:
@@ -65,7 +70,7 @@ def curves(chosen: list[str], paths: dict[str, Path]) -> None:
     c1, c2 = st.columns([1, 2])
     x = overlay_data.XS[c1.radio("x-axis", list(overlay_data.XS), horizontal=True, key="overlay_x")]
     with c2:
-        log, weight = curve_controls("overlay")
+        mode, weight = curve_controls("overlay")
     if x == "tokens":
         untold = [label for label in logs if logs[label] and not overlay_data.logs_tokens(logs[label])]
         if untold:
@@ -82,38 +87,46 @@ def curves(chosen: list[str], paths: dict[str, Path]) -> None:
             reason = broke["diverged"].get("reason") if isinstance(broke["diverged"], dict) else broke["diverged"]
             st.warning(f"{label} diverged at step {broke['step']}: {reason} (red rules: its first NaN).")
     left, right = st.columns(2)
-    losses(logs, x, runs, log, weight, left)
-    learning_rate(logs, x, runs, log, right)
-    entropy(logs, x, runs, weight, paths)
-    updates(logs, x, runs, weight, paths)
+    span = axes.x_range(overlay_data.x_values(logs, x))  # one x range for every chart below
+    losses(logs, x, runs, mode, weight, left, span)
+    learning_rate(logs, x, runs, mode, right, span)
+    entropy(logs, x, runs, weight, paths, span)
+    updates(logs, x, runs, weight, paths, span)
 
 
-def losses(logs, x, runs, log, weight, where) -> None:
+def losses(logs, x, runs, mode, weight, where, span) -> None:
     rows = [row for label, records in logs.items() for row in overlay_data.scalar_rows(
         label, records, {"train loss": "train_loss", "val loss": "val_loss"}, "loss")]
     rows = overlay_data.on_axis(rows, x)
     if not rows:
         where.caption("loss: none of these runs logged a loss yet")
         return
+    y = axes.choose_y([r["loss"] for r in rows], mode)
     chart = overlay_charts.overlay_lines(smoothed_frame(rows, "loss", "line", weight), x, "loss", runs,
-                                         "loss (solid: train, dashed: val)", dash="curve", log=log,
-                                         y_title="loss (nats per token)",
+                                         charts.titled("loss (solid: train, dashed: val)", y.note), dash="curve",
+                                         log=y.log, y_title="loss (nats per token)", x_domain=span,
                                          nan=overlay_data.first_nonfinite(rows, "loss"))
     show(chart, where, stretch=True)
 
 
-def learning_rate(logs, x, runs, log, where) -> None:
+def learning_rate(logs, x, runs, mode, where, span) -> None:
     rows = overlay_data.on_axis([row for label, records in logs.items()
                                  for row in overlay_data.scalar_rows(label, records, {"lr": "lr"}, "learning rate")], x)
     if not rows:
         where.caption("learning rate: not logged by these runs")
         return
-    chart = overlay_charts.overlay_lines(pd.DataFrame(rows), x, "learning rate", runs, "learning rate (as scheduled)",
-                                         log=log, nan=overlay_data.first_nonfinite(rows, "learning rate"))
+    y = axes.choose_y([r["learning rate"] for r in rows], mode, prefer_log=True)  # 0.05 beside 0.001
+    drawn = [r for r in rows if not y.log or r["learning rate"] > 0 or not math.isfinite(r["learning rate"])]
+    chart = overlay_charts.overlay_lines(pd.DataFrame(drawn), x, "learning rate", runs,
+                                         charts.titled("learning rate (as scheduled)", y.note), log=y.log,
+                                         x_domain=span, nan=overlay_data.first_nonfinite(rows, "learning rate"))
     show(chart, where, stretch=True)
+    if len(drawn) < len(rows):
+        where.caption(f"{len(rows) - len(drawn)} learning rates of 0 or below (a warmup's start) are left off "
+                      "the log axis; choose linear to see them.")
 
 
-def entropy(logs, x, runs, weight, paths) -> None:
+def entropy(logs, x, runs, weight, paths, span) -> None:
     st.markdown("**Attention entropy per layer**")
     with_heads = [label for label, records in logs.items() if series.logged(records, "attn_entropy")]
     if not with_heads:
@@ -141,7 +154,7 @@ def entropy(logs, x, runs, weight, paths) -> None:
     for i, layer in enumerate(layers):
         mine = [r for r in rows if r["layer"] == layer]
         chart = overlay_charts.overlay_lines(smoothed_frame(mine, y, "line", weight), x, y, runs, f"layer {layer}",
-                                             height=180, domain=domain,
+                                             height=180, domain=domain, x_domain=span,
                                              nan=overlay_data.first_nonfinite(mine, y))
         show(chart, columns[i % len(columns)], stretch=True)
     what = "the mean over each layer's heads" if index is None else f"head {index} of each layer"
@@ -160,7 +173,7 @@ def trained_context(path: Path) -> int | None:
         return None
 
 
-def updates(logs, x, runs, weight, paths) -> None:
+def updates(logs, x, runs, weight, paths, span) -> None:
     st.markdown("**Update ratio u = |Δw| / |w|: median per parameter group**")
     y = "median u"
     rows, unread = [], []
@@ -180,7 +193,7 @@ def updates(logs, x, runs, weight, paths) -> None:
         mine = [r for r in rows if r["group"] == group]
         chart = overlay_charts.overlay_lines(smoothed_frame(mine, y, "line", weight), x, y, runs, group, log=True,
                                              height=160, y_title="median u", under=charts.band_layer(),
-                                             legend_columns=1)
+                                             legend_columns=1, x_domain=span)
         show(chart, columns[i % 3], stretch=True)
     if groups:
         lo, hi = charts.BAND

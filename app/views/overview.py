@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, data, series, warm
+from app import axes, charts, data, series, warm
 from app.views import doctor, live
 from app.views.controls import curve_controls, smoothed_frame
 from app.views.common import NO_WEIGHTS, Selection, first_line, page, show
@@ -53,15 +53,20 @@ def curves(sel: Selection, follow: bool = False) -> None:
         st.info("This run logged no losses yet.")
         return
     st.caption(data.records_caption(history))
-    log, weight = curve_controls("loss")
+    mode, weight = curve_controls("loss")
     left, right = st.columns(2)
-    loss = charts.smoothed_over_steps(smoothed_frame(losses, "loss", "curve", weight), "loss", "curve",
-                                      "loss", log=log, y_title="loss (nats per token)")
-    show(charts.with_findings(loss, doctor.marks(sel.run)), left, stretch=True)
     bpc = series.rows(records, {"val BPC": "bpc"}, "BPC")
+    steps = axes.x_range(r["step"] for r in losses + bpc)  # the two charts side by side share their steps
+    y = axes.choose_y([r["loss"] for r in losses], mode)
+    loss = charts.smoothed_over_steps(smoothed_frame(losses, "loss", "curve", weight), "loss", "curve",
+                                      charts.titled("loss", y.note), log=y.log, y_title="loss (nats per token)",
+                                      x_domain=steps)
+    show(charts.with_findings(loss, doctor.marks(sel.run)), left, stretch=True)
     if bpc:
+        y = axes.choose_y([r["BPC"] for r in bpc], mode)
         show(charts.smoothed_over_steps(smoothed_frame(bpc, "BPC", "curve", weight), "BPC", "curve",
-                                        "bits per character", log=log, y_title="BPC (bits per character)"),
+                                        charts.titled("bits per character", y.note), log=y.log,
+                                        y_title="BPC (bits per character)", x_domain=steps),
              right, stretch=True)
     diverged = [r for r in records if r.get("diverged")]
     if diverged:
@@ -73,8 +78,10 @@ def samples(sel: Selection, cfg) -> None:
     st.subheader("What it writes")
     mlp = cfg.family == "mlp"  # its window is fixed: the prompt must fill it
     default = (sel.text or "ROMEO: But soft, what light")[: cfg.n_ctx] if mlp else "ROMEO:"
-    prompt = st.text_input("prompt" + (f" (at least {cfg.n_ctx} characters)" if mlp else ""),
-                           value=default, key=f"prompt:{cfg.family}")
+    typed = st.text_input("prompt" + (f" (at least {cfg.n_ctx} characters)" if mlp else ""),
+                          value=data.shown_newlines(default), key=f"prompt:{cfg.family}",
+                          help=f"{data.NEWLINE} is a new line (type it, or paste one).")
+    prompt = data.real_newlines(typed)
     c1, c2, c3 = st.columns(3)
     n = c1.slider("new tokens", 20, 400, 160, step=20)
     temperature = c2.slider("temperature", 0.1, 2.0, 0.8, step=0.1)
@@ -87,4 +94,4 @@ def samples(sel: Selection, cfg) -> None:
             st.error(first_line(exc))
             return
         column.markdown(f"**{title}**")
-        column.code(prompt + text, language=None)
+        column.code(prompt + text, language=None, wrap_lines=True)

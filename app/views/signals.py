@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from app import charts, series
+from app import axes, charts, series
 from app.views.common import show
 from app.views.controls import curve_controls, smoothed_frame
 
@@ -22,27 +22,35 @@ NOT_LOGGED = "not logged by this run (it was trained before training logged it)"
 
 def section(records: list[dict[str, Any]], marks: pd.DataFrame) -> None:
     st.subheader("Training signals")
-    log, weight = curve_controls("signals")
+    mode, weight = curve_controls("signals")
     left, right = st.columns(2)
+    steps = axes.x_range(r["step"] for r in records)  # every chart of the section over the same steps
     draw = lambda chart, where: show(charts.with_findings(chart, marks), where, stretch=True)  # noqa: E731
-    optimiser(records, weight, log, draw, left, right)
-    throughput(records, weight, log, draw, left, right)
-    mlp_health(records, draw, left, right)
-    growth(records, draw)
+    optimiser(records, weight, mode, draw, left, right, steps)
+    throughput(records, weight, mode, draw, left, right, steps)
+    mlp_health(records, draw, left, right, steps)
+    growth(records, draw, steps)
 
 
 def one_curve(records: list[dict[str, Any]], key: str, name: str, title: str, y: str, weight: float,
-              log: bool) -> Any | None:
+              mode: str, steps: list[float] | None) -> Any | None:
     rows = series.rows(records, {name: key}, y)
-    if not rows:
-        return None
-    return charts.smoothed_over_steps(smoothed_frame(rows, y, "curve", weight), y, "curve", title, log=log)
+    return None if not rows else curve(rows, y, title, weight, mode, steps)
 
 
-def optimiser(records, weight, log, draw, left, right) -> None:
-    lr = one_curve(records, "lr", "learning rate", "learning rate (as scheduled)", "learning rate", 0.0, False)
+def curve(rows: list[dict], y: str, title: str, weight: float, mode: str, steps: list[float] | None) -> Any:
+    """One signal over steps, on the y axis `mode` gives it (`app.axes.choose_y`: auto turns log
+    where the values span orders of magnitude, and the chart says so)."""
+    axis = axes.choose_y([r[y] for r in rows], mode)
+    return charts.smoothed_over_steps(smoothed_frame(rows, y, "curve", weight), y, "curve",
+                                      charts.titled(title, axis.note), log=axis.log, x_domain=steps)
+
+
+def optimiser(records, weight, mode, draw, left, right, steps) -> None:
+    lr = one_curve(records, "lr", "learning rate", "learning rate (as scheduled)", "learning rate", 0.0,
+                   "linear", steps)
     grad = one_curve(records, "grad_norm", "gradient norm", "gradient norm (before clipping)", "grad norm",
-                     weight, log)
+                     weight, mode, steps)
     for chart, where, what in ((lr, left, "learning rate"), (grad, right, "gradient norm")):
         if chart is None:
             where.caption(f"{what}: {NOT_LOGGED}")
@@ -50,20 +58,19 @@ def optimiser(records, weight, log, draw, left, right) -> None:
             draw(chart, where)
 
 
-def throughput(records, weight, log, draw, left, right) -> None:
-    time = one_curve(records, "step_time_ms", "step time", "time per step", "step time (ms)", weight, log)
+def throughput(records, weight, mode, draw, left, right, steps) -> None:
+    time = one_curve(records, "step_time_ms", "step time", "time per step", "step time (ms)", weight, mode, steps)
     rate = [{"step": s, "curve": "tokens per second", "tokens/s": v} for s, v in series.tokens_per_second(records)]
     if time is None or not rate:
         left.caption(f"step time: {NOT_LOGGED}")
         return
     draw(time, left)
-    draw(charts.smoothed_over_steps(smoothed_frame(rate, "tokens/s", "curve", weight), "tokens/s", "curve",
-                                    "tokens per second", log=log), right)
+    draw(curve(rate, "tokens/s", "tokens per second", weight, mode, steps), right)
     st.caption("Step time is the wall time per step since the previous record (evals and saves left out); "
                "tokens per second = tokens trained between two records / (step time × steps between).")
 
 
-def mlp_health(records, draw, left, right) -> None:
+def mlp_health(records, draw, left, right, steps) -> None:
     if not series.logged(records, "activations"):
         st.caption(f"Dead and saturated MLP units: {NOT_LOGGED}")
         return
@@ -72,13 +79,15 @@ def mlp_health(records, draw, left, right) -> None:
                 for r in series.per_layer(records, "activations", field)]
         what = "units" if field == "dead" else "activations"
         draw(charts.lines_over_steps(pd.DataFrame(rows), f"{field} share", "layer", f"{field} MLP {what}",
-                                     domain=[0, 1], y_title=f"share of {what}"), where)
+                                     domain=[0, 1], y_title=f"share of {what}", x_domain=steps), where)
     st.caption("Per MLP layer, on the first validation batch at each eval (`probes.activations`): dead = the "
                "share of units never active over the batch; saturated = the share of activations in the flat "
-               "part of the non-linearity (|tanh| > 0.97, GELU input below -3, ReLU output 0).")
+               "part of the non-linearity (|tanh| > 0.97, GELU input below -3, ReLU output 0). In the legend, "
+               "'block N post' is block N's MLP hidden layer (its hook_post), 'post_1' the second hidden layer "
+               "of a deeper MLP.")
 
 
-def growth(records, draw) -> None:
+def growth(records, draw, steps) -> None:
     """The run doctor's logit-growth inputs: max attention logit per head, residual rms, max |logit|."""
     heads = [{"step": r["step"], "head": f"L{r['layer']}H{r['head']}", "max attention logit": r["value"]}
              for r in series.per_layer(records, "attn_logit_max")]
@@ -89,7 +98,7 @@ def growth(records, draw) -> None:
     left, mid, right = st.columns(3)
     if positive:
         draw(charts.lines_over_steps(pd.DataFrame(positive), "max attention logit", "head",
-                                     "largest attention score per head", log=True), left)
+                                     "largest attention score per head", log=True, x_domain=steps), left)
         if len(positive) < len(heads):
             left.caption(f"{len(heads) - len(positive)} values at or below 0 are left off the log axis.")
     else:
@@ -97,6 +106,6 @@ def growth(records, draw) -> None:
     for rows, where, y, color, title in ((rms, mid, "residual rms", "layer", "residual stream rms per layer"),
                                          (logit, right, "max |logit|", "curve", "largest |logit| of the output")):
         if rows:
-            draw(charts.lines_over_steps(pd.DataFrame(rows), y, color, title, log=True), where)
+            draw(charts.lines_over_steps(pd.DataFrame(rows), y, color, title, log=True, x_domain=steps), where)
         else:
             where.caption(f"{title[0].upper() + title[1:]}: {NOT_LOGGED}")
