@@ -88,7 +88,9 @@ def divergence(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
 
 
 def rising_loss(h: RunHistory, t: DoctorThresholds, signals: list[tuple[int, str, str]]) -> list[Finding]:
-    """No NaN yet, but the train loss climbed a nat above its best so far and is still there."""
+    """No NaN yet, but the train loss climbed a nat above its best so far and is still there: a
+    warning, or a failure once a run that had learned a nat is back above its first value (all it
+    learned is lost; a loss rising from the first steps is a warning until it overflows)."""
     key = "train_loss" if finite_series(h, "train_loss") else "val_loss"
     series = finite_series(h, key)
     if len(series) < 2:
@@ -99,11 +101,16 @@ def rising_loss(h: RunHistory, t: DoctorThresholds, signals: list[tuple[int, str
         return []
     start = next(s for s, v in series if s > best_step and v - best >= t.loss_rise)
     warning = signals[0][0] if signals else start
+    first = series[0][1]
+    lost_all = last > first and first - best >= t.loss_rise
+    title = (f"the run diverged: the {key.replace('_', ' ')} rose to {last:.2f} at step {last_step}, "
+             f"above its first value {first:.2f} (best {best:.2f} at step {best_step})") if lost_all else \
+        f"the {key.replace('_', ' ')} is rising: {best:.2f} at step {best_step} -> {last:.2f} at step {last_step}"
     return [Finding(
-        "divergence", "warning", f"the {key.replace('_', ' ')} is rising: {best:.2f} at step "
-        f"{best_step} -> {last:.2f} at step {last_step}", step=start, warning_step=min(warning, start),
-        where=(key.replace("_", " "),),
-        evidence={"best_loss": best, "best_step": best_step, "last_loss": last, "rise_nats": last - best,
+        "divergence", "failed" if lost_all else "warning", title, step=start,
+        warning_step=min(warning, start), where=(key.replace("_", " "),),
+        evidence={"first_loss": first, "best_loss": best, "best_step": best_step, "last_loss": last,
+                  "rise_nats": last - best,
                   "signals": "; ".join(f"{label} at step {s} ({by})" for s, label, by in signals[:4]) or "-",
                   **before_failure(h, last_step + 1)},
         cause="the updates are too large for the loss surface: each step overshoots",
