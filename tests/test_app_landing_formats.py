@@ -108,7 +108,8 @@ def test_every_format_is_listed_with_its_model_and_whole_numbers(roots, monkeypa
     assert not table["state"].str.startswith("unreadable").any(), table["state"].to_dict()
     for column in ("steps", "snapshots"):
         assert pd.api.types.is_integer_dtype(table[column]), (column, table[column].dtype)
-    expected = {name: describe(None, loaded_config(roots[name])) for name in ("nano", "out", "snap", "hf") if name in roots}
+    expected = {name: describe(None, loaded_config(roots[name]))
+                for name in ("nano", "out", "snap", "hf") if name in roots}
     expected["ours"] = describe("char_mlp", loaded_config(roots["ours"]))
     expected["model.pt"] = describe("char_mlp", loaded_config(roots["series"], "char_mlp"))
     assert table["model"].to_dict() == expected

@@ -190,7 +190,8 @@ def test_dead_units_and_a_sparse_relu_layer_are_told_apart(tmp_path):
     records = [{"step": s, "train_loss": 3.0 - s / 100, "activations": layers} for s in range(0, 60, 10)]
     d = diagnose.run(write_run(tmp_path / "r", records, model={"family": "mlp", "act_fn": "relu"}))
     dead, sparse = finding(d, "dead_units"), finding(d, "sparse_units")
-    assert dead.where == ("mlp.hook_post_1",) and dead.severity == "warning" and dead.title.startswith("mlp.hook_post_1: 30% of units dead")
+    assert dead.where == ("mlp.hook_post_1",) and dead.severity == "warning"
+    assert dead.title.startswith("mlp.hook_post_1: 30% of units dead")
     assert sparse.where == ("mlp.hook_post",) and sparse.severity == "info" and sparse.fix == ""
     assert "every unit is active" in sparse.title and d.fixes() == [dead.fix]
     from train.doctor import finding_line  # the live doctor's line during training

@@ -72,7 +72,8 @@ def table(sources: list[data.Source]) -> None:
     rows = pd.DataFrame([catalog.summary(s) for s in sources], columns=COLUMNS)
     rows[["steps", "snapshots"]] = rows[["steps", "snapshots"]].astype("Int64")  # 4, never 4.000000
     st.dataframe(rows.style.map(colour, subset=["state", "doctor"]), hide_index=True, width="stretch",
-                 column_config={"steps": st.column_config.NumberColumn(format="%d", help="last logged step (else the latest checkpoint's)"),
+                 column_config={"steps": st.column_config.NumberColumn(
+                                    format="%d", help="last logged step (else the latest checkpoint's)"),
                                 "snapshots": st.column_config.NumberColumn(format="%d"),
                                 "state": st.column_config.TextColumn(
                                     help="what the files hold: logged; diverged: a NaN/inf loss or a 'diverged' record; "
