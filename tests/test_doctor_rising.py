@@ -1,5 +1,6 @@
 """The divergence rule on a loss that rises without turning NaN (a sweep's too-high learning
-rates): a warning while the loss is still below where it started, a failure once it is above."""
+rates): a warning while the loss is below where it started or the run goes on, a failure when the
+run ended above it."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ def losses(values: list[float]) -> list[dict]:
     return [{"step": 10 * i, "train_loss": v} for i, v in enumerate(values)]
 
 
-def divergence(run) -> diagnose.Finding | None:
-    return next((f for f in diagnose.run(run).findings if f.code == "divergence"), None)
+def divergence(run, step: int | None = None) -> diagnose.Finding | None:
+    return next((f for f in diagnose.run(run, step=step).findings if f.code == "divergence"), None)
 
 
 def test_a_loss_rising_a_nat_above_its_best_but_below_its_start_is_a_warning(tmp_path):
@@ -28,6 +29,9 @@ def test_a_loss_that_ends_above_its_first_value_failed(tmp_path):
     assert found.title.startswith("the run diverged: the train loss rose to 67.10 at step 40, above its first value 4.20")
     assert found.evidence["first_loss"] == 4.2 and found.evidence["best_loss"] == 2.5
     assert diagnose.run(tmp_path / "f").verdict == "failed"
+    going = write_run(tmp_path / "g", losses([4.2, 3.0, 2.5, 9.0, 67.1]), train={"steps": 1000})
+    assert divergence(going).severity == "warning"  # still training: NaN would be its failure
+    assert divergence(tmp_path / "f", step=30).severity == "warning"  # cut before the end
 
 
 def test_a_loss_that_only_falls_has_no_divergence(tmp_path):

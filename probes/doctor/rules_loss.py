@@ -89,8 +89,8 @@ def divergence(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
 
 def rising_loss(h: RunHistory, t: DoctorThresholds, signals: list[tuple[int, str, str]]) -> list[Finding]:
     """No NaN yet, but the train loss climbed a nat above its best so far and is still there: a
-    warning, or a failure once a run that had learned a nat is back above its first value (all it
-    learned is lost; a loss rising from the first steps is a warning until it overflows)."""
+    warning; a failure when a run that had learned a nat ended (its last planned step) back above
+    its first value, all it learned lost. A run still going, or cut, is warned: NaN is its failure."""
     key = "train_loss" if finite_series(h, "train_loss") else "val_loss"
     series = finite_series(h, key)
     if len(series) < 2:
@@ -102,7 +102,8 @@ def rising_loss(h: RunHistory, t: DoctorThresholds, signals: list[tuple[int, str
     start = next(s for s, v in series if s > best_step and v - best >= t.loss_rise)
     warning = signals[0][0] if signals else start
     first = series[0][1]
-    lost_all = last > first and first - best >= t.loss_rise
+    ended = isinstance(h.train_config("steps"), int) and h.upto is None and last_step >= h.train_config("steps")
+    lost_all = ended and last > first and first - best >= t.loss_rise
     title = (f"the run diverged: the {key.replace('_', ' ')} rose to {last:.2f} at step {last_step}, "
              f"above its first value {first:.2f} (best {best:.2f} at step {best_step})") if lost_all else \
         f"the {key.replace('_', ' ')} is rising: {best:.2f} at step {best_step} -> {last:.2f} at step {last_step}"
