@@ -102,9 +102,14 @@ def cell_text(run: dict[str, Any] | None) -> str:
         return f"running, step {run['last_step']}/{run.get('steps', '?')}"
     if status != "finished":
         return status + (f" (exit {run['exit_code']})" if run.get("exit_code") is not None else "")
-    final = "-" if run.get("final_val_loss") is None else f"{run['final_val_loss']:.3f}"
+    final = "-" if run.get("final_val_loss") is None else loss_text(run["final_val_loss"])
     diverged = "-" if run.get("diverged_at") is None else f"step {run['diverged_at']}"
     return f"{final:>7}  {diverged:<10} {run.get('verdict') or '-'}"
+
+
+def loss_text(loss: float) -> str:
+    """Three decimals in the column's 7 characters; a blown-up loss (535.851, 116104) as 5.4e+02."""
+    return f"{loss:.3f}" if abs(loss) < 100 else f"{loss:.1e}"
 
 
 def range_text(rng: dict[str, Any] | None) -> str:

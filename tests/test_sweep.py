@@ -225,6 +225,14 @@ def test_ctrl_c_stops_the_runs_and_says_what_finished(text_file, tmp_path):
 # ------------------------------------------------------------------ probes.sweep
 
 
+def test_a_blown_up_final_loss_keeps_the_tables_column_width():
+    assert probe_sweep.loss_text(2.11156) == "2.112" and probe_sweep.loss_text(99.9994) == "99.999"
+    assert probe_sweep.loss_text(535.851) == "5.4e+02" and probe_sweep.loss_text(116104.012) == "1.2e+05"
+    cells = [probe_sweep.cell_text({"status": "finished", "final_val_loss": v, "diverged_at": 50, "verdict": "failed"})
+             for v in (2.1, 535.9, 1.2e5, 2.4e7)]
+    assert len({len(c) for c in cells}) == 1, cells  # one width: the next variant's column lines up
+
+
 @pytest.mark.slow
 def test_probes_sweep_prints_the_table_and_json(local_sweep, capsys):
     assert probe_sweep.main(["--ckpt", str(local_sweep)]) == 0
