@@ -12,10 +12,10 @@ Y_HELP = (f"auto: a log axis where a chart's values span more than {axes.LOG_SPA
           "chose log.")
 
 
-def curve_controls(key: str) -> tuple[str, float]:
+def curve_controls(key: str, where: tuple | None = None) -> tuple[str, float]:
     """The y-axis choice (`app.axes.Y_MODES`, "auto" first) and an EMA smoothing slider
-    (TensorBoard's debiased EMA, raw kept faint)."""
-    c1, c2 = st.columns([3, 4])  # room for the three choices in a row, in a third of the page too
+    (TensorBoard's debiased EMA, raw kept faint), in two columns of their own or in `where`'s two."""
+    c1, c2 = where or st.columns([3, 4])
     mode = c1.radio("y-axis", axes.Y_MODES, horizontal=True, key=f"{key}_y", help=Y_HELP)
     weight = c2.slider("smoothing (EMA weight; 0 = raw)", 0.0, 0.99, 0.0, 0.01, key=f"{key}_smoothing",
                        help="TensorBoard's debiased exponential moving average: s = w·s + (1 − w)·x from "

@@ -67,10 +67,9 @@ def curves(chosen: list[str], paths: dict[str, Path]) -> None:
     silent = [label for label in chosen if not logs[label]]
     if silent:
         st.info(f"No metrics yet from {', '.join(silent)}: training has not logged a step, so nothing to overlay.")
-    c1, c2 = st.columns([1, 2])
+    c1, c2, c3 = st.columns([6, 6, 5])  # each radio's choices on one line at 1024 px
     x = overlay_data.XS[c1.radio("x-axis", list(overlay_data.XS), horizontal=True, key="overlay_x")]
-    with c2:
-        mode, weight = curve_controls("overlay")
+    mode, weight = curve_controls("overlay", (c2, c3))
     if x == "tokens":
         untold = [label for label in logs if logs[label] and not overlay_data.logs_tokens(logs[label])]
         if untold:
