@@ -43,7 +43,8 @@ def overlay_lines(frame: pd.DataFrame, x: str, y: str, runs: list[str], title: s
     `under` (the g/w/u band) drawn first; `legend_columns` 1 for a narrow chart; `x_domain` the
     x range every chart of a figure shares."""
     tooltip = tooltips(c for c in ("run", dash, "step", "tokens", y, "smoothed") if c and c in frame.columns)
-    base = alt.Chart(frame, title=title).encode(x=x_axis(x, x_domain), color=run_colour(runs, legend_columns), tooltip=tooltip)
+    base = alt.Chart(frame, title=title).encode(x=x_axis(x, x_domain), color=run_colour(runs, legend_columns),
+                                                tooltip=tooltip)
     if dash:
         base = base.encode(strokeDash=alt.StrokeDash(  # above the plot: a second legend below is cut off
             f"{dash}:N", legend=alt.Legend(orient="top", direction="horizontal", title=None, labelLimit=0,

@@ -172,8 +172,8 @@ def table_at_step(label: str, history) -> None:
 
 GWU_GLOSSARY = ("g = rms of the parameter's gradient; w = rms of the parameter; u = rms(Δw) / rms(w), the "
                 "update this step made, measured; u_nominal = lr · g / w, what plain SGD would make (equal to u "
-                "only without momentum or Adam); log10 u against makemore's target of -3; flag: slow or fast (u below or "
-                "above the band), frozen (no update), non-finite.")
+                "only without momentum or Adam); log10 u against makemore's target of -3; flag: slow or fast "
+                "(u below or above the band), frozen (no update), non-finite.")
 ROW_PX = 35  # a table row's height in Streamlit's dataframe (its header's too)
 
 
