@@ -115,7 +115,7 @@ def attn_logit_growth(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     if not records:
         raise h.not_logged("max attention logit", "attn_logit_max is not in metrics.jsonl (a run trained before "
                          "it was logged, or a model without attention)")
-    flagged = []
+    flagged = []  # (layer, head, step it grew ten-fold, first value, peak, growth over the latest quarter)
     for layer, heads in layer_values(records[-1]["attn_logit_max"]).items():
         for head in range(len(heads)):
             pick = lambda r, l=layer, i=head: (lambda vs: vs[i] if i < len(vs) else math.nan)(  # noqa: E731
@@ -123,21 +123,38 @@ def attn_logit_growth(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
             hit = ten_fold(records, pick, t.growth_orders)
             peak = max((v for r in records if math.isfinite(v := pick(r))), default=math.nan)
             if hit and peak >= t.attn_logit_max:
-                flagged.append((int(layer), head, hit[0], pick(records[0]), peak))
+                flagged.append((int(layer), head, hit[0], pick(records[0]), peak, recent_growth(records, pick)))
     if not flagged:
         return []
     step = min(f[2] for f in flagged)
     worst = max(flagged, key=lambda f: f[4])
+    growing = max(f[5] for f in flagged) >= t.level_growth
+    title = (f"attention logits grew more than ten-fold in {len(flagged)} head{'s' if len(flagged) > 1 else ''}, "
+             f"to {worst[4]:.3g} in L{worst[0]}H{worst[1]}")
     return [Finding(
-        "attn_logit_growth", "warning", f"attention logits grew more than ten-fold in "
-        f"{len(flagged)} head{'s' if len(flagged) > 1 else ''}, to {worst[4]:.3g} in L{worst[0]}H{worst[1]}",
+        "attn_logit_growth", "warning" if growing else "info",
+        title if growing else title + ", then levelled off (sharp heads, not a runaway)",
         step=step, where=head_names([(f[0], f[1]) for f in flagged]),
         evidence={"heads": len(flagged), "start": worst[3], "peak": worst[4],
-                  "growth": worst[4] / worst[3] if worst[3] > 0 else math.nan},
+                  "growth": worst[4] / worst[3] if worst[3] > 0 else math.nan,
+                  "latest_quarter_growth": max(f[5] for f in flagged)},
         cause="query and key weights grow together, so the scores grow quadratically and the "
-              "softmax heads for one-hot (the precursor of entropy collapse and loss spikes)",
-        fix=f"{qk_norm_fix(h)} or lower the learning rate",
+              "softmax heads for one-hot (the precursor of entropy collapse and loss spikes)"
+              if growing else "the scores grew while the heads learned to attend sharply, and stopped "
+              f"growing (under {t.level_growth:g}x over the latest quarter of the run)",
+        fix=f"{qk_norm_fix(h)} or lower the learning rate" if growing else "",
         reference=WORTSMAN, page="dynamics")]
+
+
+def recent_growth(records: list[dict[str, Any]], value: Any) -> float:
+    """How many times value(record) grew over the latest quarter of the logged steps: the last
+    record's against the last one at or before that quarter began (the one before the last at least)."""
+    series = [(r["step"], v) for r in records if math.isfinite(v := value(r))]
+    if len(series) < 2:
+        return math.inf
+    since = series[-1][0] - (series[-1][0] - series[0][0]) / 4
+    base = next(v for s, v in reversed(series[:-1]) if s <= since)
+    return series[-1][1] / base if base > 0 else math.inf
 
 
 @rule("output_logit_growth")

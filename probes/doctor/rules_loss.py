@@ -88,11 +88,19 @@ def divergence(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
 
 
 def rising_loss(h: RunHistory, t: DoctorThresholds, signals: list[tuple[int, str, str]]) -> list[Finding]:
-    """No NaN yet, but the train loss climbed a nat above its best so far and is still there: a
-    warning; a failure when a run that had learned a nat ended (its last planned step) back above
-    its first value, all it learned lost. A run still going, or cut, is warned: NaN is its failure."""
-    key = "train_loss" if finite_series(h, "train_loss") else "val_loss"
-    series = finite_series(h, key)
+    """No NaN yet, but a loss (the train loss, else the val loss: a coarse log may first see the
+    train loss already blown up, the val loss at step 0 did not) climbed a nat above its best so
+    far and is still there: a warning; a failure when the run ended (its last planned step) above
+    its first value. A run still going, or cut, is warned: NaN is its failure."""
+    for key in ("train_loss", "val_loss"):
+        found = rise_in(h, t, signals, key, finite_series(h, key))
+        if found:
+            return found
+    return []
+
+
+def rise_in(h: RunHistory, t: DoctorThresholds, signals: list[tuple[int, str, str]], key: str,
+            series: list[tuple[int, float]]) -> list[Finding]:
     if len(series) < 2:
         return []
     best_step, best = min(series[:-1], key=lambda sv: sv[1])
@@ -101,15 +109,15 @@ def rising_loss(h: RunHistory, t: DoctorThresholds, signals: list[tuple[int, str
         return []
     start = next(s for s, v in series if s > best_step and v - best >= t.loss_rise)
     warning = signals[0][0] if signals else start
-    first = series[0][1]
+    first, name = series[0][1], key.replace("_", " ")
     ended = isinstance(h.train_config("steps"), int) and h.upto is None and last_step >= h.train_config("steps")
-    lost_all = ended and last > first and first - best >= t.loss_rise
-    title = (f"the run diverged: the {key.replace('_', ' ')} rose to {last:.2f} at step {last_step}, "
-             f"above its first value {first:.2f} (best {best:.2f} at step {best_step})") if lost_all else \
-        f"the {key.replace('_', ' ')} is rising: {best:.2f} at step {best_step} -> {last:.2f} at step {last_step}"
+    lost_all = ended and last > first
+    title = (f"the run diverged: the {name} ended at {last:.2f} (step {last_step}), above its first value "
+             f"{first:.2f} (best {best:.2f} at step {best_step})") if lost_all else \
+        f"the {name} is rising: {best:.2f} at step {best_step} -> {last:.2f} at step {last_step}"
     return [Finding(
         "divergence", "failed" if lost_all else "warning", title, step=start,
-        warning_step=min(warning, start), where=(key.replace("_", " "),),
+        warning_step=min(warning, start), where=(name,),
         evidence={"first_loss": first, "best_loss": best, "best_step": best_step, "last_loss": last,
                   "rise_nats": last - best,
                   "signals": "; ".join(f"{label} at step {s} ({by})" for s, label, by in signals[:4]) or "-",
