@@ -39,3 +39,8 @@ def test_heads_that_levelled_off_are_an_info_with_no_fix(tmp_path):
     assert found.severity == "info" and found.fix == "" and "levelled off" in found.title
     d = diagnose.run(tmp_path / "l")
     assert d.verdict == "healthy" and "what to try" not in d.format()  # nothing to fix
+
+
+def test_heads_that_levelled_off_far_past_a_sharp_heads_scores_are_still_a_warning(tmp_path):
+    found = growth(write_run(tmp_path / "r", records([2.5, 61, 7.5e4, 2.4e5, 2.8e5, 3.9e5, 3.6e5, 3.9e5, 3.8e5])))
+    assert found.evidence["latest_quarter_growth"] < 2 and found.severity == "warning"  # the sweep's lr 0.3

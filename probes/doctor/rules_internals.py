@@ -128,7 +128,8 @@ def attn_logit_growth(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
         return []
     step = min(f[2] for f in flagged)
     worst = max(flagged, key=lambda f: f[4])
-    growing = max(f[5] for f in flagged) >= t.level_growth
+    # still growing, or grown past anything a sharp head needs (ten times the one-hot score gap)
+    growing = max(f[5] for f in flagged) >= t.level_growth or worst[4] >= 10 * t.attn_logit_max
     title = (f"attention logits grew more than ten-fold in {len(flagged)} head{'s' if len(flagged) > 1 else ''}, "
              f"to {worst[4]:.3g} in L{worst[0]}H{worst[1]}")
     return [Finding(

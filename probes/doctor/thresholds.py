@@ -29,8 +29,9 @@ class DoctorThresholds:
     (exp(-10) = 4.5e-5): beyond it a head can only be one-hot.
     level_growth=2.0: heads that grew ten-fold past attn_logit_max are warned about while still
     growing (twice or more over the latest quarter of the logged steps); once levelled off they are
-    sharp heads, an info (`shakespeare_rms4_adam`: to 34 at step 3000, 1.05x over its last quarter;
-    a lr 0.3 sweep run: 2.5 to 61 in its first 50 steps, then NaN-free to 4e5).
+    sharp heads, an info (`shakespeare_rms4_adam`: to 34 at step 3000, 1.05x over its last quarter),
+    unless past ten times attn_logit_max (a lr 0.3 sweep run: 2.5 to 61 in its first 50 steps,
+    then to 4e5 and flat there: a runaway that happened).
     output_logit_max=30.0: a |logit| of 30 gives a log-probability of -30 to its alternatives;
     Wortsman et al.'s output-logit divergence shows as the max |logit| climbing past such values.
     loss_rise=1.0 nats above the loss at the start (or the best so far): a loss that climbs a
