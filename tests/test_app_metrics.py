@@ -104,8 +104,15 @@ def test_each_new_chart_carries_the_logged_values(start, run):
     assert not any("not logged" in c.value for c in at.caption)
 
 
-def test_a_run_that_predates_the_new_keys_says_so(start):
-    at = start("transformer4_nan", "dynamics")
+def test_a_run_that_predates_the_new_keys_says_so(start, tmp_path):
+    import shutil
+    old = tmp_path / "mha4_before_internals"  # a shipped run as it was logged before the doctor's keys
+    shutil.copytree(Path(__file__).resolve().parent.parent / "checkpoints" / "mha4", old)
+    lines = [json.loads(line) for line in (old / "metrics.jsonl").read_text().splitlines()]
+    dropped = [{k: v for k, v in r.items() if k not in ("attn_logit_max", "resid_rms", "logit_max")} for r in lines]
+    assert dropped != lines  # the shipped run logs them: the copy is what an older run looks like
+    (old / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dropped))
+    at = start(old.name, "dynamics", roots=[old])
     said = [c.value for c in at.caption if "not logged by this run" in c.value]
     assert len(said) == 3 and {s.split(":")[0] for s in said} == {
         "Largest attention score per head", "Residual stream rms per layer", "Largest |logit| of the output"}
