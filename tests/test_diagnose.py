@@ -95,7 +95,7 @@ def test_healthy_shipped_runs_have_no_finding_above_info(run):
     assert d.verdict == "healthy" and codes(d, "warning") == []
 
 
-@pytest.mark.parametrize("run", sorted(p.name for p in CHECKPOINTS.iterdir() if p.is_dir()))
+@pytest.mark.parametrize("run", sorted(p.parent.name for p in CHECKPOINTS.glob("*/run.json")))  # not the sweep
 def test_every_shipped_run_is_diagnosed_with_ranked_json_ready_findings(run):
     d = diagnose.run(CHECKPOINTS / run)
     order = ("failed", "warning", "info")

@@ -45,7 +45,24 @@ def test_no_tracked_file_points_outside_the_repository():
     assert offenders == []
 
 
-@pytest.mark.parametrize("run", sorted(p.name for p in (REPO / "checkpoints").iterdir() if p.is_dir()))
+SHIPPED_RUNS = sorted(str(p.parent.relative_to(REPO / "checkpoints")) for p in (REPO / "checkpoints").glob("*/run.json")) \
+    + sorted(str(p.parent.relative_to(REPO / "checkpoints")) for p in (REPO / "checkpoints").glob("*/*/run.json"))
+
+
+def test_every_shipped_folder_is_a_run_or_a_sweep_of_runs():
+    folders = sorted(p for p in (REPO / "checkpoints").iterdir() if p.is_dir())
+    assert all((p / "run.json").exists() or (p / "sweep.json").exists() for p in folders)
+    assert any("/" in run for run in SHIPPED_RUNS)  # the sweep's runs are checked below too
+
+
+@pytest.mark.parametrize("sweep", sorted(p.parent.name for p in (REPO / "checkpoints").glob("*/sweep.json")))
+def test_a_shipped_sweep_records_its_repository_folder(sweep):
+    book = json.loads((REPO / "checkpoints" / sweep / "sweep.json").read_text())
+    words = shlex.split(book["command"])
+    assert words[:3] == ["python", "-m", "train.sweep"] and words[words.index("--out") + 1] == f"checkpoints/{sweep}"
+
+
+@pytest.mark.parametrize("run", SHIPPED_RUNS)
 def test_shipped_run_json_records_repository_paths(run):
     info = json.loads((REPO / "checkpoints" / run / "run.json").read_text())
     assert (REPO / info["data"]["path"]).resolve() == DATA.resolve()
