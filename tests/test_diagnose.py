@@ -265,8 +265,13 @@ def test_a_run_without_evals_or_new_keys_says_what_was_not_checked(tmp_path):
     assert d.not_checked["overfitting"].startswith("not enough data")
     assert d.not_checked["attn_logit_growth"].startswith("not logged")
     assert d.not_checked["init_loss_high"].startswith("not enough data")
-    old = diagnose.run(CHECKPOINTS / "shakespeare_gpt")
+    shipped = read_metrics(CHECKPOINTS / "shakespeare_gpt")  # as a run logged before the doctor's keys
+    before = [{k: v for k, v in r.items() if k not in ("attn_logit_max", "resid_rms", "logit_max")} for r in shipped]
+    assert before != shipped
+    info = json.loads((CHECKPOINTS / "shakespeare_gpt" / "run.json").read_text())
+    old = diagnose.run(write_run(tmp_path / "old", before, model=info["model"], train=info["train"]))
     assert {"attn_logit_growth", "output_logit_growth"} <= set(old.not_checked)
+    assert not {"attn_logit_growth", "output_logit_growth"} & set(diagnose.run(CHECKPOINTS / "shakespeare_gpt").not_checked)
 
 
 def test_step_before_the_first_record_is_one_line(tmp_path):
