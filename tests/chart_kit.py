@@ -20,3 +20,15 @@ def titles(spec: dict) -> list[str]:
 def frames(chart) -> list:
     """An AppTest chart element's datasets, one pandas frame each."""
     return [pa.ipc.open_stream(d.data.data).read_all().to_pandas() for d in chart.proto.datasets]
+
+
+def specs(at, title: str) -> list[tuple[dict, list]]:
+    """(spec, datasets) of every chart of an AppTest titled `title`."""
+    import json
+
+    out = []
+    for c in at.get("vega_lite_chart"):
+        spec = json.loads(c.proto.spec)
+        if title in titles(spec):
+            out.append((spec, frames(c)))
+    return out

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from chart_kit import frames, titles
+from chart_kit import frames, specs
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "app" / "main.py"
@@ -45,16 +45,6 @@ def start(monkeypatch):
 
 def logged(run: str) -> list[dict]:
     return [json.loads(line) for line in (SHIPPED / run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def specs(at, title: str) -> list[tuple[dict, list]]:
-    """(spec, datasets) of every chart titled `title`."""
-    out = []
-    for c in at.get("vega_lite_chart"):
-        spec = json.loads(c.proto.spec)
-        if title in titles(spec):
-            out.append((spec, frames(c)))
-    return out
 
 
 def encodings(spec: dict, channel: str) -> list[dict]:

@@ -10,17 +10,8 @@ from __future__ import annotations
 import json
 import re
 
-from chart_kit import frames, titles
+from chart_kit import frames, specs
 from test_app import app, fresh_app, open_page, runs  # noqa: F401  (fixtures and helpers)
-
-
-def specs(at, title: str) -> list[tuple[dict, list]]:
-    out = []
-    for c in at.get("vega_lite_chart"):
-        spec = json.loads(c.proto.spec)
-        if title in titles(spec):
-            out.append((spec, frames(c)))
-    return out
 
 
 def test_the_prompt_shows_its_new_line_and_the_samples_wrap(runs, monkeypatch):  # noqa: F811
