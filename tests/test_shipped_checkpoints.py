@@ -14,6 +14,7 @@ import torch
 from models.checkpoint import list_snapshots, load_checkpoint, read_metrics
 from models.store.run import read_run_json
 from probes import activations, degenerate, entropy, logit_lens, neighbours, updates
+from probes.doctor.thresholds import DoctorThresholds
 
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 FOLDERS = sorted(p for p in CHECKPOINTS.iterdir() if p.is_dir()) if CHECKPOINTS.is_dir() else []
@@ -128,10 +129,11 @@ def block0_gap(report: updates.UpdateReport) -> float:
     return median("MLP") - median("attention Q/K")
 
 
-def test_run5_sgd_moves_first_layer_qk_an_order_slower_and_run6_adam_closes_it():
-    sgd = updates.from_run(CHECKPOINTS / "shakespeare_rms4").latest
-    adam = updates.from_run(CHECKPOINTS / "shakespeare_rms4_adam").latest
-    assert block0_gap(sgd) >= 1.0
+def test_run5_sgd_moves_first_layer_qk_slower_and_run6_adam_closes_it():
+    history = updates.from_run(CHECKPOINTS / "shakespeare_rms4")
+    sgd, adam = history.latest, updates.from_run(CHECKPOINTS / "shakespeare_rms4_adam").latest
+    late = [block0_gap(history.at(s)) for s in history.steps if s >= history.latest.step / 2]
+    assert statistics.median(late) >= DoctorThresholds().slow_qk_orders  # the doctor's "slow": 0.75 orders
     assert block0_gap(adam) < block0_gap(sgd) - 0.5
     assert adam.spread < sgd.spread - 0.3
 
