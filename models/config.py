@@ -16,7 +16,7 @@ NORMS = ("none", "rms", "layer")
 # fields added to the configs after they were first saved, each with the value that means "as
 # before": a config saved without one reads as that value, and identities (a tuned lens's config
 # hash) leave it out at that value, so artefacts made before it still match
-ADDED_FIELDS = {"qk_norm": "none"}
+ADDED_FIELDS = {"qk_norm": "none", "unembed_init_scale": 1.0}
 NORM_PLACEMENTS = ("pre", "post")
 ACT_FNS = ("relu", "gelu", "gelu_tanh", "tanh")  # gelu: exact (nanoGPT); gelu_tanh: GPT-2's gelu_new
 POS_EMBEDS = ("learned", "none")
@@ -48,6 +48,12 @@ def _check_fraction(cfg: Any, name: str) -> None:
     value = getattr(cfg, name)
     if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
         raise ValueError(f"{type(cfg).__name__}.{name} must be in [0, 1), got {value!r}")
+
+
+def _check_scale(cfg: Any, name: str) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"{type(cfg).__name__}.{name} must be a finite number > 0, got {value!r}")
 
 
 class _ConfigBase:
@@ -100,6 +106,9 @@ class TransformerConfig(_ConfigBase):
     # queries and keys normalised per head (over d_head, one gain shared by the heads) before the
     # dot product: the fix for attention-logit growth (Dehghani et al. 2023; Wortsman et al. 2023)
     qk_norm: str = "none"
+    # the layer that makes the logits initialised this many times smaller, its bias zero (0.01:
+    # makemore's fix for a high initial loss: the first predictions start near uniform)
+    unembed_init_scale: float = 1.0
 
     def __post_init__(self) -> None:
         _check_positive(self, "d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "d_head",
@@ -111,6 +120,10 @@ class TransformerConfig(_ConfigBase):
         _check_bool(self, "residual", "norm_bias", "final_norm", "attn_out_proj", "attn_bias", "attn_out_bias",
                     "mlp_bias", "unembed_bias")
         _check_fraction(self, "dropout")
+        _check_scale(self, "unembed_init_scale")
+        if self.unembed == "tied" and self.unembed_init_scale != 1.0:
+            raise ValueError("TransformerConfig.unembed_init_scale needs its own unembedding: a tied one is "
+                             "the embedding, which it would shrink too; use unembed='separate'")
         if not isinstance(self.norm_eps, (int, float)) or not 0 < self.norm_eps < float("inf"):
             raise ValueError(f"TransformerConfig.norm_eps must be a finite number > 0, got {self.norm_eps!r}")
         if self.final_norm and self.norm == "none":
@@ -170,11 +183,13 @@ class MLPConfig(_ConfigBase):
     n_hidden_layers: int = 1
     act_fn: str = "relu"
     dropout: float = 0.0
+    unembed_init_scale: float = 1.0  # the output layer initialised this many times smaller, bias zero
 
     def __post_init__(self) -> None:
         _check_positive(self, "d_vocab", "n_ctx", "d_embed", "d_hidden", "n_hidden_layers")
         _check_choice(self, "act_fn", ACT_FNS)
         _check_fraction(self, "dropout")
+        _check_scale(self, "unembed_init_scale")
 
     @property
     def d_input(self) -> int:

@@ -27,6 +27,11 @@ class MLPLanguageModel(CacheMixin, HookedRootModule):
         self.mlp = MLP(cfg.d_input, cfg.d_hidden, cfg.d_vocab, cfg.n_hidden_layers, cfg.act_fn)
         self.hook_embed = HookPoint()  # [batch pos d_embed]
         self.hook_window = HookPoint()  # [batch window n_ctx*d_embed], the MLP's input
+        if cfg.unembed_init_scale != 1.0:  # logits that many times smaller at init
+            out = self.mlp.net[-1]
+            with torch.no_grad():
+                out.weight.mul_(cfg.unembed_init_scale)
+                out.bias.zero_()
         self.setup()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

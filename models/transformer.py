@@ -191,6 +191,22 @@ def init_weights(model: Transformer) -> None:
                         nn.init.normal_(layer.weight, std=resid_std if last else 0.02)
                         if layer.bias is not None:
                             nn.init.zeros_(layer.bias)
+        if cfg.unembed_init_scale != 1.0:
+            scale_logit_layer(model, cfg.unembed_init_scale)
+
+
+def scale_logit_layer(model: Transformer, scale: float) -> None:
+    """W_out (or, with unembed='mlp', the last MLP layer) times `scale`, its bias zero: logits
+    that many times smaller at init."""
+    if model.cfg.unembed == "separate":
+        weight, bias = model.W_out, model.b_out if model.cfg.unembed_bias else None
+    else:
+        last = model.blocks[-1].mlp.net[-1]
+        weight, bias = last.weight, last.bias
+    with torch.no_grad():
+        weight.mul_(scale)
+        if bias is not None:
+            bias.zero_()
 
 
 def series_key(key: str) -> str:

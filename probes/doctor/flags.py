@@ -26,6 +26,10 @@ SETTINGS: dict[str, dict[str, str]] = {
     "--unembed-weight-decay 0.1": {"nanogpt": "an untied lm_head with its own weight_decay group",
                                    "hf": "an untied lm_head with its own weight_decay group",
                                    "unknown": "its own weight-decay group"},
+    "--set unembed_init_scale=0.01": {
+        "nanogpt": "lm_head.weight scaled by 0.01 after GPT's _init_weights (untie it from wte first)",
+        "hf": "the lm_head's weight scaled by 0.01 after from_config (an untied head)",
+        "unknown": "the output layer's weight scaled by 0.01 at init, its bias zero"},
     "--schedule cosine": {"nanogpt": "--decay_lr=True", "hf": "lr_scheduler_type='cosine'",
                           "unknown": "a cosine schedule"},
 }

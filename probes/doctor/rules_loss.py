@@ -57,8 +57,8 @@ def init_loss(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
         evidence={"initial_loss": loss, "expected_ln_vocab": expected, "excess_nats": excess},
         cause="the logits at init are far from zero, so the model starts confidently wrong and its "
               "first steps are spent shrinking them (makemore's hockey-stick loss)",
-        fix="initialise the output layer small (e.g. scale W_out by 0.01 and zero its bias) so "
-            "the first predictions are near uniform",
+        fix=f"initialise the output layer small ({h.flag('--set unembed_init_scale=0.01')}: its weights "
+            "x 0.01, its bias zero) so the first predictions are near uniform",
         reference=MAKEMORE_INIT, page="overview")]
 
 
