@@ -85,3 +85,11 @@ def test_the_doctor_names_the_flag_or_the_trainers_words(tmp_path):
     (run / "run.json").write_text(json.dumps({**info, "source": "monitor", "trainer": "nanogpt"}))
     fix = finding(diagnose.run(run), "init_loss_high").fix
     assert "--set" not in fix and "lm_head.weight scaled by 0.01" in fix
+
+
+def test_dead_relus_are_offered_gelu_as_a_flag(tmp_path):
+    layers = {"mlp.hook_post": {"dead": 0.3, "saturated": 0.95}}  # 30% of the units never fire
+    records = [{"step": s, "train_loss": 3.0 - s / 100, "activations": layers} for s in range(0, 60, 10)]
+    run = write_run(tmp_path / "dead", records, model={"family": "mlp", "act_fn": "relu"})
+    assert "(GELU: --set act_fn=gelu)" in finding(diagnose.run(run), "dead_units").fix
+    assert get_preset("char_mlp_small").replace(**parse_sets(get_preset("char_mlp_small"), ["act_fn=gelu"])).act_fn == "gelu"

@@ -30,6 +30,8 @@ SETTINGS: dict[str, dict[str, str]] = {
         "nanogpt": "lm_head.weight scaled by 0.01 after GPT's _init_weights (untie it from wte first)",
         "hf": "the lm_head's weight scaled by 0.01 after from_config (an untied head)",
         "unknown": "the output layer's weight scaled by 0.01 at init, its bias zero"},
+    "--set act_fn=gelu": {"nanogpt": "nn.GELU() in MLP (nanoGPT's own)", "hf": "activation_function='gelu_new'",
+                          "unknown": "GELU in place of ReLU"},
     "--schedule cosine": {"nanogpt": "--decay_lr=True", "hf": "lr_scheduler_type='cosine'",
                           "unknown": "a cosine schedule"},
 }

@@ -303,7 +303,7 @@ def activations(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     sparse = {l: zeros for l, (_, zeros) in last.items()
               if act_fn == "relu" and l not in dead and zeros >= t.relu_zero_info}
     flat = {l: sat for l, (_, sat) in last.items() if act_fn != "relu" and sat >= t.saturated_info}
-    findings = [dead_finding(dead, last, act_fn, history, t)] if dead else []
+    findings = [dead_finding(dead, last, act_fn, history, t, h.flag("--set act_fn=gelu"))] if dead else []
     findings += [sparse_finding(sparse, last, history, t)] if sparse else []
     return findings + ([saturated_finding(flat, act_fn, history, t)] if flat else [])
 
@@ -316,7 +316,7 @@ def since(history: list[tuple[int, dict]], layer: str, key: str, limit: float) -
 
 
 def dead_finding(dead: dict[str, float], last: dict[str, tuple[float, float]], act_fn: str,
-                 history: list[tuple[int, dict]], t: DoctorThresholds) -> Finding:
+                 history: list[tuple[int, dict]], t: DoctorThresholds, gelu: str) -> Finding:
     worst = max(dead, key=lambda l: (dead[l], last[l][1]))
     share, zeros = last[worst]
     relu = act_fn == "relu" and math.isfinite(zeros)
@@ -330,7 +330,7 @@ def dead_finding(dead: dict[str, float], last: dict[str, tuple[float, float]], a
         cause="units whose input never turns positive get no gradient and never come back (dead "
               "ReLUs): the layer works with less than its width",
         fix="lower the learning rate or fix the init (Kaiming: std = gain / sqrt(fan_in)); a "
-            "smoother activation (GELU) keeps units alive",
+            f"smoother activation (GELU: {gelu}) keeps units alive",
         reference=MAKEMORE_ACTIVATIONS, page="dynamics")
 
 
