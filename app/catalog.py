@@ -20,11 +20,16 @@ from app.views.common import first_line
 from models.store.run import is_run_dir, is_snapshot_dir, list_snapshots, read_metrics, read_run_json
 from probes.doctor.run_history import is_finite
 from probes.doctor.signals import nonfinite_in
+from probes.sweep_stats import SWEEP_FILE
 
 
 def base_name(path: Path) -> str:
-    """A snapshot inside a run reads `run/step_NNNNNN`; anything else its directory or file name."""
-    return f"{path.parent.name}/{path.name}" if is_snapshot_dir(path) and is_run_dir(path.parent) else path.name
+    """A snapshot inside a run reads `run/step_NNNNNN` and a run inside a sweep `sweep/run` (its
+    own name, `lr=1e-01,qk_norm=rms`, says nothing of which sweep); anything else its directory
+    or file name."""
+    inside_sweep = (path.parent / SWEEP_FILE).is_file()
+    inside_run = is_snapshot_dir(path) and is_run_dir(path.parent)
+    return f"{path.parent.name}/{path.name}" if inside_sweep or inside_run else path.name
 
 
 def where(path: Path) -> str:

@@ -88,7 +88,7 @@ def test_the_sweep_page_draws_losses_and_marks_the_diverged_run_above_the_edge(s
     frame = max((f for f in datasets(at.get("vega_lite_chart")[0]) if "point" in f), key=len)  # the points layer
     assert len(frame) == 6
     diverged = frame[frame["point"] == "diverged"]
-    assert list(diverged["run"]) == ["lr=1e-01,qk_norm=none"] and list(diverged["diverged at"]) == [5]
+    assert list(diverged["run"]) == ["qk/lr=1e-01,qk_norm=none"] and list(diverged["diverged at"]) == [5]
     assert diverged["final val loss"].isna().all() and diverged["clipped"].all()
     finite = frame[~frame["clipped"]]
     assert (finite["y"] == finite["final val loss"]).all()  # a finished run at its own loss
@@ -109,7 +109,7 @@ def test_the_sweep_page_shows_the_probes_sensitivities_and_links_every_run(start
     assert table.loc["qk_norm=rms", "LR sensitivity (nats)"] == pytest.approx(7.7 / 3 - 2.2)
     assert table.loc["qk_norm=none", "stable rates"] == "1e-03..1e-02 (1.0 decades)"
     runs = {p.proto.query_string for p in at.get("page_link")}
-    assert {f"run=lr%3D1e-01%2Cqk_norm%3D{v}" for v in ("none", "rms")} <= runs
+    assert {f"run=qk%2Flr%3D1e-01%2Cqk_norm%3D{v}" for v in ("none", "rms")} <= runs  # sweep/run
     assert at.query_params["sweep"] == ["qk"] or at.query_params["sweep"] == "qk"
 
 
