@@ -20,6 +20,7 @@ from app.views.common import first_line
 from models.store.run import is_run_dir, is_snapshot_dir, list_snapshots, read_metrics, read_run_json
 from probes.doctor.run_history import is_finite
 from probes.doctor.signals import nonfinite_in
+from probes.sweep import loss_text
 from probes.sweep_stats import SWEEP_FILE
 
 
@@ -168,7 +169,8 @@ def diverged(records: list[dict[str, Any]]) -> bool:
 
 
 def shown_loss(value: Any) -> str:
-    return f"{value:.3f}" if is_finite(value) else "NaN"
+    """2.847, a blown-up 1.2e+05 (a sweep's too-high rate), or NaN."""
+    return loss_text(value) if is_finite(value) else "NaN"
 
 
 def verdict(run: Path) -> str:

@@ -126,3 +126,10 @@ def test_a_click_on_a_point_names_its_run():
 
     assert sweeps.clicked({"selection": {sweeps.CLICK: [{"run": "lr=1e-02,qk_norm=rms"}]}}) == "lr=1e-02,qk_norm=rms"
     assert sweeps.clicked({"selection": {sweeps.CLICK: []}}) is None and sweeps.clicked(None) is None
+
+
+def test_the_landing_view_writes_a_blown_up_loss_short():
+    from app.catalog import shown_loss
+
+    assert shown_loss(2.84737) == "2.847" and shown_loss(116104.012) == "1.2e+05"  # a sweep's lr 1 run
+    assert shown_loss(float("nan")) == "NaN" and shown_loss(None) == "NaN"

@@ -72,7 +72,9 @@ def table(sources: list[data.Source]) -> None:
     rows = pd.DataFrame([catalog.summary(s) for s in sources], columns=COLUMNS)
     rows[["steps", "snapshots"]] = rows[["steps", "snapshots"]].astype("Int64")  # 4, never 4.000000
     st.dataframe(rows.style.map(colour, subset=["state", "doctor"]), hide_index=True, width="stretch",
-                 column_config={"steps": st.column_config.NumberColumn(
+                 column_config={"run": st.column_config.TextColumn(width="medium"),  # the verdict stays in view
+                                "model": st.column_config.TextColumn(width="medium"),
+                                "steps": st.column_config.NumberColumn(
                                     format="%d", help="last logged step (else the latest checkpoint's)"),
                                 "snapshots": st.column_config.NumberColumn(format="%d"),
                                 "state": st.column_config.TextColumn(
