@@ -19,7 +19,7 @@ from probes.doctor.thresholds import DoctorThresholds
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 FOLDERS = sorted(p for p in CHECKPOINTS.iterdir() if p.is_dir()) if CHECKPOINTS.is_dir() else []
 RUNS = [p for p in FOLDERS if not (p / "sweep.json").exists()]  # the sweep: tests/test_shipped_sweep.py
-BUDGET_BYTES = 45 * 1024 * 1024  # DESIGN.md: checkpoints/ at most 45 MB in total
+BUDGET_BYTES = 40 * 1000 * 1000  # the project check: checkpoints/ at most 40 MB (DESIGN.md says 45)
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n"
 STORY = ["attn1_noscale", "attn1_residual", "mha4", "transformer4_nan", "shakespeare_rms4",
          "shakespeare_rms4_adam", "shakespeare_gpt", "char_mlp"]

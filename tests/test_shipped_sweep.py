@@ -1,5 +1,5 @@
 """The learning-rate sweep shipped in checkpoints/sweep_qk_norm (its card: checkpoints/README.md):
-finished, one run per rate and variant, each keeping only its last snapshot; its sweep.json says
+finished, one run per rate and variant, each its history without a snapshot; its sweep.json says
 what its runs' own files and the doctor say today; and the card's claims about it."""
 
 from __future__ import annotations
@@ -33,13 +33,11 @@ def test_the_sweep_finished_one_run_per_rate_and_variant():
 
 
 @pytest.mark.parametrize("entry", BOOK["runs"], ids=[r["name"] for r in BOOK["runs"]])
-def test_each_run_keeps_its_last_snapshot_only_and_agrees_with_sweep_json(entry):
+def test_each_run_keeps_its_history_only_and_agrees_with_sweep_json(entry):
     run = SWEEP / entry["dir"]
-    snaps = list_snapshots(run)
-    assert [p.name for p in snaps] == [f"step_{entry['last_step']:06d}"]  # no intermediate snapshot
-    assert not (snaps[0] / "optimizer.pt").exists()
-    config = json.loads((snaps[0] / "config.json").read_text())["model"]
-    assert config["qk_norm"] == entry["values"]["qk_norm"] and read_run_json(run)["train"]["lr"] == entry["lr"]
+    assert list_snapshots(run) == []  # no weights: checkpoints/ stays under its 40 MB
+    info = read_run_json(run)
+    assert info["model"]["qk_norm"] == entry["values"]["qk_norm"] and info["train"]["lr"] == entry["lr"]
     assert read_metrics(run)[-1]["step"] == entry["last_step"] == 600  # no run stopped on a NaN
     now = run_outcome(run)  # the files and today's doctor: a changed rule fails here (resume the sweep)
     assert {k: entry[k] for k in now} == now
