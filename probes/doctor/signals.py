@@ -4,6 +4,7 @@ output logits, attention entropy), each with the step it first left its starting
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from typing import Any
@@ -56,6 +57,36 @@ def later_half_medians(reports: list[UpdateReport]) -> dict[str, float]:
     return {g: statistics.median(vs) for g in window[-1].groups
             if (vs := [r.groups[g]["median_log10_u"] for r in window
                        if g in r.groups and r.groups[g]["median_log10_u"] is not None])}
+
+
+def first_later_half_above(reports: list[UpdateReport], limit: float) -> int | None:
+    """The step of the first report i at which a group of `later_half_medians(reports[:i + 1])` is
+    above `limit`: the update-ratio rule's warning had the run been cut there. Each group's later
+    half is kept as a sorted window that grows at its end and drops from its start, so the whole
+    run costs O(n log n) instead of a median of half the run at every record (4 s at 5000)."""
+    windows: dict[str, list[float]] = {}
+
+    def values(report: UpdateReport) -> list[tuple[str, float]]:
+        return [(g, v) for g, info in report.groups.items() if (v := info["median_log10_u"]) is not None]
+
+    start = 0
+    for i, report in enumerate(reports):
+        for g, v in values(report):
+            bisect.insort(windows.setdefault(g, []), v)
+        for old in reports[start:(i + 1) // 2]:  # the later half of reports[:i + 1] starts at (i + 1) // 2
+            for g, v in values(old):
+                window = windows[g]
+                del window[bisect.bisect_left(window, v)]
+        start = (i + 1) // 2
+        if any(sorted_median(windows[g]) > limit for g in report.groups if windows.get(g)):
+            return report.step
+    return None
+
+
+def sorted_median(values: list[float]) -> float:
+    """statistics.median of an already sorted list."""
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def max_group_log10_u(h: RunHistory, record: dict[str, Any]) -> float:
@@ -114,8 +145,7 @@ def growth_signals(h: RunHistory, t: DoctorThresholds, before: int | None = None
             found.append((hit[0], label, f"{hit[1]:.0f}x"))
     found += entropy_collapse_signal(h, records, t)
     reports = [report for r in records if (report := update_report(h, r)) is not None]
-    u_hit = next((reports[i].step for i in range(len(reports))
-                  if max(later_half_medians(reports[: i + 1]).values(), default=math.nan) > t.u_high), None)
+    u_hit = first_later_half_above(reports, t.u_high)
     if u_hit is not None:  # where the update-ratio rule, cut there, warns: not one noisy record
         found.append((u_hit, "update ratio", f"a group's median log10 u above {t.u_high} over the later half"))
     return sorted(found, key=lambda s: s[0])
