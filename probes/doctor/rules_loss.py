@@ -214,13 +214,17 @@ def final_plateau(series: list[tuple[int, float]], window: float, tolerance: flo
     best loss improved by less than `tolerance`, when it lasts at least `window` steps and three
     evals. A plateau the run has since left is history, and a loss climbing more than `rise`
     above its best is diverging: neither is a plateau."""
-    for i, (start, _) in enumerate(series):
-        best = min(v for _, v in series[: i + 1])
-        stretch = [v for _, v in series[i + 1:]]
-        if all(best - v < tolerance for v in stretch):
-            end = series[-1][0]
+    values = [v for _, v in series]
+    after = [math.inf] * (len(values) + 1)  # after[i]: the lowest loss from index i on
+    for i in range(len(values) - 1, -1, -1):
+        after[i] = min(values[i], after[i + 1])
+    best = math.inf
+    for i, (start, value) in enumerate(series):
+        best = min(best, value)  # the best loss up to i; nothing after it gained `tolerance` on it
+        if best - after[i + 1] < tolerance:
+            stretch = values[i + 1:]
             flat = len(stretch) >= 2 and max(stretch) - best < rise
-            return (start, end, best) if flat and end - start >= window else None
+            return (start, series[-1][0], best) if flat and series[-1][0] - start >= window else None
     return None
 
 
