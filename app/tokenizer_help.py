@@ -7,11 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-GPT2_VOCABS = (50257, 50304)  # GPT-2's BPE, and nanoGPT's padding of it (models.store.nanogpt)
-
-
 def tokenizer_files(source: str | None, d_vocab: int) -> str:
     """The tokenizer files a checkpoint of this format and vocabulary reads from beside itself."""
+    from models.store.nanogpt import GPT2_VOCABS  # here: the app starts without torch
+
     if source == "huggingface" or (source == "nanogpt" and d_vocab in GPT2_VOCABS):
         return "GPT-2's tokenizer.json (or vocab.json and merges.txt)"
     if source == "nanogpt":

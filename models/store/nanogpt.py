@@ -62,7 +62,7 @@ def load_nanogpt(path: Path, obj: dict[str, Any], device: str | torch.device = "
                               "not a state dict")
     source = without_buffers(strip_prefixes(obj["model"]))  # torch.compile's _orig_mod. removed
     check_layout(source, dims, conv1d=False, lm_head=True, source=path, said_by="model_args")
-    config = nanogpt_config(path, obj)
+    config = _config(dims, dropout, source)
     model = build_and_load(config, our_state(source, config, conv1d=False), path, exact_names=True)
     tokenizer, hint = _tokenizer(path, obj, config.d_vocab, tokenizer_path)
     meta = {"format_version": None, "source": "nanogpt", "model": config.to_dict(),
@@ -77,8 +77,11 @@ def load_nanogpt(path: Path, obj: dict[str, Any], device: str | torch.device = "
 def nanogpt_config(path: Path, obj: dict[str, Any]) -> TransformerConfig:
     """The config `load_nanogpt` builds from `obj`'s model_args (weights unread but for the tying test)."""
     dims, dropout = _dims(obj["model_args"], path)
-    source = strip_prefixes(obj["model"]) if isinstance(obj.get("model"), dict) else {}
-    return gpt2_config(dims, act_fn="gelu", tied=is_tied(source), dropout=dropout)  # nn.GELU(): exact
+    return _config(dims, dropout, strip_prefixes(obj["model"]) if isinstance(obj.get("model"), dict) else {})
+
+
+def _config(dims: GPT2Dims, dropout: float, state: dict[str, Any]) -> TransformerConfig:
+    return gpt2_config(dims, act_fn="gelu", tied=is_tied(state), dropout=dropout)  # nn.GELU(): exact
 
 
 def _dims(args: dict[str, Any], path: Path) -> tuple[GPT2Dims, float]:
