@@ -130,11 +130,11 @@ def foreign_row(path: Path) -> dict[str, Any]:
 def _summary(path: str, stamp: tuple, preset: str | None = None) -> dict[str, Any]:
     """model, steps, snapshots, last val loss and state (logged / diverged, or what a lone
     checkpoint is) from the files alone: `models.store.peek` reads each format's config unbuilt."""
-    from models.store.peek import peek
+    from models.store.peek import holds_checkpoint, peek
 
     where_ = Path(path)
     if not is_run_dir(where_):
-        if not (where_.is_file() or (where_ / "config.json").is_file() or (where_ / "ckpt.pt").is_file()):
+        if not holds_checkpoint(where_):
             return {"model": "-", "steps": None, "snapshots": 0, "last val loss": "-",  # another trainer's
                     "state": "training log", "doctor": "-", "is_run": False}  # log alone (foreign_row)
         held = peek(where_, preset)

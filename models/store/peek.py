@@ -18,11 +18,17 @@ from typing import Any
 from models.store.files import CheckpointError, read_json_object
 from models.store.run import SNAPSHOT_CONFIG
 
-__all__ = ["FORMATS", "peek"]
+__all__ = ["FORMATS", "holds_checkpoint", "peek"]
 
 NANOGPT_FILE = "ckpt.pt"
 FORMATS = {"snapshot": "snapshot", "hf": "Hugging Face GPT-2", "nanogpt": "nanoGPT checkpoint",
            "series": "series state dict"}
+
+
+def holds_checkpoint(path: Path) -> bool:
+    """What `peek` reads: a checkpoint file, or a folder holding a config.json (ours or Hugging
+    Face's) or nanoGPT's ckpt.pt."""
+    return path.is_file() or (path / SNAPSHOT_CONFIG).is_file() or (path / NANOGPT_FILE).is_file()
 
 
 def peek(path: str | Path, preset: str | None = None) -> dict[str, Any]:
