@@ -86,8 +86,12 @@ def row_entropy_line(values: list[float], labels: list[str]) -> alt.Chart:
 def step_axis(domain: list[float] | None = None) -> alt.X:
     """The x axis of every over-steps chart: whole steps only (no 2.5 between steps 2 and 3);
     `domain` (`app.axes.x_range`) fixes the range, the same for every chart of a figure."""
-    scale = alt.Scale(domain=domain, nice=False) if domain is not None else alt.Undefined
-    return alt.X("step:Q", title="step", axis=alt.Axis(format="d", tickMinStep=1), scale=scale)
+    return alt.X("step:Q", title="step", axis=alt.Axis(format="d", tickMinStep=1), scale=x_scale(domain))
+
+
+def x_scale(domain: list[float] | None) -> alt.Scale | Any:
+    """An x range fixed to `domain` exactly (not rounded out to nice ticks), or Altair's own."""
+    return alt.Scale(domain=domain, nice=False) if domain is not None else alt.Undefined
 
 
 def titled(title: str, note: str = "") -> alt.TitleParams | str:

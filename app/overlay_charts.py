@@ -12,7 +12,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from app.charts import legend, step_axis, tooltips, y_scale
+from app.charts import legend, step_axis, tooltips, x_scale, y_scale
 
 TOKENS_TITLE = "tokens seen"
 
@@ -22,8 +22,7 @@ def x_axis(x: str, domain: list[float] | None = None) -> alt.X:
     the same for every chart of the overlay."""
     if x == "step":
         return step_axis(domain)
-    scale = alt.Scale(domain=domain, nice=False) if domain is not None else alt.Undefined
-    return alt.X("tokens:Q", title=TOKENS_TITLE, axis=alt.Axis(format="~s"), scale=scale)
+    return alt.X("tokens:Q", title=TOKENS_TITLE, axis=alt.Axis(format="~s"), scale=x_scale(domain))
 
 
 def run_colour(runs: list[str], columns: int = 2) -> alt.Color:
