@@ -129,7 +129,8 @@ def attn_logit_growth(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     step = min(f[2] for f in flagged)
     worst = max(flagged, key=lambda f: f[4])
     # still growing, or grown past anything a sharp head needs (ten times the one-hot score gap)
-    growing = max(f[5] for f in flagged) >= t.level_growth or worst[4] >= 10 * t.attn_logit_max
+    latest = max(f[5] for f in flagged)
+    growing = latest >= t.level_growth or worst[4] >= 10 * t.attn_logit_max
     title = (f"attention logits grew more than ten-fold in {len(flagged)} head{'s' if len(flagged) > 1 else ''}, "
              f"to {worst[4]:.3g} in L{worst[0]}H{worst[1]}")
     return [Finding(
@@ -138,7 +139,7 @@ def attn_logit_growth(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
         step=step, where=head_names([(f[0], f[1]) for f in flagged]),
         evidence={"heads": len(flagged), "start": worst[3], "peak": worst[4],
                   "growth": worst[4] / worst[3] if worst[3] > 0 else math.nan,
-                  "latest_quarter_growth": max(f[5] for f in flagged)},
+                  "latest_quarter_growth": latest},
         cause="query and key weights grow together, so the scores grow quadratically and the "
               "softmax heads for one-hot (the precursor of entropy collapse and loss spikes)"
               if growing else "the scores grew while the heads learned to attend sharply, and stopped "
