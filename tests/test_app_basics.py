@@ -5,16 +5,15 @@ page with NaN cells drawn as NaN, typed paths are selected at once or refused wi
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from app_kit import open_app
 
 REPO = Path(__file__).resolve().parent.parent
-APP = REPO / "app" / "main.py"
 SHIPPED = REPO / "checkpoints"
 PAGES = ["home", "overview", "attention", "dynamics", "embeddings", "lens", "compare"]
 TRACEBACK_BOX = re.compile(r"^[A-Za-z]+(Error|Exception): ")  # the page decorator's box for an exception
@@ -23,21 +22,7 @@ TRACEBACK_BOX = re.compile(r"^[A-Za-z]+(Error|Exception): ")  # the page decorat
 @pytest.fixture
 def start(monkeypatch):
     """start(roots, **query): the app on these run roots only (shipped runs not listed)."""
-    import streamlit as st
-    from streamlit.testing.v1 import AppTest
-
-    st.cache_data.clear()
-    st.cache_resource.clear()  # caches outlive an AppTest
-
-    def open_app(roots: list[Path], **query: str):
-        monkeypatch.setenv("SCRATCHSCOPE_RUNS", os.pathsep.join(str(r) for r in roots))
-        monkeypatch.setenv("SCRATCHSCOPE_NO_SHIPPED", "1")
-        at = AppTest.from_file(str(APP), default_timeout=180)
-        at.query_params.update(query)
-        at.run()
-        assert not at.exception, [e.value for e in at.exception]
-        return at
-    return open_app
+    return lambda roots, **query: open_app(monkeypatch, roots, **query)
 
 
 @pytest.fixture(scope="module")

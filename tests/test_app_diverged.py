@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
+from app_kit import open_app
 from chart_kit import frames, specs
 
 REPO = Path(__file__).resolve().parent.parent
-APP = REPO / "app" / "main.py"
 SHIPPED = REPO / "checkpoints"
 NAN_RUN, OTHER = "transformer4_nan", "attn1_noscale"
 ORDER = ["info", "warning", "failed"]  # the drawing order: a failure's rule lies on top
@@ -24,23 +23,7 @@ ORDER = ["info", "warning", "failed"]  # the drawing order: a failure's rule lie
 @pytest.fixture
 def start(monkeypatch):
     """start(page): `page` on the two shipped runs only, transformer4_nan chosen."""
-    import streamlit as st
-    from streamlit.testing.v1 import AppTest
-
-    st.cache_data.clear()
-    st.cache_resource.clear()  # caches outlive an AppTest
-
-    def open_page(page: str):
-        monkeypatch.setenv("SCRATCHSCOPE_RUNS", os.pathsep.join(str(SHIPPED / r) for r in (NAN_RUN, OTHER)))
-        monkeypatch.setenv("SCRATCHSCOPE_NO_SHIPPED", "1")
-        at = AppTest.from_file(str(APP), default_timeout=240)
-        at.query_params.update({"run": NAN_RUN})
-        at.run()
-        if page != "overview":
-            at.switch_page(f"screens/{page}.py").run()
-        assert not at.exception, [e.value for e in at.exception]
-        return at
-    return open_page
+    return lambda page: open_app(monkeypatch, [SHIPPED / NAN_RUN, SHIPPED / OTHER], page, timeout=240, run=NAN_RUN)
 
 
 def logged(run: str) -> list[dict]:

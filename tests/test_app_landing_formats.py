@@ -12,13 +12,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from app_kit import open_app
 from nanogpt_ref import GPT, GPTConfig, save_like_nanogpt, write_meta_pkl
 
 from models.store import list_snapshots, load_checkpoint
 from models.store.peek import peek
 
 REPO = Path(__file__).resolve().parent.parent
-APP = REPO / "app" / "main.py"
 SHIPPED = REPO / "checkpoints"
 CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 NANO_STEPS = (1000, 2000, 3000, 4000)
@@ -69,18 +69,7 @@ def roots(tmp_path_factory) -> dict[str, Path]:
 
 
 def start(roots: dict[str, Path], monkeypatch, **query: str):
-    import streamlit as st
-    from streamlit.testing.v1 import AppTest
-
-    st.cache_data.clear()
-    st.cache_resource.clear()  # caches outlive an AppTest
-    monkeypatch.setenv("SCRATCHSCOPE_RUNS", str(roots["runs"]))
-    monkeypatch.setenv("SCRATCHSCOPE_NO_SHIPPED", "1")
-    at = AppTest.from_file(str(APP), default_timeout=180)
-    at.query_params.update(query)
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+    return open_app(monkeypatch, [roots["runs"]], **query)
 
 
 def loaded_config(path: Path, preset: str | None = None) -> dict:

@@ -1,5 +1,5 @@
 """Every logged metric in the app (AppTest on a run trained here, which logs the run doctor's newer
-keys, and on a shipped run, which predates them): each new chart carries the logged values,
+keys, and on a copy of a shipped run with them taken out): each new chart carries the logged values,
 tokens per second is computed by hand, the smoothing slider draws TensorBoard's EMA (by hand)
 in front of the raw loss, entropy can be divided by uniform's, the g/w/u table is in scientific
 notation with u_nominal explained, and the embedding map says when it or the neighbours show little."""
@@ -12,10 +12,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from app_kit import open_app
 from chart_kit import frames, titles
-
-REPO = Path(__file__).resolve().parent.parent
-APP = REPO / "app" / "main.py"
 
 
 @pytest.fixture(scope="module")
@@ -35,24 +33,8 @@ def run(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def start(monkeypatch):
-    import streamlit as st
-    from streamlit.testing.v1 import AppTest
-
-    st.cache_data.clear()
-    st.cache_resource.clear()  # caches outlive an AppTest
-
-    def open_app(name: str, page: str, roots: list[Path] | None = None):
-        if roots is not None:
-            monkeypatch.setenv("SCRATCHSCOPE_RUNS", ":".join(map(str, roots)))
-            monkeypatch.setenv("SCRATCHSCOPE_NO_SHIPPED", "1")
-        at = AppTest.from_file(str(APP), default_timeout=180)
-        at.query_params.update({"run": name})
-        at.run()
-        if page != "overview":
-            at.switch_page(f"screens/{page}.py").run()
-        assert not at.exception, [e.value for e in at.exception]
-        return at
-    return open_app
+    """start(name, page, roots=None): `page` of run `name`, on `roots` only when given."""
+    return lambda name, page, roots=None: open_app(monkeypatch, roots, page, run=name)
 
 
 def records(run: Path) -> list[dict]:
