@@ -68,6 +68,14 @@ def affine(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None = None) -> t
     return out.view(*x.shape[:-1], W.shape[-1])
 
 
+def shrink_(weight: torch.Tensor, bias: torch.Tensor | None, scale: float) -> None:
+    """The logit layer's init made `scale` times smaller, its bias zero (`unembed_init_scale`)."""
+    with torch.no_grad():
+        weight.mul_(scale)
+        if bias is not None:
+            bias.zero_()
+
+
 def make_norm(kind: str, d: int, eps: float, bias: bool = True) -> nn.Module:
     if kind == "rms":
         return RMSNorm(d, eps)

@@ -15,7 +15,7 @@ from transformer_lens.hook_points import HookPoint
 
 from models.cache import CacheMixin
 from models.config import MLPConfig
-from models.layers import MLP
+from models.layers import MLP, shrink_
 from models.validation import check_tokens
 
 
@@ -28,10 +28,7 @@ class MLPLanguageModel(CacheMixin, HookedRootModule):
         self.hook_embed = HookPoint()  # [batch pos d_embed]
         self.hook_window = HookPoint()  # [batch window n_ctx*d_embed], the MLP's input
         if cfg.unembed_init_scale != 1.0:  # logits that many times smaller at init
-            out = self.mlp.net[-1]
-            with torch.no_grad():
-                out.weight.mul_(cfg.unembed_init_scale)
-                out.bias.zero_()
+            shrink_(self.mlp.net[-1].weight, self.mlp.net[-1].bias, cfg.unembed_init_scale)
         self.setup()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ from models.attention import ATTN_IMPLS, Attention
 from models.cache import BlockTLNames, TLWeights
 from models.config import TransformerConfig
 from models.hooks import fire, rename_hooks_to_tl
-from models.layers import MLP, affine, make_norm, norm_attr
+from models.layers import MLP, affine, make_norm, norm_attr, shrink_
 from models.packed_heads import named_rows
 from models.validation import check_tokens, vocabulary_error
 
@@ -199,14 +199,10 @@ def scale_logit_layer(model: Transformer, scale: float) -> None:
     """W_out (or, with unembed='mlp', the last MLP layer) times `scale`, its bias zero: logits
     that many times smaller at init."""
     if model.cfg.unembed == "separate":
-        weight, bias = model.W_out, model.b_out if model.cfg.unembed_bias else None
+        shrink_(model.W_out, model.b_out if model.cfg.unembed_bias else None, scale)
     else:
         last = model.blocks[-1].mlp.net[-1]
-        weight, bias = last.weight, last.bias
-    with torch.no_grad():
-        weight.mul_(scale)
-        if bias is not None:
-            bias.zero_()
+        shrink_(last.weight, last.bias, scale)
 
 
 def series_key(key: str) -> str:
