@@ -1,0 +1,267 @@
+"""The attention tap: every attention computation of one forward pass, read at the function level,
+whatever module makes it (our models, Hugging Face, nanochat, the GPTs tutorials write).
+
+    from models.tap import tap_forward
+    result = tap_forward(model, ids, lambda call: call.pattern.amax(-1).mean())  # ids: [batch pos]
+    result.layers   # [(module name, reduced value), ...] in layer order
+    result.logits   # the model's logits [batch pos vocab]
+
+What is read, under a `TorchFunctionMode` for the one forward pass (nothing is patched):
+- `torch.nn.functional.scaled_dot_product_attention` (the same object as
+  `torch._C._nn.scaled_dot_product_attention`): the pattern is rebuilt from the call's own
+  arguments (`models.tap_rebuild`) and `pattern @ v` is checked against the call's real output;
+  a mismatch raises `TapError`. `dropout_p` is set to 0 for the call (the tap reads an eval pass).
+- an explicit softmax over the keys (`torch.softmax`, `F.softmax`, `Tensor.softmax`, so
+  `nn.Softmax` too) with dim -1 over `[batch head q k]`, or over `[batch q k]` from one module per
+  head, where q and k are the ids' length. Per-head calls made by sibling modules under one caller
+  (`blocks.0.att.heads.0`, `.1`, ... called by `blocks.0.att`) are stacked in call order into one
+  layer named by the caller.
+
+Each layer reaches `reduce(call: AttentionCall) -> Any` inside the forward pass, with its name
+(the qualified name, from `named_modules`, of the module running the call), its number in call
+order, its pattern and its pre-softmax scores (both `[batch head q k]`, -inf where masked), so
+memory stays at one layer's attention. `reduce` may raise `StopTap` to end the forward pass early
+(the layers so far are kept, `logits` is None then).
+
+The model is left as it was: eval mode and no_grad for the pass, each module's mode put back,
+every hook removed, also when the pass raises. A forward that made no call the tap can read
+(FlashAttention kernels, flex attention, a `torch.compile`d model, a model without attention)
+raises `TapError` in one line naming what to switch.
+
+Public: `AttentionCall`, `TapResult`, `TapError`, `StopTap`, `tap_forward`, `logits_of`,
+`context_of`.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from models.tap_rebuild import TapError, check_output, sdpa_arguments, sdpa_scores, softmax_scores
+
+log = logging.getLogger(__name__)
+
+__all__ = ["AttentionCall", "TapResult", "TapError", "StopTap", "tap_forward", "logits_of", "context_of"]
+
+SDPA = F.scaled_dot_product_attention
+SOFTMAXES = (torch.softmax, F.softmax, torch.Tensor.softmax)
+CONTEXT_ATTRS = ("max_position_embeddings", "n_ctx", "n_positions", "block_size", "sequence_len",
+                 "context_length", "max_seq_len")
+
+
+@dataclass
+class AttentionCall:
+    module: str  # qualified name of the module running the call ("" for the root)
+    layer: int  # 0, 1, ... in call order
+    pattern: torch.Tensor  # [batch head q k]
+    scores: torch.Tensor  # [batch head q k], -inf where masked
+    n_heads: int
+    kind: str = "sdpa"  # "sdpa" | "softmax" (batched heads) | "heads" (one module per head)
+
+
+@dataclass
+class TapResult:
+    layers: list[tuple[str, Any]] = field(default_factory=list)  # (module name, reduced value)
+    logits: torch.Tensor | None = None
+    n_heads: list[int] = field(default_factory=list)  # per layer
+    kinds: list[str] = field(default_factory=list)  # per layer: "sdpa" | "softmax" | "heads"
+    seq_len: int = 0
+
+
+class StopTap(Exception):
+    """Raised by a `reduce` callback once it has what it needs: the forward pass ends there."""
+
+
+def logits_of(output: Any) -> torch.Tensor:
+    """The logits in a model's output: a tensor, an object with `.logits` (Hugging Face), a dict
+    with "logits", or a tuple / list whose first item is the logits (a tutorial's (logits, loss))."""
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if logits is None and isinstance(output, dict):
+        logits = output.get("logits")
+    if logits is None and isinstance(output, (tuple, list)) and output:
+        logits = output[0]
+    if not isinstance(logits, torch.Tensor):
+        raise TapError(f"the model returned {type(output).__name__}, not logits: give a module whose output is "
+                       "the logits, an object with .logits, or a tuple whose first item is the logits")
+    return logits
+
+
+def context_of(model: Any) -> int | None:
+    """The model's context length from its config (`config` or `cfg`) or itself, if it names one."""
+    for holder in (getattr(model, "config", None), getattr(model, "cfg", None), model):
+        for attr in CONTEXT_ATTRS:
+            value = getattr(holder, attr, None) if holder is not None else None
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+class _Reader:
+    """One forward pass's state: the module stack, pending per-head calls, the layers reduced."""
+
+    def __init__(self, reduce: Callable[[AttentionCall], Any], seq_len: int):
+        self.reduce, self.seq_len = reduce, seq_len
+        self.stack: list[str] = []
+        self.pending: list[tuple[str, str, torch.Tensor, torch.Tensor]] = []  # (caller, module, p, scores)
+        self.result = TapResult(seq_len=seq_len)
+
+    def emit(self, name: str, pattern: torch.Tensor, scores: torch.Tensor, kind: str) -> None:
+        layer = len(self.result.layers)
+        call = AttentionCall(name, layer, pattern, scores, pattern.shape[1], kind)
+        self.result.n_heads.append(pattern.shape[1])
+        self.result.kinds.append(kind)
+        self.result.layers.append((name, None))
+        self.result.layers[-1] = (name, self.reduce(call))
+
+    def flush(self) -> None:
+        """Stack the pending per-head calls into one layer."""
+        if not self.pending:
+            return
+        caller = self.pending[0][0]
+        pattern = torch.stack([p for _, _, p, _ in self.pending], dim=1)  # [batch head q k]
+        scores = torch.stack([s for _, _, _, s in self.pending], dim=1)
+        self.pending = []
+        self.emit(caller, pattern, scores, "heads")
+
+    def current(self) -> str:
+        return self.stack[-1] if self.stack else ""
+
+    def sdpa(self, args: tuple, kwargs: dict, out: torch.Tensor) -> None:
+        self.flush()
+        where = self.current() or "the model"
+        a = sdpa_arguments(args, kwargs)
+        scores = sdpa_scores(a)  # [batch head q k]
+        pattern = torch.softmax(scores, dim=-1)
+        check_output(pattern, a, out, where)
+        self.emit(self.current(), pattern, scores, "sdpa")
+
+    def softmax(self, args: tuple, kwargs: dict, out: torch.Tensor) -> None:
+        x = args[0] if args else kwargs.get("input")
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        if not isinstance(x, torch.Tensor) or dim is None or x.dim() not in (3, 4):
+            return
+        if dim % x.dim() != x.dim() - 1 or tuple(x.shape[-2:]) != (self.seq_len, self.seq_len):
+            return
+        if not x.dtype.is_floating_point:
+            return
+        pattern = out if out.dtype in (torch.float32, torch.float64) else out.float()
+        if x.dim() == 4:
+            self.flush()
+            self.emit(self.current(), pattern, softmax_scores(x), "softmax")
+            return
+        module = self.current()
+        caller = self.stack[-2] if len(self.stack) > 1 else ""
+        if self.pending and (self.pending[0][0] != caller or any(m == module for _, m, _, _ in self.pending)):
+            self.flush()
+        self.pending.append((caller, module, pattern, softmax_scores(x)))
+
+
+class _TapMode(TorchFunctionMode):
+    def __init__(self, reader: _Reader):
+        super().__init__()
+        self.reader = reader
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is SDPA:
+            if len(args) > 4:  # dropout off: the tap reads an eval pass
+                args = args[:4] + (0.0,) + tuple(args[5:])
+            else:
+                kwargs["dropout_p"] = 0.0
+            out = func(*args, **kwargs)
+            self.reader.sdpa(args, kwargs, out)
+            return out
+        out = func(*args, **kwargs)
+        if func in SOFTMAXES and isinstance(out, torch.Tensor):
+            self.reader.softmax(args, kwargs, out)
+        return out
+
+
+@contextmanager
+def module_stack(model: torch.nn.Module, reader: _Reader) -> Iterator[None]:
+    """Forward pre-hooks / hooks keeping `reader.stack` as the modules now running; removed after."""
+    handles = []
+
+    def enter(name: str):
+        return lambda module, args: reader.stack.append(name)
+
+    def leave(module, args, output):
+        if reader.stack:
+            reader.stack.pop()
+
+    try:
+        for name, module in model.named_modules():
+            handles.append(module.register_forward_pre_hook(enter(name)))
+            handles.append(module.register_forward_hook(leave, always_call=True))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def eval_pass(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode and no_grad inside; each module's own mode put back after."""
+    modes = [(m, m.training) for m in model.modules()] if model.training else []
+    if modes:
+        model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        for module, mode in modes:
+            module.training = mode
+
+
+def refuse_compiled(model: Any) -> None:
+    if hasattr(model, "_orig_mod") and type(model).__name__ == "OptimizedModule":
+        raise TapError("a torch.compile'd model runs as one graph the tap cannot read: pass the model "
+                       "before torch.compile (its ._orig_mod)")
+
+
+def nothing_read(model: Any, seq_len: int) -> TapError:
+    """The one line for a forward that made no call the tap reads, naming what to switch."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if isinstance(impl, str) and impl not in ("sdpa", "eager"):
+        return TapError(f"{type(model).__name__} runs attention_implementation {impl!r}, which the tap cannot "
+                        "read: load it with attn_implementation=\"sdpa\" (or \"eager\")")
+    if "nanochat" in type(model).__module__:
+        return TapError("nanochat ran its FlashAttention 3 kernel, which the tap cannot read: take its SDPA "
+                        "fallback (nanochat.flash_attention._override_impl = \"sdpa\", or run on CPU)")
+    return TapError(f"{type(model).__name__}'s forward made no attention call the tap can read (no "
+                    f"scaled_dot_product_attention, no softmax over the keys of its {seq_len} tokens): a model "
+                    "without attention, or a FlashAttention / flex / compiled kernel; switch to "
+                    "attn_implementation=\"sdpa\" or \"eager\", nanochat's SDPA fallback, or the model before "
+                    "torch.compile")
+
+
+def tap_forward(model: torch.nn.Module, ids: torch.Tensor, reduce: Callable[[AttentionCall], Any] | None = None,
+                ) -> TapResult:
+    """One no-grad, eval-mode forward of `model` on ids [batch pos], every attention layer handed to
+    `reduce` (default: keep the pattern) as it is computed. Raises TapError where nothing is read."""
+    refuse_compiled(model)
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        raise TapError(f"ids must be a [batch pos] tensor, got {getattr(ids, 'shape', type(ids).__name__)}")
+    reader = _Reader(reduce or (lambda call: call.pattern), ids.shape[1])
+    stopped = False
+    with eval_pass(model), module_stack(model, reader):
+        try:
+            with _TapMode(reader):
+                output = model(ids)
+            reader.flush()
+        except StopTap:
+            stopped = True
+        finally:
+            reader.pending = []
+    if not reader.result.layers:
+        raise nothing_read(model, ids.shape[1])
+    reader.result.logits = None if stopped else logits_of(output)
+    return reader.result

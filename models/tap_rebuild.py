@@ -1,0 +1,130 @@
+"""Attention rebuilt from one call's own arguments, for the tap (`models.tap`): pure functions.
+
+`sdpa_arguments` binds a `scaled_dot_product_attention` call's positional and keyword arguments;
+`sdpa_scores` rebuilds its pre-softmax scores `[batch head q k]` (-inf where masked) exactly as
+the call defines them: `scale` (default 1/sqrt(E)), `is_causal` top-left aligned (row i sees keys
+j <= i, also when q and k lengths differ), a boolean `attn_mask` (True takes part) or an additive
+one, broadcast; fewer kv heads than query heads with `enable_gqa` (query head h reads kv head
+h // (Hq / Hkv)). `check_output` compares `pattern @ v` with the call's real output and raises a
+one-line `TapError` on a mismatch. `softmax_scores` turns an explicit softmax's input into scores
+with -inf where an additive mask hid a key (Hugging Face eager adds the dtype's minimum).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+class TapError(ValueError):
+    """The tap cannot read a model's attention, or what it read does not match the model's own
+    output: one line saying what and what to switch."""
+
+
+SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+SDPA_DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
+
+
+@dataclass
+class SdpaArgs:
+    query: torch.Tensor  # [batch head q E] (or [batch q E]: one head)
+    key: torch.Tensor  # [batch kv_head k E]
+    value: torch.Tensor  # [batch kv_head k Ev]
+    attn_mask: torch.Tensor | None
+    dropout_p: float
+    is_causal: bool
+    scale: float | None
+    enable_gqa: bool
+
+
+def sdpa_arguments(args: tuple, kwargs: dict) -> SdpaArgs:
+    """The call's arguments by name (positional ones in the function's order)."""
+    bound = dict(SDPA_DEFAULTS)
+    bound.update(zip(SDPA_PARAMS, args))
+    bound.update({k: v for k, v in kwargs.items() if k in SDPA_PARAMS})
+    return SdpaArgs(**bound)
+
+
+def as_heads(t: torch.Tensor, what: str) -> torch.Tensor:
+    """[batch head n E] from the 3-D (one head) or 4-D tensors SDPA takes."""
+    if t.dim() == 3:
+        return t.unsqueeze(1)
+    if t.dim() == 4:
+        return t
+    raise TapError(f"scaled_dot_product_attention's {what} has shape {tuple(t.shape)}: the tap reads "
+                   "[batch head pos d] or [batch pos d] attention only")
+
+
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
+    return t.dtype if t.dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def expand_kv(t: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """kv heads [batch kv_head ...] repeated to the query heads (GQA)."""
+    n_kv = t.shape[1]
+    if n_kv == n_heads:
+        return t
+    if n_kv < 1 or n_heads % n_kv:
+        raise TapError(f"scaled_dot_product_attention got {n_heads} query heads over {n_kv} kv heads, "
+                       "which do not divide")
+    return t.repeat_interleave(n_heads // n_kv, dim=1)
+
+
+def sdpa_scores(a: SdpaArgs) -> torch.Tensor:
+    """Pre-softmax scores of the call: [batch head q k], -inf where the call masks a key."""
+    dtype = compute_dtype(a.query)
+    q = as_heads(a.query, "query").to(dtype)
+    k = expand_kv(as_heads(a.key, "key").to(dtype), q.shape[1])
+    scale = 1.0 / math.sqrt(q.shape[-1]) if a.scale is None else float(a.scale)
+    scores = torch.matmul(q, k.transpose(-2, -1)).mul_(scale)  # [batch head q k]
+    n_q, n_k = scores.shape[-2:]
+    if a.is_causal:  # top-left aligned: row i sees keys 0..i
+        hidden = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).triu_(1)
+        scores.masked_fill_(hidden, float("-inf"))
+    mask = a.attn_mask
+    if mask is not None:
+        mask = mask if mask.dim() != 3 or a.query.dim() != 4 else mask.unsqueeze(1)  # [batch q k]: every head
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask.to(dtype)
+    return hide_minimum(scores)
+
+
+def hide_minimum(scores: torch.Tensor) -> torch.Tensor:
+    """An additive mask of the dtype's minimum (Hugging Face's) read as -inf: the key is hidden."""
+    floor = torch.finfo(scores.dtype).min / 2
+    low = scores <= floor
+    return scores.masked_fill(low, float("-inf")) if bool(low.any()) else scores
+
+
+def softmax_scores(x: torch.Tensor) -> torch.Tensor:
+    """An explicit softmax's input as scores: a floating copy with -inf where masked."""
+    return hide_minimum(x.to(compute_dtype(x)))
+
+
+def relative_tolerance(dtype: torch.dtype) -> float:
+    return 1e-3 if dtype in (torch.float32, torch.float64) else 3e-2
+
+
+def check_output(pattern: torch.Tensor, a: SdpaArgs, out: torch.Tensor, where: str) -> None:
+    """`pattern @ v` against the call's real output, relative to the values' scale; a mismatch is
+    refused in one line. Rows the call leaves all-masked (NaN in some kernels, 0 in others) and
+    entries where both are non-finite (a diverged model) are not compared."""
+    v = expand_kv(as_heads(a.value, "value").to(pattern.dtype), pattern.shape[1])
+    mine = torch.matmul(pattern, v)  # [batch head q Ev]
+    real = as_heads(out, "output").to(pattern.dtype)
+    both = torch.isfinite(mine) & torch.isfinite(real)
+    scale = float(v[torch.isfinite(v)].abs().max()) if bool(torch.isfinite(v).any()) else 1.0
+    tol = relative_tolerance(a.query.dtype) * max(scale, 1e-30)
+    err = (mine - real).abs().masked_fill_(~both, 0.0)
+    visible = torch.isfinite(pattern).all(-1, keepdim=True)  # [batch head q 1] rows with a real softmax
+    disagree = (torch.isfinite(mine) != torch.isfinite(real)) & visible
+    worst = float(err.max()) if err.numel() else 0.0
+    if worst > tol or bool(disagree.any()):
+        raise TapError(f"the attention rebuilt from {where}'s scaled_dot_product_attention arguments does not "
+                       f"match its output (largest difference {worst:.3g}, values up to {scale:.3g}): its kernel "
+                       "computes something else; read it with attn_implementation=\"eager\" or an explicit softmax")
