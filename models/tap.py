@@ -21,7 +21,7 @@ Each layer reaches `reduce(call: AttentionCall) -> Any` inside the forward pass,
 (the qualified name, from `named_modules`, of the module running the call), its number in call
 order, its pattern and its pre-softmax scores (both `[batch head q k]`, -inf where masked), so
 memory stays at one layer's attention. `reduce` may raise `StopTap` to end the forward pass early
-(the layers so far are kept, `logits` is None then).
+(the layers reduced before it are kept, `logits` is None then).
 
 The model is left as it was: eval mode and no_grad for the pass, each module's mode put back,
 every hook removed, also when the pass raises. A forward that made no call the tap can read
@@ -115,11 +115,10 @@ class _Reader:
 
     def emit(self, name: str, pattern: torch.Tensor, scores: torch.Tensor, kind: str) -> None:
         layer = len(self.result.layers)
-        call = AttentionCall(name, layer, pattern, scores, pattern.shape[1], kind)
+        value = self.reduce(AttentionCall(name, layer, pattern, scores, pattern.shape[1], kind))
+        self.result.layers.append((name, value))  # a layer whose reduce raised StopTap is left out
         self.result.n_heads.append(pattern.shape[1])
         self.result.kinds.append(kind)
-        self.result.layers.append((name, None))
-        self.result.layers[-1] = (name, self.reduce(call))
 
     def flush(self) -> None:
         """Stack the pending per-head calls into one layer."""
@@ -221,18 +220,19 @@ def eval_pass(model: torch.nn.Module) -> Iterator[None]:
             module.training = mode
 
 
-def refuse_compiled(model: Any) -> None:
+def refuse_unreadable(model: Any) -> None:
+    """Kernels known before the pass: a compiled graph, a Hugging Face FlashAttention / flex model."""
     if hasattr(model, "_orig_mod") and type(model).__name__ == "OptimizedModule":
         raise TapError("a torch.compile'd model runs as one graph the tap cannot read: pass the model "
                        "before torch.compile (its ._orig_mod)")
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if isinstance(impl, str) and impl not in ("sdpa", "eager"):
+        raise TapError(f"{type(model).__name__} runs attn_implementation {impl!r}, which the tap cannot "
+                       "read: load it with attn_implementation=\"sdpa\" (or \"eager\")")
 
 
 def nothing_read(model: Any, seq_len: int) -> TapError:
     """The one line for a forward that made no call the tap reads, naming what to switch."""
-    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if isinstance(impl, str) and impl not in ("sdpa", "eager"):
-        return TapError(f"{type(model).__name__} runs attention_implementation {impl!r}, which the tap cannot "
-                        "read: load it with attn_implementation=\"sdpa\" (or \"eager\")")
     if "nanochat" in type(model).__module__:
         return TapError("nanochat ran its FlashAttention 3 kernel, which the tap cannot read: take its SDPA "
                         "fallback (nanochat.flash_attention._override_impl = \"sdpa\", or run on CPU)")
@@ -247,7 +247,7 @@ def tap_forward(model: torch.nn.Module, ids: torch.Tensor, reduce: Callable[[Att
                 ) -> TapResult:
     """One no-grad, eval-mode forward of `model` on ids [batch pos], every attention layer handed to
     `reduce` (default: keep the pattern) as it is computed. Raises TapError where nothing is read."""
-    refuse_compiled(model)
+    refuse_unreadable(model)
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         raise TapError(f"ids must be a [batch pos] tensor, got {getattr(ids, 'shape', type(ids).__name__)}")
     reader = _Reader(reduce or (lambda call: call.pattern), ids.shape[1])
