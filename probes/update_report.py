@@ -11,37 +11,46 @@ hundred times faster): embeddings, attention Q/K, attention V/O, MLP, norms, une
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 TARGET_BAND = (-4.0, -2.0)  # log10(u) outside this is flagged slow / fast (makemore: ~ -3)
-GROUPS = ("embeddings", "attention Q/K", "attention V/O", "MLP", "norms", "unembedding", "other")
-FLAGS = ("slow", "fast", "frozen", "non-finite")
+GROUPS = ("embeddings", "attention Q/K", "attention V/O", "MLP", "norms", "unembedding", "scalars", "other")
+FLAGS = ("slow", "fast", "frozen", "from zero", "non-finite")
 STATS = ("g", "w", "u", "u_nominal")
 
 Row = dict[str, float | None]
 
-_NORM_PARTS = {"rms1", "rms2", "ln1", "ln2", "ln_1", "ln_2", "ln_final", "ln_f", "ln_out", "norm"}
-_QK = {"W_Q", "W_K", "b_Q", "b_K", "q", "k", "q_proj", "k_proj", "query", "key"}
-_VO = {"W_V", "W_O", "b_V", "b_O", "v", "o", "v_proj", "o_proj", "value"}
-_ATTN_OUT = {"c_proj", "out_proj", "dense"}  # an attention block's output projection (GPT-2, OPT, ...)
-_ATTN = {"attn", "attention", "self_attn", "self_attention"}
+# a norm's module: ours (rms1), GPT-2's (ln_1, ln_f), tutorials' (norm1, ln1, n1, final_norm), HF's (*layernorm)
+_NORM = re.compile(r"(ln|norm|rms|n|layernorm|layer_norm)(_?(\d+|f|final|out))?$")
+_QK = {"W_Q", "W_K", "b_Q", "b_K", "q", "k", "q_proj", "k_proj", "query", "key",
+       "c_q", "c_k", "W_query", "W_key", "wq", "wk"}  # nanochat, tutorials, Meta's Llama
+_VO = {"W_V", "W_O", "b_V", "b_O", "v", "o", "v_proj", "o_proj", "value",
+       "c_v", "W_value", "wv", "wo", "ve_gate"}  # ve_gate: nanochat's gate on its value embeddings
+_ATTN_OUT = {"c_proj", "out_proj", "dense", "proj"}  # an attention block's output projection (GPT-2, OPT, tutorials)
+_ATTN = {"attn", "attention", "self_attn", "self_attention", "att", "sa", "mha"}
 _EMBED = {"embedding", "embed", "W_E", "W_pos", "pos_embed", "wte", "wpe", "embed_tokens",
-          "embed_positions", "tok_embed", "pos"}  # the last two: TransformerLens's native model
-_UNEMBED = {"W_out", "b_out", "W_U", "b_U", "unembed", "lm_head", "head"}
-_MLP = {"mlp", "ffn", "feed_forward"}
+          "embed_positions", "tok_embed", "pos",  # these two: TransformerLens's native model
+          "tok_emb", "pos_emb", "token_embedding_table", "position_embedding_table", "tok_embeddings",
+          "value_embeds", "embed_in"}  # tutorials, Meta's Llama, nanochat's value embeddings, GPT-NeoX
+_UNEMBED = {"W_out", "b_out", "W_U", "b_U", "unembed", "lm_head", "head", "out_head", "output", "embed_out"}
+_MLP = {"mlp", "ffn", "feed_forward", "ff", "ffwd", "c_fc", "gate_proj", "up_proj", "down_proj", "fc1", "fc2"}
+_SCALAR = re.compile(r"\w*_lambdas?$|smear_gate$")  # nanochat's resid/x0/smear/backout gains
 
 
 def _is_norm(part: str) -> bool:
-    return part in _NORM_PARTS or part.endswith("norm")  # input_layernorm, final_layernorm, ...
+    return bool(_NORM.fullmatch(part)) or part.endswith("norm")  # input_layernorm, final_norm, ...
 
 
 def parameter_group(name: str) -> str:
     """The group of a parameter, by our (series') names, TransformerLens' ones, nanoGPT's and
     Hugging Face GPT-2's (``attn.c_attn.q.weight``: the Q rows of a packed c_attn, see
-    `probes.updates.named_trainable`), and by common names of other modules (``q_proj``,
-    ``input_layernorm``, ``embed_tokens``, ...)."""
+    `probes.updates.named_trainable`; a packed ``qkv`` or ``query_key_value`` likewise), nanochat's
+    (``c_q``, ``value_embeds``, its scalar ``*_lambdas``), Hugging Face Llama-family ones
+    (``q_proj``, ``gate_proj``, ``input_layernorm``, ``embed_tokens``) and the names tutorials
+    write (``W_query``, ``out_proj``, ``ffwd``, ``norm1``, ``tok_emb``, ``out_head``, ...)."""
     parts = name.split(".")
     if any(_is_norm(p) for p in parts):
         return "norms"
@@ -57,6 +66,8 @@ def parameter_group(name: str) -> str:
         return "embeddings"
     if parts[0] in _UNEMBED:
         return "unembedding"
+    if any(_SCALAR.fullmatch(p) for p in parts):
+        return "scalars"
     return "other"
 
 
@@ -75,13 +86,17 @@ def log10_or_none(value: float | None) -> float | None:
 
 def row_flags(row: Mapping[str, Any], band: tuple[float, float]) -> list[str]:
     """`non-finite` (w missing or any stat NaN/inf: a JSON null w means NaN, since rms always
-    exists), `frozen` (u == 0), else `slow` / `fast` outside the band."""
+    exists), `frozen` (u == 0), `from zero` (u = |update| / |w| undefined: the weight was all
+    zeros before the step, as a zero-initialised output projection is), else `slow` / `fast`
+    outside the band."""
     values = [row.get(key) for key in STATS]
     if row.get("w") is None or any(v is not None and not _finite(v) for v in values):
         return ["non-finite"]
     u = row.get("u")
     if u == 0:
         return ["frozen"]
+    if u is None and row["w"] > 0:  # it moved off zero: its whole weight is this update
+        return ["from zero"]
     lu = log10_or_none(u)
     if lu is None:
         return []

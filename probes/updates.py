@@ -89,25 +89,55 @@ def named_trainable(model: nn.Module, grads: bool = False) -> dict[str, torch.Te
     return {strip_wrapper_prefix(n): t for n, t in rows.items()}
 
 
+PACKED_QKV = ("c_attn", "qkv", "query_key_value", "Wqkv", "qkv_proj")  # GPT-2, tutorials, GPT-NeoX, MPT, Phi-3
+HEAD_INTERLEAVED = ("gpt_neox", "bloom")  # query_key_value rows as [head (q k v) d_head], not [(q k v) head d_head]
+
+
 def split_packed_qkv(model: nn.Module, rows: dict[str, Any]) -> dict[str, Any]:
-    """GPT-2's packed ``attn.c_attn`` (nanoGPT's nn.Linear [3d d], Hugging Face's Conv1D [d 3d],
-    bias [3d]) as three rows ``c_attn.q|k|v.weight`` (views), so that Q/K and V are grouped
-    apart as they are for our models; other rows as they are, in order."""
-    packed = {}
+    """A packed q/k/v projection as three rows ``<module>.q|k|v.weight`` (views), so that Q/K and
+    V are grouped apart as they are for our models: GPT-2's ``attn.c_attn`` (nanoGPT's nn.Linear
+    [3d d], Hugging Face's Conv1D [d 3d], bias [3d]), a tutorial's ``qkv``, GPT-NeoX's and BLOOM's
+    ``query_key_value`` (whose rows are per head: [head 3 d_head]) and torch's
+    nn.MultiheadAttention ``in_proj_weight`` / ``in_proj_bias``. Other rows as they are, in order."""
+    packed: dict[str, tuple[str, int, int]] = {}  # name -> (kind, dim, heads: 0 for [3 ...] thirds)
+    interleaved = getattr(getattr(model, "config", None), "model_type", None) in HEAD_INTERLEAVED
     for prefix, module in model.named_modules():
-        if prefix.rsplit(".", 1)[-1] == "c_attn":
+        last = prefix.rsplit(".", 1)[-1]
+        if isinstance(module, nn.MultiheadAttention) and getattr(module, "in_proj_weight", None) is not None:
+            packed.update({f"{prefix}.in_proj_weight": ("weight", 0, 0), f"{prefix}.in_proj_bias": ("bias", 0, 0)})
+        elif last in PACKED_QKV and isinstance(getattr(module, "weight", None), torch.Tensor):
             conv1d = type(module).__name__ == "Conv1D"  # transformers.pytorch_utils.Conv1D
-            packed.update({f"{prefix}.weight": ("weight", -1 if conv1d else 0), f"{prefix}.bias": ("bias", -1)})
+            heads = _heads_of(model, prefix) if interleaved and last == "query_key_value" else 0
+            packed.update({f"{prefix}.weight": ("weight", -1 if conv1d else 0, heads),
+                           f"{prefix}.bias": ("bias", -1 if conv1d else 0, heads)})
     out: dict[str, Any] = {}
     for name, tensor in rows.items():
         if name not in packed or (tensor is not None and tensor.shape[packed[name][1]] % 3):
             out[name] = tensor
             continue
-        kind, dim = packed[name]
-        thirds = [None] * 3 if tensor is None else tensor.chunk(3, dim=dim)
+        kind, dim, heads = packed[name]
+        thirds = [None] * 3 if tensor is None else _qkv_thirds(tensor, dim, heads)
+        base = name[:-len("_weight" if kind == "weight" else "_bias")] if ".in_proj_" in name else name[:-len(kind) - 1]
         for part, third in zip("qkv", thirds):
-            out[f"{name[:-len(kind)]}{part}.{kind}"] = third
+            out[f"{base}.{part}.{kind}"] = third
     return out
+
+
+def _heads_of(model: nn.Module, prefix: str) -> int:
+    """The heads of the attention holding a packed ``query_key_value`` (0 if it does not say)."""
+    config = getattr(model, "config", None)
+    return int(getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None) or 0)
+
+
+def _qkv_thirds(tensor: torch.Tensor, dim: int, heads: int) -> tuple[torch.Tensor, ...]:
+    """q, k, v of a packed tensor along `dim` (views): [(q k v) ...] thirds, or with `heads`,
+    [head (q k v) d_head] rows (GPT-NeoX) whose q of every head is one strided view."""
+    if not heads or tensor.shape[dim] % (3 * heads):
+        return tensor.chunk(3, dim=dim)
+    dim = dim % tensor.dim()
+    shape = tensor.shape
+    split = tensor.view(*shape[:dim], heads, 3, shape[dim] // (3 * heads), *shape[dim + 1:])
+    return tuple(split.select(dim + 1, i) for i in range(3))  # each [... head d_head ...]
 
 
 def snapshot_params(model: nn.Module) -> dict[str, torch.Tensor]:
