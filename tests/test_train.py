@@ -22,7 +22,8 @@ from models.checkpoint import (list_snapshots, load_checkpoint, load_optimizer_s
                                load_snapshot, read_metrics)
 from models import build_model, get_preset
 from train.loop import RANK_DUMP_ENV, build_parser, main
-from train.config import build_optimizer, lr_at, resolve_train_config
+from train.config import build_optimizer, lr_at
+from train.hyper import resolve_train_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORDS = "the king queen lord my good sir shall not be what is this that thou art and".split()

@@ -17,7 +17,9 @@ from models.packed_heads import pack_optimizer_state
 from models.store.files import writing
 from models.store.run import read_run_json
 from train.args import BPE_VOCAB
-from train.config import (DistInfo, build_optimizer, lr_at, model_config, parse_sets, resolve_train_config)
+from train.args import parse_sets
+from train.config import DistInfo, build_optimizer, lr_at, model_config
+from train.hyper import resolve_train_config
 from train.data import check_length, load_corpus
 from train.guard import RunLock, check_optimizer_state, clean_leftovers
 from train.state import TrainState

@@ -18,6 +18,7 @@ from typing import Any
 
 from models.presets import PRESETS
 from train.args import build_parser as train_parser, parse_sets, train_config_flags
+from train.hyper import resolve_train_config
 
 __all__ = ["Grid", "Point", "format_rate", "parse_rates", "parse_vary"]
 
@@ -150,10 +151,12 @@ class Grid:
             self.check_field(field, common)
         hyper = hyperparameter_actions()
         for point in self.variants():
-            try:
-                train_parser().parse_args([*self.argv(point), "--out", "_"])
-            except ValueError as err:  # the trainer's own one line, said of --vary
-                raise ValueError(f"--vary {point.variant}: {err}") from None
+            try:  # the trainer's own flags and its own checks of their values (--steps 0, z_loss=-1)
+                args = train_parser().parse_args([*self.argv(point), "--out", "_"])
+                resolve_train_config(args, PRESETS[self.preset].train, {})
+            except ValueError as err:  # the trainer's own one line, said of the point
+                where = f"--vary {point.variant}" if self.vary else "the run's flags"
+                raise ValueError(f"{where}: {err}") from None
             self.check_model(common.set + [f"{f}={v}" for f, v in point.values if f not in hyper])
 
     def check_field(self, field: str, common: argparse.Namespace) -> None:
