@@ -27,6 +27,7 @@ from typing import Any
 from models.cli import Parser, add_json_argument, path_text, run_cli
 from models.store.files import CheckpointError, read_json_object
 from models.store.run import read_metrics, read_run_json
+from probes.sweep_file import check_sweep
 from probes.sweep_stats import SWEEP_FILE
 
 __all__ = ["SweepResult", "build_parser", "main", "rate_text", "run"]
@@ -128,9 +129,7 @@ def run(sweep_dir: str | Path) -> SweepResult:
         raise ValueError(f"{folder}: no such folder")
     if not path.is_file():
         raise ValueError(f"{folder} is no sweep: it holds no {SWEEP_FILE} (python -m train.sweep writes one)")
-    data = read_json_object(path)
-    if not isinstance(data.get("grid"), dict) or not isinstance(data.get("runs"), list):
-        raise ValueError(f"{path} is not a sweep's {SWEEP_FILE} (no grid and runs)")
+    data = check_sweep(read_json_object(path), path)
     for entry in data["runs"]:
         if entry.get("status") == "running":
             entry.update(progress(folder / entry["dir"]))

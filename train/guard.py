@@ -13,11 +13,12 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from models.store.files import CheckpointError, current_umask, writing
+
+if TYPE_CHECKING:  # torch-free at import: the sweep driver asks lock_holder without loading torch
+    import torch
 
 log = logging.getLogger("train")
 
@@ -79,6 +80,22 @@ class RunLock:
             self.path.parent.rmdir()
 
 
+def lock_holder(run_dir: Path) -> str | None:
+    """Who trains `run_dir` now: the pid its lock file names ("unknown" if none is written), or
+    None when no live process holds the lock. Takes nothing: a free lock is released at once."""
+    try:
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
+    finally:
+        os.close(fd)  # closing drops a shared lock taken just now
+    return None
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -115,6 +132,8 @@ def clean_leftovers(run_dir: Path) -> list[str]:
 
 def check_optimizer_state(state: Any, optimizer: torch.optim.Optimizer, source: Path) -> None:
     """Refuse optimizer state whose structure or tensor shapes do not fit this model's optimizer."""
+    import torch
+
     def refuse(why: str) -> None:
         raise CheckpointError(f"{source}: optimizer state does not fit this model ({why}); "
                               "it was saved by another model or optimizer")

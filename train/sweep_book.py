@@ -15,7 +15,9 @@ from typing import Any
 
 from models.store.files import dumps_json, read_json_object, write_bytes_atomic
 from models.store.run import CheckpointError
+from probes.sweep_file import check_sweep
 from probes.sweep_stats import SWEEP_FILE, run_finished, run_outcome, variant_summary
+from train.guard import lock_holder
 from train.sweep_grid import Grid, Point
 
 log = logging.getLogger("train.sweep")
@@ -47,7 +49,7 @@ def now() -> str:
 def read_book(out: Path) -> dict[str, Any] | None:
     """sweep.json of `out`, or None when there is none."""
     path = out / SWEEP_FILE
-    return read_json_object(path) if path.is_file() else None
+    return check_sweep(read_json_object(path), path) if path.is_file() else None
 
 
 def status_for(outcome: dict[str, Any], code: int | None) -> str:
@@ -93,7 +95,9 @@ class SweepBook:
 
     def jobs(self, resume: bool) -> list[Job]:
         """The runs still to train. On --resume a finished run is kept as it is; an unfinished one
-        is deleted (it restarts from step 0)."""
+        is deleted (it restarts from step 0), unless a live process still trains it: then the
+        resume is refused before anything changes (a driver killed with SIGKILL can leave one)."""
+        self.refuse_live_runs()
         todo = []
         for point in self.grid.points():
             run_dir, entry = self.out / point.name, self.by_name[point.name]
@@ -109,6 +113,14 @@ class SweepBook:
         (self.out / LOGS).mkdir(parents=True, exist_ok=True)
         self.write()
         return todo
+
+    def refuse_live_runs(self) -> None:
+        live = [(point.name, pid) for point in self.grid.points()
+                if (pid := lock_holder(self.out / point.name)) is not None]
+        if live:
+            runs = ", ".join(f"{name} (pid {pid})" for name, pid in live)
+            raise ValueError(f"{self.out}: {len(live)} run(s) are still being trained by another process: "
+                             f"{runs}; wait for them to end (or stop them), then --resume")
 
     def start(self, job: Job) -> None:
         self.by_name[job.name]["status"] = "running"

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 
 from models.interrupts import EXIT_INTERRUPTED
 from train.sweep_book import Job
-from train.sweep_local import Ended, Started, launch, train_argv
+from train.sweep_local import POLL_S, Ended, Started, launch, train_argv
 
 log = logging.getLogger("train.sweep")
 
@@ -37,6 +37,7 @@ __all__ = ["STORAGE", "ray_session", "run_ray", "sees_sweep", "train_task", "unp
 
 STORAGE = ("auto", "shared", "copy")
 CANCEL_WAIT_S = 60.0  # after Ctrl-C, how long tasks get to stop their runs (each saves a snapshot)
+CONNECT_WAIT_S = 5.0  # how long a cluster address gets to answer one TCP connect
 
 
 # ------------------------------------------------------------------ on the worker
@@ -76,8 +77,9 @@ def train_task(spec: dict[str, Any], data: bytes | None) -> dict[str, Any]:
         log_path = Path(cwd, spec["log"] if shared else "train.log")
         shutil.rmtree(Path(cwd, out), ignore_errors=True)  # a retried task starts its run afresh
         proc = launch(train_argv(data_path, spec["argv"], out), log_path, cwd=cwd, code=code_path())
-        try:
-            code = proc.wait()
+        try:  # polled: Ray's cancel arrives as an exception between bytecodes, which a blocking
+            while (code := proc.poll()) is None:  # wait() (one waitpid syscall) would hold until the run ends
+                time.sleep(POLL_S)
         except KeyboardInterrupt:
             proc.send_signal(signal.SIGINT)
             proc.wait()
@@ -122,6 +124,21 @@ def unpack(blob: bytes, run_dir: Path) -> None:
     os.replace(staging, run_dir)
 
 
+def check_reachable(address: str, timeout: float = CONNECT_WAIT_S) -> None:
+    """One line at once for a cluster address nothing answers at (Ray itself retries for ever):
+    `host:port` and `ray://host:port` are tried with one TCP connect; `auto` is Ray's to find."""
+    if address == "auto" or address.startswith("local"):
+        return
+    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--backend ray: {address!r} is not a cluster address (HOST:PORT, ray://HOST:PORT or auto)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise ValueError(f"--backend ray: no Ray cluster answers at {address} ({err.strerror or err}); "
+                         "start one (ray start --head) or unset RAY_ADDRESS for a local Ray") from None
+
+
 @contextmanager
 def ray_session(cpus: int, address: str | None) -> Iterator[None]:
     """Connected to the cluster at `address` / $RAY_ADDRESS, or to a fresh local Ray of `cpus` CPUs
@@ -135,6 +152,8 @@ def ray_session(cpus: int, address: str | None) -> Iterator[None]:
         return
     address = address or os.environ.get("RAY_ADDRESS")
     quiet = dict(logging_level=logging.WARNING, log_to_driver=False)
+    if address:
+        check_reachable(address)
     try:
         if address:
             import models
