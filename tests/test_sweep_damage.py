@@ -118,3 +118,4 @@ def test_the_sweep_page_says_what_is_damaged_in_the_page(case, tmp_path, monkeyp
     errors = [e.value for e in at.error]
     assert any(field in e and "sweep.json" in e for e in errors), errors
     assert not any("unexpected" in e for e in errors), errors
+

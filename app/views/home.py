@@ -21,7 +21,7 @@ WATCH_EVERY = timedelta(seconds=5)
 
 COLUMNS = ["run", "model", "steps", "snapshots", "last val loss", "state", "doctor"]
 STATE_COLOURS = {"healthy": "#2ca02c", "diverged": "#d62728", "training now": "#1f77b4",
-                 "failed": "#d62728", "warning": "#f58518", "unreadable": "#d62728"}
+                 "failed": "#d62728", "warning": "#f58518", "unreadable": "#d62728", "too short": "#7f7f7f"}
 
 
 def render(sources: list[data.Source]) -> None:
@@ -70,7 +70,8 @@ def watch_runs(sources: list[data.Source]) -> None:
 
 def table(sources: list[data.Source]) -> None:
     rows = pd.DataFrame([catalog.summary(s) for s in sources], columns=COLUMNS)
-    rows[["steps", "snapshots"]] = rows[["steps", "snapshots"]].astype("Int64")  # 4, never 4.000000
+    for column in ("steps", "snapshots"):
+        rows[column] = whole_numbers(rows[column])
     st.dataframe(rows.style.map(colour, subset=["state", "doctor"]), hide_index=True, width="stretch",
                  column_config={"run": st.column_config.TextColumn(width="medium"),  # the verdict stays in view
                                 "model": st.column_config.TextColumn(width="medium"),
@@ -83,6 +84,14 @@ def table(sources: list[data.Source]) -> None:
                                 "doctor": st.column_config.TextColumn(
                                     help="the run doctor's verdict (probes.diagnose), the one word on a "
                                          "run's health: see the Overview")})
+
+
+def whole_numbers(column: pd.Series) -> pd.Series:
+    """Counts shown as integers (4, never 4.000000). A count past int64 (a log claiming step
+    2**70) cannot be an Int64: that column is shown as floats rather than failing every run's row."""
+    if all(v is None or pd.isna(v) or abs(v) < 2 ** 63 for v in column):
+        return column.astype("Int64")
+    return column.map(lambda v: float("nan") if v is None else float(v))
 
 
 def colour(value: object) -> str:
