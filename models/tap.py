@@ -112,9 +112,11 @@ class _Reader:
         self.stack: list[str] = []
         self.pending: list[tuple[str, str, torch.Tensor, torch.Tensor]] = []  # (caller, module, p, scores)
         self.result = TapResult(seq_len=seq_len)
+        self.calls = 0  # layers handed to reduce, the one that stopped the pass included
 
     def emit(self, name: str, pattern: torch.Tensor, scores: torch.Tensor, kind: str) -> None:
         layer = len(self.result.layers)
+        self.calls += 1
         value = self.reduce(AttentionCall(name, layer, pattern, scores, pattern.shape[1], kind))
         self.result.layers.append((name, value))  # a layer whose reduce raised StopTap is left out
         self.result.n_heads.append(pattern.shape[1])
@@ -261,7 +263,7 @@ def tap_forward(model: torch.nn.Module, ids: torch.Tensor, reduce: Callable[[Att
             stopped = True
         finally:
             reader.pending = []
-    if not reader.result.layers:
+    if not reader.calls:
         raise nothing_read(model, ids.shape[1])
     reader.result.logits = None if stopped else logits_of(output)
     return reader.result

@@ -1,5 +1,6 @@
-"""What every probe shares: model dimensions for ours or a TransformerBridge, turning text into
-context-sized windows, the probes' CLI arguments, and the one-line-error-and-exit-2 convention.
+"""What every probe shares: model dimensions (ours, a TransformerBridge, or any module through the
+attention tap), turning text into context-sized windows, the probes' CLI arguments, and the
+one-line-error-and-exit-2 convention.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ import json
 import logging
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -17,6 +17,7 @@ import torch
 
 from models.cli import EXIT_BAD_INPUT, run_cli, to_jsonable  # noqa: F401  (re-exported for probes)
 from models.loss import block_len
+from probes.attention_source import ModelDims, has_lens_cfg, hooked, tap_dims  # noqa: F401 (ModelDims re-exported)
 from probes.args import add_input_arguments  # noqa: F401  (torch-free; re-exported for callers)
 from probes.errors import ProbeInputError  # noqa: F401  (re-exported for probes)
 from probes.run_text import NO_INPUT, default_text, shown, validation_split
@@ -25,19 +26,13 @@ log = logging.getLogger(__name__)
 
 
 
-@dataclass(frozen=True)
-class ModelDims:
-    n_layers: int
-    n_heads: int
-    n_ctx: int
-    d_vocab: int
-
-
-def model_dims(model: Any) -> ModelDims:
-    """Dimensions of our models or of any TransformerLens model with a `cfg`."""
-    cfg = getattr(model, "cfg", None)
-    if cfg is None:
-        raise ProbeInputError(f"{type(model).__name__} has no cfg; pass one of our models or a TransformerBridge")
+def model_dims(model: Any, tokens: Any = None) -> ModelDims:
+    """Dimensions of our models or of any TransformerLens model with a `cfg`; of any other module
+    mapping ids to logits, from one forward through the attention tap (`tap_dims`: its context
+    from its config, else the longest row of `tokens`)."""
+    if not has_lens_cfg(model):
+        return tap_dims(model, tokens)
+    cfg = model.cfg
     n_layers = getattr(cfg, "n_layers", 0) or 0
     n_heads = getattr(cfg, "n_heads", 0) or 0
     return ModelDims(int(n_layers), int(n_heads), int(cfg.n_ctx), int(cfg.d_vocab))
@@ -47,10 +42,13 @@ def hook_names(model: Any) -> set[str]:
     return set(getattr(model, "hook_dict", {}))
 
 
-def require_attention(model: Any) -> ModelDims:
-    """The model's dims, or a clear error if it has no attention heads to probe."""
-    dims = model_dims(model)
-    if dims.n_layers < 1 or dims.n_heads < 1 or "blocks.0.attn.hook_pattern" not in hook_names(model):
+def require_attention(model: Any, tokens: Any = None) -> ModelDims:
+    """The model's dims, or a clear error if it has no attention heads to probe (a module the tap
+    reads no attention in is refused by `tap_dims` in one line)."""
+    dims = model_dims(model, tokens)
+    if not has_lens_cfg(model):
+        return dims
+    if dims.n_layers < 1 or dims.n_heads < 1 or not hooked(model):
         raise ProbeInputError(f"{type(model).__name__} has no attention layers to probe "
                               f"(an MLP-family model has no attention heads)")
     return dims

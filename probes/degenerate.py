@@ -2,7 +2,7 @@
 when each head's entropy collapsed, went uniform or went NaN.
 
     from probes import degenerate
-    result = degenerate.run(model, tokens)       # ours or a TransformerBridge
+    result = degenerate.run(model, tokens)       # ours, a TransformerBridge, or any nn.Module (the tap)
     result.verdicts[layer][head]                 # 'healthy', 'previous', 'sink', ...
     degenerate.entropy_timeline(read_metrics(run_dir), n_ctx=128)
 
@@ -170,7 +170,8 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, thresholds
         layer: int | None = None, head: int | None = None, batch_size: int = 16,
         progress: bool | None = None, name: str | None = None, source: str | None = None,
         route: str = "auto", tokenizer: Any = None) -> DegenerateResult:
-    """Verdict per head of `model` (ours or a TransformerBridge) on [batch pos] tokens.
+    """Verdict per head of `model` (ours, a TransformerBridge, or any module mapping [batch pos] ids
+    to logits, read through the attention tap) on [batch pos] tokens.
 
     Every head of the chosen layers is measured (whole-layer collapse needs them all);
     `layer` / `head` restrict what is reported; `route` as in `probes.entropy.collect_stats`.
@@ -178,7 +179,7 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, thresholds
     """
     tokens = tokens_or_text(model, tokens, tokenizer, batch_size)
     t = thresholds or Thresholds()
-    dims = require_attention(model)
+    dims = require_attention(model, tokens)
     check_layer_head(dims, layer, head)
     layers = list(range(dims.n_layers)) if layer is None else [layer]
     heads = list(range(dims.n_heads)) if head is None else [head]
@@ -193,7 +194,7 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, thresholds
                             for h, v in enumerate(row)) for i, row in enumerate(all_verdicts)]
     sinks = [s > t.sink_score for row in grids["sink_score"] for s in row]
     return DegenerateResult(
-        model=name or describe_model(model), layers=layers, heads=heads,
+        model=name or describe_model(model, dims), layers=layers, heads=heads,
         verdicts=[[row[h] for h in heads] for row in all_verdicts],
         evidence={k: [[row[h] for h in heads] for row in grid] for k, grid in grids.items()},
         collapsed_layers=collapsed_layers, sink_rate=sum(sinks) / len(sinks),

@@ -1,7 +1,7 @@
 """Attention entropy per layer and head, as the series logged it, and normalised.
 
     from probes import entropy
-    result = entropy.run(model, tokens)          # our models or a TransformerBridge
+    result = entropy.run(model, tokens)          # ours, a TransformerBridge, or any nn.Module (the tap)
     print(result.series_display())               # {0: [0.69, 0.158, 1.011, 0.861], ...}
     result.to_dict()                             # == python -m probes.entropy ... --json
 
@@ -34,7 +34,8 @@ from typing import Any, Iterable
 import torch
 
 from probes.args import entropy_parser as build_parser
-from probes.common import (StopForward, as_batches, check_layer_head, eval_mode, model_device, print_json,
+from probes.attention_source import each_layer_pattern
+from probes.common import (as_batches, check_layer_head, eval_mode, model_device, print_json,
                            require_attention, run_cli, to_jsonable, token_batches, tokens_or_text)
 from probes.timeline import uniform_series_entropy  # noqa: F401 (re-exported)
 from probes.row_stats import EPS, SUMS, PatternStats, collect_stats, log_keys  # noqa: F401 (re-exported)
@@ -134,14 +135,14 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, layer: int
     `tokens` may be text, read with `tokenizer` (default `model.tokenizer`) as `--text` is.
     """
     tokens = tokens_or_text(model, tokens, tokenizer, batch_size)
-    dims = require_attention(model)
+    dims = require_attention(model, tokens)
     check_layer_head(dims, layer, head)
     layers = list(range(dims.n_layers)) if layer is None else [layer]
     heads = list(range(dims.n_heads)) if head is None else [head]
     stats = collect_stats(model, tokens, layers=layers, batch_size=batch_size, progress=progress,
                           evidence=False, route=route, fused=not per_position)  # rows exact
     return EntropyResult(
-        model=name or describe_model(model), layers=layers, heads=heads,
+        model=name or describe_model(model, dims), layers=layers, heads=heads,
         entropy=select(stats.mean("entropy"), heads),
         entropy_normalized=select(stats.mean("normalized"), heads),
         tokens=stats.tokens, windows=stats.windows, source=source,
@@ -154,18 +155,9 @@ def head_pattern(model: Any, tokens: torch.Tensor, layer: int, head: int) -> tup
     tokens: [1 pos] (pos <= n_ctx). Returns (pattern [q k], row entropy [q] in nats), float64
     on the CPU: what a heatmap of the head shows.
     """
-    dims = require_attention(model)
+    dims = require_attention(model, tokens)
     check_layer_head(dims, layer, head)
-    (window,) = as_batches(tokens[:1], dims.n_ctx, dims.d_vocab)[:1]  # [1 pos]
-    kept: dict[str, torch.Tensor] = {}
-
-    def keep(pattern: torch.Tensor, hook: Any) -> None:  # [batch head q k]
-        kept["p"] = pattern[0, head].detach().double().cpu()
-
-    with torch.no_grad():
-        model.run_with_hooks(window.to(model_device(model)),
-                             fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", keep)])
-    pattern = kept["p"]  # [q k]
+    pattern = layer_patterns(model, tokens, layer)[head]  # [q k]
     return pattern, attention_entropy(pattern)
 
 
@@ -174,28 +166,24 @@ def layer_patterns(model: Any, tokens: torch.Tensor, layer: int) -> torch.Tensor
 
     tokens: [1 pos] (pos <= n_ctx; a longer row is cut to its first window). Returns
     [head q k] float64 on the CPU, `head_pattern(...)[0]` for each head from one forward pass
-    that stops once the layer's pattern is kept (later blocks and the unembedding are not run).
+    that stops once the layer's pattern is kept (later blocks and the unembedding are not run);
+    from the hook points of ours or a bridge, or the attention tap on any other module.
     """
-    dims = require_attention(model)
+    dims = require_attention(model, tokens)
     check_layer_head(dims, layer, None)
     (window,) = as_batches(tokens[:1], dims.n_ctx, dims.d_vocab)[:1]  # [1 pos]
     kept: dict[str, torch.Tensor] = {}
 
-    def keep(pattern: torch.Tensor, hook: Any) -> None:  # [batch head q k]
+    def keep(layer: int, pattern: torch.Tensor) -> None:  # [batch head q k]
         kept["p"] = pattern[0].detach().double().cpu()  # [head q k]
-        raise StopForward
 
-    try:
-        with torch.no_grad(), eval_mode(model):
-            model.run_with_hooks(window.to(model_device(model)),
-                                 fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", keep)])
-    except StopForward:  # raised once the layer's pattern is kept
-        pass
+    with eval_mode(model):
+        each_layer_pattern(model, window.to(model_device(model)), [layer], keep)
     return kept["p"]
 
 
-def describe_model(model: Any) -> str:
-    d = require_attention(model)
+def describe_model(model: Any, dims: Any = None) -> str:
+    d = dims or require_attention(model)
     return f"{type(model).__name__}(n_layers={d.n_layers}, n_heads={d.n_heads}, n_ctx={d.n_ctx})"
 
 

@@ -1,7 +1,7 @@
 """Head types: previous-token, duplicate-token, induction and sink scores per layer and head.
 
     from probes import heads
-    result = heads.run(model, tokens)                     # ours or a TransformerBridge
+    result = heads.run(model, tokens)                     # ours, a bridge, or any nn.Module (the tap)
     result = heads.run_repeat(model, length=32, seed=0)   # random tokens repeated twice
     result.scores["induction"][layer][head]               # in [0, 1]
     result.to_dict()                                      # == python -m probes.heads ... --json
@@ -45,7 +45,8 @@ import torch
 
 from probes.args import heads_parser as build_parser
 from probes.head_rows import first_position_rows, previous_token_rows  # noqa: F401  (re-exported)
-from probes.common import (ProbeInputError, StopForward, as_batches, eval_mode, model_device,
+from probes.attention_source import each_layer_pattern
+from probes.common import (ProbeInputError, as_batches, eval_mode, model_device,
                            per_query_head, print_json, progress_bar, require_attention, run_cli,
                            to_jsonable, token_batches, tokens_or_text)
 
@@ -197,7 +198,8 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor] | str, *, erro
         exclude_bos: bool = False, exclude_current_token: bool = False, repeat_period: int | None = None,
         copying: bool = True, batch_size: int = 16, progress: bool | None = None,
         name: str | None = None, source: str | None = None, tokenizer: Any = None) -> HeadTypesResult:
-    """Head-type scores of every layer and head of `model` (ours or a TransformerBridge).
+    """Head-type scores of every layer and head of `model` (ours, a TransformerBridge, or any module
+    mapping [batch pos] ids to logits, read through the attention tap).
 
     `tokens`: [batch pos] ids, a list of such batches, or text (read as `--text` is); long rows
     are windowed to the context. `repeat_period`: the tokens repeat with this period (e.g. from
@@ -207,7 +209,7 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor] | str, *, erro
     if error_measure not in ERROR_MEASURES:
         raise ProbeInputError(f"error_measure must be one of {ERROR_MEASURES}, got {error_measure!r}")
     tokens = tokens_or_text(model, tokens, tokenizer, batch_size)
-    dims = require_attention(model)
+    dims = require_attention(model, tokens)
     batches = as_batches(tokens, dims.n_ctx, dims.d_vocab, batch_size)
     score = mul_score if error_measure == "mul" else abs_score
     sums = torch.zeros(len(HEAD_TYPES), dims.n_layers, dims.n_heads, dtype=torch.float64)
@@ -221,29 +223,22 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor] | str, *, erro
                 raise ProbeInputError(f"windows of {batch.shape[1]} tokens hold no repeat of period {repeat_period}")
             detections = detection_patterns(batch)  # name -> [batch q k]
 
-            def reduce(pattern: torch.Tensor, hook: Any, layer: int) -> None:  # [batch head q k]
+            def reduce(layer: int, pattern: torch.Tensor) -> None:  # [batch head q k]
                 p = pattern.detach().float()
                 for t, det in enumerate(detections.values()):
                     sums[t, layer] += score(p, det, exclude_bos=exclude_bos,
                                             exclude_current_token=exclude_current_token).sum(0).double().cpu()
                 if repeat_period is not None:
                     repeat_sum[layer] += repeat_induction_score(p, repeat_period).sum(0).double().cpu()
-                if layer == dims.n_layers - 1:
-                    raise StopForward
 
-            hooks = [(f"blocks.{l}.attn.hook_pattern", lambda p, hook, l=l: reduce(p, hook, l))
-                     for l in range(dims.n_layers)]
-            try:
-                with torch.no_grad():
-                    model.run_with_hooks(batch, fwd_hooks=hooks)
-            except StopForward:  # raised once the last layer is reduced: the unembedding is not needed
-                pass
+            # the pass ends once the last layer is reduced: the unembedding is not needed
+            each_layer_pattern(model, batch, range(dims.n_layers), reduce)
             windows += batch.shape[0]
             n_tokens += batch.numel()
     grids = {name_: (sums[t] / windows).tolist() for t, name_ in enumerate(HEAD_TYPES)}
     from probes.entropy import describe_model
     return HeadTypesResult(
-        model=name or describe_model(model), scores=grids, error_measure=error_measure,
+        model=name or describe_model(model, dims), scores=grids, error_measure=error_measure,
         exclude_bos=exclude_bos, exclude_current_token=exclude_current_token, tokens=n_tokens,
         windows=windows, induction_repeat=(repeat_sum / windows).tolist() if repeat_period else None,
         copying=model_copying_scores(model) if copying else None, repeat_length=repeat_period,

@@ -2,7 +2,8 @@
 
 `collect_stats(model, tokens)` hooks each wanted layer and reduces it inside the hook, either from
 hook_pattern (`PatternStats.update`) or blockwise from hook_q / hook_k (`probes.qk_rows`), so no
-pattern outlives its layer. The forward pass stops once the last wanted layer is reduced:
+pattern outlives its layer; on a model without our hook points, each layer's pattern comes from
+the attention tap (`probes.attention_source`, `models.tap`) inside its own call. The forward pass stops once the last wanted layer is reduced:
 nothing after it (later blocks, the unembedding) is needed. `probes.entropy` and
 `probes.degenerate` read the sums.
 """
@@ -16,6 +17,7 @@ import torch
 
 from probes.common import (ProbeInputError, StopForward, as_batches, check_layer_head,  # noqa: F401
                            model_device, progress_bar, require_attention)  # StopForward re-exported
+from probes.attention_source import each_layer_pattern, hooked
 from probes.head_rows import first_position_rows, previous_token_rows
 from probes.qk_rows import (CHUNK_ELEMENTS, QUERY_BLOCK, qk_hooks, qk_path_scale, qk_row_stats,
                             softmax_sinks)
@@ -76,7 +78,7 @@ class PatternStats:
     pos_sum: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [head n_ctx]
     pos_count: torch.Tensor | None = None  # [n_ctx] windows that had each position
     evidence: bool = True  # also max probability, first / diagonal / sub-diagonal mass
-    route: str = "pattern"  # how the rows were reduced: "qk" (from hook_q/hook_k) or "pattern"
+    route: str = "pattern"  # how the rows were reduced: "qk" (hook_q/hook_k), "pattern" or "tap"
     fused: bool = True  # entropy-only q/k rows may come from the fused kernel (`probes.qk_rows`)
     reduced: int = 0  # layers reduced in the current forward pass
     rows: int = 0
@@ -197,13 +199,18 @@ def collect_stats(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *,
     mean within ~1e-7; pass False where single rows are reported, to get the blockwise ones)."""
     if route not in ROUTES:
         raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
-    dims = require_attention(model)
+    dims = require_attention(model, tokens)
     layers = list(range(dims.n_layers)) if layers is None else list(dict.fromkeys(layers))  # once each
     for layer in layers:
         check_layer_head(dims, layer, None)
     batches = as_batches(tokens, dims.n_ctx, dims.d_vocab, batch_size)
     longest = max(b.shape[1] for b in batches)
     stats = PatternStats(layers, dims.n_heads, longest, evidence=evidence, fused=fused)
+    if not hooked(model):
+        if route == "qk":
+            raise ProbeInputError("the qk route reads hook_q / hook_k, which only our models and a "
+                                  "TransformerBridge have: use route=\"auto\" on other models")
+        return collect_tapped(model, batches, stats, progress)
     if route == "auto" and longest <= QK_MIN_CONTEXT:
         route = "pattern"
     device = model_device(model)
@@ -230,6 +237,21 @@ def collect_stats(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *,
         for module in sinks or ():
             module.softmax_sink = None
         model.train(was_training)
+    return stats
+
+
+def collect_tapped(model: Any, batches: list[torch.Tensor], stats: PatternStats,
+                   progress: bool | None) -> PatternStats:
+    """`collect_stats` on a model without our hook points: each layer's pattern from the attention
+    tap (`models.tap`), reduced inside its call; the pass ends after the last wanted layer."""
+    stats.route = "tap"
+    device = model_device(model)
+    for batch in progress_bar(batches, progress, "attention"):
+        stats.reduced = 0
+        done = each_layer_pattern(model, batch.to(device), stats.layers, stats.update)
+        if done != len(stats.layers):
+            raise RuntimeError(f"{done} of {len(stats.layers)} layers were read by the tap in a forward pass")
+        stats.add_batch(*batch.shape)
     return stats
 
 
