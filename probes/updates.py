@@ -51,7 +51,7 @@ from probes.update_report import GROUPS, TARGET_BAND, UpdateHistory, UpdateRepor
 log = logging.getLogger(__name__)
 
 __all__ = ["GROUPS", "TARGET_BAND", "UpdateHistory", "UpdateReport", "between", "format_gwu",
-           "from_run", "gwu_from_snapshots", "gwu_table", "main", "parameter_group", "rms", "run",
+           "from_run", "gwu_from_snapshots", "gwu_table", "lr_by_name", "main", "parameter_group", "rms", "run",
            "snapshot_params", "strip_wrapper_prefix"]
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DistributedDataParallel, torch.compile
@@ -170,11 +170,13 @@ def rms_many(tensors: list[torch.Tensor]) -> list[float]:
     return out
 
 
-def gwu_table(model: nn.Module, before: Mapping[str, torch.Tensor], lr: float) -> Table:
+def gwu_table(model: nn.Module, before: Mapping[str, torch.Tensor], lr: float | Mapping[str, float]) -> Table:
     """g/w/u per parameter, after `optimizer.step()` and before `zero_grad()`.
 
     before: `snapshot_params(model)` taken just before the step. Parameters absent from
-    `before` are skipped. Returns {name: {"g", "w", "u", "u_nominal"}} in module order.
+    `before` are skipped. `lr`: one rate, or each parameter's (`lr_by_name`: optimizers such as
+    nanochat's MuonAdamW give each group its own) for u_nominal.
+    Returns {name: {"g", "w", "u", "u_nominal"}} in module order.
     The update is subtracted in the parameters' own dtype: for nearby floats that difference
     is exact (Sterbenz), so tiny updates of big weights keep their digits. A parameter that was
     all zeros before the step (a bias at init) has no u: its new weight is the update itself, so
@@ -193,9 +195,31 @@ def gwu_table(model: nn.Module, before: Mapping[str, torch.Tensor], lr: float) -
     table: Table = {}
     for name, w_i, d_i, w0_i in zip(names, w, d, w0):
         g_i = g.get(name)
+        lr_i = lr if not isinstance(lr, Mapping) else lr.get(name, lr.get(packed_name(name), 0.0))
         table[name] = {"g": g_i, "w": w_i, "u": _ratio_from(w0_i, d_i, w_i),
-                       "u_nominal": None if g_i is None else _ratio_from(w0_i, lr * g_i, w_i)}
+                       "u_nominal": None if g_i is None else _ratio_from(w0_i, lr_i * g_i, w_i)}
     return table
+
+
+def packed_name(name: str) -> str:
+    """The parameter a split row belongs to: `attn.qkv.q.weight` -> `attn.qkv.weight`,
+    `attn.in_proj.k.bias` -> `attn.in_proj_bias` (the name itself for any other)."""
+    parts = name.split(".")
+    if len(parts) < 3 or parts[-2] not in ("q", "k", "v"):
+        return name
+    if parts[-3] == "in_proj":
+        return ".".join(parts[:-2])[:-len("in_proj")] + f"in_proj_{parts[-1]}"
+    return ".".join(parts[:-2] + parts[-1:])
+
+
+def lr_by_name(model: nn.Module, optimizer: Any) -> float | dict[str, float]:
+    """The learning rate of each trainable parameter by its name (wrapper prefixes stripped), as
+    its param group sets it now; one float when every group has the same."""
+    lrs = [group.get("lr") for group in optimizer.param_groups]
+    if len(set(lrs)) <= 1:
+        return float(lrs[0] or 0.0) if lrs else 0.0
+    of = {id(p): float(group.get("lr") or 0.0) for group in optimizer.param_groups for p in group["params"]}
+    return {strip_wrapper_prefix(n): of[id(p)] for n, p in model.named_parameters() if id(p) in of}
 
 
 def _ratio_from(w_before: float, num: float, w_after: float) -> float | None:

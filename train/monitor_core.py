@@ -21,7 +21,7 @@ from models.store.result import nonfinite_tensors
 from models.store.run import (METRICS_FILE, append_metrics, list_snapshots, read_metrics, read_run_json,
                               trim_metrics, write_run_json)
 from train.guard import RunLock
-from train.monitor_parts import (divergence_reason, first_optimizer, grad_norm,
+from train.monitor_parts import (divergence_reason, first_optimizer, grad_norm, group_lrs,
                                  internal_stats, monitored_run_json, number)
 
 log = logging.getLogger("train.monitor")
@@ -64,6 +64,10 @@ class Monitor:
         # its train.py; HFCallback says "hf"; any other loop gets plain words
         self.trainer = trainer or ("nanogpt" if self.kind == "nanogpt" else "unknown")
         self.config = twin_config(self.model)
+        if save_every and self.config is None:
+            raise ValueError(f"Monitor: save_every={save_every} needs a model the store can save as a snapshot "
+                             f"(ours, nanoGPT, HF GPT-2), not a {type(self.model).__name__}: pass save_every=0 "
+                             "and save it your own way")
         self.eval_tokens = self._check_eval_tokens(eval_tokens)
         self.resume, self.report_at_close, self.autocast = resume, report, autocast
         self.doctor = None
@@ -171,17 +175,19 @@ class Monitor:
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._step_lr = optimizer.param_groups[0].get("lr")
         if self.due(self._next_step):
-            from probes.updates import snapshot_params
+            from probes.updates import lr_by_name, snapshot_params
             for old in sorted(self._captures)[:-2]:  # never logged: keep memory bounded
                 del self._captures[old]
             self._captures[self._next_step] = {"before": snapshot_params(self.model),
-                                               "grad_norm": grad_norm(self.model), "lr": self._step_lr}
+                                               "grad_norm": grad_norm(self.model), "lr": self._step_lr,
+                                               "lr_groups": group_lrs(optimizer),
+                                               "lrs": lr_by_name(self.model, optimizer)}
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         capture = self._captures.get(self._next_step)
         if capture is not None and "before" in capture:
             from probes.updates import gwu_table
-            capture["gwu"] = gwu_table(self.model, capture.pop("before"), capture["lr"] or 0.0)
+            capture["gwu"] = gwu_table(self.model, capture.pop("before"), capture.pop("lrs"))
         self._next_step += 1
         self._steps_since_log += 1
 
@@ -270,7 +276,9 @@ class Monitor:
         capture = self._captures.get(step)
         measured = {"grad_norm": capture["grad_norm"], "gwu": capture["gwu"]} if capture and "gwu" in capture else {}
         lr = capture["lr"] if measured else self._step_lr if self._step_lr is not None else self.optimizer.param_groups[0].get("lr")
-        record = {"step": step, "lr": lr, **measured, **{k: v for k, v in record.items() if k != "step"}}  # given values win
+        lrs = capture["lr_groups"] if measured else group_lrs(self.optimizer)
+        record = {"step": step, "lr": lr, **({"lr_groups": lrs} if lrs else {}), **measured,
+                  **{k: v for k, v in record.items() if k != "step"}}  # given values win
         for done in [s for s in self._captures if s <= step]:
             del self._captures[done]
         now = time.perf_counter()

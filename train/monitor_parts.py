@@ -14,8 +14,8 @@ import torch
 if TYPE_CHECKING:
     from train.monitor_core import Monitor
 
-__all__ = ["describe_model", "divergence_reason", "first_optimizer", "grad_norm", "internal_stats",
-           "monitored_run_json", "number"]
+__all__ = ["describe_model", "divergence_reason", "first_optimizer", "grad_norm", "group_lrs", "hyperparameters",
+           "internal_stats", "monitored_run_json", "number", "param_groups_json"]
 
 
 def first_optimizer(optimizer: Any) -> torch.optim.Optimizer:
@@ -96,17 +96,48 @@ def describe_model(monitor: Monitor) -> dict[str, Any]:
     return {"kind": monitor.kind, "class": type(model).__name__, "parameters": params}
 
 
+def group_lrs(optimizer: torch.optim.Optimizer) -> list[float | None] | None:
+    """Each param group's learning rate, when they differ (nanochat's MuonAdamW has one per kind of
+    weight); None when all are the same (the record's `lr`, group 0's, says it)."""
+    lrs = [group.get("lr") for group in optimizer.param_groups]
+    return lrs if len(set(lrs)) > 1 else None
+
+
+def hyperparameters(settings: dict[str, Any]) -> dict[str, Any]:
+    """The plain-valued settings of an optimizer or of one of its param groups."""
+    return {k: v for k, v in settings.items() if k != "params" and (isinstance(v, (int, float, str, bool, type(None)))
+            or (isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v)))}
+
+
+def param_groups_json(monitor: Monitor) -> list[dict[str, Any]]:
+    """Each param group's hyperparameters, its parameter count and the doctor's groups its
+    weights fall in (`probes.update_report.parameter_group`), in the optimizer's order."""
+    from probes.update_report import parameter_group
+    from probes.updates import strip_wrapper_prefix
+
+    names = {id(p): strip_wrapper_prefix(n) for n, p in monitor.model.named_parameters()}
+    out = []
+    for group in monitor.optimizer.param_groups:
+        params = list(group["params"])
+        kinds = sorted({parameter_group(names[id(p)]) for p in params if id(p) in names})
+        out.append({**hyperparameters(group), "parameters": sum(p.numel() for p in params), "groups": kinds})
+    return out
+
+
 def monitored_run_json(monitor: Monitor) -> dict[str, Any]:
     """run.json of a monitored loop: the model config where we have one (the doctor's entropy rules
-    read n_ctx), the monitor's settings, the optimizer and its hyperparameters."""
+    read n_ctx), the monitor's settings, the optimizer and its hyperparameters: its defaults, or
+    param group 0's where it has none (nanochat's MuonAdamW); with several groups, each group's
+    under `param_groups`."""
     optimizer = monitor.optimizer
-    hyper = {k: v for k, v in optimizer.defaults.items() if isinstance(v, (int, float, str, bool, type(None)))
-             or (isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v))}
+    hyper = hyperparameters(optimizer.defaults or optimizer.param_groups[0])
+    several = len(optimizer.param_groups) > 1
     return {"preset": None, "source": "monitor", "trainer": monitor.trainer,
             "model": None if monitor.config is None else monitor.config.to_dict(),
             "monitored_model": describe_model(monitor),
             "train": {"steps": monitor.steps, "log_every": monitor.log_every, "eval_every": monitor.eval_every,
-                      "optimizer": type(optimizer).__name__.lower(), **hyper},
+                      "optimizer": type(optimizer).__name__.lower(), **hyper,
+                      **({"param_groups": param_groups_json(monitor)} if several or not optimizer.defaults else {})},
             "eval_tokens": None if monitor.eval_tokens is None else list(monitor.eval_tokens.shape),
             "torch": torch.__version__,
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}

@@ -226,8 +226,11 @@ def ratio_high(reports: list[UpdateReport], medians: dict[str, float], t: Doctor
 def ratio_low(reports: list[UpdateReport], window: list[UpdateReport], medians: dict[str, float],
               t: DoctorThresholds) -> Finding | None:
     low = {g: m for g, m in medians.items() if m < TARGET_BAND[0]}
-    frozen = sorted({n for r in window for n in r.parameters}
-                    - {n for r in window for n, row in r.parameters.items() if row["u"] != 0})
+    # not the run's first update: a weight that starts at zero (nanochat's c_proj) stops the
+    # gradient of every weight before it then, which therefore do not move at that one step
+    judged = [r for r in window if r.step != reports[0].step]
+    frozen = sorted({n for r in judged for n in r.parameters}
+                    - {n for r in judged for n, row in r.parameters.items() if row["u"] != 0})
     if not low and not frozen:
         return None
     severe = frozen or any(m < t.u_low for m in low.values())
