@@ -68,12 +68,16 @@ def hook_shapes(model: torch.nn.Module, tokens: torch.Tensor) -> dict[str, list[
 
 
 def describe(model: torch.nn.Module, name: str, *, hooks: bool = True, seq_len: int | None = None,
-             extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON-ready description printed by ``--json``."""
-    cfg = model.cfg
+             extra: dict[str, Any] | None = None, config: Any = None) -> dict[str, Any]:
+    """The JSON-ready description printed by ``--json``. `config` is the checkpoint's own (a
+    TransformerBridge's or nanochat's shape in our words); ours by default."""
+    cfg = config if config is not None else model.cfg
     info: dict[str, Any] = {"name": name, "family": cfg.family, "config": cfg.to_dict(),
                             "n_params": sum(p.numel() for p in model.parameters()), **(extra or {})}
-    if hooks:
+    if hooks and not hasattr(model, "run_with_cache"):  # nanochat's GPT: no hook points at all
+        info["hooks_note"] = (f"{type(model).__name__} has no hook points; the attention probes read "
+                              "its attention calls through the tap")
+    elif hooks:
         tokens = dummy_tokens(cfg, seq_len)
         info["dummy_input_shape"] = list(tokens.shape)
         info["hooks"] = hook_shapes(model, tokens)
@@ -82,7 +86,7 @@ def describe(model: torch.nn.Module, name: str, *, hooks: bool = True, seq_len: 
 
 def format_text(info: dict[str, Any]) -> str:
     lines = [f"{info['name']}  ({info['family']}, {info['n_params']:,} parameters)"]
-    for key in ("step", "tokens_seen", "tokenizer", "nonfinite_params", "saved"):
+    for key in ("step", "tokens_seen", "tokenizer", "nonfinite_params", "saved", "hooks_note"):
         if info.get(key) is not None:
             lines.append(f"{key}: {info[key]}")
     lines.append("config:")
@@ -105,8 +109,10 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | list[dict[str, Any]]:
     if args.list_presets:
         return list_presets_info()
     extra: dict[str, Any] = {}  # --preset or --ckpt, and --save without --ckpt: see info_parser
+    config = None
     if args.ckpt is not None:
         snap = load_from_args(args)
+        config = snap.config
         model, name = snap.model, snap.name
         tok = snap.tokenizer
         extra = {"path": str(snap.path), "step": snap.step, "tokens_seen": snap.tokens_seen,
@@ -124,7 +130,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | list[dict[str, Any]]:
             path = save_snapshot(args.save, model, tokenizer,
                                  train_config={"preset": args.preset, **PRESETS[args.preset].train})
             extra["saved"] = str(path)
-    return describe(model, name, hooks=args.hooks, seq_len=args.seq_len, extra=extra)
+    return describe(model, name, hooks=args.hooks, seq_len=args.seq_len, extra=extra, config=config)
 
 
 def main(argv: list[str] | None = None) -> int:

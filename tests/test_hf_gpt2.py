@@ -135,12 +135,14 @@ def test_text_on_a_directory_without_tokenizer_files_asks_for_gpt2s(hf_dir, tmp_
     assert "\n" not in error and "tokenizer.save_pretrained(DIR)" in error and "series" not in error, error
 
 
-def test_another_architecture_is_sent_to_transformer_lens(tmp_path):
+def test_another_architecture_goes_to_the_bridge_and_names_what_it_lacks(tmp_path):
+    # read through TransformerBridge now (tests/test_store_bridge.py); a config without its
+    # shape is one line naming the file, and nothing is written
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
     (tmp_path / "model.safetensors").write_bytes(b"")
     before = sorted(os.listdir(tmp_path))
-    assert ("model_type 'llama' is not a GPT-2 model; load it through TransformerLens and pass the "
-            "model to the probes") in cli_error(tmp_path)
+    assert (f"{tmp_path / 'config.json'}: no positive integer num_hidden_layers / n_layer / num_layers "
+            "(model_type 'llama')") in cli_error(tmp_path)
     assert sorted(os.listdir(tmp_path)) == before
 
 

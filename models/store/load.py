@@ -55,7 +55,13 @@ def _load_directory(path: Path, preset: str | None, config: Any, device: Any, to
         trained = data.get("train_config")
         recorded = trained.get("preset") if isinstance(trained, dict) else None
         _fixed(preset, config, "Hugging Face directory" if is_hf_config(data) else "snapshot", path, recorded)
-        return load_hf_gpt2(path, data, device) if is_hf_config(data) else load_snapshot(path, device)
+        if not is_hf_config(data):
+            return load_snapshot(path, device)
+        if data.get("model_type") == "gpt2":  # rebuilt as ours
+            return load_hf_gpt2(path, data, device)
+        from models.store.bridge import load_hf_bridge  # imports transformers: only for these
+
+        return load_hf_bridge(path, data, device)
     if (path / MODEL_FILE).is_file():  # a snapshot that lost its config.json: its loader says so
         _fixed(preset, config, "snapshot", path)
         return load_snapshot(path, device)

@@ -22,7 +22,7 @@ __all__ = ["FORMATS", "holds_checkpoint", "peek"]
 
 NANOGPT_FILE = "ckpt.pt"
 FORMATS = {"snapshot": "snapshot", "hf": "Hugging Face GPT-2", "nanogpt": "nanoGPT checkpoint",
-           "series": "series state dict"}
+           "series": "series state dict", "bridge": "Hugging Face model", "nanochat": "nanochat checkpoint"}
 
 
 def holds_checkpoint(path: Path) -> bool:
@@ -53,6 +53,10 @@ def _config_json(directory: Path) -> dict[str, Any]:
     from models.store.hf import hf_config, is_hf_config
 
     data = read_json_object(directory / SNAPSHOT_CONFIG)
+    if is_hf_config(data) and data.get("model_type") != "gpt2":  # read through TransformerBridge
+        from models.store.foreign import hf_shape
+
+        return {"format": FORMATS["bridge"], "model": hf_shape(data, directory).to_dict(), "step": _hf_step(directory)}
     if is_hf_config(data):
         return {"format": FORMATS["hf"], "model": hf_config(data, directory / SNAPSHOT_CONFIG).to_dict(),
                 "step": None}
@@ -63,6 +67,16 @@ def _config_json(directory: Path) -> dict[str, Any]:
         raise CheckpointError(f"{directory / SNAPSHOT_CONFIG}: no 'model' config")
     return {"format": FORMATS["snapshot"], "model": config_from_dict(model).to_dict(),
             "step": step if isinstance(step, int) and not isinstance(step, bool) else None}
+
+
+def _hf_step(directory: Path) -> int | None:
+    """The global_step of a Trainer's checkpoint-N/ (its trainer_state.json), else None."""
+    state = directory / "trainer_state.json"
+    try:
+        step = read_json_object(state).get("global_step") if state.is_file() else None
+    except CheckpointError:
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def _nanogpt(path: Path) -> dict[str, Any]:

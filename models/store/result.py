@@ -10,6 +10,7 @@ import torch
 
 from models.cache import text_to_tokens
 from models.config import ModelConfig
+from models.store.foreign import BRIDGE_SOURCE
 from models.store.run import snapshot_step
 from models.tokenizers import Tokenizer
 
@@ -22,14 +23,16 @@ class Snapshot:
 
     model: torch.nn.Module
     tokenizer: Tokenizer | None
-    config: ModelConfig
+    config: ModelConfig  # or a ForeignConfig (models.store.foreign) for a model we never rebuilt
     meta: dict[str, Any]  # the parsed config.json (synthesised for a .pt)
     path: Path
 
     def __post_init__(self) -> None:
         # TransformerLens habit: text goes in through model.tokenizer (a plain attribute, not a
-        # submodule: the state dict is unchanged)
-        self.model.tokenizer = self.tokenizer
+        # submodule: the state dict is unchanged); a TransformerBridge keeps its own Hugging Face
+        # one, which its to_tokens / generate call
+        if self.meta.get("source") != BRIDGE_SOURCE:
+            self.model.tokenizer = self.tokenizer
 
     @property
     def name(self) -> str:

@@ -1,0 +1,89 @@
+"""The config of a model we read but never rebuild (a Hugging Face causal LM through the bridge,
+nanochat's own GPT): its shape in our words, for the CLIs, ``models.info`` and the app. Torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from models.store.files import CheckpointError
+
+__all__ = ["BRIDGE_SOURCE", "ForeignConfig", "hf_shape", "safetensors_param_count"]
+
+BRIDGE_SOURCE = "huggingface-bridge"  # meta["source"] of a snapshot read through TransformerBridge
+
+
+@dataclass(frozen=True)
+class ForeignConfig:
+    """What the probes and the app ask of a model's shape: layers, heads, context, vocabulary."""
+
+    architecture: str  # "llama", "qwen2", "nanochat": what builds it
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_model: int
+    n_ctx: int
+    d_vocab: int
+    n_params: int | None = None  # from the weights' shapes where known before building
+    family: str = "transformer"
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def safetensors_param_count(path: Path) -> int | None:
+    """Elements in a .safetensors file, from its JSON header alone (8-byte length, then the
+    header): the app's parameter count without reading the weights. None where unreadable."""
+    try:
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > 100 * 2**20:  # a header is kilobytes; this is not one
+                return None
+            header = json.loads(f.read(length))
+    except (OSError, struct.error, ValueError):
+        return None
+    total = 0
+    for name, entry in header.items():
+        if name == "__metadata__" or not isinstance(entry, dict):
+            continue
+        count = 1
+        for size in entry.get("shape", []):
+            count *= int(size)
+        total += count
+    return total
+
+
+# the names architectures use for one quantity, first found wins
+_NAMES = {"n_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+          "n_heads": ("num_attention_heads", "n_head"),
+          "d_model": ("hidden_size", "n_embd", "d_model"),
+          "n_ctx": ("max_position_embeddings", "n_positions", "seq_length", "max_sequence_length"),
+          "d_vocab": ("vocab_size",)}
+
+
+def hf_shape(data: dict[str, Any], directory: Path) -> ForeignConfig:
+    """The shape a Hugging Face config.json (`data`, in `directory`) describes, weights unread
+    (the parameter count is the safetensors header's)."""
+    source = directory / "config.json"
+    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
+    found: dict[str, int] = {}
+    for ours, names in _NAMES.items():
+        value = next((text[n] for n in names if n in text), None)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(f"{source}: no positive integer {' / '.join(names)} "
+                                  f"(model_type {data.get('model_type')!r})")
+        found[ours] = value
+    kv = text.get("num_key_value_heads")
+    weights = directory / "model.safetensors"
+    return ForeignConfig(architecture=str(data.get("model_type")), n_kv_heads=kv if isinstance(kv, int) and kv > 0
+                         else found["n_heads"], n_params=safetensors_param_count(weights) if weights.is_file()
+                         else None, **found)
