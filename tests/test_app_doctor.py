@@ -201,4 +201,5 @@ def test_a_trainer_output_dir_is_listed_and_diagnosed_on_the_overview(start, tmp
     assert verdicts and "read from trainer_state.json" in verdicts[0]
     divergence = next(f for f in expected.findings if f.code == "divergence")
     assert any(f"`divergence` at step {divergence.step}" in e.label for e in at.expander)
-    assert any("train.monitor.Monitor" in m.value for m in at.markdown)  # what it did not log, and how
+    # what it did not log, and how: for a Trainer's log, the Trainer callback (issue 36, item 9)
+    assert any("train.monitor.HFCallback" in m.value for m in at.markdown)

@@ -57,7 +57,7 @@ def verdict(diagnosis: Any) -> None:
     counts = Counter(f.severity for f in diagnosis.findings)
     found = ", ".join(f"{counts[s]} {s}" for s in reversed(SEVERITIES) if counts[s]) or "no findings"
     span = f"steps {diagnosis.first_step}..{diagnosis.last_step}; read from {diagnosis.source}{diagnosis.skipped_text()}"
-    box = {"healthy": st.success, "warning": st.warning, "failed": st.error}[diagnosis.verdict]
+    box = {"healthy": st.success, "warning": st.warning, "failed": st.error, "too short": st.info}[diagnosis.verdict]
     box(f"Verdict: **{diagnosis.verdict}** ({found}; {span})")
 
 

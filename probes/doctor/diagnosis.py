@@ -13,18 +13,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from probes.doctor import rules_internals, rules_loss
+from probes.doctor import flags, rules_internals, rules_level, rules_loss
 from probes.doctor.finding import SEVERITIES, Finding, NotChecked, rank_key
 from probes.doctor.run_history import RunHistory
-from probes.doctor.sources import MONITOR_HINT
 from probes.doctor.thresholds import DoctorThresholds
 
-__all__ = ["Diagnosis", "Finding", "RULES", "VERDICTS", "diagnose_history", "run"]
+__all__ = ["Diagnosis", "Finding", "RULES", "TOO_SHORT", "VERDICTS", "diagnose_history", "run"]
 
 VERDICTS = {"info": "healthy", "warning": "warning", "failed": "failed"}
+TOO_SHORT = "too short"  # the verdict of a run with too few logged losses and nothing above info
 RULES = (rules_loss.divergence, rules_internals.attention, rules_internals.attn_logit_growth,
          rules_internals.output_logit_growth, rules_loss.init_loss, rules_internals.update_ratios,
-         rules_internals.activations, rules_loss.overfitting, rules_loss.plateau, rules_loss.grad_spike)
+         rules_internals.activations, rules_loss.overfitting, rules_loss.plateau, rules_loss.grad_spike,
+         rules_level.skipped, rules_level.uniform_loss)
 
 
 @dataclass
@@ -40,10 +41,13 @@ class Diagnosis:
     not_checked: dict[str, str] = field(default_factory=dict)  # code -> why
     source: str = "metrics.jsonl"  # what the history was read from (RunHistory.source)
     skipped_records: int = 0  # malformed records left out of the history (each warned about)
+    points: int = 0  # records that logged a loss
+    trainer: str = flags.OURS  # whose words the advice uses (probes.doctor.flags)
 
     def to_dict(self) -> dict[str, Any]:
         return {"run": self.run, "source": self.source, "verdict": self.verdict, "first_step": self.first_step,
                 "last_step": self.last_step, "upto": self.upto, "skipped_records": self.skipped_records,
+                "points": self.points,
                 "findings": [f.to_dict() for f in self.findings], "not_checked": self.not_checked}
 
     def skipped_text(self) -> str:
@@ -71,7 +75,10 @@ class Diagnosis:
         """A short ranked list (headline, evidence, cause), then what to try with its sources."""
         span = f"steps {self.first_step}-{self.last_step}" + (f", cut at --step {self.upto}" if self.upto is not None else "")
         lines = [f"{self.run} ({span}; read from {self.source}{self.skipped_text()}): {self.verdict.upper()}"]
-        if not self.findings:
+        if self.verdict == TOO_SHORT:
+            lines.append(f"  too short to judge: {self.points} logged loss{'es' if self.points != 1 else ''} "
+                         "(the rules below need more)")
+        elif not self.findings:
             lines.append("  no findings: every rule that could look found the run healthy")
         for i, f in enumerate(self.findings, 1):
             when = f"step {f.step}" if f.step is not None else "-"
@@ -87,20 +94,20 @@ class Diagnosis:
                 lines.append(f"  - {fix} [{', '.join(dict.fromkeys(f.code for f in sources))}; {refs}]")
         if self.not_checked:
             lines.append("not checked:")
-            lines += not_checked_lines(self.not_checked)
+            lines += not_checked_lines(self.not_checked, self.trainer)
         return "\n".join(lines)
 
 
-def not_checked_lines(not_checked: dict[str, str]) -> list[str]:
-    """One line per reason with the codes it stops; the Monitor hint of a foreign log said once."""
+def not_checked_lines(not_checked: dict[str, str], trainer: str = flags.OURS) -> list[str]:
+    """One line per reason with the codes it stops; the Monitor hint of a foreign log said once,
+    in its trainer's words (a callback for a Trainer, three lines for nanoGPT, ...)."""
     codes_by_reason: dict[str, list[str]] = {}
     for code, why in not_checked.items():
         codes_by_reason.setdefault(why, []).append(code)
-    hint = "; " + MONITOR_HINT
+    hint = "; " + flags.monitor_hint(trainer)
     lines = [f"  - {', '.join(codes)}: {why.removesuffix(hint)}" for why, codes in codes_by_reason.items()]
     if any(why.endswith(hint) for why in codes_by_reason):
-        lines.append("  (to check these too, train with train.monitor.Monitor: see README, Monitor your own "
-                     "training loop)")
+        lines.append(f"  (to check these too, {flags.monitor_hint(trainer)})")
     return lines
 
 
@@ -122,8 +129,10 @@ def diagnose_history(history: RunHistory, thresholds: DoctorThresholds | None = 
             not_checked.update({code: str(why) for code in check.codes})
     findings.sort(key=rank_key)
     worst = max((SEVERITIES.index(f.severity) for f in findings), default=0)
-    return Diagnosis(str(history.path), VERDICTS[SEVERITIES[worst]], findings, history.first_step,
-                     history.last_step, history.upto, not_checked, history.source, history.skipped)
+    points = sum(1 for r in history.records if "train_loss" in r or "val_loss" in r)
+    verdict = TOO_SHORT if worst == 0 and points < t.min_points else VERDICTS[SEVERITIES[worst]]
+    return Diagnosis(str(history.path), verdict, findings, history.first_step, history.last_step, history.upto,
+                     not_checked, history.source, history.skipped, points, history.trainer)
 
 
 def run(run_dir: str | Path | None, step: int | None = None, thresholds: DoctorThresholds | None = None,

@@ -1,20 +1,44 @@
 """The fixes name a setting the user can change: `python -m train`'s flag for our runs, the same
-setting in nanoGPT's train.py or the Hugging Face Trainer's TrainingArguments for theirs, and
-plain words where the trainer is unknown (TensorBoard events say nothing of who wrote them)."""
+setting in nanoGPT's train.py, llm.c's command line, Lightning's Trainer or the Hugging Face
+Trainer's TrainingArguments for theirs, and plain words where the trainer is unknown (TensorBoard
+events say nothing of who wrote them, unless Lightning's tag names do). `MONITOR_HINTS` say, in
+each trainer's own terms, how to log what the doctor needs for the rules a foreign log cannot feed."""
 
 from __future__ import annotations
 
-__all__ = ["OURS", "TRAINERS", "flag"]
+__all__ = ["DEFAULT_CLIP", "MONITOR_HINTS", "OURS", "TRAINERS", "flag", "monitor_hint"]
 
 OURS = "scratchscope"
-TRAINERS = (OURS, "nanogpt", "hf", "unknown")
+TRAINERS = (OURS, "nanogpt", "hf", "lightning", "llmc", "unknown")
+# the clipping a trainer applies unless told otherwise: nanoGPT's grad_clip = 1.0, the Trainer's
+# max_grad_norm=1.0, llm.c's grad_clip = 1.0f (train_gpt2.cu); Lightning's gradient_clip_val=None
+DEFAULT_CLIP = {"nanogpt": 1.0, "hf": 1.0, "llmc": 1.0, "lightning": 0.0}
+
+MONITOR_HINTS = {
+    "hf": "add the callback: trainer.add_callback(train.monitor.HFCallback('runs/x')) "
+          "(see README, Monitor your own training loop)",
+    "nanogpt": "in nanoGPT's train.py, three lines: monitor = Monitor(model, optimizer, 'runs/x') before the "
+               "loop, monitor.log(iter_num, train_loss=lossf) in it, monitor.close() after "
+               "(train.monitor.Monitor; see README, Monitor your own training loop)",
+    "lightning": "in the LightningModule, train.monitor.Monitor(self, optimizer, 'runs/x') made in "
+                 "configure_optimizers and monitor.log(self.global_step, train_loss=loss) in training_step "
+                 "(see README, Monitor your own training loop)",
+    "unknown": "log it with train.monitor.Monitor: monitor = Monitor(model, optimizer, 'runs/x'), then "
+               "monitor.log(step, train_loss=loss) in the loop (see README, Monitor your own training loop)",
+}
 
 # our flag -> {trainer: its setting}; "unknown" is the words used when the trainer is not known
 SETTINGS: dict[str, dict[str, str]] = {
     "--grad-clip 1.0": {"nanogpt": "--grad_clip=1.0", "hf": "max_grad_norm=1.0",
+                        "lightning": "Trainer(gradient_clip_val=1.0)", "llmc": "grad_clip = 1.0f",
                         "unknown": "torch.nn.utils.clip_grad_norm_(params, 1.0)"},
-    "--save-every": {"nanogpt": "--always_save_checkpoint=True", "hf": "save_steps",
-                     "unknown": "save checkpoints more often"},
+    # never one that overwrites the best weights: nanoGPT's always_save_checkpoint=False keeps the
+    # best val loss's ckpt.pt (True overwrites it with the last); the Trainer keeps the best itself
+    "--save-every": {"nanogpt": "--always_save_checkpoint=False, so that ckpt.pt holds the best val loss",
+                     "hf": "load_best_model_at_end=True with metric_for_best_model='eval_loss', "
+                           "save_total_limit >= 2",
+                     "lightning": "ModelCheckpoint(monitor='val_loss', save_top_k=1)",
+                     "unknown": "a checkpoint kept whenever the val loss reaches a new best"},
     "--set dropout=0.2": {"nanogpt": "--dropout=0.2", "hf": "the model config's dropout",
                           "unknown": "dropout"},
     "--set qk_norm=rms": {"nanogpt": "RMSNorm on q and k per head in CausalSelfAttention, before q @ k",
@@ -33,6 +57,7 @@ SETTINGS: dict[str, dict[str, str]] = {
     "--set act_fn=gelu": {"nanogpt": "nn.GELU() in MLP (nanoGPT's own)", "hf": "activation_function='gelu_new'",
                           "unknown": "GELU in place of ReLU"},
     "--schedule cosine": {"nanogpt": "--decay_lr=True", "hf": "lr_scheduler_type='cosine'",
+                          "llmc": "-k cosine -q 0.0", "lightning": "a CosineAnnealingLR in configure_optimizers",
                           "unknown": "a cosine schedule"},
 }
 
@@ -43,3 +68,8 @@ def flag(ours: str, trainer: str) -> str:
         return ours
     settings = SETTINGS.get(ours, {})
     return settings.get(trainer, settings.get("unknown", ours))
+
+
+def monitor_hint(trainer: str) -> str:
+    """How a user of `trainer` logs what the doctor reads beyond the losses, in that trainer's terms."""
+    return MONITOR_HINTS.get(trainer, MONITOR_HINTS["unknown"])

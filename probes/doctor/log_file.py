@@ -14,7 +14,8 @@ from typing import Any, Iterable
 
 from probes.errors import ProbeInputError
 
-__all__ = ["KNOWN_NAMES", "Log", "check_user_tags", "merge_steps", "parse_tag", "require_loss", "user_tags"]
+__all__ = ["KNOWN_NAMES", "LOSS_KINDS", "MAX_CROSS_ENTROPY", "Log", "check_not_lfs_pointer", "check_user_tags",
+           "kind_of_losses", "merge_steps", "parse_tag", "require_loss", "user_tags"]
 
 # The scalar metrics.jsonl names the rules read, which a foreign tag may be mapped to.
 KNOWN_NAMES = ("train_loss", "val_loss", "lr", "grad_norm", "logit_max", "tokens", "step_time_ms")
@@ -31,6 +32,42 @@ class Log:
     model: dict[str, Any] = field(default_factory=dict)  # our model config's names: d_vocab, n_ctx, ...
     train: dict[str, Any] = field(default_factory=dict)  # our training config's names: steps, lr, log_every
     trainer: str = "unknown"  # whose settings the fixes name (probes.doctor.flags.TRAINERS)
+    loss_kind: str = "cross_entropy"  # or "preference", "policy", "regression" (LOSS_KINDS)
+    loss_kind_why: str = ""  # what in the log says so ("it logs rewards/chosen")
+
+
+# What a loss that is not a next-token cross-entropy is judged by (probes.doctor.rules_loss):
+# a preference loss (DPO's -log sigmoid of a reward margin) or a regression's error, scale-free;
+# a policy loss (GRPO's, PPO's: near 0 by construction, its sign the advantage's) not at all.
+LOSS_KINDS = {"cross_entropy": "a next-token cross-entropy", "preference": "a preference loss (DPO-style)",
+              "policy": "a policy-gradient loss (GRPO/PPO-style)", "regression": "a regression error"}
+# A next-token cross-entropy starts near ln(vocab): even a 10^13-token vocabulary gives 30 nats,
+# so a first loss above this is not one (a mean-squared error in the thousands).
+MAX_CROSS_ENTROPY = 30.0
+
+
+def kind_of_losses(records: list[dict[str, Any]], names: Iterable[str]) -> tuple[str, str]:
+    """(loss kind, why) from the names a log holds: TRL's reward and KL keys mark a preference or
+    policy loss, a name with 'mse'/'mae'/'rmse' a regression; else from the values (a first loss
+    above MAX_CROSS_ENTROPY, or a negative one, is no cross-entropy)."""
+    names = set(names)
+    policy = sorted(n for n in names if n in ("kl", "objective/kl", "reward", "reward_std")
+                    or n.startswith(("rewards/", "objective/")) and "chosen" not in n)
+    preference = sorted(n for n in names if "chosen" in n or "rejected" in n)
+    if preference:
+        return "preference", f"it logs {', '.join(preference[:2])}"
+    if policy:
+        return "policy", f"it logs {', '.join(policy[:2])}"
+    regression = sorted(n for n in names if any(part in ("mse", "mae", "rmse", "l1", "l2")
+                                                for part in n.lower().replace("/", "_").split("_")))
+    if regression:
+        return "regression", f"it logs {regression[0]}"
+    losses = [r[k] for r in records for k in LOSSES if isinstance(r.get(k), float) and r[k] == r[k]]
+    if losses and losses[0] > MAX_CROSS_ENTROPY:
+        return "regression", f"its first loss is {losses[0]:.4g}, above any next-token cross-entropy"
+    if any(v < 0 for v in losses):
+        return "policy", "its loss goes negative, which a cross-entropy cannot"
+    return "cross_entropy", ""
 
 
 def parse_tag(item: str) -> tuple[str, str]:
@@ -76,3 +113,17 @@ def require_loss(path: Path, records: list[dict[str, Any]], present: Iterable[st
         names = sorted(present)
         raise ProbeInputError(f"{path}: no loss among its {what} (it has: {', '.join(names) or 'none'}); "
                               "map one with --tag NAME=train_loss")
+
+
+LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+
+
+def check_not_lfs_pointer(path: Path) -> None:
+    """A Git LFS pointer where the file should be (a clone made without git-lfs): say so, by name."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(LFS_POINTER))
+    except OSError as err:
+        raise ProbeInputError(f"{path}: cannot read ({err.strerror})") from None
+    if head == LFS_POINTER:
+        raise ProbeInputError(f"{path}: a Git LFS pointer, not the file: run git lfs pull")

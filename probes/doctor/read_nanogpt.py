@@ -34,8 +34,10 @@ TOKENS = re.compile(r"tokens per iteration will be: ([\d,]+)$")
 VOCAB = re.compile(r"found vocab_size = (\d+)|defaulting to vocab_size of GPT-2 to (\d+)|forcing vocab_size=(\d+)")
 # the configurator's echo of a config file or a --key=value override -> (ours, where)
 CONFIG = re.compile(r"^(?:Overriding: )?(\w+) = ([-+0-9.e]+)\s*(?:#.*)?$")
+SAVE_BEST = re.compile(r"^(?:Overriding: )?always_save_checkpoint = (True|False)\s*(?:#.*)?$")
 CONFIG_KEYS = {"max_iters": ("steps", "train"), "learning_rate": ("lr", "train"),
-               "log_interval": ("log_every", "train"), "block_size": ("n_ctx", "model"),
+               "log_interval": ("log_every", "train"), "grad_clip": ("grad_clip", "train"),
+               "block_size": ("n_ctx", "model"),
                "n_layer": ("n_layers", "model"), "n_head": ("n_heads", "model"), "n_embd": ("d_model", "model")}
 
 
@@ -88,6 +90,8 @@ def read_line(line: str, iters: list, evals: list, facts: dict[str, Any]) -> Non
         facts["tokens_per_step"] = int(match[1].replace(",", ""))
     elif match := VOCAB.search(line):
         facts["model"]["d_vocab"] = int(next(g for g in match.groups() if g))
+    elif match := SAVE_BEST.match(line):  # False: ckpt.pt is saved only when the val loss improves
+        facts["train"]["keeps_best"] = match[1] == "False"
     elif (match := CONFIG.match(line)) and match[1] in CONFIG_KEYS:
         name, where = CONFIG_KEYS[match[1]]
         value = config_number(match[2])

@@ -1,6 +1,10 @@
 """TensorBoard event files (`events.out.tfevents.*`) read with TensorBoard's own reader into our
 records: the usual tags of PyTorch's SummaryWriter loops, Hugging Face's TensorBoardCallback
-(`train/loss`, `eval/loss`, ...) and Lightning are mapped; `--tag NAME=ours` maps any other.
+(`train/loss`, `eval/loss`, ...) and Lightning's TensorBoardLogger are mapped; `--tag NAME=ours`
+maps any other. Lightning names a metric logged with `self.log("train_loss", ..., on_step=True,
+on_epoch=True)` twice, `train_loss_step` (per step) and `train_loss_epoch` (at each epoch's last
+step): the per-step one is read, the epoch means only where no per-step tag was written. Its
+LearningRateMonitor writes `lr-<Optimizer>`; its `epoch` and `hp_metric` tags mark it as Lightning's.
 
 `tensorboard` is an optional dependency (`pip install 'scratchscope[tensorboard]'`), imported
 only when event files are to be read. Scalars written as TensorBoard scalars and as tensors
@@ -14,7 +18,8 @@ import struct
 from pathlib import Path
 from typing import Any, Iterable
 
-from probes.doctor.log_file import Log, check_user_tags, merge_steps, require_loss, user_tags
+from probes.doctor.log_file import (Log, check_not_lfs_pointer, check_user_tags, kind_of_losses, merge_steps,
+                                    require_loss, user_tags)
 from probes.errors import ProbeInputError
 
 __all__ = ["EVENTS_PREFIX", "TENSORBOARD_TAGS", "find_event_folder", "read_tensorboard"]
@@ -28,7 +33,12 @@ TENSORBOARD_TAGS = {
     "val/loss": "val_loss", "eval/loss": "val_loss", "eval_loss": "val_loss", "val_loss": "val_loss",
     "lr": "lr", "learning_rate": "lr", "train/learning_rate": "lr",
     "grad_norm": "grad_norm", "train/grad_norm": "grad_norm",
+    # Lightning's self.log names (on_epoch=True adds _epoch, on_step=True _step) and its examples'
+    "train_loss_epoch": "train_loss", "train_loss_step": "train_loss", "loss_step": "train_loss",
+    "val_loss_epoch": "val_loss", "valid_loss": "val_loss", "ptl/val_loss": "val_loss", "ptl/train_loss": "train_loss",
 }
+# Lightning's marks: its TensorBoardLogger logs the epoch and hp_metric; the _step/_epoch suffixes
+LIGHTNING_MARKS = ("epoch", "hp_metric")
 SUBFOLDER_DEPTH = 2  # Hugging Face writes <output_dir>/runs/<date>/events...
 
 
@@ -54,20 +64,28 @@ def find_event_folder(folder: Path, levels: int = SUBFOLDER_DEPTH) -> Path | Non
 def read_tensorboard(path: Path, tags: Iterable[str] | dict[str, str] | None = None) -> Log:
     """The scalars of a folder of event files (or of one event file) as a Log."""
     given = user_tags(tags)
-    mapping = {**TENSORBOARD_TAGS, **given}
     series = read_scalars(path)
     check_user_tags(path, given, series, "TensorBoard tag")
+    mapping = {**TENSORBOARD_TAGS, **{t: "lr" for t in series if t.startswith("lr-")}}
+    if any(t.endswith("_step") and mapping.get(t) for t in series):  # per-step values: not the epochs'
+        mapping = {t: ours for t, ours in mapping.items() if not t.endswith("_epoch")}
+    mapping.update(given)
     # later tags in the mapping overwrite earlier ones at a step: the user's --tag wins
     records = merge_steps((step, {ours: value}) for tag, ours in mapping.items() if tag in series
                           for step, value in series[tag])
     require_loss(path, records, series, "TensorBoard tags")
-    return Log(path, SOURCE, records)
+    lightning = any(t in series for t in LIGHTNING_MARKS) or any(t.endswith(("_step", "_epoch")) for t in series)
+    kind, why = kind_of_losses(records, series)
+    return Log(path, SOURCE, records, trainer="lightning" if lightning else "unknown", loss_kind=kind,
+               loss_kind_why=why)
 
 
 def read_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
     """{tag: [(step, value)]} of every scalar in the events; one-line errors for what cannot be read."""
     accumulator = event_accumulator()
     files = [path] if path.is_file() else event_files(path)
+    for file in files:
+        check_not_lfs_pointer(file)
     acc = accumulator.EventAccumulator(str(path), size_guidance={accumulator.SCALARS: 0, accumulator.TENSORS: 0})
     try:
         acc.Reload()
@@ -77,7 +95,10 @@ def read_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
     for tag in acc.Tags()["tensors"]:
         if acc.SummaryMetadata(tag).plugin_data.plugin_name == "scalars":
             found[tag] = [(e.step, tensor_value(e.tensor_proto)) for e in acc.Tensors(tag)]
-    cut = [f.name for f in files if truncated(f)]
+    try:
+        cut = [f.name for f in files if truncated(f)]
+    except OSError as err:
+        raise ProbeInputError(f"{path}: cannot read the events ({err.strerror})") from None
     if not found:
         why = (f"event file {cut[0]} is truncated or damaged and holds no scalars" if cut
                else "the TensorBoard events hold no scalars")

@@ -17,7 +17,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-from probes.doctor.log_file import Log, check_user_tags, merge_steps, require_loss, user_tags
+from probes.doctor.log_file import (Log, check_not_lfs_pointer, check_user_tags, kind_of_losses, merge_steps,
+                                    require_loss, user_tags)
 from probes.errors import ProbeInputError
 
 __all__ = ["STATE_FILE", "TRAINER_KEYS", "find_trainer_state", "read_trainer_state"]
@@ -47,6 +48,7 @@ def find_trainer_state(folder: Path) -> Path | None:
 
 def read_trainer_state(path: Path, tags: Iterable[str] | dict[str, str] | None = None) -> Log:
     """trainer_state.json as a Log; ProbeInputError (one line naming the file) if unreadable."""
+    check_not_lfs_pointer(path)
     state = read_json(path)
     history = state.get("log_history")
     if not isinstance(history, list):
@@ -64,7 +66,8 @@ def read_trainer_state(path: Path, tags: Iterable[str] | dict[str, str] | None =
     require_loss(path, records, present, "log_history keys")
     train = {key: state[name] for key, name in (("steps", "max_steps"), ("log_every", "logging_steps"))
              if isinstance(state.get(name), int) and state[name] > 0}
-    return Log(path, STATE_FILE, records, model_config(path.parent), train, "hf")
+    kind, why = kind_of_losses(records, present)
+    return Log(path, STATE_FILE, records, model_config(path.parent), train, "hf", kind, why)
 
 
 def read_json(path: Path) -> dict[str, Any]:

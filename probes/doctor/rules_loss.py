@@ -8,13 +8,16 @@ import math
 import statistics
 from typing import Any
 
+from probes.doctor.advice import clip_advice, decayed, divergence_fix, lr_text
 from probes.doctor.finding import (MAKEMORE_INIT, MAKEMORE_SPLITS, PASCANU, SERIES_RMSNORM, WORTSMAN, Finding,
                                    NotChecked, rule)
-from probes.doctor.run_history import RunHistory, as_float
+from probes.doctor.log_file import LOSS_KINDS
+from probes.doctor.run_history import RunHistory, as_float, is_finite
 from probes.doctor.signals import first_nonfinite, growth_signals, max_group_log10_u, max_value
 from probes.doctor.thresholds import DoctorThresholds
 
-__all__ = ["divergence", "grad_spike", "init_loss", "overfitting", "plateau"]
+__all__ = ["divergence", "ended", "finite_series", "grad_spike", "init_loss", "loss_key", "not_nats",
+           "overfitting", "plateau"]
 
 
 def finite_series(h: RunHistory, key: str) -> list[tuple[int, float]]:
@@ -30,6 +33,20 @@ def loss_key(h: RunHistory, min_points: int = 3) -> str:
     raise NotChecked(f"not enough data: fewer than {min_points} logged losses")
 
 
+def not_nats(h: RunHistory, judged: str) -> NotChecked:
+    """A rule in nats on a loss that is not a cross-entropy: say what the loss is and why."""
+    return NotChecked(f"not judged: the loss is {LOSS_KINDS[h.loss_kind]} ({h.loss_kind_why}), {judged}")
+
+
+def ended(h: RunHistory) -> bool:
+    """Whether the last record is the run's end: its planned last step was reached, or no plan is
+    known and the history was not cut (--step); a run known to be still going has not ended."""
+    steps = h.train_config("steps")
+    if h.upto is not None:
+        return False
+    return h.last_step >= steps if isinstance(steps, int) and steps > 0 else True
+
+
 # ------------------------------------------------------------------ the initial loss
 
 @rule("init_loss_high")
@@ -37,6 +54,8 @@ def init_loss(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     d_vocab = h.model.get("d_vocab")
     if not isinstance(d_vocab, int) or d_vocab < 2:
         raise h.not_logged("vocab size", "no d_vocab in run.json or a snapshot's config.json")
+    if h.loss_kind != "cross_entropy":
+        raise not_nats(h, "so not against ln(vocab)")
     start = next((r for r in h.records if r["step"] == 0 and "val_loss" in r), None)
     key = "val_loss"
     if start is None:  # no eval at step 0: a train loss over step 0 alone (--log-every 1) will do
@@ -79,6 +98,16 @@ def divergence(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
                          "grew_first_by": warning[2], "steps_of_warning": step - warning[0]})
     evidence["then"] = "; ".join(f"{label} at step {s} ({by})" for s, label, by in signals[1:4]) or "-"
     evidence.update(before_failure(h, step))
+    first_losses = [h.records[0].get(k) for k in ("train_loss", "val_loss")]
+    if step == h.first_step and step <= 1 and not any(map(is_finite, first_losses)):
+        return [Finding(  # the loss of a forward pass before any update: not the learning rate's doing
+            "divergence", "failed", f"the loss is non-finite from the first step ({what[0]} at step {step})",
+            step=step, where=tuple(what), evidence=evidence,
+            cause="the first loss is computed before any update, so the learning rate did not do it: the "
+                  "inputs, the initial or loaded weights, or the precision (fp16 overflowing) did",
+            fix="check that the input tokens lie inside the vocabulary, that the weights loaded are finite, "
+                "and run a step in fp32 to see whether the precision is the cause",
+            reference=f"{SERIES_RMSNORM}; {WORTSMAN}", page="dynamics")]
     return [Finding(
         "divergence", "failed", f"the run diverged: {what[0]} at step {step}", step=step,
         warning_step=warning[0] if warning else None, where=tuple(what), evidence=evidence,
@@ -92,11 +121,25 @@ def rising_loss(h: RunHistory, t: DoctorThresholds, signals: list[tuple[int, str
     train loss already blown up, the val loss at step 0 did not) climbed a nat above its best so
     far and is still there: a warning; a failure when the run ended (its last planned step) above
     its first value. A run still going, or cut, is warned: NaN is its failure."""
+    if h.loss_kind == "policy":
+        return []  # near 0 by construction, either sign: only NaN says it diverged
     for key in ("train_loss", "val_loss"):
+        if key == "val_loss" and memorising(h, t):
+            continue  # the overfitting rule's: the model fits its training text better than it ever did held-out text
         found = rise_in(h, t, signals, key, finite_series(h, key))
         if found:
             return found
     return []
+
+
+def memorising(h: RunHistory, t: DoctorThresholds) -> bool:
+    """The val loss rose while the train loss fell below the best val loss: overfitting, however far
+    the val loss climbs (a train loss blown up above where the val loss began is no such thing)."""
+    try:
+        found = overfit(h, t)
+    except NotChecked:
+        return False
+    return found is not None and found[4] < found[1]
 
 
 def rise_in(h: RunHistory, t: DoctorThresholds, signals: list[tuple[int, str, str]], key: str,
@@ -105,15 +148,20 @@ def rise_in(h: RunHistory, t: DoctorThresholds, signals: list[tuple[int, str, st
         return []
     best_step, best = min(series[:-1], key=lambda sv: sv[1])
     last_step, last = series[-1]
-    if last - best < t.loss_rise or last_step <= best_step:
-        return []
-    start = next(s for s, v in series if s > best_step and v - best >= t.loss_rise)
-    warning = signals[0][0] if signals else start
     first, name = series[0][1], key.replace("_", " ")
-    ended = isinstance(h.train_config("steps"), int) and h.upto is None and last_step >= h.train_config("steps")
-    lost_all = ended and last > first
-    title = (f"the run diverged: the {name} ended at {last:.2f} (step {last_step}), above its first value "
-             f"{first:.2f} (best {best:.2f} at step {best_step})") if lost_all else \
+    # a cross-entropy in nats; any other loss by a fraction of its first value (scale-free)
+    rise = t.loss_rise if h.loss_kind == "cross_entropy" else t.rise_fraction * abs(first)
+    if last - best < rise or last_step <= best_step:
+        return []
+    start = next(s for s, v in series if s > best_step and v - best >= rise)
+    warning = signals[0][0] if signals else start
+    d_vocab = h.model.get("d_vocab")
+    uniform = math.log(d_vocab) if isinstance(d_vocab, int) and d_vocab > 1 and h.loss_kind == "cross_entropy" \
+        else math.inf
+    lost_all = ended(h) and (last > first or last > uniform)
+    above = f"its first value {first:.2f}" if last > first else f"ln({d_vocab}) = {uniform:.2f}, a uniform guess"
+    title = (f"the run diverged: the {name} ended at {last:.2f} (step {last_step}), above {above} "
+             f"(best {best:.2f} at step {best_step})") if lost_all else \
         f"the {name} is rising: {best:.2f} at step {best_step} -> {last:.2f} at step {last_step}"
     return [Finding(
         "divergence", "failed" if lost_all else "warning", title, step=start,
@@ -124,15 +172,6 @@ def rise_in(h: RunHistory, t: DoctorThresholds, signals: list[tuple[int, str, st
                   **before_failure(h, last_step + 1)},
         cause="the updates are too large for the loss surface: each step overshoots",
         fix=divergence_fix(h), reference=f"{SERIES_RMSNORM}; {WORTSMAN}", page="dynamics")]
-
-
-def divergence_fix(h: RunHistory) -> str:
-    lr = h.train_config("lr")
-    lower = f"lower the learning rate (it is {lr:g}; try 3-10x less)" if isinstance(lr, (int, float)) \
-        else "lower the learning rate"
-    if h.model.get("family") == "transformer" and h.model.get("norm") == "none":
-        return f"normalise (RMSNorm before attention and MLP: --set norm=rms) and {lower}"
-    return f"{lower}; add warmup or gradient clipping ({h.flag('--grad-clip 1.0')})"
 
 
 def before_failure(h: RunHistory, step: int) -> dict[str, Any]:
@@ -150,27 +189,43 @@ def before_failure(h: RunHistory, step: int) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ overfitting and plateaus
 
-@rule("overfitting")
-def overfitting(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
+def overfit(h: RunHistory, t: DoctorThresholds) -> tuple[int, float, float, float, float] | None:
+    """(best step, best val loss, last val loss, train loss at best, last train loss) when the val
+    loss rose `overfit_rise` above its best while the train loss kept falling; else None."""
     val = finite_series(h, "val_loss")
     if len(val) < 3:
         raise NotChecked("not enough data: fewer than 3 eval steps with a val loss")
     best_step, best = min(val, key=lambda sv: sv[1])
-    last_step, last = val[-1]
+    last = val[-1][1]
     train = finite_series(h, "train_loss")
     train_then = [v for s, v in train if s <= best_step] or [v for s, v in train[:1]]
     train_now = train[-1][1] if train else math.nan
     if last - best < t.overfit_rise or not train_then or not train_now < train_then[-1]:
+        return None
+    return best_step, best, last, train_then[-1], train_now
+
+
+@rule("overfitting")
+def overfitting(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
+    if h.loss_kind == "policy":
+        raise not_nats(h, "whose held-out value does not measure memorising")
+    found = overfit(h, t)
+    if found is None:
         return []
-    snapshot = best_snapshot(h, dict(val))
+    best_step, best, last, train_then, train_now = found
+    snapshot = best_snapshot(h, dict(finite_series(h, "val_loss")))
+    nats = " nats" if h.loss_kind == "cross_entropy" else ""
     return [Finding(
-        "overfitting", "warning", f"val loss rose {last - best:.3f} nats from its best ({best:.3f} at "
+        "overfitting", "warning", f"val loss rose {last - best:.3f}{nats} from its best ({best:.3f} at "
         f"step {best_step}) while the train loss kept falling", step=best_step,
         where=("val loss",), evidence={"best_val_loss": best, "best_step": best_step, "last_val_loss": last,
-                                       "train_loss_at_best": train_then[-1], "train_loss_last": train_now,
+                                       "train_loss_at_best": train_then, "train_loss_last": train_now,
                                        "best_snapshot": snapshot or "none saved near the best step"},
         cause="the model memorises the training text: what it learns stops carrying over to held-out text",
-        fix=(f"use the best snapshot ({snapshot})" if snapshot else f"save snapshots more often ({h.flag('--save-every')})")
+        fix=(f"use the best snapshot ({snapshot})" if snapshot else
+             f"use ckpt.pt: with always_save_checkpoint = False nanoGPT saved it at the best val loss "
+             f"(step {best_step})"
+             if h.train_config("keeps_best") is True else f"keep the best weights ({h.flag('--save-every')})")
             + f"; regularise ({h.flag('--set dropout=0.2')}, weight decay) or train on more text",
         reference=MAKEMORE_SPLITS, page="overview")]
 
@@ -180,40 +235,69 @@ def best_snapshot(h: RunHistory, val_at: dict[int, float]) -> str | None:
     return f"step_{min(scored)[1]:06d}" if scored else None
 
 
+def smoothed(series: list[tuple[int, float]], width: int = 5) -> list[tuple[int, float]]:
+    """Each value as the median of it and the `width - 1` before it: one lucky batch of a noisy
+    train loss is not a level the run reached."""
+    return [(s, statistics.median(v for _, v in series[max(0, i - width + 1):i + 1]))
+            for i, (s, _) in enumerate(series)]
+
+
 @rule("plateau")
 def plateau(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
+    if h.loss_kind == "policy":
+        raise not_nats(h, "near 0 by construction: not judged for a plateau")
     key = loss_key(h)
     series = finite_series(h, key)
-    window = t.plateau_fraction * h.span
-    found = final_plateau(series, window, t.plateau_nats, t.loss_rise)
+    if key == "train_loss":
+        series = smoothed(series)
+    try:
+        if key == "val_loss" and overfit(h, t) is not None:
+            return []  # its best eval came before the end: overfitting, not a plateau
+    except NotChecked:
+        pass
+    nats = h.loss_kind == "cross_entropy"
+    scale = 1.0 if nats else abs(series[0][1]) or 1.0  # scale-free: a fraction of the first value
+    tolerance = t.plateau_nats if nats else t.plateau_relative * scale
+    window = max(t.plateau_fraction * h.span, t.plateau_min_steps)
+    found = final_plateau(series, window, tolerance, t.loss_rise if nats else t.rise_fraction * scale,
+                          t.plateau_points)
     if found is None:
         return []
     start, end, level = found
     learned = series[0][1] - level
-    stuck = learned < t.not_learning_nats
-    lr = h.train_config("lr")
+    stuck = learned < (t.not_learning_nats if nats else t.not_learning_fraction * scale)
+    lr = h.lr_now()
+    unit = " nats" if nats else f" ({t.plateau_relative:g} of its first value)"
     return [Finding(
         "plateau", "warning" if stuck else "info",
-        f"the {key.replace('_', ' ')} has not improved by {t.plateau_nats} nats since step {start} "
+        f"the {key.replace('_', ' ')} has not improved by {tolerance:.3g}{unit} since step {start} "
         f"({end - start} steps)" + (" (it never left its initial value)" if stuck else ""), step=start,
         where=(key.replace("_", " "),),
         evidence={"loss_at_start": level, "plateau_steps": end - start, "window_steps": round(window),
-                  "learned_before_nats": learned, "lr": as_float(lr)},
+                  "learned_before": learned, "lr": lr, "lr_peak": h.lr_peak()},
         cause="the updates are too small to move the loss" if stuck
               else "the loss has flattened at this learning rate",
-        fix="raise the learning rate (check the warmup and the schedule) and check that the targets "
-            "are the next tokens" if stuck else
-            f"decay the learning rate ({h.flag('--schedule cosine')}) or stop here: more steps at this rate buy "
-            "little; a larger model or context may",
+        fix=f"raise the learning rate (it is {lr_text(lr)}; check the warmup and the schedule) and check "
+            "that the targets are the next tokens" if stuck else flat_fix(h, t),
         reference=MAKEMORE_SPLITS, page="overview")]
 
 
+def flat_fix(h: RunHistory, t: DoctorThresholds) -> str:
+    """Decay the learning rate, unless the log shows it already decayed: then stop or scale up."""
+    if decayed(h, t):
+        return (f"stop here: the learning rate already decayed to {h.lr_now():g} ({h.lr_now() / h.lr_peak():.0%} "
+                f"of its peak {h.lr_peak():g}), so more steps buy little; a larger model, more data or a longer "
+                "context may")
+    return (f"decay the learning rate ({h.flag('--schedule cosine')}) or stop here: more steps at this rate buy "
+            "little; a larger model or context may")
+
+
 def final_plateau(series: list[tuple[int, float]], window: float, tolerance: float,
-                  rise: float) -> tuple[int, int, float] | None:
+                  rise: float, points: int = 3) -> tuple[int, int, float] | None:
     """(start, last step, best loss at start) of the stretch at the end of the run in which the
-    best loss improved by less than `tolerance`, when it lasts at least `window` steps and three
-    evals. A plateau the run has since left is history, and a loss climbing more than `rise`
-    above its best is diverging: neither is a plateau."""
+    best loss improved by less than `tolerance`, when it lasts at least `window` steps and `points`
+    logged losses. A plateau the run has since left is history, and a loss climbing more than
+    `rise` above its best is diverging: neither is a plateau."""
     values = [v for _, v in series]
     after = [math.inf] * (len(values) + 1)  # after[i]: the lowest loss from index i on
     for i in range(len(values) - 1, -1, -1):
@@ -223,7 +307,7 @@ def final_plateau(series: list[tuple[int, float]], window: float, tolerance: flo
         best = min(best, value)  # the best loss up to i; nothing after it gained `tolerance` on it
         if best - after[i + 1] < tolerance:
             stretch = values[i + 1:]
-            flat = len(stretch) >= 2 and max(stretch) - best < rise
+            flat = len(stretch) >= max(points - 1, 2) and max(stretch) - best < rise
             return (start, series[-1][0], best) if flat and series[-1][0] - start >= window else None
     return None
 
@@ -238,21 +322,27 @@ def grad_spike(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     if len(norms) < 4:
         raise NotChecked("not enough data: fewer than 4 logged gradient norms")
     spikes = []
-    for i, (step, value) in enumerate(norms):
-        earlier = [v for _, v in norms[max(0, i - 20):i] if math.isfinite(v)]
-        if len(earlier) >= 3 and math.isfinite(value) and value > t.grad_spike * statistics.median(earlier):
-            spikes.append((step, value, value / statistics.median(earlier)))
+    finite = [(i, v) for i, (_, v) in enumerate(norms) if math.isfinite(v)]
+    # the recent median, floored by the median of the first norms: as a classifier's loss falls to
+    # 1e-4 its recent median falls to 1e-3, and ordinary norms of 3 would read as thousand-fold spikes
+    floor = statistics.median(v for _, v in finite[:20]) if finite else 0.0
+    for k, (i, value) in enumerate(finite):
+        recent = [v for _, v in finite[max(0, k - 20):k]]
+        if len(recent) >= 3:
+            scale = max(statistics.median(recent), floor)
+            if value > t.grad_spike * scale:
+                spikes.append((norms[i][0], value, value / scale))
     if not spikes:
         return []
     worst = max(spikes, key=lambda s: s[2])
     return [Finding(
         "grad_spike", "warning", f"{len(spikes)} gradient-norm spike{'s' if len(spikes) > 1 else ''}, "
-        f"the first at step {spikes[0][0]} ({spikes[0][2]:.0f}x the median before it)", step=spikes[0][0],
+        f"the first at step {spikes[0][0]} ({spikes[0][2]:.0f}x the typical norm before it)", step=spikes[0][0],
         where=("gradient norm",),
         evidence={"spikes": len(spikes), "first_spike_step": spikes[0][0], "largest_ratio": worst[2],
                   "largest_at_step": worst[0], "largest_norm": worst[1]},
         cause="a batch or a weight configuration produced a gradient far larger than usual; one such "
               "step can throw the weights out of their basin",
-        fix=f"clip gradients ({h.flag('--grad-clip 1.0')}), lower the learning rate or add warmup",
+        fix=f"lower the learning rate (it is {lr_text(h.lr_peak())}); {clip_advice(h)}",
         reference=PASCANU, page="dynamics")]
 

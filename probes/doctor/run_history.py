@@ -20,7 +20,7 @@ from models.store.run import (METRICS_FILE, CheckpointError, is_run_dir, is_snap
 from probes.doctor import flags
 from probes.doctor.finding import NotChecked
 from probes.doctor.log_file import Log
-from probes.doctor.sources import MONITOR_HINT, find_log, snapshot_alone
+from probes.doctor.sources import find_log, snapshot_alone
 from probes.errors import ProbeInputError
 
 __all__ = ["RunHistory", "as_float", "by_step", "is_finite", "resolve_run"]
@@ -77,6 +77,8 @@ class RunHistory:
     trainer: str = flags.OURS  # whose settings the fixes name (probes.doctor.flags)
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)  # what rules derive, derived once
     skipped: int = 0  # malformed records of metrics.jsonl left out (each warned about with its line)
+    loss_kind: str = "cross_entropy"  # what the loss is (probes.doctor.log_file.LOSS_KINDS)
+    loss_kind_why: str = ""
 
     @classmethod
     def read(cls, path: str | Path | None, upto: int | None = None, log: str | Path | None = None,
@@ -90,7 +92,8 @@ class RunHistory:
     @classmethod
     def from_log(cls, log: Log, upto: int | None = None) -> RunHistory:
         kept = cut_at(log.path, log.records, upto)
-        return cls(log.path, kept, {"train": log.train}, log.model, [], upto, log.source, log.trainer)
+        return cls(log.path, kept, {"train": log.train}, log.model, [], upto, log.source, log.trainer,
+                   loss_kind=log.loss_kind, loss_kind_why=log.loss_kind_why)
 
     @classmethod
     def read_run(cls, run_dir: str | Path, upto: int | None = None) -> RunHistory:
@@ -137,6 +140,28 @@ class RunHistory:
     def train_config(self, key: str, default: Any = None) -> Any:
         return (self.info.get("train") or {}).get(key, default)
 
+    def logged_lr(self) -> list[tuple[int, float]]:
+        """(step, lr) of every record that logged a finite learning rate."""
+        return [(s, v) for s, v in self.series("lr") if math.isfinite(v)]
+
+    def lr_now(self) -> float:
+        """The learning rate at the end of the log (the last one logged, else the configured one)."""
+        logged = self.logged_lr()
+        return logged[-1][1] if logged else as_float(self.train_config("lr"))
+
+    def lr_peak(self) -> float:
+        """The largest logged learning rate (else the configured one): the schedule's peak."""
+        logged = self.logged_lr()
+        return max(v for _, v in logged) if logged else as_float(self.train_config("lr"))
+
+    def grad_clip(self) -> float | None:
+        """The gradient-clipping threshold the run trained with (0: off), where the run's settings or
+        its trainer's default say; None when unknown. nanoGPT's and the Trainer's default is 1.0."""
+        clip = as_float(self.train_config("grad_clip"))
+        if math.isfinite(clip):
+            return clip
+        return flags.DEFAULT_CLIP.get(self.trainer)
+
     def series(self, key: str) -> list[tuple[int, float]]:
         """(step, value) of every record that logged `key` (NaN where it logged null)."""
         return [(r["step"], as_float(r[key])) for r in self.records if key in r]
@@ -157,7 +182,7 @@ class RunHistory:
         """A rule's input is absent: from a foreign log, name the Monitor as the way to get it;
         from a run of ours, `ours` says why (a run that predates the metric, ...)."""
         if self.foreign:
-            return NotChecked(f"not logged: {self.source} has no {what}; {MONITOR_HINT}")
+            return NotChecked(f"not logged: {self.source} has no {what}; {flags.monitor_hint(self.trainer)}")
         return NotChecked(f"not logged: {ours}")
 
 

@@ -15,7 +15,7 @@ from probes.timeline import uniform_series_entropy
 from probes.update_report import UpdateReport
 
 __all__ = ["first_nonfinite", "growth_signals", "layer_values", "max_group_log10_u", "max_value",
-           "update_report"]
+           "skipped_steps", "update_report"]
 
 Signal = tuple[int, str, str]  # (step, what grew, by how much)
 
@@ -117,10 +117,25 @@ def nonfinite_in(record: dict[str, Any]) -> list[str]:
 
 
 def first_nonfinite(h: RunHistory) -> tuple[int, list[str]] | None:
-    """(step, what) of the first record holding a non-finite value, or None (found once per history)."""
+    """(step, what) of the first record holding a non-finite value, or None (found once per history).
+    A skipped step (`skipped_steps`) is not one: the loss scaler skipped it and the run went on."""
     if "first_nonfinite" not in h.cache:
-        h.cache["first_nonfinite"] = next(((r["step"], bad) for r in h.records if (bad := nonfinite_in(r))), None)
+        skipped = set(skipped_steps(h))
+        h.cache["first_nonfinite"] = next(((r["step"], bad) for r in h.records
+                                           if r["step"] not in skipped and (bad := nonfinite_in(r))), None)
     return h.cache["first_nonfinite"]
+
+
+def skipped_steps(h: RunHistory) -> list[int]:
+    """Steps whose only non-finite value is the gradient norm while a later record logs a finite
+    one: a mixed-precision loss scaler skipped the update (GradScaler's inf/NaN gradients), the
+    weights were untouched and the run went on. A norm that stays non-finite to the end is not."""
+    if "skipped_steps" not in h.cache:
+        last_finite = max((r["step"] for r in h.records if is_finite(r.get("grad_norm"))), default=None)
+        h.cache["skipped_steps"] = [r["step"] for r in h.records
+                                    if last_finite is not None and r["step"] < last_finite
+                                    and nonfinite_in(r) == ["grad norm"]]
+    return h.cache["skipped_steps"]
 
 
 def growth_signals(h: RunHistory, t: DoctorThresholds, before: int | None = None) -> list[Signal]:

@@ -1,6 +1,8 @@
 """Which history a path holds: our run directory (metrics.jsonl), a Hugging Face Trainer output
-directory or checkpoint-N/ (trainer_state.json), nanoGPT's printed log beside its ckpt.pt, or
-TensorBoard event files; or a log file named with --log. Each foreign one is read into a `Log`.
+directory or checkpoint-N/ (trainer_state.json), nanoGPT's printed log beside its ckpt.pt, llm.c's
+main.log, or TensorBoard event files; or a log file named with --log (a printed log is llm.c's
+when it holds llm.c's step lines, else nanoGPT's). Each foreign one is read into a `Log`; a Git
+LFS pointer where a log should be is named as such.
 
 Checked in that order: a run directory of ours is read as ours even when it also holds event
 files, and a Trainer's trainer_state.json before the TensorBoard events it writes beside it.
@@ -13,21 +15,21 @@ from typing import Iterable
 
 from models.store.run import (METRICS_FILE, CheckpointError, is_run_dir, is_snapshot_dir, read_json_object,
                               snapshot_step)
-from probes.doctor.log_file import Log, user_tags
+from probes.doctor.log_file import Log, check_not_lfs_pointer, user_tags
+from probes.doctor.read_llmc import MAIN_LOG, is_llmc_text, read_llmc_log
 from probes.doctor.read_nanogpt import find_nanogpt_log, read_nanogpt_log
 from probes.doctor.read_tensorboard import EVENTS_PREFIX, SUBFOLDER_DEPTH, find_event_folder, read_tensorboard
 from probes.doctor.read_trainer import STATE_FILE, find_trainer_state, read_trainer_state
 from probes.errors import ProbeInputError
 
-__all__ = ["EXPECTED", "MONITOR_HINT", "find_log", "locate", "read_log_file", "snapshot_alone"]
+__all__ = ["EXPECTED", "find_log", "locate", "read_log_file", "snapshot_alone"]
 
 Tags = Iterable[str] | dict[str, str] | None
 
 EXPECTED = ("a run directory with metrics.jsonl, a Trainer output directory with trainer_state.json, "
-            "TensorBoard event files, or a nanoGPT log via --log")
+            "TensorBoard event files, llm.c's main.log, or a nanoGPT or llm.c printed log via --log")
 TEXT_LOGS = (".log", ".txt", ".out")
 NANOGPT_CKPT = "ckpt.pt"  # what nanoGPT's train.py saves in its out_dir
-MONITOR_HINT = "log it with train.monitor.Monitor (see README, Monitor your own training loop)"
 NEEDS = ("the doctor reads what training logged: a run directory with metrics.jsonl (ours, or one written "
          "by train.monitor.Monitor in any training loop), a Trainer output directory, TensorBoard events, "
          "or a log given with --log FILE (nanoGPT's printed output, trainer_state.json)")
@@ -78,6 +80,7 @@ def read_log_file(path: Path, tags: Tags = None) -> Log:
         raise ProbeInputError(f"{path}: a directory; --log takes a log file (a folder goes to --ckpt)")
     if not path.is_file():
         raise ProbeInputError(f"{path}: no such file")
+    check_not_lfs_pointer(path)
     if path.name == STATE_FILE:
         return read_trainer_state(path, tags)
     if path.name.startswith(EVENTS_PREFIX):
@@ -86,9 +89,9 @@ def read_log_file(path: Path, tags: Tags = None) -> Log:
         beside = find_nanogpt_log(path)
         if beside is None:
             raise ProbeInputError(snapshot_alone(path))
-        return nanogpt(beside, tags)
+        return printed(beside, tags)
     if path.suffix in TEXT_LOGS or path.name.endswith(".log"):
-        return nanogpt(path, tags)
+        return printed(path, tags)
     raise ProbeInputError(f"{path}: not a log the doctor reads: expected {EXPECTED}; found a "
                           f"{path.suffix or 'suffix-less'} file")
 
@@ -113,21 +116,29 @@ def locate(folder: Path, event_depth: int = SUBFOLDER_DEPTH) -> tuple[str, Path]
         return None
     if (state := find_trainer_state(folder)) is not None:
         return "trainer", state
-    if (printed := find_nanogpt_log(folder)) is not None:
-        return "nanogpt", printed
+    if (beside := find_nanogpt_log(folder)) is not None:
+        return "nanogpt", beside
+    if (folder / MAIN_LOG).is_file():
+        return "nanogpt", folder / MAIN_LOG  # llm.c's logger output (printed() tells which)
     if (events := find_event_folder(folder, event_depth)) is not None:
         return "tensorboard", events
     return None
 
 
-def nanogpt(path: Path, tags: Tags) -> Log:
+def printed(path: Path, tags: Tags) -> Log:
+    """A printed log: llm.c's when it holds llm.c's step lines, else nanoGPT's."""
     if user_tags(tags):
         raise ProbeInputError(f"{path}: --tag maps the names of a TensorBoard log or trainer_state.json, "
-                              "not the lines of a nanoGPT log")
-    return read_nanogpt_log(path)
+                              "not the lines of a nanoGPT log or an llm.c log")
+    check_not_lfs_pointer(path)
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as err:
+        raise ProbeInputError(f"{path}: cannot read ({err.strerror})") from None
+    return read_llmc_log(path, text) if is_llmc_text(text) else read_nanogpt_log(path)
 
 
-READERS = {"trainer": read_trainer_state, "nanogpt": nanogpt, "tensorboard": read_tensorboard}
+READERS = {"trainer": read_trainer_state, "nanogpt": printed, "tensorboard": read_tensorboard}
 
 
 def in_a_run(path: Path) -> bool:

@@ -53,7 +53,26 @@ class DoctorThresholds:
     plateau_fraction=0.1, plateau_nats=0.005: no val improvement of 0.005 nats over a tenth of the
     run. The shipped runs improve 0.011-0.03 nats over their slowest tenth. not_learning_nats=0.1:
     a plateau before the loss fell this far below its start means the run is not learning.
-    grad_spike=10.0: a gradient norm ten times the median of the logged ones before it.
+    grad_spike=10.0: a gradient norm ten times the scale of the logged ones before it: the larger
+    of their recent median (the last 20) and the median of the run's first 20 norms, which does
+    not collapse as a classifier's loss and its typical norm fall by orders of magnitude.
+    min_points=7 logged losses: with fewer, the overfitting, plateau and spike rules have nothing to
+    compare (a plateau needs five evals, a spike a median of three before it): a run that short,
+    with nothing above info, is "too short" to judge rather than healthy.
+    rise_fraction=0.5, plateau_relative=0.001, not_learning_fraction=0.02 (of the loss's first
+    value): loss_rise, plateau_nats and not_learning_nats without the nats, for a loss that is not
+    a next-token cross-entropy (a DPO loss from ln 2, a regression's error in the thousands); the
+    same size as the nats on a ~4.5-nat start (0.005 / 4.5 ~ 0.001, 0.1 / 4.5 ~ 0.02).
+    plateau_points=5, plateau_min_steps=20: a plateau spans five logged losses and twenty steps at
+    least (a 6-step stretch of a 60-step run is noise); the train loss is judged through the median
+    of its last five values, not one lucky batch.
+    uniform_margin=0.05 (of ln(vocab)): a loss that never got this far below ln(vocab) (nor
+    not_learning_nats) learned nothing: 0.54 nats at GPT-2's 50257 tokens, where text's unigram
+    entropy is ~7.5 nats, 0.21 at 65 characters (unigram ~3.3). A share, not nats: the Trainer
+    divides a causal LM's summed loss by every label of the batch, the first of each sequence too,
+    so a 32-token model at ln(50257) = 10.82 logs 31/32 of it, 10.49.
+    lr_decayed=0.1: a schedule already at a tenth of its peak learning rate has decayed; the
+    doctor does not advise decaying it again.
     """
 
     init_excess_info: float = 1.0
@@ -78,3 +97,11 @@ class DoctorThresholds:
     plateau_nats: float = 0.005
     not_learning_nats: float = 0.1
     grad_spike: float = 10.0
+    min_points: int = 7
+    rise_fraction: float = 0.5
+    plateau_relative: float = 0.001
+    not_learning_fraction: float = 0.02
+    plateau_points: int = 5
+    plateau_min_steps: int = 20
+    lr_decayed: float = 0.1
+    uniform_margin: float = 0.05
