@@ -92,3 +92,44 @@ def test_a_ray_address_nothing_answers_at_is_one_line_at_once(address, text_file
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --backend ray:") and address in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_run_hears_sigint_even_when_its_starter_blocks_it(tmp_path):
+    from train.sweep_local import launch
+
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # as a Ray worker does
+    try:
+        proc = launch(["grep", "^SigBlk", "/proc/self/status"], tmp_path / "mask.log")
+        assert proc.wait() == 0
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    blocked = int((tmp_path / "mask.log").read_text().split()[1], 16)
+    assert not blocked & (1 << (signal.SIGINT - 1)) and not blocked & (1 << (signal.SIGTERM - 1))
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_ray_sweeps_runs_and_each_says_so(text_file, tmp_path):  # noqa: F811
+    pytest.importorskip("ray")
+    out = tmp_path / "ray"
+    argv = [*sweep_args(text_file, out, "--backend", "ray")[:-4], "--workers", "2", "--lr", "0.01,0.02",
+            "--steps", "100000", "--log-every", "1", "--backend", "ray"]
+    argv = [a for i, a in enumerate(argv) if not (a == "--vary" or (i and argv[i - 1] == "--vary"))]
+    driver = subprocess.Popen([sys.executable, "-m", "train.sweep", *argv], cwd=REPO, stderr=subprocess.PIPE,
+                              text=True, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    runs = [out / "lr=1e-02", out / "lr=2e-02"]
+    training = lambda r: lock_holder(r) and (r / "metrics.jsonl").is_file() \
+        and len((r / "metrics.jsonl").read_text().splitlines()) > 3  # noqa: E731
+    assert wait_for(lambda: all(training(r) for r in runs), 180), "the runs never started"
+    children = [int(lock_holder(r)) for r in runs]
+    driver.send_signal(signal.SIGINT)
+    _, err = driver.communicate(timeout=120)
+    assert driver.returncode == 130, err
+    assert not [pid for pid in children if alive(pid)]
+    book = {r["name"]: r for r in json.loads((out / "sweep.json").read_text())["runs"]}
+    for run in runs:
+        last_line = (out / "logs" / f"{run.name}.log").read_text().strip().splitlines()[-1]
+        assert "interrupted at step" in last_line, last_line
+        last_step = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"]
+        assert book[run.name]["status"] == "interrupted" and book[run.name]["last_step"] == last_step
+    assert "Ray task failed" not in err

@@ -4,7 +4,7 @@ torch thread (OMP_NUM_THREADS=1), at most --workers at a time; its console goes 
 Each process runs in its own session, so a Ctrl-C at the terminal reaches the driver alone; the
 driver then asks every live run to stop (SIGINT: the trainer finishes its step, saves a snapshot
 and exits 130) and waits for them before it writes sweep.json and leaves. A driver killed outright
-(SIGKILL) takes its runs with it: each gets SIGTERM from the kernel (`die_with`).
+(SIGKILL) takes its runs with it: each gets SIGTERM from the kernel (`child_setup`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ __all__ = ["POLL_S", "STOP_WAIT_S", "run_local", "train_argv", "train_env"]
 
 POLL_S = 0.1  # how often the driver looks for runs that ended
 PR_SET_PDEATHSIG = 1  # prctl option: the signal a child gets when its parent dies
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 STOP_WAIT_S = 60.0  # after Ctrl-C, how long a run gets to save its snapshot before it is killed
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -49,23 +50,25 @@ def train_env(code: str | None = None) -> dict[str, str]:
     return env
 
 
-def die_with(parent: int) -> Callable[[], None] | None:
-    """For Popen's preexec_fn (Linux): the child gets SIGTERM when the driver dies, however it dies
-    (SIGKILL included), so no run trains on unseen; SIGTERM makes the trainer save and exit 143.
-    None where prctl is not there (the child then outlives a killed driver, as before)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return None
+def child_setup(parent: int) -> Callable[[], None]:
+    """Popen's preexec_fn for a run. The run hears SIGINT and SIGTERM whatever its starter blocked:
+    a Ray worker blocks SIGINT, a signal mask is inherited, and its runs then never heard the cancel
+    and trained on. On Linux the run also gets SIGTERM when its driver dies, however it dies
+    (SIGKILL included), so no run trains on unseen; SIGTERM makes the trainer save and exit 143."""
+    prctl = None
+    if sys.platform.startswith("linux"):
+        try:
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            prctl = None
 
-    def arm() -> None:  # runs in the child between fork and exec
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:  # the driver died before the line above: do not start at all
-            os._exit(1)
-    return arm
+    def setup() -> None:  # runs in the child between fork and exec
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+            if os.getppid() != parent:  # the driver died before the line above: do not start at all
+                os._exit(1)
+    return setup
 
 
 def launch(command: list[str], log_path: Path, cwd: str | None = None, code: str | None = None) -> subprocess.Popen:
@@ -73,7 +76,7 @@ def launch(command: list[str], log_path: Path, cwd: str | None = None, code: str
     with open(log_path, "wb") as log_file:  # the child keeps its own descriptor
         return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=train_env(code), cwd=cwd, start_new_session=True,
-                                preexec_fn=die_with(os.getpid()))
+                                preexec_fn=child_setup(os.getpid()))
 
 
 def stop(proc: subprocess.Popen, deadline: float) -> int:

@@ -201,6 +201,8 @@ def collect(ref: Any, job: Job, t0: float) -> tuple[int | None, float, str | Non
 
     try:
         result = ray.get(ref)
+    except ray.exceptions.TaskCancelledError:  # our own Ctrl-C: the run saved and said so in its log
+        return None, time.monotonic() - t0, None
     except ray.exceptions.RayError as err:
         reason = (str(err).strip().splitlines() or [type(err).__name__])[-1]
         log.warning("sweep: %s: the Ray task failed: %s", job.name, reason)
