@@ -69,6 +69,9 @@ class Monitor:
                              f"(ours, nanoGPT, HF GPT-2), not a {type(self.model).__name__}: pass save_every=0 "
                              "and save it your own way")
         self.eval_tokens = self._check_eval_tokens(eval_tokens)
+        self.plan, self.tapped_model = None, None  # a model the store cannot rebuild: read by the tap
+        if self.config is None and self.eval_tokens is not None:
+            self._plan_tap(autocast)
         self.resume, self.report_at_close, self.autocast = resume, report, autocast
         self.doctor = None
         if diagnose_every or report:
@@ -107,6 +110,18 @@ class Monitor:
                 raise ValueError(f"Monitor: eval_tokens holds ids outside [0, {self.config.d_vocab}) "
                                  f"(min {int(tokens.min())}, max {int(tokens.max())})")
         return tokens.long()
+
+    def _plan_tap(self, autocast: Any) -> None:
+        """The blocks, unembedding and activations of a model we never rebuilt, and what run.json
+        says of it, from one forward on the eval tokens (a failing forward is refused here)."""
+        from train.monitor_tap import dims, plan
+        self.plan = plan(self.model)
+        try:
+            self.tapped_model = dims(self.plan, self.eval_tokens, autocast)
+        except (IndexError, RuntimeError, ValueError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ValueError(f"Monitor: the {type(self.model).__name__} failed on eval_tokens of shape "
+                             f"{list(self.eval_tokens.shape)}: {first}") from None
 
     def _open(self, run_info: dict[str, Any] | None, lock: bool) -> None:
         """Lock the run directory (unless the caller holds its lock, as our trainer does), refuse to
@@ -300,14 +315,15 @@ class Monitor:
         return record
 
     def _internals(self) -> dict[str, Any]:
-        if self.eval_tokens is None or self.config is None:
+        if self.eval_tokens is None:
             if not self._said_no_internals:
                 self._said_no_internals = True
-                log.info("monitor: %s", "no eval_tokens given: attention entropy, attention logits, "
-                         "residual rms, |logit| and dead units are not measured" if self.config is not None
-                         else f"a {type(self.model).__name__} is not a model models.store reads (ours, "
-                         "nanoGPT, HF GPT-2): its internals are not measured")
+                log.info("monitor: no eval_tokens given: attention entropy, attention logits, residual "
+                         "rms, |logit| and dead units are not measured")
             return {}
+        if self.plan is not None:
+            from train.monitor_tap import measure
+            return measure(self.plan, self.eval_tokens, self.autocast)
         return internal_stats(hooked_twin(self.model, self.config), self.eval_tokens, self.autocast)
 
     def save(self, step: int) -> Path:

@@ -133,7 +133,7 @@ def monitored_run_json(monitor: Monitor) -> dict[str, Any]:
     hyper = hyperparameters(optimizer.defaults or optimizer.param_groups[0])
     several = len(optimizer.param_groups) > 1
     return {"preset": None, "source": "monitor", "trainer": monitor.trainer,
-            "model": None if monitor.config is None else monitor.config.to_dict(),
+            "model": monitor.tapped_model if monitor.config is None else monitor.config.to_dict(),
             "monitored_model": describe_model(monitor),
             "train": {"steps": monitor.steps, "log_every": monitor.log_every, "eval_every": monitor.eval_every,
                       "optimizer": type(optimizer).__name__.lower(), **hyper,

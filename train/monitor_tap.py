@@ -1,0 +1,228 @@
+"""The Monitor's internals on a model the store cannot rebuild as ours (nanochat's GPT, a Hugging
+Face Llama, a tutorial GPT): one no-grad, eval-mode forward of the module itself on the eval
+tokens, read by the attention tap (`models.tap`) and a few forward hooks.
+
+- attn_entropy / attn_logit_max {layer: [per head]}: from each attention call the tap reads, the
+  same reductions as our hooked models' (`train.data.forward_stats`);
+- resid_rms {layer: rms}: the output of each block, the children of the model's main ModuleList
+  (or Sequential) of blocks;
+- logit_max: the largest |logit| at the unembedding module's output (`lm_head`, `out_head`, ...),
+  before any softcap the model applies after it (nanochat's 15 tanh(x / 15));
+- activations {module: {dead, saturated, ...}}: where the non-linearity is a module
+  (nn.ReLU / GELU / SiLU / Tanh, Hugging Face's GELU / SiLU activations); a functional one
+  (nanochat's relu²) is not measured.
+
+`plan(model)` finds those modules once; `measure(plan, tokens)` is one eval step's record;
+`dims(...)` is what run.json's `model` says of the model, from the first forward.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from models.tap import TapError, context_of, tap_forward
+from probes.activations import LayerStats
+from probes.entropy import series_entropy
+from probes.thresholds import SATURATION
+
+log = logging.getLogger("train.monitor")
+
+__all__ = ["Plan", "dims", "measure", "plan"]
+
+ACTIVATIONS = {nn.ReLU: "relu", nn.GELU: "gelu", nn.SiLU: "silu", nn.Tanh: "tanh"}
+# Hugging Face's activation modules (transformers.activations), by class name: act_fn -> names
+HF_ACTIVATIONS = {"gelu": ("GELUActivation", "NewGELUActivation", "FastGELUActivation", "GELUTanh",
+                           "PytorchGELUTanh", "AccurateGELUActivation"), "silu": ("SiLUActivation",)}
+
+
+def act_fn_of(module: nn.Module) -> str | None:
+    """relu / gelu / silu / tanh for a non-linearity module our dead-unit rules know, else None."""
+    kind = next((a for t, a in ACTIVATIONS.items() if type(module) is t), None)
+    name = type(module).__name__
+    return kind or next((a for a, names in HF_ACTIVATIONS.items() if name in names), None)
+UNEMBED_NAMES = ("lm_head", "out_head", "head", "output", "embed_out", "unembed", "W_U")
+
+
+@dataclass
+class Plan:
+    model: nn.Module
+    blocks: list[tuple[str, nn.Module]]  # the residual stream's blocks, in order
+    unembed: tuple[str, nn.Module] | None
+    activations: list[tuple[str, nn.Module, str]]  # (name, module, act_fn)
+    tap_error: str | None = None  # why the tap read nothing, once known
+    windows: dict[str, int] = field(default_factory=dict)  # layer -> keys a query row sees, where < pos
+
+
+def main_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The children of the ModuleList / Sequential holding the most parameters whose children are
+    all one class with children of their own (the blocks, not an MLP's Linear-act-Linear)."""
+    best, best_size = [], 0
+    for name, module in model.named_modules():
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)) or not len(module):
+            continue
+        kids = list(module.named_children())
+        if len({type(k) for _, k in kids}) != 1 or not list(kids[0][1].children()):
+            continue
+        size = sum(p.numel() for p in module.parameters())
+        if size > best_size:
+            best, best_size = [(f"{name}.{k}" if name else k, m) for k, m in kids], size
+    return best
+
+
+def unembedding(model: nn.Module) -> tuple[str, nn.Module] | None:
+    """The module whose output is the logits before any cap: by its usual names, else the last Linear."""
+    named = list(model.named_modules())
+    for name, module in named:
+        if name.rsplit(".", 1)[-1] in UNEMBED_NAMES and isinstance(module, nn.Linear):
+            return name, module
+    linears = [(n, m) for n, m in named if isinstance(m, nn.Linear)]
+    return linears[-1] if linears else None
+
+
+def plan(model: nn.Module) -> Plan:
+    acts = [(n, m, a) for n, m in model.named_modules() if (a := act_fn_of(m))]
+    return Plan(model, main_blocks(model), unembedding(model), acts)
+
+
+def first_tensor(output: Any) -> torch.Tensor | None:
+    """A block's output: a tensor, or the first item of a tuple (Hugging Face's older layers)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    return None
+
+
+class Readings:
+    """What the hooks and the tap read during the one forward."""
+
+    def __init__(self, p: Plan):
+        self.rms: dict[str, torch.Tensor] = {}
+        self.logit_max: torch.Tensor | None = None
+        self.vocab: int | None = None
+        self.acts = {name: LayerStats(act, SATURATION) for name, _, act in p.activations}
+        self.d_model: int | None = None
+        self.entropy: dict[str, list[float]] = {}
+        self.score_max: dict[str, torch.Tensor] = {}
+        self.heads: list[int] = []
+        self.windows: dict[str, int] = {}
+
+    def attention(self, call: Any) -> None:
+        pattern, scores = call.pattern, call.scores  # [batch head q k] each, -inf where masked
+        layer = str(call.layer)
+        self.entropy[layer] = [round(float(h), 6) for h in series_entropy(pattern.float())]
+        self.score_max[layer] = scores.amax(dim=(0, 2, 3)).float()  # [head]
+        self.heads.append(call.n_heads)
+        seen = int((scores > -math.inf).sum(-1).amax())  # the most keys any query row sees
+        if seen < scores.shape[-1]:
+            self.windows[layer] = seen
+
+
+def hooks(p: Plan, r: Readings) -> list[Any]:
+    def on_block(i: int):
+        def hook(module, args, output):
+            x = first_tensor(output)  # [batch pos d_model]
+            if x is not None:
+                r.rms[str(i)] = x.float().square().mean().sqrt()
+                r.d_model = x.shape[-1]
+        return hook
+
+    def on_unembed(module, args, output):  # [batch pos vocab] (nanochat pads it: cut after)
+        r.logit_max = output.detach().abs().amax(dim=(0, 1))
+
+    def on_act(name: str):
+        return lambda module, args, output: r.acts[name].update(args[0].detach(), output.detach())
+
+    handles = [m.register_forward_hook(on_block(i)) for i, (_, m) in enumerate(p.blocks)]
+    if p.unembed is not None:
+        handles.append(p.unembed[1].register_forward_hook(on_unembed))
+    handles += [m.register_forward_hook(on_act(n)) for n, m, _ in p.activations]
+    return handles
+
+
+def forward(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext) -> Readings:
+    """One no-grad eval forward of the model on tokens [batch pos], read by the tap and the hooks;
+    the modules' modes are put back after. Where the tap reads nothing, a plain forward (once
+    said)."""
+    r = Readings(p)
+    handles = hooks(p, r)
+    try:
+        with autocast():
+            if p.tap_error is None:
+                try:
+                    logits = tap_forward(p.model, tokens, r.attention).logits
+                except TapError as err:
+                    p.tap_error = str(err)
+                    log.info("monitor: attention entropy and attention logits are not measured: %s", err)
+                    r = forward(p, tokens, autocast)
+                    return r
+            else:
+                logits = plain_forward(p.model, tokens)
+    finally:
+        for handle in handles:
+            handle.remove()
+    r.vocab = logits.shape[-1]
+    if r.logit_max is None or r.logit_max.shape[0] < r.vocab:
+        r.logit_max = logits.detach().abs().amax(dim=(0, 1))
+    r.logit_max = r.logit_max[:r.vocab].amax()  # padded vocabulary columns are not logits
+    return r
+
+
+def plain_forward(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    from models.tap import eval_pass, logits_of
+    with eval_pass(model):
+        return logits_of(model(tokens))
+
+
+def stats(r: Readings) -> dict[str, Any]:
+    """The record's internals, in the keys our models' records use."""
+    out: dict[str, Any] = {}
+    if r.entropy:
+        out["attn_entropy"] = r.entropy
+        out["attn_logit_max"] = {layer: m.tolist() for layer, m in r.score_max.items()}
+    if r.rms:
+        out["resid_rms"] = {layer: float(v) for layer, v in r.rms.items()}
+    out["logit_max"] = float(r.logit_max)
+    health = {name: s.summary(bins=1) for name, s in r.acts.items() if s.ever_active is not None}
+    if health:
+        out["activations"] = {name: {"dead": h["dead_fraction"], "saturated": h["saturated_fraction"],
+                                     "nonfinite": h["nonfinite_fraction"], "mean": h["mean"], "std": h["std"]}
+                              for name, h in health.items()}
+    return out
+
+
+@torch.no_grad()
+def measure(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext) -> dict[str, Any]:
+    """One eval step's internals of the planned model on tokens [batch pos]."""
+    device = next(p.model.parameters()).device
+    return stats(forward(p, tokens.to(device), autocast))
+
+
+@torch.no_grad()
+def dims(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext) -> dict[str, Any]:
+    """run.json's `model` from one forward on tokens: layers, heads, width, context (the eval rows'
+    length: the entropy rules' uniform baseline), vocabulary, the activation, sliding windows seen."""
+    device = next(p.model.parameters()).device
+    r = forward(p, tokens.to(device), autocast)
+    acts = sorted({a for _, _, a in p.activations})
+    model = p.model
+    out = {"family": "transformer", "source": "tap", "class": type(model).__name__,
+           "n_layers": len(r.heads) or len(p.blocks), "n_heads": max(r.heads) if r.heads else None,
+           "d_model": r.d_model, "n_ctx": int(tokens.shape[1]), "d_vocab": r.vocab,
+           "max_context": context_of(model),
+           "act_fn": acts[0] if len(acts) == 1 else None,
+           "blocks": [n for n, _ in p.blocks], "unembedding": p.unembed[0] if p.unembed else None}
+    if r.windows:
+        out["attn_windows"] = r.windows
+    if not p.activations:
+        out["activations"] = "not measured: the non-linearity is not a module (a function call)"
+    if p.tap_error:
+        out["attention"] = f"not measured: {p.tap_error}"
+    return out
