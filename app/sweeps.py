@@ -73,13 +73,15 @@ def points(result: dict[str, Any], labels: dict[str, str]) -> pd.DataFrame:
         if run["status"] != "finished":
             continue
         diverged = run.get("diverged_at") is not None
-        final = run.get("final_val_loss")
+        final = None if diverged else run.get("final_val_loss")  # as the chart says: a diverged run has none
         rows.append({"run": labels.get(run["dir"], run["dir"]), "lr": run["lr"], "variant": run["variant"],
                      "final val loss": final, "diverged at": run.get("diverged_at"),
+                     "final": "none (diverged)" if diverged else "-" if final is None else f"{final:.3f}",
+                     "diverged": f"step {run['diverged_at']}" if diverged else "no",  # the tooltip's words
                      "verdict": run.get("verdict") or "-", "findings": ", ".join(run.get("findings") or []),
                      "point": "diverged" if diverged or final is None else (run.get("verdict") or "healthy")})
-    frame = pd.DataFrame(rows, columns=["run", "lr", "variant", "final val loss", "diverged at", "verdict",
-                                        "findings", "point"])
+    frame = pd.DataFrame(rows, columns=["run", "lr", "variant", "final val loss", "diverged at", "final", "diverged",
+                                        "verdict", "findings", "point"])
     finals = [v for v, p in zip(frame["final val loss"], frame["point"]) if p != "diverged"]
     low, high = (min(finals), max(finals)) if finals else (0.0, 1.0)
     step = max(high - low, 0.1) * STACK
@@ -121,8 +123,8 @@ def chart(frame: pd.DataFrame) -> alt.LayerChart:
     lines = alt.Chart(finite).mark_line().encode(x=x, y=y, color=colour, detail="variant:N")
     shape = alt.Shape("point:N", title="doctor / outcome",
                       scale=alt.Scale(domain=list(SHAPES), range=list(SHAPES.values())))
-    tooltip = ["run", alt.Tooltip("lr:Q", format=".1e"), "variant", alt.Tooltip("final val loss:Q", format=".3f"),
-               "diverged at", "verdict", "findings"]
+    tooltip = ["run", alt.Tooltip("lr:Q", format=".1e"), "variant", alt.Tooltip("final:N", title="final val loss"),
+               alt.Tooltip("diverged:N", title="diverged at"), "verdict", "findings"]
     dots = alt.Chart(frame).mark_point(filled=True, size=110).encode(
         x=x, y=y, color=colour, shape=shape, tooltip=tooltip).add_params(pick)
     edge = alt.Chart(pd.DataFrame({"y": [edge_of(low, high)]})).mark_rule(strokeDash=[4, 4], color="#999").encode(y="y:Q")

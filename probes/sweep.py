@@ -33,6 +33,8 @@ from probes.sweep_stats import SWEEP_FILE
 __all__ = ["SweepResult", "build_parser", "main", "rate_text", "run"]
 
 CELL = 29  # characters per variant in the table
+STABLE_NOTE = ("stable rates: consecutive rates whose runs the doctor calls healthy or warning; a divergence "
+               "or a failed run ends the range. A diverged run has no final loss ('-').")
 
 
 def rate_text(rate: float) -> str:
@@ -65,7 +67,7 @@ class SweepResult:
         return {"sweep": self.path, **self.data}
 
     def format(self) -> str:
-        return "\n".join([self.headline(), "", *self.table(), "", *self.summary()])
+        return "\n".join([self.headline(), "", *self.table(), "", *self.summary(), "", STABLE_NOTE])
 
     def headline(self) -> str:
         grid, runs = self.data["grid"], self.runs
@@ -84,7 +86,7 @@ class SweepResult:
         return [(f"{first:8}" + "".join(f"  {c:<{CELL}}" for c in cells)).rstrip() for first, cells in rows]
 
     def summary(self) -> list[str]:
-        lines = [f"{'variant':<24} {'LR sensitivity':<20} {'stable rates':<34} best"]
+        lines = [f"{'variant':<24} {'LR sensitivity':<20} {'stable rates':<34} best"]  # see STABLE_NOTE
         for v in self.variants:
             sens = "-" if v.get("lr_sensitivity") is None else f"{v['lr_sensitivity']:.3f}"
             if not v.get("complete"):
@@ -103,8 +105,8 @@ def cell_text(run: dict[str, Any] | None) -> str:
         return f"running, step {run['last_step']}/{run.get('steps', '?')}"
     if status != "finished":
         return status + (f" (exit {run['exit_code']})" if run.get("exit_code") is not None else "")
-    final = "-" if run.get("final_val_loss") is None else loss_text(run["final_val_loss"])
     diverged = "-" if run.get("diverged_at") is None else f"step {run['diverged_at']}"
+    final = "-" if run.get("final_val_loss") is None or diverged != "-" else loss_text(run["final_val_loss"])
     return f"{final:>7}  {diverged:<10} {run.get('verdict') or '-'}"
 
 

@@ -22,10 +22,11 @@ from models.store.run import read_metrics, read_run_json
 from probes.doctor.diagnosis import run as diagnose
 
 __all__ = ["LOSS_KEYS", "SWEEP_FILE", "first_nonfinite_step", "is_finite", "lr_sensitivity",
-           "run_finished", "run_outcome", "stable_range", "variant_summary"]
+           "run_finished", "run_outcome", "stable_range", "unstable", "variant_summary"]
 
 SWEEP_FILE = "sweep.json"
 LOSS_KEYS = ("train_loss", "val_loss")  # a record where one of these is NaN/inf (null) diverged
+STABLE_ENDS_AT = "failed"  # the doctor's verdict that ends a stable range, as a divergence does
 
 
 def is_finite(value: Any) -> bool:
@@ -121,6 +122,12 @@ def run_finished(outcome: dict[str, Any]) -> bool:
 # ------------------------------------------------------------------ one variant
 
 
+def unstable(run: dict[str, Any]) -> bool:
+    """A run that ends a stable range: it diverged, or the doctor calls it failed (an attention
+    collapse, a loss that ended above its start). Healthy and warning runs are inside a range."""
+    return run.get("diverged_at") is not None or run.get("verdict") == STABLE_ENDS_AT
+
+
 def variant_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """A variant's finished runs summarised: LR sensitivity, widest stable range, best rate."""
     done = sorted((r for r in runs if r.get("status") == "finished"), key=lambda r: r["lr"])
@@ -130,5 +137,6 @@ def variant_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     best = min(good) if good else (None, None)
     return {"finished": len(done), "runs": len(runs), "complete": len(done) == len(runs),
             "lr_sensitivity": lr_sensitivity(losses, [r.get("init_val_loss") for r in done]),
-            "stable_range": stable_range([r["lr"] for r in done], diverged),
-            "diverged": sum(diverged), "best_lr": best[1], "best_val_loss": best[0]}
+            "stable_range": stable_range([r["lr"] for r in done], [unstable(r) for r in done]),
+            "diverged": sum(diverged), "failed": sum(unstable(r) and not bad for r, bad in zip(done, diverged)),
+            "best_lr": best[1], "best_val_loss": best[0]}

@@ -12,7 +12,7 @@ import pytest
 from models.checkpoint import list_snapshots, read_metrics
 from models.store.run import read_run_json
 from probes import sweep as probe_sweep
-from probes.sweep_stats import lr_sensitivity, run_outcome, stable_range
+from probes.sweep_stats import lr_sensitivity, run_outcome, stable_range, unstable
 
 SWEEP = Path(__file__).resolve().parent.parent / "checkpoints" / "sweep_qk_norm"
 BOOK = json.loads((SWEEP / "sweep.json").read_text(encoding="utf-8"))
@@ -49,7 +49,8 @@ def test_the_summaries_follow_from_the_runs():
         diverged = [r["diverged_at"] is not None for r in runs]
         losses = [None if bad else r["final_val_loss"] for r, bad in zip(runs, diverged)]
         assert variant(name)["lr_sensitivity"] == pytest.approx(lr_sensitivity(losses, [r["init_val_loss"] for r in runs]))
-        assert variant(name)["stable_range"] == stable_range([r["lr"] for r in runs], diverged)
+        assert variant(name)["stable_range"] == stable_range([r["lr"] for r in runs], [unstable(r) for r in runs])
+        assert variant(name)["failed"] == sum(r["verdict"] == "failed" and r["diverged_at"] is None for r in runs)
 
 
 def test_the_cards_claims_qk_norm_does_not_widen_the_stable_range_at_this_scale():

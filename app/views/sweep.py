@@ -16,7 +16,7 @@ import streamlit as st
 
 from app import sweeps
 from app.views.common import error_text, show
-from probes.sweep import range_text, rate_text
+from probes.sweep import STABLE_NOTE, range_text, rate_text
 
 OPENED = "sweep_opened"  # clicks followed so far: each chart starts with no point selected
 
@@ -85,14 +85,15 @@ def summary(result: dict[str, Any]) -> None:
             format="%.3f", help="Wortsman et al. 2023: over the swept rates, the mean of min(final loss, loss "
                                 "at init) minus the best of those (a diverged run counts as its loss at init); "
                                 "0 = every rate reached the best loss"),
-        "decades": st.column_config.NumberColumn(format="%.1f", help="the widest run of consecutive rates "
-                                                                     "that did not diverge, log10(hi / lo)")})
+        "stable rates": st.column_config.TextColumn(help=STABLE_NOTE),
+        "decades": st.column_config.NumberColumn(format="%.1f", help="the width of the stable rates, log10(hi / lo)")})
 
 
 def table(result: dict[str, Any], labels: dict[str, str]) -> None:
     st.subheader("Every run")
     rows = [{"lr": rate_text(r["lr"]), "variant": r["variant"], "status": r["status"],
-             "final val loss": r.get("final_val_loss"), "diverged at": r.get("diverged_at"),
+             "final val loss": None if r.get("diverged_at") is not None else r.get("final_val_loss"),
+             "diverged at": r.get("diverged_at"),
              "verdict": r.get("verdict") or "-", "findings": ", ".join(r.get("findings") or []),
              "run": labels.get(r["dir"], r["dir"])} for r in result["runs"]]
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", column_config={
