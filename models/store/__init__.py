@@ -4,8 +4,9 @@
     snap = load_checkpoint("out-shakespeare-char/ckpt.pt")   # -> Snapshot(model, tokenizer, ...)
 
 Formats: our snapshot directory (:mod:`.snapshot`) and run directory (:mod:`.run`), the series'
-``.pt`` state dict (:mod:`.series`), nanoGPT's ``ckpt.pt`` (:mod:`.nanogpt`) and a Hugging Face
-GPT-2 directory (:mod:`.hf`); :mod:`.load` detects which, :mod:`.weights` builds and loads our
+``.pt`` state dict (:mod:`.series`), nanoGPT's ``ckpt.pt`` (:mod:`.nanogpt`), a Hugging Face
+GPT-2 directory (:mod:`.hf`), any other Hugging Face causal LM read through TransformerBridge
+(:mod:`.bridge`) and nanochat's checkpoints built by nanochat's own code (:mod:`.nanochat`); :mod:`.load` detects which, :mod:`.weights` builds and loads our
 model once a format has its config and state dict, :mod:`.result` is the one :class:`Snapshot`;
 :mod:`.peek` reads any format's config, step and format name without building the model
 (`from models.store.peek import peek`: the function shares its module's name).
@@ -22,6 +23,7 @@ _LAZY = {
     "CheckpointError": "files", "Snapshot": "result", "load_checkpoint": "load",
     "load_snapshot": "snapshot", "save_snapshot": "snapshot", "load_optimizer_state": "snapshot",
     "load_series_state_dict": "series", "load_nanogpt": "nanogpt", "load_hf_gpt2": "hf",
+    "load_hf_bridge": "bridge", "load_nanochat": "nanochat",
     "is_run_dir": "run", "is_snapshot_dir": "run", "list_snapshots": "run", "latest_snapshot": "run",
     "snapshot_name": "run", "snapshot_step": "run", "read_metrics": "run", "append_metrics": "run",
     "read_run_json": "run", "write_run_json": "run",

@@ -2,8 +2,11 @@
 
 - a directory with ``config.json``: our snapshot (``format_version``) or a Hugging Face GPT-2
   directory (``model_type``) — :mod:`.snapshot`, :mod:`.hf`;
-- a run directory (its latest snapshot): ours, or a folder of numbered nanoGPT checkpoints —
-  :mod:`.run`; a nanoGPT out_dir holding one ``ckpt.pt``: that file;
+- a run directory (its latest snapshot): ours, a folder of numbered nanoGPT checkpoints, or
+  nanochat's ``dN`` folder of ``model_NNNNNN.pt`` — :mod:`.run`; a nanoGPT out_dir holding one
+  ``ckpt.pt``: that file;
+- nanochat's ``model_NNNNNN.pt`` with its ``meta_NNNNNN.json``: :mod:`.nanochat`;
+- any other Hugging Face causal-LM directory: read through TransformerBridge, :mod:`.bridge`;
 - a ``.pt`` file, read once with ``torch.load(weights_only=True)``: a nanoGPT checkpoint when
   it carries ``model_args`` (:mod:`.nanogpt`), else a series state dict with ``preset`` or
   ``config`` (:mod:`.series`); anything else is one line naming the keys it has.
@@ -18,6 +21,7 @@ import torch
 
 from models.store.files import CheckpointError, read_json_object
 from models.store.hf import is_hf_config, load_hf_gpt2
+from models.store.nanochat_files import is_nanochat
 from models.store.nanogpt import is_nanogpt, load_nanogpt, why_not_nanogpt
 from models.store.result import Snapshot
 from models.store.run import SNAPSHOT_CONFIG, is_run_dir, latest_snapshot, read_run_json
@@ -89,6 +93,11 @@ def _fixed(preset: str | None, config: Any, kind: str, path: Path, recorded: Any
 
 
 def _load_pt(path: Path, preset: str | None, config: Any, device: Any, tokenizer: Any) -> Snapshot:
+    if is_nanochat(path):  # model_NNNNNN.pt with its meta_NNNNNN.json: built by nanochat's own code
+        _fixed(preset, config, "nanochat checkpoint", path)
+        from models.store.nanochat import load_nanochat  # builds with nanochat: only for these
+
+        return load_nanochat(path, device)
     loaded = torch_load(path)  # weights_only=True: a file that needs more is refused in one line
     if is_nanogpt(loaded):
         _fixed(preset, config, "nanoGPT checkpoint", path)

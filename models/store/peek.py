@@ -8,6 +8,10 @@ reads, as the config it would build (`models.info` prints the same config), its 
 A snapshot's or Hugging Face directory's config.json is read as JSON; a nanoGPT ``.pt`` is opened
 with ``torch.load(weights_only=True, mmap=True)``, so its tensors are mapped, not read (only the
 tied-unembedding test touches two of them); a series ``.pt`` is described by its preset alone.
+Another Hugging Face architecture (read through TransformerBridge) and a nanochat checkpoint are
+described by a ForeignConfig (`models.store.foreign`): layers, heads, context, vocabulary and
+parameters, from config.json (and the safetensors header) or nanochat's meta file (and the
+mapped weights).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from models.store.files import CheckpointError, read_json_object
+from models.store.nanochat_files import is_nanochat, nanochat_shape
 from models.store.run import SNAPSHOT_CONFIG
 
 __all__ = ["FORMATS", "holds_checkpoint", "peek"]
@@ -42,6 +47,8 @@ def peek(path: str | Path, preset: str | None = None) -> dict[str, Any]:
         path = path / NANOGPT_FILE
     if not path.is_file():
         raise CheckpointError(f"{path}: not found")
+    if is_nanochat(path):
+        return _nanochat(path)
     if preset:  # a series state dict: the preset is its config (nothing in the file says more)
         from models.presets import get_preset
 
@@ -88,6 +95,14 @@ def _nanogpt(path: Path) -> dict[str, Any]:
                               "needs its preset")
     return {"format": FORMATS["nanogpt"], "model": nanogpt_config(path, obj).to_dict(),
             "step": int_or_none(obj.get("iter_num"))}
+
+
+def _nanochat(path: Path) -> dict[str, Any]:
+    """The meta file's shape and step; the parameters counted on the mapped weights."""
+    state = _mapped(path)
+    count = sum(v.numel() for v in state.values() if hasattr(v, "numel")) if isinstance(state, dict) else None
+    shape, step = nanochat_shape(path, count)
+    return {"format": FORMATS["nanochat"], "model": shape.to_dict(), "step": step}
 
 
 def _mapped(path: Path) -> Any:

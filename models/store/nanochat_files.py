@@ -1,0 +1,49 @@
+"""Which files are nanochat's checkpoint, and the shape its meta file records: torch-free, for
+``load_checkpoint``'s detection, ``peek`` and the app's run list (:mod:`.nanochat` builds it).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from models.store.files import CheckpointError, read_json_object
+from models.store.foreign import ForeignConfig
+
+__all__ = ["is_nanochat", "meta_file", "nanochat_shape"]
+
+_MODEL_RE = re.compile(r"^model_(\d+)\.pt$")
+
+
+def meta_file(path: Path) -> Path | None:
+    """``meta_NNNNNN.json`` for nanochat's ``model_NNNNNN.pt`` (None for any other name)."""
+    match = _MODEL_RE.match(path.name)
+    return path.with_name(f"meta_{match.group(1)}.json") if match else None
+
+
+def is_nanochat(path: Path) -> bool:
+    """A ``model_NNNNNN.pt`` with its ``meta_NNNNNN.json`` beside it."""
+    meta = meta_file(path)
+    return meta is not None and meta.is_file()
+
+
+def nanochat_shape(path: Path, n_params: int | None = None) -> tuple[ForeignConfig, int | None]:
+    """(the shape, the step) the meta file of model file `path` records; torch-free."""
+    meta_path = meta_file(path)
+    meta = read_json_object(meta_path)
+    kwargs = meta.get("model_config")
+    if not isinstance(kwargs, dict):
+        raise CheckpointError(f"{meta_path}: no 'model_config' (nanochat writes the GPTConfig's fields there)")
+    ints = {}
+    for name in ("n_layer", "n_head", "n_embd", "sequence_len", "vocab_size"):
+        value = kwargs.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(f"{meta_path}: model_config[{name!r}] must be a positive integer, got {value!r}")
+        ints[name] = value
+    kv = kwargs.get("n_kv_head", ints["n_head"])
+    step = meta.get("step")
+    shape = ForeignConfig(architecture="nanochat", n_layers=ints["n_layer"], n_heads=ints["n_head"],
+                          n_kv_heads=kv if isinstance(kv, int) and kv > 0 else ints["n_head"],
+                          d_model=ints["n_embd"], n_ctx=ints["sequence_len"], d_vocab=ints["vocab_size"],
+                          n_params=n_params)
+    return shape, step if isinstance(step, int) and not isinstance(step, bool) else None
