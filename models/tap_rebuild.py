@@ -5,7 +5,8 @@
 the call defines them: `scale` (default 1/sqrt(E)), `is_causal` top-left aligned (row i sees keys
 j <= i, also when q and k lengths differ), a boolean `attn_mask` (True takes part) or an additive
 one, broadcast; fewer kv heads than query heads with `enable_gqa` (query head h reads kv head
-h // (Hq / Hkv)). `check_output` compares `pattern @ v` with the call's real output and raises a
+h // (Hq / Hkv)). `check_output` compares `pattern @ v` with the call's real output (on up to
+CHECKED_ROWS query rows: the check would otherwise cost as much as the attention) and raises a
 one-line `TapError` on a mismatch. `softmax_scores` turns an explicit softmax's input into scores
 with -inf where an additive mask hid a key (Hugging Face eager adds the dtype's minimum).
 """
@@ -79,19 +80,20 @@ def sdpa_scores(a: SdpaArgs) -> torch.Tensor:
     q = as_heads(a.query, "query").to(dtype)
     k = expand_kv(as_heads(a.key, "key").to(dtype), q.shape[1])
     scale = 1.0 / math.sqrt(q.shape[-1]) if a.scale is None else float(a.scale)
-    scores = torch.matmul(q, k.transpose(-2, -1)).mul_(scale)  # [batch head q k]
-    n_q, n_k = scores.shape[-2:]
-    if a.is_causal:  # top-left aligned: row i sees keys 0..i
-        hidden = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).triu_(1)
-        scores.masked_fill_(hidden, float("-inf"))
+    (b, h, n_q, e), n_k = q.shape, k.shape[-2]
+    # top-left aligned causal mask (row i sees keys 0..i), added inside the one matmul with the scale
+    causal = torch.zeros(n_q, n_k, dtype=dtype, device=q.device)
+    if a.is_causal:
+        causal.masked_fill_(torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu_(1), float("-inf"))
+    scores = torch.baddbmm(causal, q.reshape(b * h, n_q, e), k.reshape(b * h, n_k, e).transpose(1, 2),
+                           alpha=scale).view(b, h, n_q, n_k)  # [batch head q k]
     mask = a.attn_mask
-    if mask is not None:
-        mask = mask if mask.dim() != 3 or a.query.dim() != 4 else mask.unsqueeze(1)  # [batch q k]: every head
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        else:
-            scores = scores + mask.to(dtype)
-    return hide_minimum(scores)
+    if mask is None:
+        return scores
+    mask = mask if mask.dim() != 3 or a.query.dim() != 4 else mask.unsqueeze(1)  # [batch q k]: every head
+    if mask.dtype == torch.bool:
+        return scores.masked_fill(~mask, float("-inf"))
+    return hide_minimum(scores + mask.to(dtype))  # additive: Hugging Face's dtype minimum hides a key
 
 
 def hide_minimum(scores: torch.Tensor) -> torch.Tensor:
@@ -110,20 +112,34 @@ def relative_tolerance(dtype: torch.dtype) -> float:
     return 1e-3 if dtype in (torch.float32, torch.float64) else 3e-2
 
 
+CHECKED_ROWS = 128  # query rows of each call whose output is checked (evenly spread, the last included)
+
+
+def checked_rows(n: int) -> slice:
+    """The query rows `check_output` compares: all of them up to CHECKED_ROWS, else every k-th
+    row ending at the last (a rebuild with a wrong scale, mask or kv-head mapping is off on most
+    rows, not a few): a strided view, nothing copied."""
+    step = -(-n // CHECKED_ROWS)
+    return slice((n - 1) % step, n, step)
+
+
 def check_output(pattern: torch.Tensor, a: SdpaArgs, out: torch.Tensor, where: str) -> None:
-    """`pattern @ v` against the call's real output, relative to the values' scale; a mismatch is
-    refused in one line. Rows the call leaves all-masked (NaN in some kernels, 0 in others) and
-    entries where both are non-finite (a diverged model) are not compared."""
-    v = expand_kv(as_heads(a.value, "value").to(pattern.dtype), pattern.shape[1])
-    mine = torch.matmul(pattern, v)  # [batch head q Ev]
-    real = as_heads(out, "output").to(pattern.dtype)
-    both = torch.isfinite(mine) & torch.isfinite(real)
-    scale = float(v[torch.isfinite(v)].abs().max()) if bool(torch.isfinite(v).any()) else 1.0
+    """`pattern @ v` against the call's real output on `checked_rows`, relative to the values'
+    scale; a mismatch is refused in one line. Rows the call leaves all-masked (NaN in some
+    kernels, 0 in others) and entries where both are non-finite (a diverged model) are skipped."""
+    rows = checked_rows(pattern.shape[-2])
+    p = pattern[..., rows, :]  # [batch head rows k]
+    v = expand_kv(as_heads(a.value, "value").to(p.dtype), p.shape[1])
+    mine = torch.matmul(p, v)  # [batch head rows Ev]
+    real = as_heads(out, "output")[..., rows, :].to(p.dtype)
+    fin_mine, fin_real = torch.isfinite(mine), torch.isfinite(real)
+    scale = float(torch.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0).abs().max()) if v.numel() else 1.0
     tol = relative_tolerance(a.query.dtype) * max(scale, 1e-30)
-    err = (mine - real).abs().masked_fill_(~both, 0.0)
-    visible = torch.isfinite(pattern).all(-1, keepdim=True)  # [batch head q 1] rows with a real softmax
-    disagree = (torch.isfinite(mine) != torch.isfinite(real)) & visible
+    err = (mine - real).abs().masked_fill_(~(fin_mine & fin_real), 0.0)
     worst = float(err.max()) if err.numel() else 0.0
+    disagree = fin_mine != fin_real
+    if bool(disagree.any()):  # only rows with a real softmax count (not all-masked ones)
+        disagree &= torch.isfinite(p).all(-1, keepdim=True)
     if worst > tol or bool(disagree.any()):
         raise TapError(f"the attention rebuilt from {where}'s scaled_dot_product_attention arguments does not "
                        f"match its output (largest difference {worst:.3g}, values up to {scale:.3g}): its kernel "
