@@ -190,9 +190,9 @@ def run_cli(body: Callable[[], int | None]) -> int:
     try:
         with raising_signals():
             return body() or 0
-    except BrokenPipeError:  # `... | head` closed stdout: stop quietly, as Python's docs advise
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+    except BrokenPipeError:  # `... | head -1` had what it wanted: stop quietly and successfully
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (Python's docs), so the exit
+        return 0  # flush finds no closed pipe; no error happened that a user could act on
     except (ValueError, OSError) as err:
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"error: {message}", file=sys.stderr)
