@@ -82,10 +82,10 @@ def read_tensorboard(path: Path, tags: Iterable[str] | dict[str, str] | None = N
 
 def read_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
     """{tag: [(step, value)]} of every scalar in the events; one-line errors for what cannot be read."""
-    accumulator = event_accumulator()
     files = [path] if path.is_file() else event_files(path)
     for file in files:
         check_not_lfs_pointer(file)
+    accumulator = event_accumulator()
     acc = accumulator.EventAccumulator(str(path), size_guidance={accumulator.SCALARS: 0, accumulator.TENSORS: 0})
     try:
         acc.Reload()

@@ -246,7 +246,7 @@ def smoothed(series: list[tuple[int, float]], width: int = 5) -> list[tuple[int,
 def plateau(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     if h.loss_kind == "policy":
         raise not_nats(h, "near 0 by construction: not judged for a plateau")
-    key = loss_key(h)
+    key = loss_key(h, t.min_points)
     series = finite_series(h, key)
     if key == "train_loss":
         series = smoothed(series)
