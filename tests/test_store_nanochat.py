@@ -1,0 +1,150 @@
+"""--ckpt on nanochat's checkpoints: ``base_checkpoints/dN/model_NNNNNN.pt`` + ``meta_NNNNNN.json``,
+written here in our own words with the names and meta keys nanochat's save_checkpoint writes.
+Built with nanochat's own GPT where the ``nanochat`` package imports (those tests skip otherwise);
+without it, one line saying what to install."""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.checkpoint import CheckpointError, load_checkpoint
+
+DEPTH, HEADS, KV_HEADS, WIDTH, CONTEXT, VOCAB = 2, 4, 2, 32, 16, 100
+PADDED = 128  # nanochat pads its tables to a multiple of 64 rows
+
+
+def nanochat_state(seed: int) -> dict[str, torch.Tensor]:
+    """Every tensor nanochat's GPT saves, by its names and shapes: value embeddings (and their gate)
+    on the layers whose parity matches the last layer's."""
+    gen = torch.Generator().manual_seed(seed)
+    d_head = WIDTH // HEADS
+    kv = KV_HEADS * d_head
+    shapes = {"resid_lambdas": (DEPTH,), "x0_lambdas": (DEPTH,), "smear_lambda": (1,), "backout_lambda": (1,),
+              "transformer.wte.weight": (PADDED, WIDTH), "lm_head.weight": (PADDED, WIDTH),
+              "smear_gate.weight": (1, 24)}
+    for i in range(DEPTH):
+        block = f"transformer.h.{i}"
+        shapes.update({f"{block}.attn.c_q.weight": (WIDTH, WIDTH), f"{block}.attn.c_k.weight": (kv, WIDTH),
+                       f"{block}.attn.c_v.weight": (kv, WIDTH), f"{block}.attn.c_proj.weight": (WIDTH, WIDTH),
+                       f"{block}.mlp.c_fc.weight": (4 * WIDTH, WIDTH), f"{block}.mlp.c_proj.weight": (WIDTH, 4 * WIDTH)})
+        if i % 2 == (DEPTH - 1) % 2:
+            shapes[f"{block}.attn.ve_gate.weight"] = (KV_HEADS, 12)
+            shapes[f"value_embeds.{i}.weight"] = (PADDED, kv)
+    return {name: 0.3 * torch.randn(shape, generator=gen) for name, shape in shapes.items()}
+
+
+def write_nanochat(base: Path, steps=(10, 20), *, bf16_compiled: bool = False) -> Path:
+    """``base/base_checkpoints/d2`` holding one model and meta file per step; returns the folder."""
+    folder = base / "base_checkpoints" / f"d{DEPTH}"
+    folder.mkdir(parents=True)
+    for step in steps:
+        state = nanochat_state(step)
+        if bf16_compiled:  # a torch.compile'd model trained in bfloat16
+            state = {f"_orig_mod.{k}": v.bfloat16() for k, v in state.items()}
+        torch.save(state, folder / f"model_{step:06d}.pt")
+        meta = {"step": step, "val_bpb": 1.5, "user_config": {"depth": DEPTH},
+                "model_config": {"sequence_len": CONTEXT, "vocab_size": VOCAB, "n_layer": DEPTH, "n_head": HEADS,
+                                 "n_kv_head": KV_HEADS, "n_embd": WIDTH, "window_pattern": "SL"}}
+        (folder / f"meta_{step:06d}.json").write_text(json.dumps(meta))
+    return folder
+
+
+def nanochat_importable() -> bool:
+    try:
+        import nanochat.gpt  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_nanochat = pytest.mark.skipif(not nanochat_importable(), reason="the nanochat package does not import")
+
+
+@pytest.fixture
+def hidden(monkeypatch):
+    """nanochat made unimportable, whether or not it is installed."""
+    for name in [m for m in sys.modules if m == "nanochat" or m.startswith("nanochat.")] + ["nanochat"]:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_without_nanochat_one_line_says_what_to_install(tmp_path, hidden, capsys):
+    from probes import entropy
+
+    folder = write_nanochat(tmp_path)
+    with pytest.raises(CheckpointError, match=r"model_000020\.pt: a nanochat checkpoint is built with "
+                                              r"nanochat's own GPT.*pip install -e PATH/TO/nanochat"):
+        load_checkpoint(folder)  # dN: its latest step
+    assert entropy.main(["--ckpt", str(folder / "model_000010.pt"), "--text", "ab"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "model_000010.pt: a nanochat checkpoint" in error and "series" not in error
+
+
+def test_peek_reads_the_meta_file_and_counts_the_weights(tmp_path):
+    from models.store.peek import peek
+
+    folder = write_nanochat(tmp_path)
+    held = peek(folder / "model_000010.pt")
+    assert held["format"] == "nanochat checkpoint" and held["step"] == 10
+    assert held["model"] | {"n_params": None} == {
+        "architecture": "nanochat", "n_layers": DEPTH, "n_heads": HEADS, "n_kv_heads": KV_HEADS, "d_model": WIDTH,
+        "n_ctx": CONTEXT, "d_vocab": VOCAB, "n_params": None, "family": "transformer"}
+    assert held["model"]["n_params"] == sum(v.numel() for v in nanochat_state(10).values())
+
+
+def test_a_meta_file_without_its_config_is_one_line_naming_it(tmp_path):
+    folder = write_nanochat(tmp_path, steps=(5,))
+    (folder / "meta_000005.json").write_text(json.dumps({"step": 5}))
+    with pytest.raises(CheckpointError, match=r"meta_000005\.json: no 'model_config'"):
+        load_checkpoint(folder / "model_000005.pt")
+
+
+def test_a_model_file_without_its_meta_file_is_not_taken_for_nanochat(tmp_path):
+    folder = write_nanochat(tmp_path, steps=(5,))
+    (folder / "meta_000005.json").unlink()
+    with pytest.raises(CheckpointError, match=r"a series \.pt needs --preset"):
+        load_checkpoint(folder / "model_000005.pt")
+
+
+@needs_nanochat
+def test_built_by_nanochat_with_the_written_weights(tmp_path, caplog):
+    folder = write_nanochat(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        snap = load_checkpoint(folder)
+    assert type(snap.model).__module__ == "nanochat.gpt" and not snap.model.training
+    assert snap.step == 20 and snap.name == f"d{DEPTH}/model_000020.pt" and snap.tokenizer is None
+    assert (snap.config.n_layers, snap.config.n_kv_heads, snap.config.n_ctx) == (DEPTH, KV_HEADS, CONTEXT)
+    assert {k: v for k, v in snap.model.state_dict().items()}.keys() == nanochat_state(20).keys()
+    for name, tensor in nanochat_state(20).items():
+        assert torch.equal(snap.model.state_dict()[name], tensor), name
+    logits = snap.model(torch.tensor([[1, 2, 3, 99]]))
+    assert logits.shape == (1, 4, VOCAB) and bool(torch.isfinite(logits).all())
+    assert sum("token ids only" in r.getMessage() for r in caplog.records) == 1
+
+
+@needs_nanochat
+def test_bf16_and_compiled_names_load_as_nanochat_loads_them(tmp_path):
+    folder = write_nanochat(tmp_path, steps=(7,), bf16_compiled=True)
+    snap = load_checkpoint(folder / "model_000007.pt", device="cpu")
+    wte = snap.model.state_dict()["transformer.wte.weight"]
+    assert wte.dtype == torch.float32 and torch.equal(wte, nanochat_state(7)["transformer.wte.weight"].bfloat16().float())
+
+
+@needs_nanochat
+def test_its_tokenizer_pickle_is_never_opened_by_us(tmp_path, monkeypatch):
+    class Trap:
+        def __reduce__(self):
+            return (exec, ("raise SystemExit('unpickled')",))
+
+    folder = write_nanochat(tmp_path, steps=(3,))
+    (tmp_path / "tokenizer").mkdir()
+    (tmp_path / "tokenizer" / "tokenizer.pkl").write_bytes(pickle.dumps(Trap()))
+    monkeypatch.setitem(sys.modules, "nanochat.tokenizer", None)  # its loader absent: token ids only
+    snap = load_checkpoint(folder)
+    assert snap.tokenizer is None and "tokenizer loader does not import" in snap.meta["tokenizer_hint"]
