@@ -2,7 +2,7 @@
 
     from probes import diagnose
     d = diagnose.run("checkpoints/transformer4_nan")      # a run directory
-    d.verdict                                             # 'healthy' | 'warning' | 'failed'
+    d.verdict                                             # 'healthy' | 'warning' | 'failed' | 'too short'
     d.findings[0].code, d.findings[0].fix                 # ranked: severity, then step
     diagnose.run("checkpoints/transformer4_nan", step=3)  # as if the run had stopped at step 3
 

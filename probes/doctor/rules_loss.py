@@ -274,7 +274,8 @@ def plateau(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
         f"({end - start} steps)" + (" (it never left its initial value)" if stuck else ""), step=start,
         where=(key.replace("_", " "),),
         evidence={"loss_at_start": level, "plateau_steps": end - start, "window_steps": round(window),
-                  "learned_before": learned, "lr": lr, "lr_peak": h.lr_peak()},
+                  "learned_before_nats" if nats else "learned_before": learned,
+                  **({"lr": lr, "lr_peak": h.lr_peak()} if math.isfinite(lr) else {})},  # no "lr nan"
         cause="the updates are too small to move the loss" if stuck
               else "the loss has flattened at this learning rate",
         fix=f"raise the learning rate (it is {lr_text(lr)}; check the warmup and the schedule) and check "
