@@ -16,6 +16,8 @@ What is read, under a `TorchFunctionMode` for the one forward pass (nothing is p
   head, where q and k are the ids' length. Per-head calls made by sibling modules under one caller
   (`blocks.0.att.heads.0`, `.1`, ... called by `blocks.0.att`) are stacked in call order into one
   layer named by the caller.
+- `nn.MultiheadAttention` (its `F.multi_head_attention_forward` runs as one call under the mode,
+  so its own SDPA or softmax over [batch*head q k] is swapped for a reader during that call).
 
 Each layer reaches `reduce(call: AttentionCall) -> Any` inside the forward pass, with its name
 (the qualified name, from `named_modules`, of the module running the call), its number in call
@@ -50,6 +52,7 @@ log = logging.getLogger(__name__)
 __all__ = ["AttentionCall", "TapResult", "TapError", "StopTap", "tap_forward", "logits_of", "context_of"]
 
 SDPA = F.scaled_dot_product_attention
+MHA = F.multi_head_attention_forward
 SOFTMAXES = (torch.softmax, F.softmax, torch.Tensor.softmax)
 CONTEXT_ATTRS = ("max_position_embeddings", "n_ctx", "n_positions", "block_size", "sequence_len",
                  "context_length", "max_seq_len")
@@ -165,6 +168,13 @@ class _Reader:
         self.pending.append((caller, module, pattern, softmax_scores(x)))
 
 
+def without_dropout(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """An SDPA call's arguments with dropout_p 0 (positional or keyword): the tap reads an eval pass."""
+    if len(args) > 4:
+        return args[:4] + (0.0,) + tuple(args[5:]), kwargs
+    return args, {**kwargs, "dropout_p": 0.0}
+
+
 class _TapMode(TorchFunctionMode):
     def __init__(self, reader: _Reader):
         super().__init__()
@@ -173,17 +183,45 @@ class _TapMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         if func is SDPA:
-            if len(args) > 4:  # dropout off: the tap reads an eval pass
-                args = args[:4] + (0.0,) + tuple(args[5:])
-            else:
-                kwargs["dropout_p"] = 0.0
+            args, kwargs = without_dropout(args, kwargs)
             out = func(*args, **kwargs)
             self.reader.sdpa(args, kwargs, out)
             return out
+        if func is MHA:  # one call under the mode: its own SDPA / softmax are read inside it
+            with inside_mha(self.reader, args[4] if len(args) > 4 else kwargs["num_heads"]):
+                return func(*args, **kwargs)
         out = func(*args, **kwargs)
         if func in SOFTMAXES and isinstance(out, torch.Tensor):
             self.reader.softmax(args, kwargs, out)
         return out
+
+
+@contextmanager
+def inside_mha(reader: _Reader, n_heads: int) -> Iterator[None]:
+    """`nn.MultiheadAttention`'s `F.multi_head_attention_forward` reaches the mode as one call and runs
+    with it off; its SDPA (need_weights=False) or softmax over [batch*head q k] (need_weights=True)
+    are looked up in torch.nn.functional's globals, so they are swapped for readers for the call."""
+    real_sdpa, real_softmax = F.scaled_dot_product_attention, F.softmax
+
+    def sdpa(*args, **kwargs):
+        args, kwargs = without_dropout(args, kwargs)
+        out = real_sdpa(*args, **kwargs)
+        reader.sdpa(args, kwargs, out)
+        return out
+
+    def softmax(x, dim=None, *args, **kwargs):
+        out = real_softmax(x, dim, *args, **kwargs)
+        if x.dim() == 3 and dim in (-1, 2) and x.shape[0] % n_heads == 0:
+            shape = (x.shape[0] // n_heads, n_heads, *x.shape[1:])  # [batch head q k]
+            reader.flush()
+            reader.emit(reader.current(), out.float().view(shape), softmax_scores(x).view(shape), "softmax")
+        return out
+
+    F.scaled_dot_product_attention, F.softmax = sdpa, softmax
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention, F.softmax = real_sdpa, real_softmax
 
 
 @contextmanager
@@ -200,6 +238,8 @@ def module_stack(model: torch.nn.Module, reader: _Reader) -> Iterator[None]:
 
     try:
         for name, module in model.named_modules():
+            if isinstance(module, (torch.nn.Softmax, torch.nn.Dropout)):
+                continue  # an nn.Softmax is part of the attention module that calls it
             handles.append(module.register_forward_pre_hook(enter(name)))
             handles.append(module.register_forward_hook(leave, always_call=True))
         yield

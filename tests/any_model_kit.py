@@ -2,11 +2,13 @@
 the attention tap (`models.tap`) is checked against. Written here in our own words, in the layouts
 people use (tutorial GPTs, Hugging Face Llama / Qwen2, nanochat); all CPU-fast, nothing downloaded.
 
-- `PerHeadGPT`: one module per head, `torch.softmax` over `[batch q k]` (W_query, W_key, W_value,
-  out_proj, ff, norm1, tok_emb, pos_emb, out_head): the tutorial-book layout.
+- `PerHeadGPT`: one module per head, a softmax over `[batch q k]` (an `nn.Softmax` submodule in
+  layer 0, `torch.softmax` after; W_query, W_key, W_value, out_proj, ff, norm1, tok_emb, pos_emb,
+  out_head): the tutorial-book layout.
 - `BatchedGPT`: one packed `qkv`, `F.softmax` over `[batch head q k]` (proj, ffwd, ln1,
   token_embedding_table): the video-tutorial layout.
 - `SdpaGPT`: packed `qkv` and `F.scaled_dot_product_attention(is_causal=True)`.
+- `MhaGPT`: blocks on `nn.MultiheadAttention` (its SDPA path, or its softmax with need_weights).
 - `ChatGPT`: nanochat's layout (c_q/c_k/c_v/c_proj, rotary, QK-norm, grouped kv heads, a sliding
   window as a boolean mask on some layers, relu², untied head, logit softcap).
 - `hf_pair("llama" | "qwen2")`: the same random weights as an SDPA model and an eager one; the
@@ -40,11 +42,14 @@ def causal_hidden(n: int, device=None) -> torch.Tensor:
 # ---------------------------------------------------------------- one module per head
 
 class Head(nn.Module):
-    def __init__(self, d: int, d_head: int, owner: "PerHeadGPT"):
+    """One head; with `softmax_module` its softmax is an `nn.Softmax` submodule (else torch.softmax)."""
+
+    def __init__(self, d: int, d_head: int, owner: "PerHeadGPT", softmax_module: bool = False):
         super().__init__()
         self.W_query = nn.Linear(d, d_head, bias=False)
         self.W_key = nn.Linear(d, d_head, bias=False)
         self.W_value = nn.Linear(d, d_head, bias=False)
+        self.softmax = nn.Softmax(dim=-1) if softmax_module else None
         self.keep = owner.kept
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -52,15 +57,15 @@ class Head(nn.Module):
         n = x.shape[1]
         scores = q @ k.transpose(1, 2) / math.sqrt(k.shape[-1])  # [batch q k]
         scores = scores.masked_fill(causal_hidden(n, x.device), float("-inf"))
-        weights = torch.softmax(scores, dim=-1)
+        weights = torch.softmax(scores, dim=-1) if self.softmax is None else self.softmax(scores)
         self.keep.append(weights.detach())
         return weights @ v
 
 
 class PerHeadAttention(nn.Module):
-    def __init__(self, d: int, n_heads: int, owner: "PerHeadGPT"):
+    def __init__(self, d: int, n_heads: int, owner: "PerHeadGPT", softmax_module: bool = False):
         super().__init__()
-        self.heads = nn.ModuleList(Head(d, d // n_heads, owner) for _ in range(n_heads))
+        self.heads = nn.ModuleList(Head(d, d // n_heads, owner, softmax_module) for _ in range(n_heads))
         self.out_proj = nn.Linear(d, d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -68,10 +73,10 @@ class PerHeadAttention(nn.Module):
 
 
 class PerHeadBlock(nn.Module):
-    def __init__(self, d: int, n_heads: int, owner: "PerHeadGPT"):
+    def __init__(self, d: int, n_heads: int, owner: "PerHeadGPT", softmax_module: bool = False):
         super().__init__()
         self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.att = PerHeadAttention(d, n_heads, owner)
+        self.att = PerHeadAttention(d, n_heads, owner, softmax_module)
         self.ff = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -85,7 +90,8 @@ class PerHeadGPT(nn.Module):
         self.kept: list[torch.Tensor] = []  # [batch q k] per head, in call order
         self.n_heads, self.context_length = n_heads, ctx
         self.tok_emb, self.pos_emb = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
-        self.trf_blocks = nn.Sequential(*[PerHeadBlock(d, n_heads, self) for _ in range(n_layers)])
+        # layer 0's heads take an nn.Softmax submodule, the others torch.softmax
+        self.trf_blocks = nn.Sequential(*[PerHeadBlock(d, n_heads, self, l == 0) for l in range(n_layers)])
         self.final_norm = nn.LayerNorm(d)
         self.out_head = nn.Linear(d, vocab, bias=False)
 
@@ -168,6 +174,33 @@ class BatchedGPT(nn.Module):
 class SdpaGPT(BatchedGPT):
     """BatchedGPT on `F.scaled_dot_product_attention`; `set_explicit(True)` for its patterns."""
     explicit = False
+
+
+# ---------------------------------------------------------------- nn.MultiheadAttention
+
+class MhaGPT(nn.Module):
+    """Blocks on torch's `nn.MultiheadAttention` with a causal boolean mask; `need_weights` picks
+    its SDPA path (False) or its explicit softmax (True); `patterns` are the module's own weights."""
+
+    def __init__(self, n_layers: int = 2, n_heads: int = HEADS, d: int = D, ctx: int = CTX, vocab: int = VOCAB):
+        super().__init__()
+        self.need_weights, self.patterns, self.block_size = False, [], ctx
+        self.tok_emb, self.pos_emb = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
+        self.attns = nn.ModuleList(nn.MultiheadAttention(d, n_heads, batch_first=True) for _ in range(n_layers))
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(n_layers))
+        self.out_head = nn.Linear(d, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        self.patterns.clear()
+        x = self.tok_emb(idx) + self.pos_emb(torch.arange(idx.shape[1], device=idx.device))
+        for attn, norm in zip(self.attns, self.norms):
+            h = norm(x)
+            y, w = attn(h, h, h, attn_mask=causal_hidden(idx.shape[1], idx.device), need_weights=self.need_weights,
+                        average_attn_weights=False)
+            if w is not None:
+                self.patterns.append(w.detach())  # [batch head q k]
+            x = x + y
+        return self.out_head(x)
 
 
 # ---------------------------------------------------------------- nanochat's layout
@@ -310,6 +343,8 @@ def own_patterns(model: nn.Module, ids: torch.Tensor) -> list[torch.Tensor]:
             model.set_explicit(True)
         if isinstance(model, ChatGPT):
             model.keep = True
+        if isinstance(model, MhaGPT):
+            model.need_weights, was = True, model.need_weights
         try:
             model(ids)
             return [p.clone() for p in model.patterns]
@@ -318,3 +353,5 @@ def own_patterns(model: nn.Module, ids: torch.Tensor) -> list[torch.Tensor]:
                 model.set_explicit(bool(was))
             if isinstance(model, ChatGPT):
                 model.keep = False
+            if isinstance(model, MhaGPT):
+                model.need_weights = was

@@ -12,8 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from any_model_kit import (BatchedGPT, ChatGPT, PerHeadGPT, SdpaGPT, hf_pair, hf_patterns, own_patterns,
-                           tokens)
+from any_model_kit import (BatchedGPT, ChatGPT, MhaGPT, PerHeadGPT, SdpaGPT, hf_pair, hf_patterns,
+                           own_patterns, tokens)
 from models.tap import AttentionCall, StopTap, TapError, logits_of, tap_forward
 from models.tap_rebuild import check_output, sdpa_arguments
 
@@ -53,6 +53,32 @@ def test_tutorial_models_keep_their_own_patterns(cls, names, kind):
     for (_, pattern), want in zip(got.layers, ref):
         close(pattern, want)
     assert got.logits.shape == (2, 16, 50)
+
+
+@pytest.mark.parametrize("need_weights, kind", [(False, "sdpa"), (True, "softmax")])
+def test_multihead_attention_module_equals_its_own_weights(need_weights, kind):
+    torch.manual_seed(0)
+    model = MhaGPT().eval()
+    ids = tokens(2, 10)
+    ref = own_patterns(model, ids)  # the module's own need_weights=True, per head
+    model.need_weights = need_weights
+    got = tap_forward(model, ids)
+    assert [n for n, _ in got.layers] == ["attns.0", "attns.1"] and got.kinds == [kind, kind]
+    for (_, pattern), want in zip(got.layers, ref):
+        close(pattern, want)
+    assert F.softmax.__module__ == "torch.nn.functional" and F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
+
+
+def test_chat_model_explicit_path_through_tensor_softmax():
+    torch.manual_seed(0)
+    model = ChatGPT().eval()
+    ids = tokens(1, 12)
+    ref = own_patterns(model, ids)
+    model.keep = True  # its explicit path: Tensor.softmax over [batch head q k]
+    got = tap_forward(model, ids)
+    assert got.kinds == ["softmax", "softmax"]
+    for (_, pattern), want in zip(got.layers, ref):
+        close(pattern, want)
 
 
 def test_scores_are_pre_softmax_with_minus_inf_where_masked():
