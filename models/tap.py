@@ -6,11 +6,12 @@ whatever module makes it (our models, Hugging Face, nanochat, the GPTs tutorials
     result.layers   # [(module name, reduced value), ...] in layer order
     result.logits   # the model's logits [batch pos vocab]
 
-What is read, under a `TorchFunctionMode` for the one forward pass (nothing is patched):
+What is read, under a `TorchFunctionMode` for the one forward pass (no function is patched, but
+for the one below `nn.MultiheadAttention`):
 - `torch.nn.functional.scaled_dot_product_attention` (the same object as
   `torch._C._nn.scaled_dot_product_attention`): the pattern is rebuilt from the call's own
-  arguments (`models.tap_rebuild`) and `pattern @ v` is checked against the call's real output;
-  a mismatch raises `TapError`. `dropout_p` is set to 0 for the call (the tap reads an eval pass).
+  arguments (`models.tap_rebuild`) and `pattern @ v` is checked against the call's real output
+  (on up to 128 evenly spread query rows); a mismatch raises `TapError`. `dropout_p` is set to 0 for the call (the tap reads an eval pass).
 - an explicit softmax over the keys (`torch.softmax`, `F.softmax`, `Tensor.softmax`, so
   `nn.Softmax` too) with dim -1 over `[batch head q k]`, or over `[batch q k]` from one module per
   head, where q and k are the ids' length. Per-head calls made by sibling modules under one caller
@@ -30,8 +31,16 @@ every hook removed, also when the pass raises. A forward that made no call the t
 (FlashAttention kernels, flex attention, a `torch.compile`d model, a model without attention)
 raises `TapError` in one line naming what to switch.
 
-Public: `AttentionCall`, `TapResult`, `TapError`, `StopTap`, `tap_forward`, `logits_of`,
-`context_of`.
+Public API:
+- `tap_forward(model, ids, reduce=None) -> TapResult` (default reduce: keep each pattern);
+- `AttentionCall(module, layer, pattern, scores, n_heads, kind)`, kind "sdpa", "softmax" (batched
+  heads) or "heads" (one module per head, stacked);
+- `TapResult(layers, logits, n_heads, kinds, seq_len)`: `layers` [(module name, reduced value)]
+  in layer order, `n_heads` / `kinds` per layer, `logits` None after a StopTap;
+- `TapError` (a ValueError: one line), `StopTap` (raised by reduce to end the pass);
+- `logits_of(output)`: the logits in a tensor, `.logits`, a dict's "logits" or a tuple's first item;
+- `context_of(model)`: the context its config names (`max_position_embeddings`, `n_ctx`,
+  `n_positions`, `block_size`, `sequence_len`, `context_length`, `max_seq_len`), else None.
 """
 
 from __future__ import annotations
@@ -251,7 +260,8 @@ def module_stack(model: torch.nn.Module, reader: _Reader) -> Iterator[None]:
 @contextmanager
 def eval_pass(model: torch.nn.Module) -> Iterator[None]:
     """Eval mode and no_grad inside; each module's own mode put back after."""
-    modes = [(m, m.training) for m in model.modules()] if model.training else []
+    modes = [(m, m.training) for m in model.modules()]
+    modes = modes if any(training for _, training in modes) else []
     if modes:
         model.eval()
     try:
