@@ -287,7 +287,7 @@ def nothing_read(model: Any, seq_len: int) -> TapError:
     """The one line for a forward that made no call the tap reads, naming what to switch."""
     if "nanochat" in type(model).__module__:
         return TapError("nanochat ran its FlashAttention 3 kernel, which the tap cannot read: take its SDPA "
-                        "fallback (nanochat.flash_attention._override_impl = \"sdpa\", or run on CPU)")
+                        "fallback (set nanochat.flash_attention.USE_FA3 = False for the reading, or run on CPU)")
     return TapError(f"{type(model).__name__}'s forward made no attention call the tap can read (no "
                     f"scaled_dot_product_attention, no softmax over the keys of its {seq_len} tokens): a model "
                     "without attention, or a FlashAttention / flex / compiled kernel; switch to "

@@ -167,6 +167,16 @@ def test_compiled_and_flex_models_are_refused_naming_the_switch():
         tap_forward(hf_model("llama", "flex_attention"), tokens(1, 4))
 
 
+def test_flash_attention_models_are_refused_naming_the_switch():
+    flash = SdpaGPT()
+    flash.config = type("Config", (), {"_attn_implementation": "flash_attention_2"})()
+    with pytest.raises(TapError, match="'flash_attention_2'.*attn_implementation=\"sdpa\""):
+        tap_forward(flash, tokens(1, 4))
+    fa3 = type("GPT", (nn.Module,), {"__module__": "nanochat.gpt", "forward": lambda self, ids: ids.float()})()
+    with pytest.raises(TapError, match="nanochat.flash_attention.USE_FA3 = False"):
+        tap_forward(fa3, tokens(1, 4))  # nanochat's FA3 kernel: no call the tap reads
+
+
 def test_model_without_attention_is_refused_not_an_empty_grid():
     mlp = nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 50))
     with pytest.raises(TapError, match="no attention call the tap can read") as err:
