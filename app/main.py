@@ -2,7 +2,8 @@
 
 Streamlit reads this file twice. `streamlit run` first imports it, finds `streamlit_app` (an
 `st.App`) and serves it: its start-up hook imports the charting stack while the browser is still
-loading Streamlit's page (app/warm.py). Each page load then runs it as the script (`__main__`, as
+loading Streamlit's page (app/warm.py), and a stop signal ends the server within two seconds
+(app/stop.py). Each page load then runs it as the script (`__main__`, as
 AppTest does too), which draws the sidebar, the navigation and the page (app/shell.py). A
 Streamlit without `st.App` runs it as the script only, and the app works the same, a little slower.
 """
@@ -23,6 +24,8 @@ if __name__ == "__main__":
 
     main()
 else:
+    from app.stop import quiet_exits
     from app.warm import at_server_start
 
+    quiet_exits()  # before the server takes the signals: a stop ends quietly (app/stop.py)
     streamlit_app = st.App(__file__, lifespan=at_server_start)

@@ -78,6 +78,10 @@ def before_first_model() -> None:
 
 @asynccontextmanager
 async def at_server_start(_app: Any) -> AsyncIterator[None]:
-    """`st.App`'s lifespan: warm the chart stack while the browser loads Streamlit's page."""
+    """`st.App`'s lifespan: warm the chart stack while the browser loads Streamlit's page, and give
+    the server's stop signals their deadline (app/stop.py)."""
+    from app.stop import with_deadline
+
+    with_deadline()
     chart_stack()
     yield
