@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from app.stop import BACKSTOP_S, GRACE_S
+from app.stop import BACKSTOP_S
 from browser_kit import REPO, chromium, free_port, _healthy
 
 HANG = BACKSTOP_S + 8  # a wait this long only fails on a server that did not stop
