@@ -184,7 +184,7 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, thresholds
     layers = list(range(dims.n_layers)) if layer is None else [layer]
     heads = list(range(dims.n_heads)) if head is None else [head]
     stats = collect_stats(model, tokens, layers=layers, batch_size=batch_size, progress=progress,
-                          route=route)
+                          route=route, dims=dims)
     if stats.multi_rows == 0:
         raise ProbeInputError("every window is one token long: a verdict needs rows with 2+ keys")
     grids = evidence_grids(stats, head_weights_finite(model, layers, dims.n_heads))

@@ -140,7 +140,7 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, layer: int
     layers = list(range(dims.n_layers)) if layer is None else [layer]
     heads = list(range(dims.n_heads)) if head is None else [head]
     stats = collect_stats(model, tokens, layers=layers, batch_size=batch_size, progress=progress,
-                          evidence=False, route=route, fused=not per_position)  # rows exact
+                          evidence=False, route=route, dims=dims, fused=not per_position)  # rows exact
     return EntropyResult(
         model=name or describe_model(model, dims), layers=layers, heads=heads,
         entropy=select(stats.mean("entropy"), heads),

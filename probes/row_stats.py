@@ -184,7 +184,7 @@ QK_MIN_CONTEXT = 128  # "auto" reduces longer windows from q and k (at 128 the t
 def collect_stats(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *,
                   layers: Sequence[int] | None = None, batch_size: int = 16,
                   progress: bool | None = None, evidence: bool = True, route: str = "auto",
-                  fused: bool = True) -> PatternStats:
+                  fused: bool = True, dims: Any = None) -> PatternStats:
     """Run the model (in eval mode) over the tokens with reducing hooks on each wanted layer;
     every hook is removed afterwards, also when the forward pass raises. Each forward pass stops
     once the last wanted layer is reduced (`StopForward`).
@@ -196,10 +196,13 @@ def collect_stats(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *,
     most QK_MIN_CONTEXT tokens (there the model's explicit path costs little and the pattern
     route is the faster: `benchmarks/bench_entropy.py`). `fused` lets entropy-only q/k rows come
     from the fused attention kernel (`qk_rows.fused_row_entropy`: up to ~4e-6 per row, a head's
-    mean within ~1e-7; pass False where single rows are reported, to get the blockwise ones)."""
+    mean within ~1e-7; pass False where single rows are reported, to get the blockwise ones).
+    On a model without our hook points every layer comes from the attention tap (`collect_tapped`);
+    `dims`, the caller's `require_attention(model, tokens)` where it has them (a tapped model's
+    cost a forward pass)."""
     if route not in ROUTES:
         raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
-    dims = require_attention(model, tokens)
+    dims = dims or require_attention(model, tokens)
     layers = list(range(dims.n_layers)) if layers is None else list(dict.fromkeys(layers))  # once each
     for layer in layers:
         check_layer_head(dims, layer, None)
