@@ -29,8 +29,9 @@ TRUTH = {
     "hf_decayed": ("healthy", set(), "learns"),
     # 4 logged steps (was: healthy)
     "hf_short": ("too short", set(), "too short to say"),
-    # a classifier: loss to ~1e-4, median norm to ~1e-3, ordinary norms of ~3 (was: warning, 'grad_spike')
-    "hf_classifier": ("healthy", {"plateau"}, "converged"),
+    # a classifier: loss to ~1e-4, median norm to ~1e-3, ordinary norms of ~3 (was: warning, 'grad_spike'
+    # and a plateau 'not improved by 0.005 nats' on a loss of 0.004)
+    "hf_classifier": ("healthy", set(), "converged"),
     # DPO: loss ln 2 -> 0.37, flat once the margins saturate (was: healthy, plateau in nats)
     "trl_dpo": ("healthy", {"plateau"}, "learned, then flat"),
     # GRPO: loss ~0 either sign, reward 0.2 -> 0.7 (was: warning, 'plateau ... never left its initial value')

@@ -158,3 +158,13 @@ def test_ordinary_norms_of_a_converged_classifier_are_no_spikes_but_a_real_spike
     spiked = [dict(e, grad_norm=60.0) if e["step"] == 450 else e for e in entries]
     spike = found(diagnose.run(trainer_state(tmp_path / "spike", spiked, 600)), "grad_spike")
     assert spike.step == 450 and spike.evidence["spikes"] == 1
+
+
+def test_a_loss_converged_near_zero_is_no_plateau(tmp_path):
+    """A public classifier's Trainer log: 0.85 -> 0.004 by step 50, then flat to step 1500 (it cannot
+    gain 0.005 nats on 0.004); the same curve lifted by 2 nats is a plateau."""
+    curve = [(s, 0.85 * math.exp(-s / 8) + 0.004) for s in range(10, 1501, 10)]
+    converged = [{"loss": v, "learning_rate": 5e-5, "step": s} for s, v in curve]
+    assert "plateau" not in codes(diagnose.run(trainer_state(tmp_path / "c", converged, 1500)))
+    lifted = [dict(e, loss=e["loss"] + 2.0) for e in converged]
+    assert codes(diagnose.run(trainer_state(tmp_path / "l", lifted, 1500)))["plateau"] == "info"

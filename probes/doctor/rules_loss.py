@@ -264,6 +264,8 @@ def plateau(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     if found is None:
         return []
     start, end, level = found
+    if abs(level) < 10 * tolerance:
+        return []  # converged: a loss within ten tolerances of zero has nothing left to gain
     learned = series[0][1] - level
     stuck = learned < (t.not_learning_nats if nats else t.not_learning_fraction * scale)
     lr = h.lr_now()
@@ -286,8 +288,8 @@ def plateau(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
 def flat_fix(h: RunHistory, t: DoctorThresholds) -> str:
     """Decay the learning rate, unless the log shows it already decayed: then stop or scale up."""
     if decayed(h, t):
-        return (f"stop here: the learning rate already decayed to {h.lr_now():g} ({h.lr_now() / h.lr_peak():.0%} "
-                f"of its peak {h.lr_peak():g}), so more steps buy little; a larger model, more data or a longer "
+        return (f"stop here: the learning rate already decayed to {h.lr_now():.3g} ({h.lr_now() / h.lr_peak():.0%} "
+                f"of its peak {h.lr_peak():.3g}), so more steps buy little; a larger model, more data or a longer "
                 "context may")
     return (f"decay the learning rate ({h.flag('--schedule cosine')}) or stop here: more steps at this rate buy "
             "little; a larger model or context may")

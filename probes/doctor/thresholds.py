@@ -65,7 +65,8 @@ class DoctorThresholds:
     same size as the nats on a ~4.5-nat start (0.005 / 4.5 ~ 0.001, 0.1 / 4.5 ~ 0.02).
     plateau_points=5, plateau_min_steps=20: a plateau spans five logged losses and twenty steps at
     least (a 6-step stretch of a 60-step run is noise); the train loss is judged through the median
-    of its last five values, not one lucky batch.
+    of its last five values, not one lucky batch. A loss within ten tolerances of zero (0.05 nats:
+    a classifier at 0.004) has converged, with nothing left to gain: no plateau.
     uniform_margin=0.05 (of ln(vocab)): a loss that never got this far below ln(vocab) (nor
     not_learning_nats) learned nothing: 0.54 nats at GPT-2's 50257 tokens, where text's unigram
     entropy is ~7.5 nats, 0.21 at 65 characters (unigram ~3.3). A share, not nats: the Trainer
