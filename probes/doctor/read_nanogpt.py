@@ -71,7 +71,8 @@ def read_nanogpt_log(path: Path) -> Log:
         read_line(line.strip(), iters, evals, facts)
     if not iters and not evals:
         raise ProbeInputError(f"{path}: no nanoGPT 'iter N: loss X, ...' or 'step N: train loss X, "
-                              "val loss Y' lines (is it the printed output of nanoGPT's train.py?)")
+                              "val loss Y' lines, nor llm.c's 'step N/M | loss X | ...' or 's:N trl:X' "
+                              "(is it the printed output of nanoGPT's or llm.c's training?)")
     # the eval line's losses win at their step: merged after the iter lines
     records = merge_steps(iters + evals)
     per_step = facts.get("tokens_per_step")
