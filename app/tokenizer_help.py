@@ -21,6 +21,10 @@ def tokenizer_files(source: str | None, d_vocab: int) -> str:
 def no_tokenizer(snap: Any) -> ValueError:
     """One line: the checkpoint has token ids only; put its tokenizer beside it and reload the page."""
     meta = getattr(snap, "meta", None) or {}
+    if meta.get("source") in ("nanochat", "huggingface-bridge") and meta.get("tokenizer_hint"):
+        # their loader's own line says where the tokenizer lives (nanochat's is not beside the model)
+        return ValueError(f"{snap.name} has no tokenizer (token ids only): {meta['tokenizer_hint']}; then "
+                          "reload the page")
     path = Path(snap.path)
     folder = path.parent if path.is_file() else path
     files = tokenizer_files(meta.get("source"), snap.config.d_vocab)

@@ -24,19 +24,20 @@ from models.parsers import sample_parser as build_parser
 @torch.no_grad()
 def generate(model: Any, tokens: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
              top_k: int | None = None, greedy: bool = False, seed: int | None = None,
-             vocab_size: int | None = None) -> torch.Tensor:
+             vocab_size: int | None = None, config: Any = None) -> torch.Tensor:
     """tokens [1 pos] -> [1 pos + max_new_tokens]: each step reads the last n_ctx tokens.
     `vocab_size` (the tokenizer's) keeps the draw off the padding rows of a larger embedding
     (nanoGPT pads GPT-2's 50257 tokens to 50304: those ids have no text).
 
     Greedy takes the most likely token; otherwise it samples from softmax(logits / temperature),
     restricted to the `top_k` most likely tokens when given; `seed` makes the draw repeatable.
-    The MLP family needs at least n_ctx prompt tokens (its window is fixed).
+    The MLP family needs at least n_ctx prompt tokens (its window is fixed). `config` is the
+    checkpoint's own (`Snapshot.config`: a bridge's or nanochat's shape); ours by default.
     """
-    cfg = model.cfg
+    cfg = config if config is not None else model.cfg
     if tokens.dim() != 2 or tokens.shape[0] != 1 or tokens.shape[1] < 1:
         raise ValueError(f"tokens must be [1 pos] with pos >= 1, got {tuple(tokens.shape)}")
-    if cfg.family == "mlp" and tokens.shape[1] < cfg.n_ctx:
+    if getattr(cfg, "family", "transformer") == "mlp" and tokens.shape[1] < cfg.n_ctx:
         raise ValueError(f"this MLP model reads windows of {cfg.n_ctx} tokens: give a prompt of at "
                          f"least {cfg.n_ctx}, got {tokens.shape[1]}")
     if not greedy and not (temperature > 0 and temperature < float("inf")):
@@ -79,7 +80,8 @@ def continue_text(snap: Any, prompt: str, max_new_tokens: int, **kwargs: Any) ->
     if not prompt:
         raise ValueError("the prompt is empty: give at least one character")
     ids = torch.tensor([snap.tokenizer.encode(prompt)])  # [1 pos]; unknown characters raise
-    out = generate(snap.model, ids, max_new_tokens, vocab_size=snap.tokenizer.vocab_size, **kwargs)
+    out = generate(snap.model, ids, max_new_tokens, vocab_size=snap.tokenizer.vocab_size, config=snap.config,
+                   **kwargs)
     return snap.tokenizer.decode(out[0, ids.shape[1]:].tolist())
 
 

@@ -30,6 +30,7 @@ class ForeignConfig:
     n_ctx: int
     d_vocab: int
     n_params: int | None = None  # from the weights' shapes where known before building
+    unembed: str = "separate"  # or "tied" (lm_head is the embedding), in our configs' words
     family: str = "transformer"
 
     @property
@@ -84,6 +85,7 @@ def hf_shape(data: dict[str, Any], directory: Path) -> ForeignConfig:
         found[ours] = value
     kv = text.get("num_key_value_heads")
     weights = directory / "model.safetensors"
+    tied = data.get("tie_word_embeddings", text.get("tie_word_embeddings")) is True
     return ForeignConfig(architecture=str(data.get("model_type")), n_kv_heads=kv if isinstance(kv, int) and kv > 0
                          else found["n_heads"], n_params=safetensors_param_count(weights) if weights.is_file()
-                         else None, **found)
+                         else None, unembed="tied" if tied else "separate", **found)
