@@ -9,13 +9,15 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch.nn as nn
 import torch.nn.functional as F
 
 from any_model_kit import (BatchedGPT, ChatGPT, MhaGPT, PerHeadGPT, SdpaGPT, hf_pair, hf_patterns,
                            own_patterns, tokens)
 from models.tap import AttentionCall, StopTap, TapError, logits_of, tap_forward
-from models.tap_rebuild import check_output, sdpa_arguments
+from models.tap_rebuild import check_output, sdpa_arguments, sdpa_scores
 
 
 def close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-5) -> None:
@@ -142,6 +144,32 @@ def test_grouped_kv_heads_with_enable_gqa():
     p = pattern_of(FixedSdpa(2, 2, heads=4, kv_heads=2, is_causal=True, enable_gqa=True))
     assert p.shape == (1, 4, 2, 2)
     close(p[0, 3], torch.tensor([[1.0, 0.0], [0.5, 0.5]]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_rebuild_times_v_is_the_kernels_output_on_random_arguments(data):
+    """sdpa_scores' pattern @ v equals torch's own SDPA output for random shapes, causal flags,
+    boolean / additive masks, scales and grouped kv heads (check_output raises otherwise)."""
+    draw = lambda s: data.draw(s)  # noqa: E731
+    batch, kv, group, n_q, n_k, e = (draw(st.integers(1, hi)) for hi in (2, 2, 3, 6, 6, 8))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    q = torch.randn(batch, kv * group, n_q, e, generator=gen)
+    k, v = (torch.randn(batch, kv, n_k, e, generator=gen) for _ in range(2))
+    call = {"scale": draw(st.sampled_from([None, 0.1, 2.0])), "enable_gqa": group > 1}
+    mask = draw(st.sampled_from(["causal", "none", "bool", "additive"]))
+    if mask == "causal":
+        call["is_causal"] = True
+    elif mask == "bool":
+        call["attn_mask"] = torch.rand(n_q, n_k, generator=gen) > 0.3
+    elif mask == "additive":
+        call["attn_mask"] = torch.randn(batch, 1, n_q, n_k, generator=gen)
+    out = F.scaled_dot_product_attention(q, k, v, **call)
+    args = sdpa_arguments((q, k, v), call)
+    pattern = torch.softmax(sdpa_scores(args), dim=-1)  # [batch head q k]
+    check_output(pattern, args, out, "random")
+    visible = torch.isfinite(pattern).all(-1)
+    assert torch.allclose(pattern.sum(-1)[visible], torch.ones(()), atol=1e-5)
 
 
 def test_pattern_times_v_mismatch_is_refused_in_one_line():
