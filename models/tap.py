@@ -13,8 +13,9 @@ for the one below `nn.MultiheadAttention`):
   arguments (`models.tap_rebuild`) and `pattern @ v` is checked against the call's real output
   (on up to 128 evenly spread query rows); a mismatch raises `TapError`. `dropout_p` is set to 0 for the call (the tap reads an eval pass).
 - an explicit softmax over the keys (`torch.softmax`, `F.softmax`, `Tensor.softmax`, so
-  `nn.Softmax` too) with dim -1 over `[batch head q k]`, or over `[batch q k]` from one module per
-  head, where q and k are the ids' length. Per-head calls made by sibling modules under one caller
+  `nn.Softmax` too) with dim -1 over `[batch head q k]` (or `[batch*head q k]`, heads folded
+  batch-major into the batch), or over `[batch q k]` from one module per head, where q and k are
+  the ids' length. Per-head calls made by sibling modules under one caller
   (`blocks.0.att.heads.0`, `.1`, ... called by `blocks.0.att`) are stacked in call order into one
   layer named by the caller.
 - `nn.MultiheadAttention` (its `F.multi_head_attention_forward` runs as one call under the mode,
@@ -119,8 +120,8 @@ def context_of(model: Any) -> int | None:
 class _Reader:
     """One forward pass's state: the module stack, pending per-head calls, the layers reduced."""
 
-    def __init__(self, reduce: Callable[[AttentionCall], Any], seq_len: int):
-        self.reduce, self.seq_len = reduce, seq_len
+    def __init__(self, reduce: Callable[[AttentionCall], Any], batch: int, seq_len: int):
+        self.reduce, self.batch, self.seq_len = reduce, batch, seq_len
         self.stack: list[str] = []
         self.pending: list[tuple[str, str, torch.Tensor, torch.Tensor]] = []  # (caller, module, p, scores)
         self.result = TapResult(seq_len=seq_len)
@@ -166,15 +167,19 @@ class _Reader:
         if not x.dtype.is_floating_point:
             return
         pattern = out if out.dtype in (torch.float32, torch.float64) else out.float()
-        if x.dim() == 4:
+        scores = softmax_scores(x)
+        if x.dim() == 3 and x.shape[0] != self.batch and x.shape[0] % self.batch == 0:
+            shape = (self.batch, x.shape[0] // self.batch, *x.shape[1:])  # heads folded into the batch
+            pattern, scores = pattern.reshape(shape), scores.reshape(shape)  # [batch head q k]
+        if pattern.dim() == 4:
             self.flush()
-            self.emit(self.current(), pattern, softmax_scores(x), "softmax")
+            self.emit(self.current(), pattern, scores, "softmax")
             return
         module = self.current()
         caller = self.stack[-2] if len(self.stack) > 1 else ""
         if self.pending and (self.pending[0][0] != caller or any(m == module for _, m, _, _ in self.pending)):
             self.flush()
-        self.pending.append((caller, module, pattern, softmax_scores(x)))
+        self.pending.append((caller, module, pattern, scores))
 
 
 def without_dropout(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -302,7 +307,7 @@ def tap_forward(model: torch.nn.Module, ids: torch.Tensor, reduce: Callable[[Att
     refuse_unreadable(model)
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         raise TapError(f"ids must be a [batch pos] tensor, got {getattr(ids, 'shape', type(ids).__name__)}")
-    reader = _Reader(reduce or (lambda call: call.pattern), ids.shape[1])
+    reader = _Reader(reduce or (lambda call: call.pattern), *ids.shape)
     stopped = False
     with eval_pass(model), module_stack(model, reader):
         try:

@@ -83,6 +83,35 @@ def test_chat_model_explicit_path_through_tensor_softmax():
         close(pattern, want)
 
 
+class FoldedHeads(nn.Module):
+    """Heads folded into the batch, as older code does: softmax over [batch*head q k] (bmm)."""
+
+    def __init__(self, d: int = 16, heads: int = 4, vocab: int = 50):
+        super().__init__()
+        self.heads, self.kept = heads, []
+        self.emb, self.qk, self.out = nn.Embedding(vocab, d), nn.Linear(d, 2 * d), nn.Linear(d, vocab)
+
+    def forward(self, ids):
+        b, n = ids.shape
+        x = self.emb(ids)
+        q, k = (t.reshape(b, n, self.heads, -1).transpose(1, 2).reshape(b * self.heads, n, -1)
+                for t in self.qk(x).chunk(2, dim=-1))  # [batch*head pos d_head]
+        att = torch.bmm(q, k.transpose(1, 2)).masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        p = F.softmax(att, dim=-1)
+        self.kept.append(p.detach().view(b, self.heads, n, n))
+        v = x.repeat_interleave(self.heads, 0)[..., : q.shape[-1]]
+        return self.out(torch.bmm(p, v).reshape(b, self.heads, n, -1).transpose(1, 2).reshape(b, n, -1))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_heads_folded_into_the_batch_are_unfolded(batch):
+    torch.manual_seed(0)
+    model = FoldedHeads().eval()
+    got = tap_forward(model, tokens(batch, 7))
+    assert got.n_heads == [4] and got.kinds == ["softmax"]
+    close(got.layers[0][1], model.kept[-1])
+
+
 def test_scores_are_pre_softmax_with_minus_inf_where_masked():
     sdpa, eager = hf_pair("llama")  # eager: HF adds the dtype's minimum, read as -inf
     ids = tokens(1, 8)
