@@ -220,6 +220,8 @@ def train_and_save(snap: Any, corpus: Corpus, steps: int, *, batch_size: int = 1
     (or at `path`, its folder made); the lens carries its record as `.meta`. A lens already there
     (the shipped run's is tracked by git) is replaced only with `force`."""
     files = lens_paths(snap.path, path)  # a bad path is refused before minutes of training
+    n_ctx = int(snap.model.cfg.n_ctx)
+    refuse_nonfinite(snap, corpus.train[:n_ctx].unsqueeze(0))
     if not force and any(f.exists() for f in files):
         raise ProbeInputError(f"{files[0]}: a tuned lens is already there: give --force to replace it, or "
                               "--lens PATH.safetensors to save another one elsewhere (nothing was trained)")
@@ -227,7 +229,6 @@ def train_and_save(snap: Any, corpus: Corpus, steps: int, *, batch_size: int = 1
         files[0].parent.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     lens = TunedLens(snap.model)
-    n_ctx = int(snap.model.cfg.n_ctx)
     losses = fit(lens, training_batches(corpus.train, n_ctx, batch_size, seed), steps, lr, progress)
     record = {**model_record(snap, lens.labels), "snapshot": Path(snap.path).name,
               "steps": steps, "batch_size": batch_size, "n_ctx": n_ctx, "lr": lr, "seed": seed,
@@ -236,6 +237,22 @@ def train_and_save(snap: Any, corpus: Corpus, steps: int, *, batch_size: int = 1
     save_lens(*files, lens.weight, lens.bias, record)
     lens.meta = record
     return lens
+
+
+def refuse_nonfinite(snap: Any, window: torch.Tensor) -> None:
+    """A diverged snapshot (weights holding NaN or inf, or so large that its logits are) gives NaN
+    translators: refused in one line before any training. window: [1 pos] of the training text."""
+    bad = snap.nonfinite_params() if hasattr(snap, "nonfinite_params") else []
+    if not bad:
+        with torch.no_grad():
+            logits = snap.model(window.to(model_device(snap.model)))  # [1 pos vocab]
+        if bool(torch.isfinite(logits).all()):
+            return
+        largest = max(float(p.abs().max()) for p in snap.model.parameters())
+        bad = [f"its logits are NaN or inf on the text; its largest weight is {largest:.3g}"]
+    raise ProbeInputError(f"{snap.path}: a diverged snapshot ({bad[0]}{' and more' if len(bad) > 1 else ''}): "
+                          "a tuned lens trained on it would be NaN; train one on an earlier snapshot "
+                          "(nothing was trained)")
 
 
 def _portable(path: Path) -> str:

@@ -59,7 +59,7 @@ def test_a_run_without_weights_opens_on_its_history(start, history_only):  # noq
     expected = diagnose.run(run)
     verdicts = [b.value for b in [*at.success, *at.warning, *at.error] if b.value.startswith("Verdict")]
     assert verdicts and f"**{expected.verdict}**" in verdicts[0]
-    assert any("saved no weights" in i.value for i in at.info)
+    assert any("training history only" in i.value and "Monitor `save_every=N`" in i.value for i in at.info)
     assert not at.error or all(e.value.startswith("Verdict") for e in at.error)
     losses = [f for chart in at.get("vega_lite_chart") for f in frames(chart) if "loss" in f.columns]
     logged = {r["step"]: r["train_loss"] for r in read_metrics(run) if "train_loss" in r}
@@ -94,6 +94,6 @@ def test_save_every_writes_our_snapshots_of_the_live_model(start, tmp_path):  # 
     at = start("saved", roots=[tmp_path])
     at.switch_page("screens/attention.py").run()
     assert not at.exception and not at.error
-    assert not any("saved no weights" in i.value for i in at.info)
+    assert not any("training history only" in i.value for i in at.info)
     assert at.get("vega_lite_chart")
     assert math.isfinite(read_metrics(tmp_path / "saved")[-1]["logit_max"])

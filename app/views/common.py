@@ -11,6 +11,7 @@ from typing import Any, Callable
 import streamlit as st
 
 from app import data
+from models.store.run import is_run_dir, read_run_json
 
 # (url_path, title) of each page; app/main.py builds the navigation from screens/<url_path>.py
 PAGES = [("home", "Runs"), ("overview", "Overview"), ("attention", "Attention"), ("dynamics", "Training dynamics"),
@@ -35,9 +36,26 @@ def current() -> Selection | None:
     return st.session_state.get("selection")
 
 
-NO_WEIGHTS = ("This run saved no weights: it holds its training history only (a `train.monitor.Monitor` "
-              "without `save_every`), which the Overview, Training dynamics and Compare show. The pages "
-              "that read the model need a snapshot: give the Monitor `save_every=N` (and `tokenizer=`).")
+HISTORY_ONLY = ("This run holds its training history only: no snapshot is in its folder. The Overview, "
+                "Training dynamics and Compare show the history; the pages that read the model need a snapshot: ")
+
+
+def no_weights_text(run_dir: Path) -> str:
+    """Why a run has no snapshot and how to get one, in the words of what made it (its run.json):
+    the Monitor saves none without `save_every`; `python -m train` saves one at the end even with
+    `--save-every 0`, so a run it made had its snapshots removed (the shipped sweep keeps histories)."""
+    try:
+        info = (read_run_json(run_dir) or {}) if is_run_dir(run_dir) else {}
+    except ValueError:  # a damaged run.json: the page says so elsewhere; here, the general advice
+        info = {}
+    command = info.get("command") if isinstance(info.get("command"), str) else ""
+    if info.get("source") == "monitor":
+        return HISTORY_ONLY + "give the Monitor `save_every=N` (and `tokenizer=`) and train again."
+    if command.startswith("python -m train"):
+        return HISTORY_ONLY + ("`python -m train` saves one at the end even with `--save-every 0`, so this "
+                               "run's were removed (the shipped sweep keeps its runs' histories only, to stay "
+                               f"small). Train it again with its own command (run.json): `{command}`")
+    return HISTORY_ONLY + "train it with `python -m train`, or give a Monitor `save_every=N`."
 
 
 def page(title: str, question: str, needs_model: bool = True) -> Callable[[Callable[..., None]], Callable[..., None]]:
@@ -54,7 +72,7 @@ def page(title: str, question: str, needs_model: bool = True) -> Callable[[Calla
                 st.info("Choose a run in the sidebar.")
                 return
             if needs_model and selection.snapshot is None:
-                st.info(NO_WEIGHTS)
+                st.info(no_weights_text(selection.run.path))
                 return
             try:
                 body(selection, *args)

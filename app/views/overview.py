@@ -7,7 +7,7 @@ import streamlit as st
 from app import axes, charts, data, series, warm
 from app.views import doctor, live
 from app.views.controls import curve_controls, smoothed_frame
-from app.views.common import NO_WEIGHTS, Selection, first_line, page, show
+from app.views.common import Selection, first_line, no_weights_text, page, show
 
 
 @page("Overview", "What is this model, how did training go, and what does it write?", needs_model=False)
@@ -19,7 +19,7 @@ def render(sel: Selection) -> None:
     if sel.run.is_run:
         live.live(curves, follow)(sel, follow)
     if sel.snapshot is None:  # a history-only run: its log is all there is
-        st.info(NO_WEIGHTS)
+        st.info(no_weights_text(sel.run.path))
         return
     warm.before_first_model()  # the charts above are drawn first
     snap = data.snapshot(sel.snapshot, sel.run.preset)

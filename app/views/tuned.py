@@ -4,6 +4,8 @@ an error box when they belong to another model."""
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import streamlit as st
 
@@ -26,6 +28,10 @@ def render_tuned(sel: Selection, logit: dict, measure: str, rank_top: int | None
     the top of the rank scale both grids share."""
     st.subheader("Tuned lens")
     lens_modified = data.tuned_lens_mtime(sel.snapshot)
+    if lens_modified is None and not all(isinstance(v, float) and math.isfinite(v) for v in logit["cross_entropy"]):
+        st.info("No tuned lens for this snapshot: it has diverged (the logit lens above is NaN or inf), so "
+                "translators trained on it would be NaN too. Choose an earlier snapshot in the sidebar to train one.")
+        return
     if lens_modified is None:
         st.info("No tuned lens for this snapshot yet (per-layer affine translators, Belrose et al. "
                 f"2023). Train one (a few minutes on a CPU): `{train_command(sel)}`")
