@@ -248,7 +248,7 @@ def refuse_nonfinite(snap: Any, window: torch.Tensor) -> None:
             logits = snap.model(window.to(model_device(snap.model)))  # [1 pos vocab]
         if bool(torch.isfinite(logits).all()):
             return
-        largest = max(float(p.abs().max()) for p in snap.model.parameters())
+        largest = max(float(p.detach().abs().max()) for p in snap.model.parameters())
         bad = [f"its logits are NaN or inf on the text; its largest weight is {largest:.3g}"]
     raise ProbeInputError(f"{snap.path}: a diverged snapshot ({bad[0]}{' and more' if len(bad) > 1 else ''}): "
                           "a tuned lens trained on it would be NaN; train one on an earlier snapshot "
