@@ -17,6 +17,7 @@ import streamlit as st
 
 from app import data
 from app.views.common import first_line
+from models.store.nanochat_files import is_nanochat
 from models.store.run import is_run_dir, is_snapshot_dir, list_snapshots, read_metrics, read_run_json
 from probes.doctor.run_history import is_finite
 from probes.doctor.signals import nonfinite_in
@@ -79,6 +80,8 @@ def typed(text: str, preset: str | None) -> list[data.Source]:
     if is_run_dir(path) or is_snapshot_dir(path) or (path / MODEL_FILE).is_file() or (path / "ckpt.pt").is_file() \
             or data.foreign_log(path) is not None:  # a Trainer's output, TensorBoard events: the doctor reads them
         return [data.Source(path)]
+    if is_nanochat(path):  # model_NNNNNN.pt with its meta file: nanochat's, config in the meta
+        return [data.Source(path)]
     if path.is_file() and path.suffix in SERIES_SUFFIXES:
         # nanoGPT names its checkpoints ckpt.pt (ckpt_500.pt when saved per step) and they carry
         # their config; any other state dict needs the preset of the model it belongs to
@@ -89,8 +92,8 @@ def typed(text: str, preset: str | None) -> list[data.Source]:
     runs = [data.Source(p) for p in sorted(path.iterdir()) if is_run_dir(p)] if path.is_dir() else []
     if runs:
         return runs
-    raise ValueError(f"{path} is not a run, a snapshot, a nanoGPT or Hugging Face checkpoint, a .pt "
-                     "state dict or a training log: nothing to open")
+    raise ValueError(f"{path} is not a run, a snapshot, a nanoGPT, nanochat or Hugging Face checkpoint, "
+                     "a .pt state dict or a training log: nothing to open")
 
 
 # --------------------------------------------------------------------------- the landing view
@@ -155,11 +158,23 @@ def _summary(path: str, stamp: tuple, preset: str | None = None) -> dict[str, An
 
 
 def describe(preset: str | None, model: dict[str, Any]) -> str:
-    """`preset · transformer 4L×4H d64` from a model config (as run.json or config.json hold it)."""
+    """`preset · transformer 4L×4H d64` from a model config (as run.json or config.json hold it); a
+    model we read but never rebuilt by what builds it and its size: `llama 2L×4H d32 · 37.8k params`."""
     family = model.get("family", "?")
     shape = f"{model.get('n_layers')}L×{model.get('n_heads')}H d{model.get('d_model')}" \
         if family == "transformer" else f"window {model.get('n_ctx')}"
+    if model.get("architecture"):  # a Hugging Face model through the bridge, nanochat's GPT
+        size = model.get("n_params")
+        return f"{model['architecture']} {shape}" + (f" · {params_text(size)}" if isinstance(size, int) else "")
     return f"{preset} · {family} {shape}" if preset else f"{family} {shape}"
+
+
+def params_text(n: int) -> str:
+    """131,126 -> `131.1k params`, 124,439,808 -> `124.4M params`."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit} params"
+    return f"{n} params"
 
 
 def diverged(records: list[dict[str, Any]]) -> bool:

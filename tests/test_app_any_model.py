@@ -1,0 +1,87 @@
+"""The app on models we read but never rebuild (AppTest): a Hugging Face Llama directory and
+nanochat's dN folder are listed with what builds them and their parameter count, the model pages
+open on the Llama directory (from --runs and typed into "Open a path"), and a nanochat checkpoint
+says in one line what it needs where nanochat does not import."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from app_kit import open_app
+from hf_dir_kit import save_hf_dir
+from test_store_nanochat import CONTEXT, DEPTH, HEADS, WIDTH, nanochat_importable, nanochat_state, write_nanochat
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+PAGES = ["overview", "attention", "embeddings", "lens", "compare"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """runs/llama (save_pretrained's files and tokenizer) and runs/d2 (nanochat's, two steps)."""
+    root = tmp_path_factory.mktemp("runs")
+    save_hf_dir(root / "llama", "llama")
+    base = tmp_path_factory.mktemp("nanochat")
+    write_nanochat(base).rename(root / f"d{DEPTH}")
+    return root
+
+
+def test_the_run_list_names_what_builds_each_model_and_its_size(runs, monkeypatch):
+    from app.catalog import params_text
+
+    at = open_app(monkeypatch, [runs])
+    table = at.dataframe[0].value.set_index("run")
+    llama = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(str(runs / "llama")).parameters())
+    nanochat = sum(v.numel() for v in nanochat_state(20).values())
+    assert table.loc["llama", "model"] == f"llama 2L×4H d32 · {params_text(llama)}"
+    assert table.loc["d2", "model"] == f"nanochat {DEPTH}L×{HEADS}H d{WIDTH} · {params_text(nanochat)}"
+    assert (table.loc["d2", "steps"], table.loc["d2", "snapshots"]) == (20, 2)
+    assert table.loc["llama", "state"] == "Hugging Face model" and "None" not in " ".join(table["model"])
+    assert params_text(131_126) == "131.1k params" and params_text(124_439_808) == "124.4M params"
+
+
+def test_model_pages_open_on_a_hugging_face_llama_directory(runs, monkeypatch):
+    at = open_app(monkeypatch, [runs / "llama"])  # `-- --runs DIR` on the directory itself
+    assert at.sidebar.selectbox(key="run").value == "llama"
+    for name in PAGES:
+        at.switch_page(f"screens/{name}.py").run()
+        assert not at.exception, (name, [e.value for e in at.exception])
+        assert not at.error, (name, [e.value for e in at.error])
+    at.switch_page("screens/overview.py").run()
+    n_params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(str(runs / "llama")).parameters())
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["parameters"] == f"{n_params:,}" and shown["tokenizer"] == "huggingface (300)", shown
+
+
+def test_a_llama_directory_typed_into_open_a_path(runs, monkeypatch, tmp_path):
+    at = open_app(monkeypatch, [tmp_path])  # nothing listed until it is typed
+    at.sidebar.text_input(key="typed_path").set_value(str(runs / "llama"))
+    at.run()
+    at.sidebar.selectbox(key="run").set_value("llama")
+    at.run()
+    at.switch_page("screens/attention.py").run()
+    assert not at.exception and not at.error, [e.value for e in at.exception] + [e.value for e in at.error]
+
+
+def test_a_nanochat_checkpoint_without_nanochat_says_what_to_install(runs, monkeypatch):
+    for name in [m for m in sys.modules if m == "nanochat" or m.startswith("nanochat.")] + ["nanochat"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    at = open_app(monkeypatch, [runs], run="d2")
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and "model_000020.pt: a nanochat checkpoint is built with nanochat's own GPT" in errors[0] \
+        and "pip install -e" in errors[0], errors
+    assert CONTEXT == 16  # the shape the list shows is the meta file's (test above), not a built model's
+
+
+@pytest.mark.skipif(not nanochat_importable(), reason="the nanochat package does not import")
+def test_a_nanochat_checkpoint_opens_built_by_nanochat(runs, monkeypatch):
+    at = open_app(monkeypatch, [runs], run="d2")
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["parameters"] == f"{sum(v.numel() for v in nanochat_state(20).values()):,}" and shown["step"] == "20"
+    # no tokenizer.pkl beside base_checkpoints/: the loader's own line, not "put vocab.json there"
+    assert [e.value for e in at.error] == [f"d2/model_000020.pt has no tokenizer (token ids only): no nanochat "
+                                           f"tokenizer at {runs.parent / 'tokenizer'} (nanochat's tok_train writes "
+                                           "it there); then reload the page"]
