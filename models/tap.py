@@ -40,6 +40,8 @@ Public API:
   in layer order, `n_heads` / `kinds` per layer, `logits` None after a StopTap;
 - `TapError` (a ValueError: one line), `StopTap` (raised by reduce to end the pass);
 - `logits_of(output)`: the logits in a tensor, `.logits`, a dict's "logits" or a tuple's first item;
+- `eval_pass(model)`: the context manager the pass runs in (eval mode and no_grad, each module's
+  mode put back after);
 - `context_of(model)`: the context its config names (`max_position_embeddings`, `n_ctx`,
   `n_positions`, `block_size`, `sequence_len`, `context_length`, `max_seq_len`), else None.
 """

@@ -3,8 +3,9 @@
 `collect_stats(model, tokens)` hooks each wanted layer and reduces it inside the hook, either from
 hook_pattern (`PatternStats.update`) or blockwise from hook_q / hook_k (`probes.qk_rows`), so no
 pattern outlives its layer; on a model without our hook points, each layer's pattern comes from
-the attention tap (`probes.attention_source`, `models.tap`) inside its own call. The forward pass stops once the last wanted layer is reduced:
-nothing after it (later blocks, the unembedding) is needed. `probes.entropy` and
+the attention tap (`probes.attention_source`, `models.tap`) inside its own call. The forward pass
+stops once the last wanted layer is reduced: nothing after it (later blocks, the unembedding) is
+needed. `probes.entropy` and
 `probes.degenerate` read the sums.
 """
 
