@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from probes.attention_source import has_lens_cfg
 from probes.args import attribution_parser as build_parser
 from probes.common import (ProbeInputError, as_batches, default_windows, eval_mode, hook_names,
                            model_device, model_tokenizer, no_tokenizer, print_json, require_attention,
@@ -88,6 +89,9 @@ def final_norm_affine(model: Any) -> tuple[torch.Tensor | None, torch.Tensor | N
 
 def check_decomposable(model: Any) -> None:
     """Refuse models whose final residual is not the sum of the components."""
+    if not has_lens_cfg(model):  # nanochat's GPT, a tutorial's: nothing to read the components at
+        raise ProbeInputError(f"{type(model).__name__} has no hook points on its heads and MLPs (ours and a "
+                              "TransformerBridge's have them): direct logit attribution cannot decompose it")
     cfg = model.cfg
     require_attention(model)
     if getattr(cfg, "residual", True) is False:

@@ -43,6 +43,7 @@ from typing import Any, Iterable
 
 import torch
 
+from probes.attention_source import has_lens_cfg
 from probes.args import logit_lens_parser as build_parser
 from probes.common import (ProbeInputError, as_batches, hook_names,
                            model_device, print_json, progress_bar, run_cli, to_jsonable,
@@ -130,6 +131,10 @@ class LogitLens:
 
     def __init__(self, model: Any, include_mid: bool = False):
         n_layers = int(getattr(getattr(model, "cfg", None), "n_layers", 0) or 0)
+        if not has_lens_cfg(model):  # nanochat's GPT, a tutorial's: no residual hook points at all
+            raise ProbeInputError(f"{type(model).__name__} has no hook points on its residual stream (ours and "
+                                  "a TransformerBridge's have them): the lenses cannot read it; the attention "
+                                  "probes read it through the tap")
         if n_layers < 1 or "blocks.0.hook_resid_pre" not in hook_names(model):
             raise ProbeInputError(f"{type(model).__name__} has no residual stream to read (an MLP-family "
                                   f"model has no blocks): the logit lens needs a transformer")
