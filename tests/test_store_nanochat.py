@@ -94,7 +94,7 @@ def test_peek_reads_the_meta_file_and_counts_the_weights(tmp_path):
     assert held["format"] == "nanochat checkpoint" and held["step"] == 10
     assert held["model"] | {"n_params": None} == {
         "architecture": "nanochat", "n_layers": DEPTH, "n_heads": HEADS, "n_kv_heads": KV_HEADS, "d_model": WIDTH,
-        "n_ctx": CONTEXT, "d_vocab": VOCAB, "n_params": None, "family": "transformer"}
+        "n_ctx": CONTEXT, "d_vocab": VOCAB, "n_params": None, "unembed": "separate", "family": "transformer"}
     assert held["model"]["n_params"] == sum(v.numel() for v in nanochat_state(10).values())
 
 
@@ -148,3 +148,22 @@ def test_its_tokenizer_pickle_is_never_opened_by_us(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "nanochat.tokenizer", None)  # its loader absent: token ids only
     snap = load_checkpoint(folder)
     assert snap.tokenizer is None and "tokenizer loader does not import" in snap.meta["tokenizer_hint"]
+
+
+def test_the_unembedding_probes_say_in_one_line_why_not_on_a_module_without_hook_points():
+    from probes import attribution, logit_lens
+    from probes.errors import ProbeInputError
+
+    class Bigram(torch.nn.Module):  # ids -> logits, as nanochat's GPT maps them, with no hook points
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Embedding(VOCAB, VOCAB)
+
+        def forward(self, idx):
+            return self.table(idx)
+
+    tokens = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ProbeInputError, match=r"^Bigram has no hook points on its residual stream .*the lenses cannot"):
+        logit_lens.run(Bigram(), tokens)
+    with pytest.raises(ProbeInputError, match=r"^Bigram has no hook points on its heads and MLPs"):
+        attribution.run(Bigram(), tokens, position=-1)
