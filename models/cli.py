@@ -133,7 +133,8 @@ def add_ckpt_arguments(parser: argparse.ArgumentParser, *, required: bool = True
     """Add --ckpt, --preset, --config and --device, the way every probe CLI takes a model."""
     parser.add_argument("--ckpt", required=required, metavar="PATH", type=path_text,
                         help="snapshot directory, run directory (its latest snapshot), nanoGPT "
-                             "ckpt.pt or folder of them, Hugging Face GPT-2 directory, or a series "
+                             "ckpt.pt or folder of them, Hugging Face causal-LM directory (GPT-2, "
+                             "Llama, Qwen2, ...), nanochat model_N.pt or its dN folder, or a series "
                              ".pt state dict (with --preset or --config)")
     parser.add_argument("--preset", metavar="NAME",
                         help=preset_help or "the model preset of a series .pt state dict given as "
