@@ -9,8 +9,8 @@ tokens, read by the attention tap (`models.tap`) and a few forward hooks.
 - logit_max: the largest |logit| at the unembedding module's output (`lm_head`, `out_head`, ...),
   before any softcap the model applies after it (nanochat's 15 tanh(x / 15));
 - activations {module: {dead, saturated, ...}}: where the non-linearity is a module
-  (nn.ReLU / GELU / SiLU / Tanh, Hugging Face's GELU / SiLU activations); a functional one
-  (nanochat's relu²) is not measured.
+  (nn.ReLU / GELU / Tanh, Hugging Face's GELU activations); a functional one (nanochat's relu²)
+  and a SiLU gate (Llama's, which passes gradient below zero) are said not measured.
 
 `plan(model)` finds those modules once; `measure(plan, tokens)` is one eval step's record;
 `dims(...)` is what run.json's `model` says of the model, from the first forward.
@@ -56,6 +56,7 @@ class Plan:
     blocks: list[tuple[str, nn.Module]]  # the residual stream's blocks, in order
     unembed: tuple[str, nn.Module] | None
     activations: list[tuple[str, nn.Module, str]]  # (name, module, act_fn)
+    silu: bool = False  # SiLU modules, left unmeasured
     tap_error: str | None = None  # why the tap read nothing, once known
     windows: dict[str, int] = field(default_factory=dict)  # layer -> keys a query row sees, where < pos
 
@@ -87,8 +88,11 @@ def unembedding(model: nn.Module) -> tuple[str, nn.Module] | None:
 
 
 def plan(model: nn.Module) -> Plan:
-    acts = [(n, m, a) for n, m in model.named_modules() if (a := act_fn_of(m))]
-    return Plan(model, main_blocks(model), unembedding(model), acts)
+    # a SiLU gate (Llama's SwiGLU) passes gradient below zero and multiplies a signed up-projection:
+    # "never positive" is not dead there, so only relu / gelu / tanh units are counted
+    acts = [(n, m, a) for n, m in model.named_modules() if (a := act_fn_of(m)) and a != "silu"]
+    return Plan(model, main_blocks(model), unembedding(model), acts,
+                silu=any(act_fn_of(m) == "silu" for m in model.modules()))
 
 
 def first_tensor(output: Any) -> torch.Tensor | None:
@@ -211,7 +215,7 @@ def dims(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext) -> dict[str
     length: the entropy rules' uniform baseline), vocabulary, the activation, sliding windows seen."""
     device = next(p.model.parameters()).device
     r = forward(p, tokens.to(device), autocast)
-    acts = sorted({a for _, _, a in p.activations})
+    acts = sorted({a for _, _, a in p.activations} | ({"silu"} if p.silu else set()))
     model = p.model
     out = {"family": "transformer", "source": "tap", "class": type(model).__name__,
            "n_layers": len(r.heads) or len(p.blocks), "n_heads": max(r.heads) if r.heads else None,
@@ -222,7 +226,8 @@ def dims(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext) -> dict[str
     if r.windows:
         out["attn_windows"] = r.windows
     if not p.activations:
-        out["activations"] = "not measured: the non-linearity is not a module (a function call)"
+        out["activations"] = ("not measured: a SiLU gate passes gradient below zero (no dead units to count)"
+                              if p.silu else "not measured: the non-linearity is not a module (a function call)")
     if p.tap_error:
         out["attention"] = f"not measured: {p.tap_error}"
     return out
