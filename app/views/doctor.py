@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 import streamlit as st
@@ -22,23 +22,30 @@ BADGES = {"info": "blue", "warning": "orange", "failed": "red"}  # markdown badg
 MARK_COLUMNS = ["step", "code", "severity", "title"]
 
 
-def section(sel: Selection) -> None:
-    """The diagnosis of the selected run: verdict, findings, what to try, what was not checked."""
+def section(sel: Selection, between: Callable[[], None] | None = None) -> None:
+    """The diagnosis of the selected run: its verdict, then `between` (the Overview's loss chart,
+    so that it is in the first screen), then the findings (one line each, the first failure open),
+    what to try and what was not checked."""
+    between = between or (lambda: None)
     st.subheader("Run doctor")
     if not diagnosable(sel.run):
         what = "This run has no metrics.jsonl" if sel.run.is_run else "This is a lone snapshot"
         st.info(f"{what}: the run doctor reads a run directory (its metrics.jsonl, from `python -m train` "
                 "or `train.monitor.Monitor`), a Trainer's trainer_state.json, TensorBoard event files, or "
                 "nanoGPT's printed *.log beside its ckpt.pt.")
+        between()
         return
     try:
         diagnosis = data.diagnosis(sel.run.path)
     except Exception as exc:  # noqa: BLE001 - unusable metrics: one line here, the page goes on
         st.error(f"The run doctor could not read this run: {first_line(exc)}")
+        between()
         return
     verdict(diagnosis)
+    between()
+    opened = first_to_open(diagnosis.findings)
     for finding in diagnosis.findings:
-        show_finding(finding, sel.run.label)
+        show_finding(finding, sel.run.label, expanded=finding is opened)
     fixes = diagnosis.fixes()
     if fixes:
         st.markdown("**What to try**" + ("" if diagnosis.above_info() else " (optional: nothing above info)"))
@@ -61,10 +68,21 @@ def verdict(diagnosis: Any) -> None:
     box(f"Verdict: **{diagnosis.verdict}** ({found}; {span})")
 
 
-def show_finding(f: Finding, run_label: str) -> None:
+def first_to_open(findings: list[Finding]) -> Finding | None:
+    """The one finding shown open: the first failure, else the first warning; the others are one
+    line each, so that the loss chart below stays in the first screen (8 open findings made the
+    Overview of a diverged run 6,000 px tall)."""
+    for severity in ("failed", "warning"):
+        found = next((f for f in findings if f.severity == severity), None)
+        if found is not None:
+            return found
+    return None
+
+
+def show_finding(f: Finding, run_label: str, expanded: bool = False) -> None:
     when = "" if f.step is None else f" at step {f.step}"
     label = f":{BADGES[f.severity]}-badge[{f.severity}] `{f.code}`{when}: {f.title}"
-    with st.expander(label, expanded=f.severity != "info"):
+    with st.expander(label, expanded=expanded):
         text, numbers = st.columns([3, 2])
         lines = [f"**starts** at step {f.step}" if f.step is not None else "**starts** -"]
         if f.severity == "failed" and f.warning_step not in (None, f.step):

@@ -14,10 +14,8 @@ from app.views.common import Selection, first_line, no_weights_text, page, show
 def render(sel: Selection) -> None:
     follow = sel.run.is_run and live.follow_toggle(sel.run, "follow_overview")
     # the run's log first: it shows even when a snapshot is broken, and before the model loads
-    live.live(doctor.section, follow)(sel)
-    facts = st.container()  # the model's numbers, filled in once the curves below are drawn
-    if sel.run.is_run:
-        live.live(curves, follow)(sel, follow)
+    live.live(run_log, follow)(sel, follow)
+    facts = st.container()  # the model's numbers, filled in once the model is loaded
     if sel.snapshot is None:  # a history-only run: its log is all there is
         st.info(no_weights_text(sel.run.path))
         return
@@ -41,6 +39,11 @@ def model_facts(snap) -> None:
         st.error(f"{len(broken)} parameters hold NaN or inf: this snapshot diverged")
     with st.expander("model config"):
         st.json(snap.config.to_dict())
+
+
+def run_log(sel: Selection, follow: bool) -> None:
+    """The doctor's verdict, the loss curves right under it (in the first screen), then its findings."""
+    doctor.section(sel, between=(lambda: curves(sel, follow)) if sel.run.is_run else None)
 
 
 def curves(sel: Selection, follow: bool = False) -> None:
