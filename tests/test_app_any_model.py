@@ -51,7 +51,8 @@ def test_model_pages_open_on_a_hugging_face_llama_directory(runs, monkeypatch):
         assert not at.exception, (name, [e.value for e in at.exception])
         assert not at.error, (name, [e.value for e in at.error])
     at.switch_page("screens/overview.py").run()
-    n_params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(str(runs / "llama")).parameters())
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(runs / "llama"))
+    n_params = sum(p.numel() for p in hf.parameters())
     shown = {m.label: m.value for m in at.metric}
     assert shown["parameters"] == f"{n_params:,}" and shown["tokenizer"] == "huggingface (300)", shown
 

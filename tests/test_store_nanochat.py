@@ -33,7 +33,8 @@ def nanochat_state(seed: int) -> dict[str, torch.Tensor]:
         block = f"transformer.h.{i}"
         shapes.update({f"{block}.attn.c_q.weight": (WIDTH, WIDTH), f"{block}.attn.c_k.weight": (kv, WIDTH),
                        f"{block}.attn.c_v.weight": (kv, WIDTH), f"{block}.attn.c_proj.weight": (WIDTH, WIDTH),
-                       f"{block}.mlp.c_fc.weight": (4 * WIDTH, WIDTH), f"{block}.mlp.c_proj.weight": (WIDTH, 4 * WIDTH)})
+                       f"{block}.mlp.c_fc.weight": (4 * WIDTH, WIDTH),
+                       f"{block}.mlp.c_proj.weight": (WIDTH, 4 * WIDTH)})
         if i % 2 == (DEPTH - 1) % 2:
             shapes[f"{block}.attn.ve_gate.weight"] = (KV_HEADS, 12)
             shapes[f"value_embeds.{i}.weight"] = (PADDED, kv)
@@ -58,7 +59,7 @@ def write_nanochat(base: Path, steps=(10, 20), *, bf16_compiled: bool = False) -
 
 def nanochat_importable() -> bool:
     try:
-        import nanochat.gpt  # noqa: F401
+        import nanochat.gpt  # noqa: F401  (its GPT is what the loader builds)
     except ImportError:
         return False
     return True
@@ -133,7 +134,8 @@ def test_bf16_and_compiled_names_load_as_nanochat_loads_them(tmp_path):
     folder = write_nanochat(tmp_path, steps=(7,), bf16_compiled=True)
     snap = load_checkpoint(folder / "model_000007.pt", device="cpu")
     wte = snap.model.state_dict()["transformer.wte.weight"]
-    assert wte.dtype == torch.float32 and torch.equal(wte, nanochat_state(7)["transformer.wte.weight"].bfloat16().float())
+    written = nanochat_state(7)["transformer.wte.weight"]
+    assert wte.dtype == torch.float32 and torch.equal(wte, written.bfloat16().float())
 
 
 @needs_nanochat
@@ -167,3 +169,9 @@ def test_the_unembedding_probes_say_in_one_line_why_not_on_a_module_without_hook
         logit_lens.run(Bigram(), tokens)
     with pytest.raises(ProbeInputError, match=r"^Bigram has no hook points on its heads and MLPs"):
         attribution.run(Bigram(), tokens, position=-1)
+
+
+def test_base_checkpoints_itself_names_the_models_to_choose_from(tmp_path):
+    folder = write_nanochat(tmp_path, steps=(5,))
+    with pytest.raises(CheckpointError, match=rf"a folder of nanochat models \(d{DEPTH}\): give one of them"):
+        load_checkpoint(folder.parent)

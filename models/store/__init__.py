@@ -6,7 +6,8 @@
 Formats: our snapshot directory (:mod:`.snapshot`) and run directory (:mod:`.run`), the series'
 ``.pt`` state dict (:mod:`.series`), nanoGPT's ``ckpt.pt`` (:mod:`.nanogpt`), a Hugging Face
 GPT-2 directory (:mod:`.hf`), any other Hugging Face causal LM read through TransformerBridge
-(:mod:`.bridge`) and nanochat's checkpoints built by nanochat's own code (:mod:`.nanochat`); :mod:`.load` detects which, :mod:`.weights` builds and loads our
+(:mod:`.bridge`) and nanochat's checkpoints built by nanochat's own code (:mod:`.nanochat`);
+:mod:`.load` detects which, :mod:`.weights` builds and loads our
 model once a format has its config and state dict, :mod:`.result` is the one :class:`Snapshot`;
 :mod:`.peek` reads any format's config, step and format name without building the model
 (`from models.store.peek import peek`: the function shares its module's name).

@@ -49,8 +49,8 @@ def load_checkpoint(path: str | Path, *, preset: str | None = None, config: str 
     if not path.exists():
         raise CheckpointError(f"{path}: not found")
     raise CheckpointError(f"{path}: expected a snapshot directory (with {SNAPSHOT_CONFIG}), a run "
-                          "directory (with step_NNNNNN/ snapshots), a Hugging Face GPT-2 directory, "
-                          "a nanoGPT ckpt.pt or a series .pt state dict")
+                          "directory (with step_NNNNNN/ snapshots), a Hugging Face directory, a nanoGPT "
+                          "ckpt.pt, nanochat's model_NNNNNN.pt or a series .pt state dict")
 
 
 def _load_directory(path: Path, preset: str | None, config: Any, device: Any, tokenizer: Any) -> Snapshot:
@@ -77,9 +77,16 @@ def _load_directory(path: Path, preset: str | None, config: Any, device: Any, to
         return load_snapshot(latest, device)
     if (path / NANOGPT_FILE).is_file():
         return _load_pt(path / NANOGPT_FILE, preset, config, device, tokenizer)
+    models = sorted((p.name for p in path.iterdir()
+                     if p.is_dir() and any(is_nanochat(f) for f in p.glob("model_*.pt"))),
+                    key=lambda name: (len(name), name))  # d2 before d10
+    if models:  # nanochat's base_checkpoints/: one folder per model depth
+        raise CheckpointError(f"{path}: a folder of nanochat models ({', '.join(models)}): give one of them "
+                              f"as --ckpt (its latest step), e.g. {path / models[-1]}")
     raise CheckpointError(f"{path}: expected a snapshot directory (with {SNAPSHOT_CONFIG}), a run "
                           "directory (with step_NNNNNN/ snapshots or numbered .pt files), a Hugging Face "
-                          "GPT-2 directory or a nanoGPT out_dir (with ckpt.pt)")
+                          "directory (with config.json), a nanoGPT out_dir (with ckpt.pt) or nanochat's "
+                          "dN folder")
 
 
 def _fixed(preset: str | None, config: Any, kind: str, path: Path, recorded: Any = None) -> None:
