@@ -51,7 +51,7 @@ class LiveDoctor:
         result = self.diagnose()
         if result is None:
             return None
-        level = logging.INFO if result.verdict == "healthy" else logging.WARNING
+        level = logging.INFO if result.verdict in ("healthy", "too short") else logging.WARNING  # too short: no fault found
         log.log(level, "doctor: %s, %d finding(s) (python -m probes.diagnose --ckpt %s for the evidence)",
                 result.verdict, len(result.findings), self.run_dir)
         for f in result.findings:
