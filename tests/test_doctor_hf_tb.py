@@ -196,6 +196,7 @@ def test_a_truncated_event_file_reads_what_is_whole_or_says_one_line(tmp_path, c
 
 def test_without_tensorboard_installed_the_error_says_what_to_install(tmp_path, capsys, monkeypatch):
     folder = write_events(tmp_path / "tb", HF_TAGS)
-    monkeypatch.setitem(sys.modules, "tensorboard.backend.event_processing", None)
+    for name in ("tensorboard", "tensorboard.compat.proto"):  # as if not installed
+        monkeypatch.setitem(sys.modules, name, None)
     code, _, err = cli(capsys, "--ckpt", str(folder))
     assert code == 2 and "pip install 'scratchscope[tensorboard]'" in one_error_line(err)

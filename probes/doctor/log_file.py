@@ -34,6 +34,7 @@ class Log:
     trainer: str = "unknown"  # whose settings the fixes name (probes.doctor.flags.TRAINERS)
     loss_kind: str = "cross_entropy"  # or "preference", "policy", "regression" (LOSS_KINDS)
     loss_kind_why: str = ""  # what in the log says so ("it logs rewards/chosen")
+    skipped: int = 0  # damaged or unreadable records left out (each file's warning says which)
 
 
 # What a loss that is not a next-token cross-entropy is judged by (probes.doctor.rules_loss):

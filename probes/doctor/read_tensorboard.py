@@ -1,23 +1,24 @@
-"""TensorBoard event files (`events.out.tfevents.*`) read with TensorBoard's own reader into our
-records: the usual tags of PyTorch's SummaryWriter loops, Hugging Face's TensorBoardCallback
-(`train/loss`, `eval/loss`, ...) and Lightning's TensorBoardLogger are mapped; `--tag NAME=ours`
+"""TensorBoard event files (`events.out.tfevents.*`) read into our records: the usual tags of
+PyTorch's SummaryWriter loops, Hugging Face's TensorBoardCallback (`train/loss`, `eval/loss`, ...) and Lightning's TensorBoardLogger are mapped; `--tag NAME=ours`
 maps any other. Lightning names a metric logged with `self.log("train_loss", ..., on_step=True,
 on_epoch=True)` twice, `train_loss_step` (per step) and `train_loss_epoch` (at each epoch's last
 step): the per-step one is read, the epoch means only where no per-step tag was written. Its
 LearningRateMonitor writes `lr-<Optimizer>`; its `epoch` and `hp_metric` tags mark it as Lightning's.
 
-`tensorboard` is an optional dependency (`pip install 'scratchscope[tensorboard]'`), imported
-only when event files are to be read. Scalars written as TensorBoard scalars and as tensors
+The files are walked record by record here (probes.doctor.tfrecord), each record's CRC checked,
+so that a damaged record is skipped and said, not the end of the history; the Event protobuf is
+TensorBoard's. `tensorboard` is an optional dependency (`pip install 'scratchscope[tensorboard]'`),
+imported only when event files are to be read. Scalars written as TensorBoard scalars and as tensors
 (`tensorboard.summary.Writer`, tf.summary v2) are both read.
 """
 
 from __future__ import annotations
 
 import logging
-import struct
 from pathlib import Path
 from typing import Any, Iterable
 
+from probes.doctor.tfrecord import Damage, walk_records
 from probes.doctor.log_file import (Log, check_not_lfs_pointer, check_user_tags, kind_of_losses, merge_steps,
                                     require_loss, user_tags)
 from probes.errors import ProbeInputError
@@ -64,7 +65,7 @@ def find_event_folder(folder: Path, levels: int = SUBFOLDER_DEPTH) -> Path | Non
 def read_tensorboard(path: Path, tags: Iterable[str] | dict[str, str] | None = None) -> Log:
     """The scalars of a folder of event files (or of one event file) as a Log."""
     given = user_tags(tags)
-    series = read_scalars(path)
+    series, skipped = read_scalars(path)
     check_user_tags(path, given, series, "TensorBoard tag")
     mapping = {**TENSORBOARD_TAGS, **{t: "lr" for t in series if t.startswith("lr-")}}
     if any(t.endswith("_step") and mapping.get(t) for t in series):  # per-step values: not the epochs'
@@ -77,61 +78,129 @@ def read_tensorboard(path: Path, tags: Iterable[str] | dict[str, str] | None = N
     lightning = any(t in series for t in LIGHTNING_MARKS) or any(t.endswith(("_step", "_epoch")) for t in series)
     kind, why = kind_of_losses(records, series)
     return Log(path, SOURCE, records, trainer="lightning" if lightning else "unknown", loss_kind=kind,
-               loss_kind_why=why)
+               loss_kind_why=why, skipped=skipped)
 
 
-def read_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
-    """{tag: [(step, value)]} of every scalar in the events; one-line errors for what cannot be read."""
+def read_scalars(path: Path) -> tuple[dict[str, list[tuple[int, float]]], int]:
+    """({tag: [(step, value)]} of every scalar in the events, records skipped as damaged), the
+    files read in name order (their names start with the time they were opened). A damaged record
+    is skipped and the rest read (tfrecord.walk_records), with one warning per file saying what
+    was lost; one-line errors for what cannot be read at all."""
     files = [path] if path.is_file() else event_files(path)
     for file in files:
         check_not_lfs_pointer(file)
-    accumulator = event_accumulator()
-    acc = accumulator.EventAccumulator(str(path), size_guidance={accumulator.SCALARS: 0, accumulator.TENSORS: 0})
-    try:
-        acc.Reload()
-    except Exception as err:  # noqa: BLE001 (TensorBoard raises its own errors on damaged files)
-        raise ProbeInputError(f"{path}: TensorBoard could not read the events ({type(err).__name__}: {err})") from None
-    found = {tag: [(e.step, float(e.value)) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
-    for tag in acc.Tags()["tensors"]:
-        if acc.SummaryMetadata(tag).plugin_data.plugin_name == "scalars":
-            found[tag] = [(e.step, tensor_value(e.tensor_proto)) for e in acc.Tensors(tag)]
-    try:
-        cut = [f.name for f in files if truncated(f)]
-    except OSError as err:
-        raise ProbeInputError(f"{path}: cannot read the events ({err.strerror})") from None
+    event_pb2 = event_proto()
+    found: dict[str, list[tuple[int, float]]] = {}
+    skipped, damaged = 0, []
+    for file in files:
+        damage = Damage()
+        try:
+            read_file_scalars(file, event_pb2, found, damage)
+        except OSError as err:
+            raise ProbeInputError(f"{file}: cannot read the events ({err.strerror or err})") from None
+        if damage.records == 0 and damage.any:
+            damaged.append(f"{file.name} is not a TensorBoard event file: no TFRecord framing in its "
+                           f"{damage.size} bytes" + (" (a text file named like one)" if looks_text(file) else ""))
+            log.warning("%s: skipped: %s", path, damaged[-1])
+            continue
+        if damage.any:
+            log.warning("%s: %s; read the %d records around it", file, damage.text(), damage.records)
+            damaged.append(f"{file.name}: {damage.text()}")
+        skipped += len(damage.bad_records) + len(damage.lost_bytes)
+    found = {tag: series for tag, series in found.items() if series}
     if not found:
-        why = (f"event file {cut[0]} is truncated or damaged and holds no scalars" if cut
-               else "the TensorBoard events hold no scalars")
+        why = f"no scalars read: {damaged[0]}" if damaged else "the TensorBoard events hold no scalars"
         raise ProbeInputError(f"{path}: {why}")
-    if cut:
-        log.warning("%s: event file %s ends in a truncated record (a run killed mid-write?); read the rest",
-                    path, cut[0])
-    return found
+    return found, skipped
 
 
-def event_accumulator() -> Any:
+def read_file_scalars(file: Path, event_pb2: Any, found: dict[str, list[tuple[int, float]]], damage: Damage) -> None:
+    """One event file's scalars added to `found`; a restart drops what it makes stale, as
+    TensorBoard does: a SessionLog.START (file version 2) drops every tag's later steps, a step
+    going back (older files) the later steps of the tags it logs."""
+    plugins: dict[str, str] = {}  # tag -> plugin name, from the first value that carried metadata
+    version, newest = 0.0, -1
+    for event in walk_records(file, damage, lambda data: parse_event(event_pb2, data)):
+        if event.HasField("file_version"):
+            version = file_version(event.file_version)
+            continue
+        if event.HasField("session_log") and event.session_log.status == event_pb2.SessionLog.START:
+            if version >= 2:
+                purge(found, found, event.step)
+            continue
+        values = scalar_values(event, plugins)
+        if version < 2 and event.step < newest and values:
+            purge(found, values, event.step)
+        else:
+            newest = max(newest, event.step)
+        for tag, value in values.items():
+            found.setdefault(tag, []).append((event.step, value))
+
+
+def parse_event(event_pb2: Any, data: bytes) -> Any:
+    """An Event from a record's bytes, or None when it holds nothing the doctor reads (an image,
+    a graph): its CRC is then not checked. ValueError when the bytes are no Event."""
+    from google.protobuf.message import DecodeError
+    event = event_pb2.Event()
     try:
-        from tensorboard.backend.event_processing import event_accumulator
+        event.ParseFromString(data)
+    except DecodeError:
+        raise ValueError("not an Event") from None
+    if event.HasField("summary"):
+        return event if any(v.HasField("simple_value") or v.HasField("tensor") for v in event.summary.value) else None
+    return event if event.HasField("file_version") or event.HasField("session_log") else None
+
+
+def scalar_values(event: Any, plugins: dict[str, str]) -> dict[str, float]:
+    """{tag: value} of an event's scalars: simple values, and one-element tensors of the scalars
+    plugin (tf.summary v2, tensorboard.summary.Writer; their metadata comes with the first)."""
+    out = {}
+    for v in event.summary.value:
+        if v.metadata.plugin_data.plugin_name:
+            plugins.setdefault(v.tag, v.metadata.plugin_data.plugin_name)
+        if v.HasField("simple_value"):
+            out[v.tag] = float(v.simple_value)
+        elif v.HasField("tensor") and plugins.get(v.tag) == "scalars":
+            value = tensor_value(v.tensor)
+            if value is not None:
+                out[v.tag] = value
+    return out
+
+
+def purge(found: dict[str, list[tuple[int, float]]], tags: Iterable[str], step: int) -> None:
+    for tag in list(tags):
+        if tag in found:
+            found[tag] = [(s, v) for s, v in found[tag] if s < step]
+
+
+def file_version(text: str) -> float:
+    """'brain.Event:2' -> 2.0; 0 when unreadable."""
+    try:
+        return float(text.rpartition(":")[2])
+    except ValueError:
+        return 0.0
+
+
+def looks_text(file: Path) -> bool:
+    with file.open("rb") as f:
+        head = f.read(512)
+    return bool(head) and b"\0" not in head
+
+
+def event_proto() -> Any:
+    try:
+        from tensorboard.compat.proto import event_pb2
     except ImportError:
         raise ProbeInputError("reading TensorBoard event files needs tensorboard: "
                               "pip install 'scratchscope[tensorboard]'") from None
-    return event_accumulator
+    return event_pb2
 
 
-def tensor_value(proto: Any) -> float:
+def tensor_value(proto: Any) -> float | None:
+    """A one-element tensor's value as a float; None for any other tensor."""
     from tensorboard.util import tensor_util
-    return float(tensor_util.make_ndarray(proto).item())
-
-
-def truncated(path: Path) -> bool:
-    """Whether the file's last TFRecord is incomplete: each record is a u64 length, a u32 CRC,
-    the data and a u32 CRC; walking the lengths finds a cut (the CRCs are TensorBoard's to check)."""
-    size, offset = path.stat().st_size, 0
-    with path.open("rb") as f:
-        while offset < size:
-            header = f.read(8)
-            if len(header) < 8:
-                return True
-            offset += 8 + 4 + struct.unpack("<Q", header)[0] + 4
-            f.seek(offset)
-    return offset != size
+    try:
+        array = tensor_util.make_ndarray(proto)
+    except (ValueError, TypeError):
+        return None
+    return float(array.item()) if array.size == 1 and array.dtype.kind in "fiub" else None

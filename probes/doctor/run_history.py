@@ -93,7 +93,7 @@ class RunHistory:
     def from_log(cls, log: Log, upto: int | None = None) -> RunHistory:
         kept = cut_at(log.path, log.records, upto)
         return cls(log.path, kept, {"train": log.train}, log.model, [], upto, log.source, log.trainer,
-                   loss_kind=log.loss_kind, loss_kind_why=log.loss_kind_why)
+                   skipped=log.skipped, loss_kind=log.loss_kind, loss_kind_why=log.loss_kind_why)
 
     @classmethod
     def read_run(cls, run_dir: str | Path, upto: int | None = None) -> RunHistory:
