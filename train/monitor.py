@@ -12,7 +12,9 @@ gradient norm and the g/w/u table (`probes.updates`) of exactly the update it ma
 steps the hooks only read the learning rate. At eval steps (every `eval_every`), given
 `eval_tokens` [batch pos], the doctor's internal signals (attention entropy and max attention
 logit per head, residual rms per layer, max |logit|, dead and saturated units) are measured on
-our hooked twin of the model (`models.store.live`): ours, nanoGPT's `GPT`, Hugging Face GPT-2.
+our hooked twin of the model (`models.store.live`: ours, nanoGPT's `GPT`, Hugging Face GPT-2),
+or, for any other model (nanochat, a Llama, a tutorial GPT), on the model itself through the
+attention tap and forward hooks (`train.monitor_tap`).
 Two `log` calls for one step make one record. `diagnose_every=N` prints each new finding of the
 doctor once, while the run still lives; the diagnosis is printed when the Monitor closes.
 Our own trainer (`python -m train`) logs through this class too.
