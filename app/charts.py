@@ -99,6 +99,24 @@ def titled(title: str, note: str = "") -> alt.TitleParams | str:
     return alt.TitleParams(text=title, subtitle=note, subtitleColor="#555") if note else title
 
 
+PAGE_PX = 820  # the page's content width in a 1280 px window, the narrowest the app is laid out for
+LEGEND_INSET_PX = 60  # a bottom legend starts under the plot, right of the y axis
+LABEL_CHAR_PX = 6.6  # one character of an 11 px legend label, generously
+LEGEND_ENTRY_PX = 16 + 5 + 12  # symbol, its gap to the label, the padding between columns
+
+
+def legend_columns(labels: Any, width: float | None) -> int:
+    """How many legend columns fit under a chart `width` px wide (a share of PAGE_PX) when every
+    column is as wide as the longest label (Vega aligns them): never more than fit, so that no entry
+    is drawn past the chart's edge and cut (4 columns of 'block 1 post_1' under a third of the page
+    lost a column); 4 where the width is unknown."""
+    names = [str(v) for v in dict.fromkeys(labels)]
+    if width is None or not names:
+        return 4
+    entry = LEGEND_ENTRY_PX + LABEL_CHAR_PX * max(len(n) for n in names)
+    return max(1, min(len(names), int((width - LEGEND_INSET_PX) // entry)))
+
+
 def legend(columns: int = 4) -> alt.Legend:
     """A legend under the chart whose labels are never cut short."""
     return alt.Legend(orient="bottom", title=None, columns=columns, labelLimit=0)
@@ -113,12 +131,13 @@ def y_scale(log: bool = False, domain: list[float] | None = None, zero: bool = F
 def lines_over_steps(data: pd.DataFrame, y: str, color: str, title: str | alt.TitleParams, log: bool = False,
                      height: int = 200, y_title: str | None = None,
                      domain: list[float] | None = None, zero: bool = False,
-                     x_domain: list[float] | None = None) -> alt.Chart:
+                     x_domain: list[float] | None = None, width: float | None = None) -> alt.Chart:
     """One line per `color` over steps; `y_title` names the axis (default: the column),
-    `domain` fixes the y range (shared axes), `zero` starts it at 0, `x_domain` fixes the steps'."""
+    `domain` fixes the y range (shared axes), `zero` starts it at 0, `x_domain` fixes the steps',
+    `width` is the px the chart is drawn at (its legend gets the columns that fit)."""
     return alt.Chart(data, title=title).mark_line(point=len(data) < 80, clip=domain is not None).encode(
         x=step_axis(x_domain), y=alt.Y(f"{y}:Q", scale=y_scale(log, domain, zero), title=y_title or y),
-        color=alt.Color(f"{color}:N", legend=legend()),
+        color=alt.Color(f"{color}:N", legend=legend(legend_columns(data[color], width))),
         tooltip=tooltips(data.columns),
     ).properties(height=height)
 

@@ -17,6 +17,7 @@ from app import axes, charts, series
 from app.views.common import show
 from app.views.controls import curve_controls, smoothed_frame
 
+HALF_PX, THIRD_PX = (charts.PAGE_PX - 16) / 2, (charts.PAGE_PX - 32) / 3  # a chart in st.columns(2) / (3)
 NOT_LOGGED = "not logged by this run (it was trained before training logged it)"
 
 
@@ -79,7 +80,8 @@ def mlp_health(records, draw, left, right, steps) -> None:
                 for r in series.per_layer(records, "activations", field)]
         what = "units" if field == "dead" else "activations"
         draw(charts.lines_over_steps(pd.DataFrame(rows), f"{field} share", "layer", f"{field} MLP {what}",
-                                     domain=[0, 1], y_title=f"share of {what}", x_domain=steps), where)
+                                     domain=[0, 1], y_title=f"share of {what}", x_domain=steps,
+                                     width=HALF_PX), where)
     st.caption("Per MLP layer, on the first validation batch at each eval (`probes.activations`): dead = the "
                "share of units never active over the batch; saturated = the share of activations in the flat "
                "part of the non-linearity (|tanh| > 0.97, GELU input below -3, ReLU output 0). In the legend, "
@@ -98,7 +100,8 @@ def growth(records, draw, steps) -> None:
     left, mid, right = st.columns(3)
     if positive:
         draw(charts.lines_over_steps(pd.DataFrame(positive), "max attention logit", "head",
-                                     "largest attention score per head", log=True, x_domain=steps), left)
+                                     "largest attention score per head", log=True, x_domain=steps,
+                                     width=THIRD_PX), left)
         if len(positive) < len(heads):
             left.caption(f"{len(heads) - len(positive)} values at or below 0 are left off the log axis.")
     else:
@@ -106,6 +109,7 @@ def growth(records, draw, steps) -> None:
     for rows, where, y, color, title in ((rms, mid, "residual rms", "layer", "residual stream rms per layer"),
                                          (logit, right, "max |logit|", "curve", "largest |logit| of the output")):
         if rows:
-            draw(charts.lines_over_steps(pd.DataFrame(rows), y, color, title, log=True, x_domain=steps), where)
+            draw(charts.lines_over_steps(pd.DataFrame(rows), y, color, title, log=True, x_domain=steps,
+                                         width=THIRD_PX), where)
         else:
             where.caption(f"{title[0].upper() + title[1:]}: {NOT_LOGGED}")
