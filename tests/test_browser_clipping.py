@@ -13,7 +13,7 @@ import json
 import shutil
 
 import pytest
-from browser_kit import REPO, browser, free_port, serve  # noqa: F401 - fixtures
+from browser_kit import REPO, browser, serve  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -46,7 +46,6 @@ def long_sweep_root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def app_with_sweep(long_sweep_root):
-    import os
     with serve({"SCRATCHSCOPE_RUNS": str(long_sweep_root)}) as url:
         yield url
 
