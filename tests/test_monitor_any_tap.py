@@ -128,3 +128,42 @@ def test_eval_tokens_the_model_cannot_read_are_refused_when_made(tmp_path):
         Monitor(model, torch.optim.SGD(model.parameters(), lr=0.1), tmp_path / "run",
                 eval_tokens=torch.full((1, 4), kit.VOCAB + 5), report=False)
     assert "\n" not in str(refused.value)
+
+
+class ReluBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+
+    def forward(self, x):  # the residual stream after the block, as a transformer block returns it
+        return x + self.mlp(x)
+
+
+class NoAttention(nn.Module):
+    """Embedding, two residual ReLU blocks, a head: nothing the tap can read."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.blocks = nn.ModuleList(ReluBlock() for _ in range(2))
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def test_a_model_without_attention_gets_its_other_internals_and_one_line_why(tmp_path, caplog):
+    torch.manual_seed(4)
+    model, ids = NoAttention(), torch.randint(0, 10, (2, 5))
+    with caplog.at_level("INFO", logger="train.monitor"):
+        record, described = one_record(model, ids, tmp_path)
+    assert "attn_entropy" not in record and set(record["activations"]) == {"blocks.0.mlp.1", "blocks.1.mlp.1"}
+    with torch.no_grad():
+        x = model.emb(ids)
+        x = x + model.blocks[0].mlp(x)
+    assert record["resid_rms"]["0"] == pytest.approx(float(x.square().mean().sqrt()), rel=1e-6)
+    assert described["family"] == "other" and described["attention"].startswith("not measured: NoAttention")
+    assert sum("not measured" in m for m in caplog.messages) == 1

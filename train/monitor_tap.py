@@ -217,7 +217,7 @@ def dims(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext) -> dict[str
     r = forward(p, tokens.to(device), autocast)
     acts = sorted({a for _, _, a in p.activations} | ({"silu"} if p.silu else set()))
     model = p.model
-    out = {"family": "transformer", "source": "tap", "class": type(model).__name__,
+    out = {"family": "transformer" if r.heads else "other", "source": "tap", "class": type(model).__name__,
            "n_layers": len(r.heads) or len(p.blocks), "n_heads": max(r.heads) if r.heads else None,
            "d_model": r.d_model, "n_ctx": int(tokens.shape[1]), "d_vocab": r.vocab,
            "max_context": context_of(model),
