@@ -86,3 +86,17 @@ def test_a_nanochat_checkpoint_opens_built_by_nanochat(runs, monkeypatch):
     assert [e.value for e in at.error] == [f"d2/model_000020.pt has no tokenizer (token ids only): no nanochat "
                                            f"tokenizer at {runs.parent / 'tokenizer'} (nanochat's tok_train writes "
                                            "it there); then reload the page"]
+
+
+def test_a_nanochat_model_file_typed_into_open_a_path_needs_no_preset(runs, monkeypatch, tmp_path):
+    for name in [m for m in sys.modules if m == "nanochat" or m.startswith("nanochat.")] + ["nanochat"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    at = open_app(monkeypatch, [tmp_path])
+    at.sidebar.text_input(key="typed_path").set_value(str(runs / "d2" / "model_000010.pt"))
+    at.run()
+    assert "model_000010.pt" in at.sidebar.selectbox(key="run").options  # not "type its preset below"
+    at.sidebar.selectbox(key="run").set_value("model_000010.pt")
+    at.run()
+    at.switch_page("screens/overview.py").run()
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and "model_000010.pt: a nanochat checkpoint is built with nanochat's own GPT" in errors[0]
