@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
-from probes.doctor.log_file import Log, merge_steps
+from probes.doctor.log_file import Log
+from probes.doctor.printed_runs import PrintedRuns, step_number
+from probes.doctor.text_log import text_lines
 from probes.errors import ProbeInputError
 
 __all__ = ["MAIN_LOG", "is_llmc_text", "read_llmc_log"]
@@ -37,67 +39,79 @@ LR = re.compile(rf"^\| learning rate \(LR\)\s+\| {NUMBER}")
 MAX_STEPS = re.compile(r"^\| max_steps\s+\| (\d+)")
 
 
-def is_llmc_text(text: str) -> bool:
-    """Whether a text log holds llm.c's step lines (printed, or main.log's)."""
-    return any(CU_STEP.match(line) or C_STEP.match(line) or MAIN.match(line) for line in text.splitlines()[:400])
+def is_llmc_text(lines: Iterable[str]) -> bool:
+    """Whether a text log's first lines hold llm.c's step lines (printed, or main.log's)."""
+    return any(CU_STEP.match(line) or C_STEP.match(line) or MAIN.match(line) for line in lines)
 
 
-def read_llmc_log(path: Path, text: str | None = None) -> Log:
-    """llm.c's printed log or main.log as a Log; ProbeInputError naming the file if it has no step lines."""
-    if text is None:
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError as err:
-            raise ProbeInputError(f"{path}: cannot read ({err.strerror})") from None
-    entries: list[tuple[int, dict[str, Any]]] = []
-    facts: dict[str, Any] = {"train": {"grad_clip": 1.0}, "model": {}}
-    pending_val: list[float] = []
-    last = -1
-    for raw in text.splitlines():
+def read_llmc_log(path: Path, encoding: str | None = None) -> Log:
+    """llm.c's printed log or main.log as a Log (its last run, when several were appended: see
+    probes.doctor.printed_runs), streamed; ProbeInputError naming the file if it has no step lines."""
+    runs = PrintedRuns(path)
+    runs.facts["train"]["grad_clip"] = 1.0
+    pending_val: float | None = None
+    for number, raw in text_lines(path, encoding):
         line = raw.strip()
-        step, values = read_line(line, facts)
-        if values is not None and "val_loss" in values and step is None:
-            pending_val.append(values["val_loss"])
+        if line.startswith(("+-", "| ")):  # the set-up table printed before the first step
+            runs.setup(number)
+        step, values = read_line(line, runs)
+        if values is None:
             continue
         if step is None:
+            if "val_loss" in values:
+                pending_val = values["val_loss"]
+            else:
+                runs.step(number, None, {})  # a step number too long to read: counted
             continue
-        if pending_val:  # printed before this step's line: it is this step's
-            entries.append((step, {"val_loss": pending_val.pop()}))
-            pending_val.clear()
-        entries.append((step, values))
-        last = max(last, step)
-    if pending_val:
-        entries.append((last + 1, {"val_loss": pending_val[-1]}))
-    if not any("train_loss" in v or "val_loss" in v for _, v in entries):
+        if pending_val is not None:  # printed before this step's line: it is this step's
+            runs.step(number, step, {"val_loss": pending_val})
+            pending_val = None
+        if not values:
+            continue
+        runs.step(number, step, values)
+    if pending_val is not None and runs.records:
+        runs.step(0, runs.records[-1]["step"] + 1, {"val_loss": pending_val})
+    if not any("train_loss" in r or "val_loss" in r for r in runs.records):
         raise ProbeInputError(f"{path}: no llm.c 'step N/M | loss X | ...' or 's:N trl:X' lines")
     what = "main.log" if path.name == MAIN_LOG else f"the llm.c log {path.name}"
-    return Log(path, what, merge_steps(entries), facts["model"], facts["train"], "llmc")
+    facts = runs.facts
+    records, source = runs.finish(what)
+    return Log(path, source, records, facts["model"], facts["train"], "llmc", skipped=len(runs.long_numbers))
 
 
-def read_line(line: str, facts: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None]:
-    """(0-based step or None, our values) of one line; set-up lines fill `facts`."""
+def read_line(line: str, runs: PrintedRuns) -> tuple[int | None, dict[str, Any] | None]:
+    """(0-based step or None, our values) of one line; set-up lines add to the run's facts. A step
+    number too long to be one gives (None, {})."""
     if match := CU_STEP.match(line):
-        facts["train"]["steps"] = int(match[2])
-        return int(match[1]) - 1, {"train_loss": num(match[3]), "grad_norm": num(match[4]), "lr": num(match[5]),
-                                   "step_time_ms": num(match[6])}
+        step = step_number(match[1])
+        if step is None:
+            return None, {}
+        if (steps := step_number(match[2])) is not None:
+            runs.fact("train", "steps", steps)
+        return step - 1, {"train_loss": num(match[3]), "grad_norm": num(match[4]), "lr": num(match[5]),
+                          "step_time_ms": num(match[6])}
     if match := C_STEP.match(line):
-        return int(match[1]), {"train_loss": num(match[2]), "step_time_ms": num(match[3])}
+        step = step_number(match[1])
+        return (None, {}) if step is None else (step, {"train_loss": num(match[2]), "step_time_ms": num(match[3])})
     if match := VAL.match(line):
         return None, {"val_loss": num(match[1])}
     if match := MAIN.match(line):
-        step, kind = int(match[1]), match[2]
+        step, kind = step_number(match[1]), match[2]
+        if step is None:
+            return None, {}
         if kind == "trl":
             values = {"train_loss": num(match[3])}
             if match[4] is not None:
                 values.update(lr=num(match[4]), grad_norm=num(match[5]))
             return step, values
         return step, ({"val_loss": num(match[3])} if kind == "tel" else {})
-    if match := VOCAB.match(line):
-        facts["model"]["d_vocab"] = int(match[1] or match[2])
+    if (match := VOCAB.match(line)) and (vocab := step_number(match[1] or match[2])) is not None:
+        runs.fact("model", "d_vocab", vocab)
     elif match := LR.match(line):
-        facts["train"]["lr"] = num(match[1])
-    elif (match := MAX_STEPS.match(line)) and int(match[1]) > 0:
-        facts["train"].setdefault("steps", int(match[1]))
+        runs.fact("train", "lr", num(match[1]))
+    elif (match := MAX_STEPS.match(line)) and (steps := step_number(match[1])) is not None and steps > 0:
+        target = runs.pending if runs.pending is not None else runs.facts
+        target["train"].setdefault("steps", steps)
     return None, None
 
 

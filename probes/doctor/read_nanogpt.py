@@ -9,18 +9,23 @@ The lines are those karpathy/nanoGPT's train.py prints:
 and the configurator's echo of the config (`max_iters = 5000`, `Overriding: learning_rate = 0.01`).
 A diverged run prints `nan`, read as NaN. The eval line's train loss (a mean over eval_iters
 batches) is the better estimate, so it wins over the iter line's at the same step; the iter line's
-step time is kept. A last line cut mid-print (the run was killed) is skipped.
+step time is kept. A last line cut mid-print (the run was killed) is skipped. The file is streamed
+(probes.doctor.text_log: UTF-8 or UTF-16, never whole in memory); a second run appended to it is
+told apart (probes.doctor.printed_runs).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
 from pathlib import Path
 from typing import Any
 
 from models.store.run import checkpoint_files
-from probes.doctor.log_file import Log, merge_steps
+from probes.doctor.log_file import Log
+from probes.doctor.printed_runs import PrintedRuns, step_number
+from probes.doctor.text_log import text_lines
 from probes.errors import ProbeInputError
 
 __all__ = ["find_nanogpt_log", "read_nanogpt_log"]
@@ -35,6 +40,9 @@ VOCAB = re.compile(r"found vocab_size = (\d+)|defaulting to vocab_size of GPT-2 
 # the configurator's echo of a config file or a --key=value override -> (ours, where)
 CONFIG = re.compile(r"^(?:Overriding: )?(\w+) = ([-+0-9.e]+)\s*(?:#.*)?$")
 SAVE_BEST = re.compile(r"^(?:Overriding: )?always_save_checkpoint = (True|False)\s*(?:#.*)?$")
+# a run's set-up lines besides the config echo: a second of these after step lines is a new segment
+SETUP = re.compile(r"^(?:Overriding config with |Initializing a new model from scratch|Resuming training from |"
+                   r"Initializing from OpenAI GPT-2 weights|number of parameters: )")
 CONFIG_KEYS = {"max_iters": ("steps", "train"), "learning_rate": ("lr", "train"),
                "log_interval": ("log_every", "train"), "grad_clip": ("grad_clip", "train"),
                "block_size": ("n_ctx", "model"),
@@ -53,59 +61,69 @@ def find_nanogpt_log(path: Path) -> Path | None:
     return logs[-1] if logs else None
 
 
-def read_nanogpt_log(path: Path) -> Log:
-    """nanoGPT's printed log as a Log; ProbeInputError (one line naming the file) if it has no
-    iter or step lines."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as err:
-        raise ProbeInputError(f"{path}: cannot read ({err.strerror})") from None
-    lines = text.splitlines()
-    if lines and not text.endswith("\n"):
-        log.warning("%s: skipped its truncated last line %r (a run killed mid-print?)", path, lines[-1][:60])
-        lines = lines[:-1]
-    iters: list[tuple[int, dict[str, Any]]] = []
-    evals: list[tuple[int, dict[str, Any]]] = []
-    facts: dict[str, Any] = {"train": {}, "model": {}}
-    for line in lines:
-        read_line(line.strip(), iters, evals, facts)
-    if not iters and not evals:
+def read_nanogpt_log(path: Path, encoding: str | None = None) -> Log:
+    """nanoGPT's printed log as a Log (its last run, when `tee -a` appended several: see
+    probes.doctor.printed_runs), streamed line by line; ProbeInputError (one line naming the
+    file) if it has no iter or step lines."""
+    runs = PrintedRuns(path, keep=("train_loss",))
+    for number, line in text_lines(path, encoding):
+        read_line(number, line.strip(), runs)
+    if runs.first_step is None:
         raise ProbeInputError(f"{path}: no nanoGPT 'iter N: loss X, ...' or 'step N: train loss X, "
                               "val loss Y' lines, nor llm.c's 'step N/M | loss X | ...' or 's:N trl:X' "
-                              "(is it the printed output of nanoGPT's or llm.c's training?)")
-    # the eval line's losses win at their step: merged after the iter lines
-    records = merge_steps(iters + evals)
-    per_step = facts.get("tokens_per_step")
-    if per_step:
+                              "(is it the printed output of nanoGPT's or llm.c's training?)"
+                              + (f"; {len(runs.long_numbers)} had a step number too long to read"
+                                 if runs.long_numbers else ""))
+    facts = runs.facts
+    records, source = runs.finish(f"the nanoGPT log {path.name}")
+    per_step = facts["train"].pop("tokens_per_step", None)
+    if isinstance(per_step, int) and per_step > 0:
         for r in records:
             r["tokens"] = per_step * r["step"]
-    return Log(path, f"the nanoGPT log {path.name}", records, facts["model"], facts["train"], "nanogpt")
+    return Log(path, source, records, facts["model"], facts["train"], "nanogpt", skipped=len(runs.long_numbers))
 
 
-def read_line(line: str, iters: list, evals: list, facts: dict[str, Any]) -> None:
-    if match := ITER.search(line):
-        iters.append((int(match[1]), {"train_loss": float(match[2]), "step_time_ms": float(match[3])}))
-    elif match := EVAL.search(line):
-        evals.append((int(match[1]), {"train_loss": float(match[2]), "val_loss": float(match[3])}))
+def read_line(number: int, line: str, runs: PrintedRuns) -> None:
+    """One printed line into `runs`: a step's losses (the eval line's train loss, a mean over
+    eval_iters batches, is the better one), or a set-up fact."""
+    if "iter " in line and (match := ITER.search(line)):
+        runs.step(number, step_number(match[1]), {"train_loss": float(match[2]), "step_time_ms": float(match[3])})
+    elif "step " in line and (match := EVAL.search(line)):
+        runs.step(number, step_number(match[1]), {"train_loss": float(match[2]), "val_loss": float(match[3])},
+                  better=True)
     elif match := TOKENS.search(line):
-        facts["tokens_per_step"] = int(match[1].replace(",", ""))
+        runs.setup(number)
+        runs.fact("train", "tokens_per_step", config_number(match[1].replace(",", "")))
     elif match := VOCAB.search(line):
-        facts["model"]["d_vocab"] = int(next(g for g in match.groups() if g))
+        runs.setup(number)
+        vocab = config_number(next(g for g in match.groups() if g))
+        if isinstance(vocab, int):
+            runs.fact("model", "d_vocab", vocab)
+    elif SETUP.match(line):
+        runs.setup(number)
+        if line.startswith("Resuming training"):
+            runs.resumes(number)
     elif match := SAVE_BEST.match(line):  # False: ckpt.pt is saved only when the val loss improves
-        facts["train"]["keeps_best"] = match[1] == "False"
+        runs.setup(number)
+        runs.fact("train", "keeps_best", match[1] == "False")
     elif (match := CONFIG.match(line)) and match[1] in CONFIG_KEYS:
+        runs.setup(number)
         name, where = CONFIG_KEYS[match[1]]
         value = config_number(match[2])
         if value is not None:
-            facts[where][name] = value
+            runs.fact(where, name, value)
 
 
 def config_number(text: str) -> int | float | None:
+    """A config value as printed; None for what is no finite number (or too long to be one)."""
+    if len(text) > 40:
+        return None
     try:
         return int(text)
     except ValueError:
         pass
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         return None
+    return value if math.isfinite(value) else None

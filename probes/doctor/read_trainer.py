@@ -15,10 +15,12 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
-from probes.doctor.log_file import (Log, check_not_lfs_pointer, check_user_tags, kind_of_losses, merge_steps,
-                                    require_loss, user_tags)
+from probes.doctor.json_stream import JsonStreamError, read_object_streaming
+from probes.doctor.log_file import (Log, check_not_lfs_pointer, check_user_tags, kind_of_losses, require_loss,
+                                    user_tags)
+from probes.doctor.text_log import check_regular_file, text_encoding
 from probes.errors import ProbeInputError
 
 __all__ = ["STATE_FILE", "TRAINER_KEYS", "find_trainer_state", "read_trainer_state"]
@@ -47,36 +49,93 @@ def find_trainer_state(folder: Path) -> Path | None:
 
 
 def read_trainer_state(path: Path, tags: Iterable[str] | dict[str, str] | None = None) -> Log:
-    """trainer_state.json as a Log; ProbeInputError (one line naming the file) if unreadable."""
+    """trainer_state.json as a Log, its log_history streamed entry by entry (json_stream: the file
+    is never whole in memory); ProbeInputError (one line naming the file) if unreadable."""
+    check_regular_file(path, f"a Trainer's {STATE_FILE}")
     check_not_lfs_pointer(path)
-    state = read_json(path)
-    history = state.get("log_history")
-    if not isinstance(history, list):
+    given = user_tags(tags)
+    history = History({**TRAINER_KEYS, **given})
+    state = read_json(path, history.add)
+    if "log_history" not in state or state["log_history"] is not True:
         raise ProbeInputError(f"{path}: no log_history list (not a Trainer's {STATE_FILE}?)")
-    if not history:
+    if not history.entries:
         raise ProbeInputError(f"{path}: log_history is empty: nothing logged yet "
                               f"(the Trainer logs every logging_steps={state.get('logging_steps')} steps)")
-    given = user_tags(tags)
-    mapping = {**TRAINER_KEYS, **given}
-    entries = [e for e in history if isinstance(e, dict) and isinstance(e.get("step"), int)]
-    present = {k for e in entries for k in e if k != "step"}
-    check_user_tags(path, given, present, "log_history key")
-    records = merge_steps((e["step"], {ours: value for key, ours in mapping.items()
-                                       if (value := number(e.get(key))) is not None}) for e in entries)
-    require_loss(path, records, present, "log_history keys")
+    check_user_tags(path, given, history.present, "log_history key")
+    records = [history.merged[s] for s in sorted(history.merged)]
+    history.check(path, records)
+    require_loss(path, records, history.present, "log_history keys")
     train = {key: state[name] for key, name in (("steps", "max_steps"), ("log_every", "logging_steps"))
              if isinstance(state.get(name), int) and state[name] > 0}
-    kind, why = kind_of_losses(records, present)
-    return Log(path, STATE_FILE, records, model_config(path.parent), train, "hf", kind, why)
+    kind, why = kind_of_losses(records, history.present)
+    return Log(path, STATE_FILE, records, model_config(path.parent), train, "hf", kind, why,
+               skipped=history.skipped_entries)
 
 
-def read_json(path: Path) -> dict[str, Any]:
+class History:
+    """log_history's entries merged into one record per step as they stream past (a later value
+    of the same key wins: a resumed run logs some steps twice), with what was not a number."""
+
+    def __init__(self, mapping: dict[str, str]):
+        self.mapping = mapping
+        self.merged: dict[int, dict[str, Any]] = {}
+        self.present: set[str] = set()
+        self.entries = 0
+        self.skipped_entries = 0  # entries without a whole-number step
+        self.not_numbers: dict[str, tuple[int, Any]] = {}  # key -> (count, first value) of non-numbers
+
+    def add(self, entry: Any) -> None:
+        self.entries += 1
+        if not isinstance(entry, dict) or not isinstance(entry.get("step"), int) or isinstance(entry["step"], bool):
+            self.skipped_entries += 1
+            return
+        self.present.update(k for k in entry if k != "step")
+        values = {}
+        for key, ours in self.mapping.items():
+            if key in entry:
+                value = number(entry[key])
+                if value is None:
+                    count, first = self.not_numbers.get(key, (0, entry[key]))
+                    self.not_numbers[key] = (count + 1, first)
+                else:
+                    values[ours] = value
+        if values:
+            self.merged.setdefault(entry["step"], {"step": entry["step"]}).update(values)
+
+    def check(self, path: Path, records: list[dict[str, Any]]) -> None:
+        """A mapped key that never held a number is an error saying so; one that sometimes did, a
+        warning; entries without a step, a warning."""
+        if self.skipped_entries:
+            log.warning("%s: skipped %d log_history entr%s without a whole-number step", path, self.skipped_entries,
+                        "y" if self.skipped_entries == 1 else "ies")
+        for key, (count, first) in self.not_numbers.items():
+            ours = self.mapping[key]
+            shown = f"{first!r}"[:40]
+            if not any(ours in r for r in records) and ours in ("train_loss", "val_loss"):
+                raise ProbeInputError(f"{path}: its {key!r} values are not numbers ({shown}, a "
+                                      f"{type(first).__name__}): nothing to diagnose")
+            log.warning("%s: %d %r value%s not a number (%s, a %s), left out", path, count, key,
+                        "s" if count > 1 else "", shown, type(first).__name__)
+
+
+def read_json(path: Path, each_entry: Callable[[Any], None] | None = None) -> dict[str, Any]:
+    """A JSON object from `path`, its log_history given to `each_entry` entry by entry when set."""
+    encoding = text_encoding(path, "JSON") if each_entry is not None else "utf-8"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        if each_entry is None:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        else:
+            data = read_object_streaming(path, "log_history", each_entry, encoding)
     except json.JSONDecodeError as err:
         raise ProbeInputError(f"{path}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})") from None
+    except JsonStreamError as err:
+        raise ProbeInputError(f"{path}: not valid JSON ({err})") from None
     except UnicodeDecodeError:
         raise ProbeInputError(f"{path}: not a text file") from None
+    except ValueError as err:  # an integer over Python's 4300 digits
+        raise ProbeInputError(f"{path}: not readable JSON ({str(err).splitlines()[0][:80]})") from None
+    except OSError as err:
+        raise ProbeInputError(f"{path}: cannot read ({err.strerror or err})") from None
     if not isinstance(data, dict):
         raise ProbeInputError(f"{path}: not a JSON object (a {type(data).__name__})")
     return data

@@ -10,6 +10,7 @@ files, and a Trainer's trainer_state.json before the TensorBoard events it write
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Iterable
 
@@ -20,11 +21,15 @@ from probes.doctor.read_llmc import MAIN_LOG, is_llmc_text, read_llmc_log
 from probes.doctor.read_nanogpt import find_nanogpt_log, read_nanogpt_log
 from probes.doctor.read_tensorboard import EVENTS_PREFIX, SUBFOLDER_DEPTH, find_event_folder, read_tensorboard
 from probes.doctor.read_trainer import STATE_FILE, find_trainer_state, read_trainer_state
+from probes.doctor.text_log import check_regular_file, head_lines, text_encoding
 from probes.errors import ProbeInputError
 
 __all__ = ["EXPECTED", "find_log", "locate", "read_log_file", "snapshot_alone"]
 
+log = logging.getLogger(__name__)
+
 Tags = Iterable[str] | dict[str, str] | None
+LLMC_HEAD = 400  # lines in which llm.c's step lines are looked for
 
 EXPECTED = ("a run directory with metrics.jsonl, a Trainer output directory with trainer_state.json, "
             "TensorBoard event files, llm.c's main.log, or a nanoGPT or llm.c printed log via --log")
@@ -66,6 +71,8 @@ def find_log(ckpt: str | Path | None, log_file: str | Path | None = None, tags: 
     path = Path(ckpt)
     if not path.exists():
         raise ProbeInputError(f"{path}: no such file or directory")
+    if not path.is_dir():
+        check_regular_file(path, "a run or output directory, or a log file")
     found = read_log_file(path, tags) if path.is_file() else read_folder(path, tags)
     if found is None and user_tags(tags):
         raise ProbeInputError(f"{path}: --tag maps the names of a TensorBoard log or trainer_state.json; "
@@ -78,8 +85,7 @@ def read_log_file(path: Path, tags: Tags = None) -> Log:
     nanoGPT ckpt.pt stands for the *.log beside it."""
     if path.is_dir():
         raise ProbeInputError(f"{path}: a directory; --log takes a log file (a folder goes to --ckpt)")
-    if not path.is_file():
-        raise ProbeInputError(f"{path}: no such file")
+    check_regular_file(path)
     check_not_lfs_pointer(path)
     if path.name == STATE_FILE:
         return read_trainer_state(path, tags)
@@ -130,12 +136,14 @@ def printed(path: Path, tags: Tags) -> Log:
     if user_tags(tags):
         raise ProbeInputError(f"{path}: --tag maps the names of a TensorBoard log or trainer_state.json, "
                               "not the lines of a nanoGPT log or an llm.c log")
+    check_regular_file(path)
     check_not_lfs_pointer(path)
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as err:
-        raise ProbeInputError(f"{path}: cannot read ({err.strerror})") from None
-    return read_llmc_log(path, text) if is_llmc_text(text) else read_nanogpt_log(path)
+    encoding = text_encoding(path)
+    if encoding not in ("utf-8", "utf-8-sig"):
+        log.info("%s: read as %s", path, encoding.upper())
+    if is_llmc_text(head_lines(path, LLMC_HEAD, encoding)):
+        return read_llmc_log(path, encoding)
+    return read_nanogpt_log(path, encoding)
 
 
 READERS = {"trainer": read_trainer_state, "nanogpt": printed, "tensorboard": read_tensorboard}

@@ -1,0 +1,120 @@
+"""A printed log's lines, streamed: what nanoGPT's and llm.c's readers iterate, in constant memory
+whatever the file's length (a 2,000,000-line log is read in 1 MiB pieces, never whole).
+
+The encoding is told from the file's start: UTF-8 (with or without its BOM), UTF-16 with its BOM
+(PowerShell's `tee` and `>` write UTF-16 LE) or without one when every other byte is NUL, UTF-32
+by its BOM. A file that is none of these (a NUL byte in its first line: a binary file named .log)
+is refused by name, never echoed. A line longer than MAX_LINE characters (no print of a trainer
+is) is skipped unread, so a file with no line breaks cannot fill the memory. Excerpts shown in a
+warning keep printable characters only.
+"""
+
+from __future__ import annotations
+
+import codecs
+import logging
+import os
+import stat
+from pathlib import Path
+from typing import Iterator
+
+from probes.errors import ProbeInputError
+
+__all__ = ["MAX_LINE", "check_regular_file", "excerpt", "head_lines", "text_encoding", "text_lines"]
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1 << 20  # characters read at a time
+MAX_LINE = 1 << 16  # characters: a longer "line" is no trainer's print
+SNIFF = 4096  # bytes read to tell the encoding
+BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+        (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+         (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def check_regular_file(path: Path, what: str = "a log file") -> None:
+    """A path that exists but is no regular file (a FIFO, /dev/zero, a socket) is refused by
+    what it is, without opening it (opening a FIFO blocks until someone writes to it)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise ProbeInputError(f"{path}: no such file") from None
+    except OSError as err:
+        raise ProbeInputError(f"{path}: cannot read ({err.strerror})") from None
+    if stat.S_ISREG(mode):
+        return
+    kind = next((name for test, name in KINDS if test(mode)), "not a regular file")
+    raise ProbeInputError(f"{path}: {kind}, not a regular file; the doctor reads {what}")
+
+
+def text_encoding(path: Path, what: str = "a printed log") -> str:
+    """The codec to read `path` with (see the module's docstring); ProbeInputError for a binary file."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(SNIFF)
+    except OSError as err:
+        raise ProbeInputError(f"{path}: cannot read ({err.strerror})") from None
+    for bom, codec in BOMS:
+        if head.startswith(bom):
+            return codec
+    if len(head) >= 4 and head[1::2].count(0) > 0.9 * (len(head) // 2) and head[::2].count(0) < len(head) // 8:
+        return "utf-16-le"  # ASCII text in UTF-16 LE without its BOM
+    if len(head) >= 4 and head[::2].count(0) > 0.9 * (len(head) // 2) and head[1::2].count(0) < len(head) // 8:
+        return "utf-16-be"
+    nul, newline = head.find(b"\0"), head.find(b"\n")
+    if nul >= 0 and (newline < 0 or nul < newline):  # junk after whole lines is a crash's padding: read on
+        raise ProbeInputError(f"{path}: a binary file, not {what} (a NUL byte in its first line, "
+                              "and no UTF-16/UTF-32 byte-order mark)")
+    return "utf-8"
+
+
+def excerpt(text: str, n: int = 60) -> str:
+    """The start of `text` with only its printable characters, for a warning."""
+    shown = "".join(c if c.isprintable() else "?" for c in text[:n])
+    return shown + ("..." if len(text) > n else "")
+
+
+def text_lines(path: Path, encoding: str | None = None, warn: bool = True) -> Iterator[tuple[int, str]]:
+    """(line number from 1, line without its end) of every complete line; a last line without
+    its line break (a run killed mid-print) is skipped with a warning, as is a line over MAX_LINE."""
+    encoding = encoding or text_encoding(path)
+    number, tail, overlong = 0, "", 0
+    try:
+        with path.open("r", encoding=encoding, errors="replace") as f:
+            while chunk := f.read(CHUNK):
+                pieces = (tail + chunk).split("\n")
+                tail = pieces.pop()
+                for line in pieces:
+                    number += 1
+                    if len(line) > MAX_LINE:
+                        overlong += 1
+                        continue
+                    yield number, line
+                if len(tail) > MAX_LINE:  # no line break for MAX_LINE characters: drop what is read
+                    overlong += 1
+                    tail = ""
+                    number += 1
+                    for chunk in iter(lambda: f.read(CHUNK), ""):
+                        if "\n" in chunk:
+                            tail = chunk.split("\n", 1)[1]
+                            break
+    except OSError as err:
+        raise ProbeInputError(f"{path}: cannot read ({err.strerror})") from None
+    if not warn:
+        return
+    if overlong:
+        log.warning("%s: skipped %d line%s over %d characters (no trainer prints those)", path, overlong,
+                    "s" if overlong > 1 else "", MAX_LINE)
+    if tail.strip():
+        log.warning("%s: skipped its truncated last line %r (a run killed mid-print?)", path, excerpt(tail))
+
+
+def head_lines(path: Path, n: int, encoding: str | None = None) -> list[str]:
+    """The first `n` complete lines (for telling a format from its start), without warnings."""
+    out = []
+    for _, line in text_lines(path, encoding, warn=False):
+        out.append(line)
+        if len(out) >= n:
+            break
+    return out
