@@ -165,13 +165,23 @@ def write_record(state: TrainState, record: dict[str, Any], do_eval: bool, first
         log.info("    %s", report.summary())
     layers = [a for a in (record.get("activations") or {}).values() if a["dead"] is not None]
     if do_eval and layers:
-        log.info("    MLP units: up to %.0f%% dead, %.0f%% of activations saturated",
-                 100 * max(a["dead"] for a in layers), 100 * max(a["saturated"] for a in layers))
+        log.info("    %s", activation_line(layers, getattr(state.cfg, "act_fn", None)))
     warn_if_flat(state, record)
     return record
 
 
 FLAT_TOLERANCE = 0.01  # relative change of the train loss below which it counts as flat
+
+
+def activation_line(layers: list[dict[str, Any]], act_fn: str | None) -> str:
+    """The console's MLP line. A ReLU's zeros are not saturation (its slope is 0 there, but a unit
+    that is 0 on some inputs still learns on others: the doctor calls that sparse, not flat), so
+    for a ReLU the share of zero outputs is said as what it is."""
+    dead = 100 * max(a["dead"] for a in layers)
+    flat = 100 * max((a["saturated"] for a in layers if a["saturated"] is not None), default=0.0)
+    if act_fn == "relu":
+        return f"MLP units: up to {dead:.0f}% dead; {flat:.0f}% of ReLU outputs are zero (sparse, not saturated)"
+    return f"MLP units: up to {dead:.0f}% dead, {flat:.0f}% of activations saturated"
 
 
 def warn_if_flat(state: TrainState, record: dict[str, Any]) -> None:
