@@ -7,7 +7,10 @@
 
 Hook shapes come from one ``run_with_cache`` on a short dummy input (``min(n_ctx, 8)`` tokens;
 the MLP family needs a full window of ``n_ctx``). Per-head ``hook_result`` is switched on so its
-shape is listed too. Errors print one ``error: ...`` line on stderr and exit with code 2.
+shape is listed too. A checkpoint we read but never rebuilt prints its own shape (a Hugging Face
+model's through TransformerBridge, with the bridge's hooks; nanochat's, whose GPT has no hook points,
+with the attention calls the tap reads instead). Errors print one ``error: ...`` line on stderr
+and exit with code 2.
 """
 
 from __future__ import annotations
@@ -67,6 +70,17 @@ def hook_shapes(model: torch.nn.Module, tokens: torch.Tensor) -> dict[str, list[
     return shapes
 
 
+def attention_calls(model: torch.nn.Module, tokens: torch.Tensor) -> dict[str, dict[str, Any]]:
+    """Each attention call the tap reads in one forward of a model without hook points (its module
+    name -> pattern shape [batch head q k] and how it is made: sdpa, softmax or heads)."""
+    from models.tap import tap_forward
+
+    ids = tokens.to(next(model.parameters()).device)
+    result = tap_forward(model, ids, lambda call: list(call.pattern.shape))
+    return {name: {"pattern": shape, "kind": kind}
+            for (name, shape), kind in zip(result.layers, result.kinds)}
+
+
 def describe(model: torch.nn.Module, name: str, *, hooks: bool = True, seq_len: int | None = None,
              extra: dict[str, Any] | None = None, config: Any = None) -> dict[str, Any]:
     """The JSON-ready description printed by ``--json``. `config` is the checkpoint's own (a
@@ -75,8 +89,9 @@ def describe(model: torch.nn.Module, name: str, *, hooks: bool = True, seq_len: 
     info: dict[str, Any] = {"name": name, "family": cfg.family, "config": cfg.to_dict(),
                             "n_params": sum(p.numel() for p in model.parameters()), **(extra or {})}
     if hooks and not hasattr(model, "run_with_cache"):  # nanochat's GPT: no hook points at all
-        info["hooks_note"] = (f"{type(model).__name__} has no hook points; the attention probes read "
-                              "its attention calls through the tap")
+        tokens = dummy_tokens(cfg, seq_len)
+        info["dummy_input_shape"] = list(tokens.shape)
+        info["attention_calls"] = attention_calls(model, tokens)
     elif hooks:
         tokens = dummy_tokens(cfg, seq_len)
         info["dummy_input_shape"] = list(tokens.shape)
@@ -86,12 +101,18 @@ def describe(model: torch.nn.Module, name: str, *, hooks: bool = True, seq_len: 
 
 def format_text(info: dict[str, Any]) -> str:
     lines = [f"{info['name']}  ({info['family']}, {info['n_params']:,} parameters)"]
-    for key in ("step", "tokens_seen", "tokenizer", "nonfinite_params", "saved", "hooks_note"):
+    for key in ("step", "tokens_seen", "tokenizer", "nonfinite_params", "saved"):
         if info.get(key) is not None:
             lines.append(f"{key}: {info[key]}")
     lines.append("config:")
     width = max(len(k) for k in info["config"])
     lines += [f"  {key:<{width}}  {value}" for key, value in info["config"].items()]
+    if "attention_calls" in info:
+        calls = info["attention_calls"]
+        lines.append("attention calls the tap reads (no hook points; on a "
+                     f"{info['dummy_input_shape']} dummy input):")
+        width = max((len(k) for k in calls), default=0)
+        lines += [f"  {name:<{width}}  {call['pattern']}  {call['kind']}" for name, call in calls.items()]
     if "hooks" in info:
         lines.append(f"hooks (shapes on a {info['dummy_input_shape']} dummy input):")
         width = max(len(k) for k in info["hooks"])

@@ -175,3 +175,15 @@ def test_base_checkpoints_itself_names_the_models_to_choose_from(tmp_path):
     folder = write_nanochat(tmp_path, steps=(5,))
     with pytest.raises(CheckpointError, match=rf"a folder of nanochat models \(d{DEPTH}\): give one of them"):
         load_checkpoint(folder.parent)
+
+
+@needs_nanochat
+def test_models_info_lists_the_attention_calls_the_tap_reads(tmp_path, capsys):
+    from models import info
+
+    folder = write_nanochat(tmp_path, steps=(4,))
+    assert info.main(["--ckpt", str(folder), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["n_params"] == sum(v.numel() for v in nanochat_state(4).values()) and got["step"] == 4
+    assert got["attention_calls"] == {f"transformer.h.{i}.attn": {"pattern": [1, HEADS, 8, 8], "kind": "sdpa"}
+                                      for i in range(DEPTH)}
