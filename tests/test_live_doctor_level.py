@@ -30,3 +30,17 @@ def test_too_short_is_said_at_info_and_failed_at_warning(tmp_path, caplog):
     write_run(tmp_path / "nan", [4.2, 4.0, 3.9, float("nan")] + [float("nan")] * 6)
     verdict, level = summary_levels(tmp_path / "nan", caplog)
     assert verdict == "failed" and level == logging.WARNING
+
+
+def test_the_live_doctor_says_each_finding_once_as_the_run_grows(tmp_path, caplog, monkeypatch):
+    from probes.doctor.finding import Finding
+
+    def high(step, where):
+        return Finding("update_ratio_high", "warning", "u high", step, "cause", "fix", "ref", where=where)
+
+    found = [[high(0, ("MLP",))], [high(10, ("MLP", "embeddings"))]]
+    doctor = LiveDoctor(tmp_path)
+    monkeypatch.setattr(doctor, "diagnose", lambda: type("D", (), {"above_info": lambda self: found.pop(0)})())
+    with caplog.at_level(logging.WARNING, logger="train"):
+        assert len(doctor.check()) == 1 and doctor.check() == []
+    assert [r.getMessage().split(":")[1].split()[1] for r in caplog.records] == ["update_ratio_high"]

@@ -25,7 +25,8 @@ class LiveDoctor:
     def __init__(self, run_dir: Path, every: int = 0):
         self.run_dir = Path(run_dir)
         self.every = every
-        self.said: set[tuple[str, tuple[str, ...]]] = set()
+        self.said: set[str] = set()  # codes printed: a finding whose parameters or step move as the
+        # run grows is the same finding (update_ratio_high was printed twice, for other groups)
 
     def due(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0
@@ -38,11 +39,12 @@ class LiveDoctor:
             return None
 
     def check(self) -> list[Finding]:
-        """Print the findings (warning and up) not printed before; return them."""
+        """Print the findings (warning and up) whose code was not printed before; return them. The
+        closing report (`report`) gives every finding as the whole run shows it."""
         result = self.diagnose()
-        new = [f for f in (result.above_info() if result else []) if (f.code, f.where) not in self.said]
+        new = [f for f in (result.above_info() if result else []) if f.code not in self.said]
         for f in new:
-            self.said.add((f.code, f.where))
+            self.said.add(f.code)
             log.warning("%s", finding_line(f))
         return new
 
