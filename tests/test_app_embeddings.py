@@ -102,3 +102,16 @@ def test_a_hand_built_table_warns_only_when_its_rows_are_independent(embeddings,
     assert any(c.value.startswith("Compared with chance") for c in at.caption)
     at = embeddings("independent", roots=tmp_path, token="A")
     assert any(w.value.startswith(WARNING) for w in at.warning)
+
+
+def test_the_page_opens_on_the_table_that_has_structure(monkeypatch):
+    """shakespeare_rms4's input table stays at its random init (shuffled level); its unembedding
+    does not: the page opens there instead of on a 'no more structure than chance' warning."""
+    from app_kit import open_app
+
+    at = open_app(monkeypatch, page="embeddings", run="shakespeare_rms4")
+    assert at.selectbox(key="table").value == "output"
+    assert not any(WARNING in w.value for w in at.warning)
+    snap = load_checkpoint(SHIPPED / "shakespeare_rms4")
+    queries, _ = neighbours.tables_for(snap.model, "input")
+    assert not shuffled_baseline(queries, None, 10).structured  # why it did not open on the input table

@@ -21,6 +21,8 @@ def render(sel: Selection) -> None:
     token = c1.text_input("token", value="e", key="token")
     has_output = getattr(snap.config, "family", "") == "transformer" and snap.config.unembed != "mlp"
     tables = list(TABLES) if has_output else ["input"]
+    if st.session_state.get("table") not in tables:  # first visit: open on a table that shows something
+        st.session_state["table"] = opening_table(sel, tables, st.session_state.get("k", 10))
     table = c2.selectbox("table", tables, format_func=TABLES.get, key="table")
     k = c3.slider("neighbours", 3, 30, 10, key="k")
     result = data.nearest(*sel.key[:2], token, k, table, sel.run.preset)
@@ -48,6 +50,16 @@ def render(sel: Selection) -> None:
     show(charts.scatter_map(frame, f"PCA of the {name} table "
                                    f"({explained[0]:.0%} + {explained[1]:.0%} of the variance)"), right)
     pca_note(explained, frame, right)
+
+
+def opening_table(sel: Selection, tables: list[str], k: int) -> str:
+    """The first of `tables` with more structure than its dimension-shuffled copies: the series'
+    input tables barely move from their random init, so opening on one showed only "no more
+    structure than chance" while the unembedding beside it had neighbours worth reading."""
+    for table in tables:
+        if data.neighbour_baseline(*sel.key[:2], table, k, sel.run.preset).structured:
+            return table
+    return tables[0]
 
 
 def baseline_note(result: dict, base: Any, where, has_output: bool) -> None:
