@@ -346,12 +346,13 @@ def _finite(value: Any) -> Any:
 
 def head_types_grid(scores: dict[str, list[list[float]]], shown: str, title: str = "") -> alt.Chart:
     """Layer x head cells coloured by the chosen head-type score (0..1), its value written in each;
-    the tooltip carries every type's score."""
+    the tooltip carries every type's score; a NaN head is a cell of the NaN colour labelled NaN, as
+    on the entropy grid (it was a '-' on an empty cell)."""
     rows = []
     for layer, values in enumerate(scores[shown]):
         for h, value in enumerate(values):
-            row = {"layer": layer, "head": h, "score": _finite(value),
-                   "text": f"{value:.2f}" if _ok(value) else "-"}
+            row = {"layer": layer, "head": h, "score": _finite(value), **_nan_flag(value),
+                   "text": f"{value:.2f}" if _ok(value) else "NaN"}
             row.update({name: _finite(grid[layer][h]) for name, grid in scores.items()})
             rows.append(row)
     data = pd.DataFrame(rows)
@@ -361,8 +362,10 @@ def head_types_grid(scores: dict[str, list[list[float]]], shown: str, title: str
                         legend=alt.Legend(title=f"{shown} score", orient="bottom", gradientLength=220)),
         tooltip=tooltips(["layer", "head", *scores]))
     text = base.mark_text(fontSize=11).encode(
-        text="text:N", color=alt.condition("datum.score > 0.5", alt.value("white"), alt.value("black")))
-    return (cells + text).properties(width=max(240, 60 * len(scores[shown][0])), height=44 * len(scores[shown]))
+        text="text:N", color=alt.condition(f"datum.score > 0.5 || datum['{NAN}'] == 'NaN'",
+                                           alt.value("white"), alt.value("black")))
+    return _with_nan(cells, base, data, text).properties(
+        width=max(240, 60 * len(scores[shown][0])), height=44 * len(scores[shown]))
 
 
 def attribution_colour(bound: float) -> alt.Color:
