@@ -30,7 +30,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load, save
 
 from models.config import ADDED_FIELDS
-from models.runs import dumps_json, write_bytes_atomic
+from models.store.files import dumps_json, write_bytes_atomic
 from models.store.files import writing
 from probes.errors import ProbeInputError
 

@@ -127,8 +127,11 @@ def test_imports_run_one_way(package: str, allowed: list[str]) -> None:
     assert out.strip() == str(allowed), f"importing all of {package}/ pulled in {out.strip()}"
 
 
-def test_old_training_entry_point_says_where_training_went() -> None:
-    proc = subprocess.run([sys.executable, "-m", "models.train", "--preset", "x"],
-                          capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 2
-    assert "python -m train" in proc.stderr
+def test_no_shim_modules_are_left() -> None:
+    """One public import path per name (issue 38, item 11): the modules that only re-exported
+    models.store (models.weights, models.series_ckpt, models.runs) or redirected training
+    (models.train) are gone, and nothing imports them."""
+    for shim in ("weights", "series_ckpt", "runs", "train"):
+        assert not (ROOT / "models" / f"{shim}.py").exists(), shim
+        proc = subprocess.run([sys.executable, "-c", f"import models.{shim}"], capture_output=True, text=True, cwd=ROOT)
+        assert proc.returncode == 1 and "ModuleNotFoundError" in proc.stderr, shim

@@ -15,7 +15,7 @@ from llama_kit import llama, llama_tokens  # noqa: F401  (fixture: a bias-free L
 
 from models import build_model, get_preset
 from models.checkpoint import list_snapshots, load_checkpoint, save_snapshot
-from models.runs import is_run_dir, latest_snapshot
+from models.store.run import is_run_dir, latest_snapshot
 from models.tokenizers import CharTokenizer
 from probes import logit_lens, tuned_lens
 from probes.common import ProbeInputError, sample_windows
