@@ -38,7 +38,7 @@ import torch
 
 from models.loss import lm_loss
 from probes.args import activations_parser as build_parser
-from probes.common import (ProbeInputError, lm_windows, model_device, print_json,
+from probes.common import (ProbeInputError, lm_windows, model_device, print_json, require_cfg,
                            run_cli, token_batches, tokens_or_text)
 from probes.thresholds import SATURATION
 
@@ -204,7 +204,8 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, grads: boo
     model's own .grad fields are restored afterwards. `tokens` may be text, read with
     `tokenizer` (default `model.tokenizer`) in windows of 2 n_ctx, as `--text` is.
     """
-    tokens = tokens_or_text(model, tokens, tokenizer, batch_size, n_ctx=2 * int(model.cfg.n_ctx))
+    tokens = tokens_or_text(model, tokens, tokenizer, batch_size,
+                            n_ctx=2 * int(require_cfg(model, "find its MLP hook points").n_ctx))
     names = mlp_layers(model)
     if not names:
         raise ProbeInputError(f"{type(model).__name__} has no MLP hidden layers with hook_post to probe")

@@ -161,6 +161,18 @@ def as_batches(tokens: torch.Tensor | Iterable[torch.Tensor], n_ctx: int, d_voca
     return out
 
 
+def require_cfg(model: Any, why: str) -> Any:
+    """The model's config (ours or a TransformerBridge's), or one line saying that this probe needs
+    one: a module we never rebuilt (nanochat's GPT, a tutorial GPT) has none, and only the probes
+    that read attention reach it (through models.tap)."""
+    cfg = getattr(model, "cfg", None)
+    if cfg is None or not hasattr(cfg, "n_ctx"):
+        raise ProbeInputError(f"{type(model).__name__} is not one of our models or a TransformerBridge, so this "
+                              f"probe cannot {why}; the attention probes (entropy, degenerate, heads) read any "
+                              "model, and the Monitor measures its MLP units where the activation is a module")
+    return cfg
+
+
 def lm_windows(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], batch_size: int = 16,
                targets: bool = True) -> list[torch.Tensor]:
     """`tokens` cut into the windows a model reads, as [batch pos] batches.
@@ -169,7 +181,7 @@ def lm_windows(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], batch_
     for the MLP family, whose n_ctx-token window slides); windows too short to predict anything
     are left out. Without, n_ctx tokens (transformer) or up to 2 * n_ctx - 1 (MLP) per window.
     """
-    cfg = model.cfg
+    cfg = require_cfg(model, "cut its text into windows")
     transformer = getattr(cfg, "family", "transformer") == "transformer"
     length = block_len(cfg) - (0 if targets else 1)
     shortest = (2 if transformer else cfg.n_ctx + 1) - (0 if targets else 1)
