@@ -46,6 +46,8 @@ def test_recorded_entropy_equals_the_entropy_probe_on_the_same_weights(build, tm
         assert row == pytest.approx(want, abs=2e-6)  # logged to 6 decimals
     assert (described["n_heads"], described["n_ctx"], described["d_vocab"], described["family"]) == (
         4, 16, kit.VOCAB, "transformer")
+    from models.store.run import read_metrics_log
+    assert read_metrics_log(tmp_path / "run").skipped == []  # the record fits the shape run.json names
 
 
 def test_attention_logit_max_is_the_largest_visible_score_of_each_head(tmp_path):
@@ -167,3 +169,38 @@ def test_a_model_without_attention_gets_its_other_internals_and_one_line_why(tmp
     assert record["resid_rms"]["0"] == pytest.approx(float(x.square().mean().sqrt()), rel=1e-6)
     assert described["family"] == "other" and described["attention"].startswith("not measured: NoAttention")
     assert sum("not measured" in m for m in caplog.messages) == 1
+
+
+class MaybeAttention(nn.Module):
+    def __init__(self, attend: bool):
+        super().__init__()
+        self.attend, self.proj = attend, nn.Linear(8, 8)
+
+    def forward(self, x):  # [batch pos 8]
+        if not self.attend:
+            return x + self.proj(x)
+        q = k = v = x.view(*x.shape[:2], 2, 4).transpose(1, 2)  # [batch head pos 4]
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return x + self.proj(y.transpose(1, 2).reshape(x.shape))
+
+
+class SomeBlocksAttend(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.blocks = nn.ModuleList(MaybeAttention(a) for a in (True, False, True))
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def test_records_fit_the_layers_run_json_names_when_blocks_and_attention_layers_differ(tmp_path):
+    from models.store.run import read_metrics_log
+    record, described = one_record(SomeBlocksAttend(), torch.randint(0, 10, (2, 5)), tmp_path)
+    assert (described["n_layers"], described["n_heads"]) == (2, 2) and sorted(record["attn_entropy"]) == ["0", "1"]
+    assert "resid_rms" not in record and described["resid_rms"].startswith("not measured: 3 blocks found")
+    assert read_metrics_log(tmp_path / "run").skipped == []  # every record fits the run's shape

@@ -57,6 +57,7 @@ class Plan:
     unembed: tuple[str, nn.Module] | None
     activations: list[tuple[str, nn.Module, str]]  # (name, module, act_fn)
     silu: bool = False  # SiLU modules, left unmeasured
+    resid: bool = True  # one block per attention layer (records must fit run.json's n_layers)
     tap_error: str | None = None  # why the tap read nothing, once known
     windows: dict[str, int] = field(default_factory=dict)  # layer -> keys a query row sees, where < pos
 
@@ -185,13 +186,13 @@ def plain_forward(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
         return logits_of(model(tokens))
 
 
-def stats(r: Readings) -> dict[str, Any]:
+def stats(p: Plan, r: Readings) -> dict[str, Any]:
     """The record's internals, in the keys our models' records use."""
     out: dict[str, Any] = {}
     if r.entropy:
         out["attn_entropy"] = r.entropy
         out["attn_logit_max"] = {layer: m.tolist() for layer, m in r.score_max.items()}
-    if r.rms:
+    if r.rms and p.resid:
         out["resid_rms"] = {layer: float(v) for layer, v in r.rms.items()}
     out["logit_max"] = float(r.logit_max)
     health = {name: s.summary(bins=1) for name, s in r.acts.items() if s.ever_active is not None}
@@ -206,7 +207,7 @@ def stats(r: Readings) -> dict[str, Any]:
 def measure(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext) -> dict[str, Any]:
     """One eval step's internals of the planned model on tokens [batch pos]."""
     device = next(p.model.parameters()).device
-    return stats(forward(p, tokens.to(device), autocast))
+    return stats(p, forward(p, tokens.to(device), autocast))
 
 
 @torch.no_grad()
@@ -217,14 +218,22 @@ def dims(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext) -> dict[str
     r = forward(p, tokens.to(device), autocast)
     acts = sorted({a for _, _, a in p.activations} | ({"silu"} if p.silu else set()))
     model = p.model
+    # a record's per-layer fields must fit n_layers and n_heads (models.store.record_check)
+    p.resid = not r.heads or len(r.rms) == len(r.heads)
     out = {"family": "transformer" if r.heads else "other", "source": "tap", "class": type(model).__name__,
-           "n_layers": len(r.heads) or len(p.blocks), "n_heads": max(r.heads) if r.heads else None,
+           "n_layers": len(r.heads) or len(p.blocks),
+           "n_heads": r.heads[0] if r.heads and len(set(r.heads)) == 1 else None,
            "d_model": r.d_model, "n_ctx": int(tokens.shape[1]), "d_vocab": r.vocab,
            "max_context": context_of(model),
            "act_fn": acts[0] if len(acts) == 1 else None,
            "blocks": [n for n, _ in p.blocks], "unembedding": p.unembed[0] if p.unembed else None}
     if r.windows:
         out["attn_windows"] = r.windows
+    if r.heads and len(set(r.heads)) > 1:
+        out["heads_per_layer"] = r.heads
+    if not p.resid:
+        out["resid_rms"] = (f"not measured: {len(r.rms)} blocks found ({', '.join(n for n, _ in p.blocks[:3])}"
+                            f"{', ...' if len(p.blocks) > 3 else ''}) for {len(r.heads)} attention layers")
     if not p.activations:
         out["activations"] = ("not measured: a SiLU gate passes gradient below zero (no dead units to count)"
                               if p.silu else "not measured: the non-linearity is not a module (a function call)")
