@@ -135,10 +135,45 @@ def read_object_streaming(path: Path, list_key: str, each: Callable[[Any], None]
 
 
 def read_list(window: Window, each: Callable[[Any], None]) -> None:
+    """The elements of a list whose '[' was just consumed, each given to `each`. The loop is the
+    hot path of a million entries: it scans in place, and leaves an element it cannot take whole
+    inside the window (at the window's edge, or bad input) to `Window` (a refill, or an error
+    placed as json places it)."""
     if window.peek() == "]":
         window.pos += 1
         return
     while True:
+        done = fast_elements(window, each)
+        if done:
+            return
         each(window.value())
         if window.expect(",]", "Expecting ',' delimiter") == "]":
             return
+
+
+def fast_elements(window: Window, each: Callable[[Any], None]) -> bool:
+    """Elements and their delimiters taken from the window as long as each lies inside it; True
+    at the list's ']'. Leaves window.pos at the next element's start."""
+    scan, space = DECODER.scan_once, SPACE.match
+    buf, pos = window.buf, window.pos
+    limit = len(buf) - 1  # an element must end before the window's last character to be whole
+    while True:
+        start = space(buf, pos).end()
+        try:
+            value, end = scan(buf, start)
+        except (StopIteration, json.JSONDecodeError):
+            window.pos = start
+            return False
+        after = space(buf, end).end()
+        if end >= limit or after >= len(buf):
+            window.pos = start
+            return False
+        char = buf[after]
+        if char not in ",]":
+            window.pos = after
+            raise window.fail("Expecting ',' delimiter")
+        each(value)
+        pos = after + 1
+        if char == "]":
+            window.pos = pos
+            return True

@@ -11,7 +11,8 @@ segment. At its first step line, or wherever the step counter goes back, the seg
   step; llm.c's -y 1 likewise): the steps from there on are the resumed run's, the ones it
   redid dropped as TensorBoard does with a restarted writer.
 Records are kept in step order, one per step, later values of a step winning except where a
-reader says its value is the better one (nanoGPT's eval-line train loss over its iter line's).
+reader says its value is the better one (nanoGPT's eval-line train loss over its iter line's);
+a long run's older records are merged into windows as it is read (probes.doctor.thinning).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from probes.doctor.thinning import Thinned
 
 __all__ = ["MAX_DIGITS", "PrintedRuns", "step_number"]
 
@@ -42,7 +45,7 @@ class PrintedRuns:
     """The last run of a printed log so far: its records in step order and its set-up facts."""
 
     path: Path
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: Thinned = field(default_factory=Thinned)
     facts: dict[str, Any] = field(default_factory=fresh_facts)
     pending: dict[str, Any] | None = None  # set-up facts read after step lines: a new segment's
     pending_line: int = 0
@@ -89,7 +92,7 @@ class PrintedRuns:
         pending, self.pending = self.pending, None
         if step <= self.first_step and not self.resuming:  # the counter went back to the start: a new run
             self.runs_before += 1
-            self.records, self.first_step = [], step
+            self.records, self.first_step = Thinned(), step
             self.facts = pending if pending is not None else fresh_facts()
             self.start_line = self.pending_line if pending is not None else number
             return
@@ -104,13 +107,17 @@ class PrintedRuns:
         """(records, source words) once the whole log is read; warnings say what was left out."""
         for record in self.records:
             record.pop("_better", None)
+        thinned = self.records.windows_text()
+        records = self.records.finish()
         if self.long_numbers:
             n = len(self.long_numbers)
             log.warning("%s: skipped %d line%s whose step number is over %d digits (line %d)", self.path, n,
                         "s" if n > 1 else "", MAX_DIGITS, self.long_numbers[0])
+        if thinned:
+            source = f"{source} ({thinned})"
         if not self.runs_before:
-            return self.records, source
+            return records, source
         earlier = f"{self.runs_before} earlier run{'s' if self.runs_before > 1 else ''}"
         log.warning("%s: holds %d runs (the step counter starts again at line %d); diagnosing the last one",
                     self.path, self.runs_before + 1, self.start_line)
-        return self.records, f"{source} (its last run, from line {self.start_line}; {earlier} left out)"
+        return records, f"{source} (its last run, from line {self.start_line}; {earlier} left out)"

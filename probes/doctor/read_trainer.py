@@ -11,6 +11,7 @@ window's mean: a diverged run shows as a NaN `grad_norm`, which the divergence r
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import re
@@ -21,6 +22,7 @@ from probes.doctor.json_stream import JsonStreamError, read_object_streaming
 from probes.doctor.log_file import (Log, check_not_lfs_pointer, check_user_tags, kind_of_losses, require_loss,
                                     user_tags)
 from probes.doctor.text_log import check_regular_file, text_encoding
+from probes.doctor.thinning import Thinned
 from probes.errors import ProbeInputError
 
 __all__ = ["STATE_FILE", "TRAINER_KEYS", "find_trainer_state", "read_trainer_state"]
@@ -62,13 +64,15 @@ def read_trainer_state(path: Path, tags: Iterable[str] | dict[str, str] | None =
         raise ProbeInputError(f"{path}: log_history is empty: nothing logged yet "
                               f"(the Trainer logs every logging_steps={state.get('logging_steps')} steps)")
     check_user_tags(path, given, history.present, "log_history key")
-    records = [history.merged[s] for s in sorted(history.merged)]
+    thinned = history.records.windows_text()
+    records = history.records.finish()
     history.check(path, records)
     require_loss(path, records, history.present, "log_history keys")
     train = {key: state[name] for key, name in (("steps", "max_steps"), ("log_every", "logging_steps"))
              if isinstance(state.get(name), int) and state[name] > 0}
     kind, why = kind_of_losses(records, history.present)
-    return Log(path, STATE_FILE, records, model_config(path.parent), train, "hf", kind, why,
+    source = f"{STATE_FILE} ({thinned})" if thinned else STATE_FILE
+    return Log(path, source, records, model_config(path.parent), train, "hf", kind, why,
                skipped=history.skipped_entries)
 
 
@@ -78,7 +82,7 @@ class History:
 
     def __init__(self, mapping: dict[str, str]):
         self.mapping = mapping
-        self.merged: dict[int, dict[str, Any]] = {}
+        self.records = Thinned()
         self.present: set[str] = set()
         self.entries = 0
         self.skipped_entries = 0  # entries without a whole-number step
@@ -100,7 +104,21 @@ class History:
                 else:
                     values[ours] = value
         if values:
-            self.merged.setdefault(entry["step"], {"step": entry["step"]}).update(values)
+            self.put(entry["step"], values)
+
+    def put(self, step: int, values: dict[str, float]) -> None:
+        """Into the step-ordered records: appended, or merged into its step's record."""
+        records = self.records
+        if records and records[-1]["step"] == step:
+            records[-1].update(values)
+        elif not records or records[-1]["step"] < step:
+            records.append({"step": step, **values})
+        else:  # a step logged out of order (rare): found by bisection
+            i = bisect.bisect_left(records, step, key=lambda r: r["step"])
+            if i < len(records) and records[i]["step"] == step:
+                records[i].update(values)
+            else:
+                list.insert(records, i, {"step": step, **values})
 
     def check(self, path: Path, records: list[dict[str, Any]]) -> None:
         """A mapped key that never held a number is an error saying so; one that sometimes did, a

@@ -1,0 +1,143 @@
+"""A long history kept in bounded memory while it is read: records in step order; once there are
+more than CAP of them, neighbouring ones are merged into windows and each later one closed at the
+current width (1, then 2, 4, ...), so that a 2,000,000-step log costs what a 100,000-step one
+does, and the rules judge about CAP records at most (a history up to CAP is kept as it is).
+
+What a window keeps, so that the rules answer as on the full history (tests/test_doctor_audit_load):
+- the mean train loss and step time over its steps (weighted by the steps each half holds),
+  the largest gradient norm (a spike is not averaged away), the last lr and token count;
+- its last step (as a Trainer logging every N steps logs the mean at the window's end).
+Never merged: a record with a val loss (evals are few and each is a point of the val curve), one
+with a non-finite gradient norm and a finite loss (a skipped fp16 step, counted by the rules), the
+first record, and the latest one (a reader may still add to its step). Records whose loss is
+non-finite merge only with each other, keeping the first one's step: the divergence is dated
+exactly. `thinned` counts the records merged away, for the reader to say.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["CAP", "Thinned", "kind", "merge"]
+
+CAP = 50_000  # windows held before neighbouring ones are merged and the window doubles
+WEIGHT, KIND = "_n", "_k"  # steps a window stands for, and its kind; removed by finish()
+
+
+def kind(record: dict[str, Any]) -> str | None:
+    """'ok' or 'nan' (which records may merge with which), None for one never merged."""
+    if "val_loss" in record:
+        return None
+    loss = record.get("train_loss")
+    if not isinstance(loss, float):
+        return None
+    if not math.isfinite(loss):
+        return "nan"
+    return "ok" if all(map(math.isfinite, record.values())) else None
+
+
+def merge(group: list[dict[str, Any]]) -> dict[str, Any]:
+    """One window from neighbouring records (or windows) of one kind."""
+    first, last = group[0], group[-1]
+    weights = [r.get(WEIGHT, 1) for r in group]
+    total = sum(weights)
+    out = {**first, **last, WEIGHT: total, KIND: kind_of(first)}
+    if out[KIND] == "nan":
+        out["step"] = first["step"]
+        return out
+    for key in ("train_loss", "step_time_ms"):
+        if all(key in r for r in group):
+            out[key] = sum(r[key] * n for r, n in zip(group, weights)) / total
+    if all("grad_norm" in r for r in group):
+        out["grad_norm"] = max(r["grad_norm"] for r in group)
+    return out
+
+
+def kind_of(record: dict[str, Any]) -> str | None:
+    return record[KIND] if WEIGHT in record else kind(record)
+
+
+def runs_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Maximal runs of one mergeable kind merged; records of no kind kept as they are."""
+    out, group, group_kind = [], [], None
+    for r in records:
+        k = kind_of(r)
+        if group and k == group_kind and k is not None:
+            group.append(r)
+            continue
+        if group:
+            out.append(merge(group) if len(group) > 1 else group[0])
+        group, group_kind = [r], k
+    if group:
+        out.append(merge(group) if len(group) > 1 else group[0])
+    return out
+
+
+class Thinned(list):
+    """Records in step order: windows of up to `width` steps, then the latest records as read
+    (`self[-1]` is always the last record read, which a reader may still update). When the
+    windows pass `cap`, neighbouring ones merge and the width doubles."""
+
+    def __init__(self, cap: int | None = None):
+        super().__init__()
+        self.cap, self.width, self.raw, self.thinned = cap or CAP, 1, 0, 0  # raw: latest records not in a window
+
+    def append(self, record: dict[str, Any]) -> None:  # type: ignore[override]
+        super().append(record)
+        if self.width == 1:  # no windows yet: every record is its own
+            self.raw = 1
+            if len(self) > self.cap:
+                self.compact()
+            return
+        self.raw += 1
+        if self.raw > self.width:
+            self.close_window()
+
+    def pop(self, index: int = -1) -> dict[str, Any]:  # type: ignore[override]
+        self.raw = max(self.raw - 1, 0)
+        return super().pop(index)
+
+    def close_window(self) -> None:
+        """The oldest `width` of the latest records (never the last) merged into windows."""
+        start = len(self) - self.raw
+        windows = runs_of(self[start:start + self.width])
+        self.thinned += self.width - len(windows)
+        self[start:start + self.width] = windows
+        self.raw -= self.width
+        if len(self) - self.raw > self.cap:
+            self.compact()
+
+    def compact(self) -> None:
+        """Neighbouring windows (all but the first record and the latest) merged pairwise; the
+        window width doubles, so this happens log2(steps / cap) times in all."""
+        end = len(self) - self.raw
+        out, i = [self[0]], 1
+        while i < end:
+            a = self[i]
+            if i + 1 < end and (k := kind_of(a)) is not None and kind_of(self[i + 1]) == k:
+                out.append(merge([a, self[i + 1]]))
+                i += 2
+            else:
+                out.append(a)
+                i += 1
+        self.thinned += end - len(out)
+        self[:end] = out
+        self.width *= 2
+        if self.raw > self.width:
+            self.close_window()
+
+    def finish(self) -> list[dict[str, Any]]:
+        """The records as a plain list, without the windows' bookkeeping."""
+        for record in self:
+            record.pop(WEIGHT, None)
+            record.pop(KIND, None)
+        return list(self)
+
+    def windows_text(self) -> str:
+        """'2,000,000 steps read, judged as 62,345 records (older steps in windows: mean loss,
+        largest gradient norm; every eval and non-finite loss kept)', or '' when none was merged."""
+        if not self.thinned:
+            return ""
+        return (f"{len(self) + self.thinned:,} steps read, judged as {len(self):,} records (steps in windows of "
+                f"up to {self.width}: mean loss, largest gradient norm; every eval and non-finite loss kept)")
