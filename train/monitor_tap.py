@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -59,7 +59,6 @@ class Plan:
     silu: bool = False  # SiLU modules, left unmeasured
     resid: bool = True  # one block per attention layer (records must fit run.json's n_layers)
     tap_error: str | None = None  # why the tap read nothing, once known
-    windows: dict[str, int] = field(default_factory=dict)  # layer -> keys a query row sees, where < pos
 
 
 def main_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -140,7 +139,8 @@ def hooks(p: Plan, r: Readings) -> list[Any]:
         return hook
 
     def on_unembed(module, args, output):  # [batch pos vocab] (nanochat pads it: cut after)
-        r.logit_max = output.detach().abs().amax(dim=(0, 1))
+        if isinstance(output, torch.Tensor) and output.dim() >= 2:
+            r.logit_max = output.detach().abs().flatten(0, -2).amax(0)  # [vocab]
 
     def on_act(name: str):
         return lambda module, args, output: r.acts[name].update(args[0].detach(), output.detach())
@@ -158,6 +158,7 @@ def forward(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext) -> Readi
     said)."""
     r = Readings(p)
     handles = hooks(p, r)
+    logits = None
     try:
         with autocast():
             if p.tap_error is None:
@@ -166,17 +167,20 @@ def forward(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext) -> Readi
                 except TapError as err:
                     p.tap_error = str(err)
                     log.info("monitor: attention entropy and attention logits are not measured: %s", err)
-                    r = forward(p, tokens, autocast)
-                    return r
             else:
                 logits = plain_forward(p.model, tokens)
     finally:
         for handle in handles:
             handle.remove()
+    if logits is None:  # the tap read nothing: the plain forward from now on
+        return forward(p, tokens, autocast)
     r.vocab = logits.shape[-1]
-    if r.logit_max is None or r.logit_max.shape[0] < r.vocab:
-        r.logit_max = logits.detach().abs().amax(dim=(0, 1))
-    r.logit_max = r.logit_max[:r.vocab].amax()  # padded vocabulary columns are not logits
+    # the unembedding's output, if it is the logits (nanochat pads them: its named lm_head may be wider)
+    named = p.unembed is not None and p.unembed[0].rsplit(".", 1)[-1] in UNEMBED_NAMES
+    seen = r.logit_max
+    if seen is None or not (seen.shape[0] == r.vocab or (named and seen.shape[0] > r.vocab)):
+        seen = logits.detach().abs().flatten(0, -2).amax(0)  # [vocab]
+    r.logit_max = seen[:r.vocab].float().amax()  # padded vocabulary columns are not logits
     return r
 
 
