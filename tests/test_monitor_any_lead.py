@@ -108,8 +108,8 @@ def trainer_run(out, data, vocab, peak, warmup, steps):
 
 
 @pytest.mark.parametrize("train, high, healthy", [
-    (tutorial_run, dict(peak=1.0, warmup=300, steps=120), dict(peak=1e-3, warmup=1, steps=120)),
-    (trainer_run, dict(peak=1.0, warmup=100, steps=150), dict(peak=3e-4, warmup=0, steps=150)),
+    (tutorial_run, dict(peak=1.0, warmup=300, steps=150), dict(peak=1e-3, warmup=1, steps=120)),
+    (trainer_run, dict(peak=1.0, warmup=100, steps=200), dict(peak=3e-4, warmup=0, steps=150)),
 ], ids=["tutorial_loop", "llama_trainer"])
 def test_the_doctor_warns_before_the_blow_up_and_not_at_a_healthy_rate(train, high, healthy, tmp_path, shakespeare):
     data, vocab = characters(shakespeare)
