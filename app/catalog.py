@@ -29,9 +29,25 @@ def base_name(path: Path) -> str:
     """A snapshot inside a run reads `run/step_NNNNNN` and a run inside a sweep `sweep/run` (its
     own name, `lr=1e-01,qk_norm=rms`, says nothing of which sweep); anything else its directory
     or file name."""
-    inside_sweep = (path.parent / SWEEP_FILE).is_file()
+    inside_sweep = in_sweep(path)
     inside_run = is_snapshot_dir(path) and is_run_dir(path.parent)
     return f"{path.parent.name}/{path.name}" if inside_sweep or inside_run else path.name
+
+
+def shown(source: data.Source) -> str:
+    """What a run box or a link shows for a source: a sweep's run its own name first, then its sweep
+    (`lr=1e-03,qk_norm=none · sweep_qk_norm`), so that a box or a column too narrow for the whole
+    cuts what the sweep's runs share, never the part that tells them apart; anything else its label."""
+    path, label = source.path, source.label
+    head = f"{path.parent.name}/{path.name}"
+    if not label.startswith(head) or not in_sweep(path):
+        return label
+    return f"{path.name} · {path.parent.name}{label[len(head):]}"
+
+
+def in_sweep(path: Path) -> bool:
+    """A run folder right inside a sweep's folder (beside its sweep.json)."""
+    return (path.parent / SWEEP_FILE).is_file()
 
 
 def where(path: Path) -> str:
@@ -78,8 +94,8 @@ def typed(text: str, preset: str | None) -> list[data.Source]:
     if not path.exists():
         raise ValueError(f"{path} does not exist")
     if is_run_dir(path) or is_snapshot_dir(path) or (path / MODEL_FILE).is_file() or (path / "ckpt.pt").is_file() \
-            or data.foreign_log(path) is not None:  # a Trainer's output, TensorBoard events: the doctor reads them
-        return [data.Source(path)]
+            or data.foreign_log(path) is not None:  # a log file, a Trainer's output, TensorBoard events:
+        return [data.Source(path)]  # what the doctor reads, the app opens
     if is_nanochat(path):  # model_NNNNNN.pt with its meta file: nanochat's, config in the meta
         return [data.Source(path)]
     if path.is_file() and path.suffix in SERIES_SUFFIXES:
@@ -92,8 +108,12 @@ def typed(text: str, preset: str | None) -> list[data.Source]:
     runs = [data.Source(p) for p in sorted(path.iterdir()) if is_run_dir(p)] if path.is_dir() else []
     if runs:
         return runs
+    logs = data.logs_in(path)  # a folder of printed logs (docs/): each one the doctor reads
+    if logs:
+        return [data.Source(p) for p in logs]
     raise ValueError(f"{path} is not a run, a snapshot, a nanoGPT, nanochat or Hugging Face checkpoint, "
-                     "a .pt state dict or a training log: nothing to open")
+                     "a .pt state dict or a training log (a *.log, *.txt or *.out printed log, "
+                     "trainer_state.json, TensorBoard events): nothing to open")
 
 
 # --------------------------------------------------------------------------- the landing view
@@ -102,6 +122,9 @@ def typed(text: str, preset: str | None) -> list[data.Source]:
 def summary(source: data.Source) -> dict[str, Any]:
     """One row of the landing view's table (see `_summary`)."""
     path = source.path
+    if data.is_log_file(path):  # a printed log, trainer_state.json: no model, the doctor's reading
+        return {"run": source.label, "model": "-", "steps": None, "snapshots": 0, "last val loss": "-",
+                **foreign_row(path)}
     stamp = tuple(p.stat().st_mtime if p.exists() else 0.0
                   for p in (path, path / "metrics.jsonl", path / "run.json"))
     try:
@@ -129,7 +152,7 @@ def foreign_row(path: Path) -> dict[str, Any]:
             "doctor": d.verdict}
 
 
-@st.cache_data(max_entries=64, show_spinner=False)
+@st.cache_data(max_entries=1024, show_spinner=False)  # a long run list must not thrash it
 def _summary(path: str, stamp: tuple, preset: str | None = None) -> dict[str, Any]:
     """model, steps, snapshots, last val loss and state (logged / diverged, or what a lone
     checkpoint is) from the files alone: `models.store.peek` reads each format's config unbuilt."""

@@ -24,7 +24,9 @@ from app.tokenizer_help import no_tokenizer
 from models.store.record_check import MetricsLog
 from models.store.run import (METRICS_FILE, is_run_dir, is_snapshot_dir, list_snapshots, read_metrics_log,
                               read_run_json)
-from probes.doctor.sources import locate
+from probes.doctor.read_tensorboard import EVENTS_PREFIX
+from probes.doctor.read_trainer import STATE_FILE
+from probes.doctor.sources import TEXT_LOGS, locate
 
 if TYPE_CHECKING:
     import torch
@@ -52,7 +54,8 @@ class Source:
         return self.name or self.path.name
 
     def snapshots(self) -> list[Path]:
-        return list_snapshots(self.path) if self.is_run else [self.path]
+        """The run's snapshots; a lone checkpoint is its own; a log file has none (its history only)."""
+        return list_snapshots(self.path) if self.is_run else [] if is_log_file(self.path) else [self.path]
 
 
 def _loadable(path: Path) -> bool:
@@ -64,9 +67,22 @@ def _loadable(path: Path) -> bool:
 
 
 def foreign_log(path: Path, event_levels: int = 2) -> tuple[str, Path] | None:
-    """(kind, file or folder) of the other trainer's log the run doctor reads in `path`, or None
-    (a run of ours, or no log); TensorBoard events are looked for `event_levels` folders down."""
-    return locate(path, event_levels)
+    """(kind, file or folder) of the other trainer's log the run doctor reads in `path` (a folder
+    or a log file itself), or None (a run of ours, or no log); TensorBoard events are looked for
+    `event_levels` folders down."""
+    return ("log", path) if is_log_file(path) else locate(path, event_levels)
+
+
+def is_log_file(path: Path) -> bool:
+    """A file the run doctor reads as a log by its name (`probes.doctor.sources.read_log_file`):
+    trainer_state.json, a TensorBoard event file, a printed *.log / *.txt / *.out (nanoGPT's, llm.c's)."""
+    return path.is_file() and (path.name == STATE_FILE or path.name.startswith(EVENTS_PREFIX)
+                               or path.suffix in TEXT_LOGS)
+
+
+def logs_in(folder: Path) -> list[Path]:
+    """The log files right in `folder` that the doctor reads (a folder of printed logs, say docs/)."""
+    return [p for p in sorted(folder.iterdir()) if is_log_file(p)] if folder.is_dir() else []
 
 
 def discover(roots: list[Path]) -> list[Source]:
@@ -164,6 +180,23 @@ def metrics(run: Path) -> list[dict[str, Any]]:
 def metrics_log(run: Path) -> MetricsLog:
     """The run's records and the malformed ones the reader skipped (`read_metrics_log`)."""
     return read_metrics_log(run) if run.is_dir() else MetricsLog(run / METRICS_FILE, [])
+
+
+def history_log(source: Path) -> MetricsLog:
+    """The loss history to draw: our run's metrics.jsonl, else the records the doctor read from
+    another trainer's log in `source` (a log file, a Trainer output, TensorBoard events), in our
+    names (step, train_loss, val_loss); raises ProbeInputError (one line) for an unusable log."""
+    found = None if is_run_dir(source) else foreign_log(source)
+    if found is None:
+        return metrics_log(source)
+    return MetricsLog(found[1], _log_records(str(source), log_mtime(found[1])))
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _log_records(source: str, modified: float) -> list[dict[str, Any]]:
+    from probes.doctor.run_history import RunHistory
+
+    return RunHistory.read(source).records
 
 
 def records_caption(log: MetricsLog) -> str:
@@ -327,7 +360,7 @@ def log_mtime(where: Path) -> float:
     return max((f.stat().st_mtime for f in files), default=0.0)
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
+@st.cache_data(max_entries=512, show_spinner=False)  # every run of a long run list: 16 thrashed on each rerun
 def _diagnosis(run: str, modified: float) -> diagnose.Diagnosis:
     from probes import diagnose
 

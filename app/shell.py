@@ -79,9 +79,12 @@ def sidebar() -> tuple[Selection | None, list[data.Source]]:
     follow_requests(sources, typed)
     if st.session_state.get("run") not in labels:
         st.session_state["run"] = labels[0]
-    chosen = sources[labels.index(st.sidebar.selectbox("run", labels, key="run", on_change=picked))]
+    shown = {s.label: catalog.shown(s) for s in sources}  # a sweep's run: the part that differs first
+    chosen = sources[labels.index(st.sidebar.selectbox("run", labels, key="run", on_change=picked,
+                                                       format_func=shown.__getitem__))]
     snaps = chosen.snapshots()
-    if not snaps and chosen.is_run and data.metrics(chosen.path):  # a Monitor's run without weights
+    if not snaps and (chosen.is_run and data.metrics(chosen.path) or data.is_log_file(chosen.path)):
+        # a Monitor's run without weights, a training log: its history only
         st.sidebar.caption("No snapshot saved: this run's history only.")
         return Selection(chosen, None, pick_text(chosen), sources), sources
     if not snaps:
@@ -172,10 +175,20 @@ def address(selection: Selection) -> None:
     st.session_state["linked_run"], st.session_state["linked_snapshot"] = run, snapshot
 
 
-def unknown_run(sources: list[data.Source]) -> None:
-    """A `?run=` naming no run is said, with the runs there are, above the page."""
+def linked_sweep(sources: list[data.Source]) -> str | None:
+    """The sweep a `?run=NAME` names when it names no run (`?run=sweep_qk_norm`, as the Sweeps
+    table calls it): the Sweep page shows it."""
     wanted = st.query_params.get("run")
-    if wanted and catalog.find(sources, wanted) is None:
+    if not wanted or catalog.find(sources, wanted) is not None:
+        return None
+    folders = st.session_state.get("sweeps") or []
+    return wanted if wanted in {sweeps.label_of(f, folders) for f in folders} else None
+
+
+def unknown_run(sources: list[data.Source]) -> None:
+    """A `?run=` naming no run (nor a sweep) is said, with the runs there are, above the page."""
+    wanted = st.query_params.get("run")
+    if wanted and catalog.find(sources, wanted) is None and linked_sweep(sources) is None:
         st.warning(f"`?run={wanted}` names no run here, so it was ignored. Known runs: "
                    + ", ".join(f"`{s.label}`" for s in sources) + ".")
 
@@ -191,6 +204,9 @@ def main() -> None:
     pages = {name: st.Page(f"screens/{name}.py", title=title, url_path=name, default=name == "home")
              for name, title in PAGES}
     shown = st.navigation(list(pages.values()))
+    sweep = linked_sweep(sources)
+    if sweep is not None:  # ?run=SWEEP on any page: that sweep's page
+        st.switch_page(pages["sweep"], query_params={"sweep": sweep})
     if shown is pages["home"]:
         if catalog.find(sources, st.query_params.get("run")) is not None:  # /?run=NAME: that run's Overview
             st.session_state["linked_run"] = None  # followed there: a widget's pick does not outlive the switch

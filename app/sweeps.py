@@ -19,7 +19,7 @@ import streamlit as st
 from probes import sweep as probe_sweep
 from probes.sweep_stats import SWEEP_FILE
 
-__all__ = ["CLICK", "chart", "clicked", "discover", "label_of", "overview_row", "points", "read"]
+__all__ = ["CLICK", "chart", "clicked", "discover", "label_of", "list_row", "overview_row", "points", "read", "run_rows"]
 
 SHAPES = {"healthy": "circle", "warning": "triangle-up", "failed": "square", "diverged": "cross"}
 CLICK = "open"  # the point selection: a click on a point opens that run
@@ -62,6 +62,34 @@ def overview_row(result: dict[str, Any]) -> dict[str, Any]:
     return {"model": grid["preset"], "rates": len(grid["rates"]), "variants": len(result.get("variants", [])),
             "finished": f"{sum(r['status'] == 'finished' for r in runs)} of {len(runs)}",
             "status": result.get("status", "?"), "LR sensitivity": sens}
+
+
+def list_row(result: dict[str, Any]) -> dict[str, Any]:
+    """The run list's one row for a whole sweep (its runs fold under it): the columns of a run's row
+    from sweep.json alone (each run's verdict is there already: no doctor runs for them)."""
+    runs = result["runs"]
+    finished = [r for r in runs if r["status"] == "finished"]
+    diverged = sum(r.get("diverged_at") is not None for r in finished)
+    finals = [r["final_val_loss"] for r in finished
+              if r.get("diverged_at") is None and isinstance(r.get("final_val_loss"), (int, float))]
+    verdicts = [r.get("verdict") for r in finished if r.get("verdict")]
+    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in ("failed", "warning", "healthy", "too short")
+                       if verdicts.count(v))
+    steps = [r["last_step"] for r in runs if isinstance(r.get("last_step"), int)]
+    return {"model": f"sweep of {result['grid']['preset']}", "steps": max(steps) if steps else None,
+            "snapshots": None, "last val loss": f"best {min(finals):.3f}" if finals else "-",
+            "state": f"sweep: {len(finished)} of {len(runs)} runs finished, {diverged} diverged",
+            "doctor": counts or "-"}
+
+
+def run_rows(result: dict[str, Any], labels: dict[str, str]) -> list[dict[str, Any]]:
+    """One row per run of the sweep, from sweep.json: rate, variant, status, final val loss (none
+    for a diverged run), divergence step, the doctor's verdict and findings, and its app label."""
+    return [{"lr": probe_sweep.rate_text(r["lr"]), "variant": r["variant"], "status": r["status"],
+             "final val loss": None if r.get("diverged_at") is not None else r.get("final_val_loss"),
+             "diverged at": r.get("diverged_at"), "verdict": r.get("verdict") or "-",
+             "findings": ", ".join(r.get("findings") or []), "run": labels.get(r["dir"], r["dir"])}
+            for r in result["runs"]]
 
 
 def points(result: dict[str, Any], labels: dict[str, str]) -> pd.DataFrame:

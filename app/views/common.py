@@ -44,6 +44,9 @@ def no_weights_text(run_dir: Path) -> str:
     """Why a run has no snapshot and how to get one, in the words of what made it (its run.json):
     the Monitor saves none without `save_every`; `python -m train` saves one at the end even with
     `--save-every 0`, so a run it made had its snapshots removed (the shipped sweep keeps histories)."""
+    if run_dir.is_file():  # a training log opened by itself (nanoGPT's printed log, trainer_state.json)
+        return ("This is a training log: its history only. The Overview shows the run doctor's reading of it "
+                "and its loss curves; the pages that read the model need a checkpoint.")
     try:
         info = (read_run_json(run_dir) or {}) if is_run_dir(run_dir) else {}
     except ValueError:  # a damaged run.json: the page says so elsewhere; here, the general advice

@@ -9,12 +9,14 @@ WATCH_EVERY (one full rerun, so the sidebar lists it too), and while a run train
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
 from app import catalog, data, sweeps
 from app.views import live
+from app.views import sweep as sweep_view
 from app.views.common import first_line
 
 WATCH_EVERY = timedelta(seconds=5)
@@ -33,24 +35,37 @@ def render(sources: list[data.Source]) -> None:
         st.info("No runs found: pass `-- --runs DIR` to `streamlit run app/main.py`, or type a path "
                 "under \"Open a path\" in the sidebar.")
         return
-    live.live(table, any(s.is_run and data.is_training(s.path) for s in sources))(sources)
-    sweep_list(st.session_state.get("sweeps") or [])
+    folders = st.session_state.get("sweeps") or []
+    listed = [s for s in sources if sweep_of(s, folders) is None]  # a sweep's runs fold under its row
+    live.live(table, any(s.is_run and data.is_training(s.path) for s in sources))(listed, folders)
+    sweep_list(folders, sources)
+    if not listed:
+        return
     st.markdown("**Open a run**")
     columns = st.columns(4)
-    for i, source in enumerate(sources):
-        columns[i % len(columns)].page_link("screens/overview.py", label=source.label,
+    for i, source in enumerate(listed):
+        columns[i % len(columns)].page_link("screens/overview.py", label=catalog.shown(source),
                                             query_params={"run": source.label}, icon=":material/arrow_forward:")
 
 
-def sweep_list(folders: list) -> None:
-    """The learning-rate sweeps found (python -m train.sweep), each with its LR sensitivities."""
+def sweep_of(source: data.Source, folders: list[Path]) -> Path | None:
+    """The sweep folder `source` is a run of, or None."""
+    parent = source.path.parent.resolve()
+    return next((f for f in folders if f.resolve() == parent), None)
+
+
+def sweep_list(folders: list[Path], sources: list[data.Source]) -> None:
+    """The learning-rate sweeps found (python -m train.sweep), each with its LR sensitivities, then
+    each sweep's runs (from its sweep.json) folded under it, with a link to each."""
     if not folders:
         return
     st.subheader("Sweeps")
     rows, labels = [], [sweeps.label_of(f, folders) for f in folders]
+    results: dict[str, dict] = {}
     for label, folder in zip(labels, folders):
         try:
-            rows.append({"sweep": label, **sweeps.overview_row(sweeps.read(folder))})
+            results[label] = sweeps.read(folder)
+            rows.append({"sweep": label, **sweeps.overview_row(results[label])})
         except Exception as exc:  # noqa: BLE001 - one row says so; the Sweep page says why
             rows.append({"sweep": label, "status": f"unreadable: {first_line(exc)}"})
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
@@ -58,6 +73,14 @@ def sweep_list(folders: list) -> None:
     for i, label in enumerate(labels):
         columns[i % len(columns)].page_link("screens/sweep.py", label=f"Sweep {label}", query_params={"sweep": label},
                                             icon=":material/show_chart:")
+    for label, folder in zip(labels, folders):
+        if label not in results:
+            continue
+        runs = {s.path.name: s.label for s in sources if sweep_of(s, [folder]) is not None}
+        with st.expander(f"{label}: its {len(results[label]['runs'])} runs"):
+            st.dataframe(pd.DataFrame(sweeps.run_rows(results[label], runs)), hide_index=True, width="stretch",
+                         column_config=sweep_view.RUN_COLUMNS)
+            sweep_view.links(results[label], runs)
 
 
 def watch_runs(sources: list[data.Source]) -> None:
@@ -68,8 +91,10 @@ def watch_runs(sources: list[data.Source]) -> None:
         st.rerun()
 
 
-def table(sources: list[data.Source]) -> None:
-    rows = pd.DataFrame([catalog.summary(s) for s in sources], columns=COLUMNS)
+def table(sources: list[data.Source], folders: list[Path]) -> None:
+    """A row per run, and one per sweep (its runs are listed under Sweeps, from its sweep.json)."""
+    rows = pd.DataFrame([catalog.summary(s) for s in sources] + [sweep_row(f, folders) for f in folders],
+                        columns=COLUMNS)
     for column in ("steps", "snapshots"):
         rows[column] = whole_numbers(rows[column])
     st.dataframe(rows.style.map(colour, subset=["state", "doctor"]), hide_index=True, width="stretch",
@@ -84,6 +109,14 @@ def table(sources: list[data.Source]) -> None:
                                 "doctor": st.column_config.TextColumn(
                                     help="the run doctor's verdict (probes.diagnose), the one word on a "
                                          "run's health: see the Overview")})
+
+
+def sweep_row(folder: Path, folders: list[Path]) -> dict:
+    label = sweeps.label_of(folder, folders)
+    try:
+        return {"run": label, **sweeps.list_row(sweeps.read(folder))}
+    except Exception as exc:  # noqa: BLE001 - one row says so; the Sweep page says why
+        return {"run": label, "model": "-", "state": f"unreadable: {first_line(exc)}", "doctor": "-"}
 
 
 def whole_numbers(column: pd.Series) -> pd.Series:

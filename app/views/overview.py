@@ -43,13 +43,14 @@ def model_facts(snap) -> None:
 
 def run_log(sel: Selection, follow: bool) -> None:
     """The doctor's verdict, the loss curves right under it (in the first screen), then its findings."""
-    doctor.section(sel, between=(lambda: curves(sel, follow)) if sel.run.is_run else None)
+    drawn = sel.run.is_run or doctor.diagnosable(sel.run)  # ours, or a log the doctor reads (its curves too)
+    doctor.section(sel, between=(lambda: curves(sel, follow)) if drawn else None)
 
 
 def curves(sel: Selection, follow: bool = False) -> None:
     if follow:
         live.rerun_if_snapshots_changed(sel.run)  # the sidebar's slider must offer a new snapshot
-    history = data.metrics_log(sel.run.path)
+    history = data.history_log(sel.run.path)
     records = history.records
     losses = series.rows(records, {"train loss": "train_loss", "val loss": "val_loss"}, "loss")
     if not losses:

@@ -91,17 +91,26 @@ def summary(result: dict[str, Any]) -> None:
 
 def table(result: dict[str, Any], labels: dict[str, str]) -> None:
     st.subheader("Every run")
-    rows = [{"lr": rate_text(r["lr"]), "variant": r["variant"], "status": r["status"],
-             "final val loss": None if r.get("diverged_at") is not None else r.get("final_val_loss"),
-             "diverged at": r.get("diverged_at"),
-             "verdict": r.get("verdict") or "-", "findings": ", ".join(r.get("findings") or []),
-             "run": labels.get(r["dir"], r["dir"])} for r in result["runs"]]
-    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", column_config={
-        "final val loss": st.column_config.NumberColumn(format="%.3f", help="none for a diverged run"),
-        "diverged at": st.column_config.NumberColumn(format="%d", help="step of the first NaN/inf record, or of "
-                                                                     "the doctor's divergence finding")})
+    st.dataframe(pd.DataFrame(sweeps.run_rows(result, labels)), hide_index=True, width="stretch",
+                 column_config=RUN_COLUMNS)
+    links(result, labels)
+
+
+RUN_COLUMNS = {
+    "final val loss": st.column_config.NumberColumn(format="%.3f", help="none for a diverged run"),
+    "diverged at": st.column_config.NumberColumn(format="%d", help="step of the first NaN/inf record, or of "
+                                                                 "the doctor's divergence finding")}
+
+
+def links(result: dict[str, Any], labels: dict[str, str]) -> None:
+    """"Open a run" links, each named by the run's own folder name (`lr=1e-03,qk_norm=none`): on a
+    sweep's page the sweep's name is what every run shares, and the part that tells them apart is
+    what a column keeps; the link itself names the run by its app label."""
+    runs = [r for r in result["runs"] if r["dir"] in labels]
+    if not runs:
+        return
     st.markdown("**Open a run**")
-    columns = st.columns(4)
-    for i, r in enumerate(r for r in result["runs"] if r["dir"] in labels):
-        columns[i % len(columns)].page_link("screens/overview.py", label=labels[r["dir"]],
+    columns = st.columns(3)
+    for i, r in enumerate(runs):
+        columns[i % len(columns)].page_link("screens/overview.py", label=r["dir"],
                                             query_params={"run": labels[r["dir"]]}, icon=":material/arrow_forward:")
