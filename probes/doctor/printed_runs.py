@@ -70,6 +70,10 @@ class PrintedRuns:
 
     def step(self, number: int, step: int | None, values: dict[str, Any], better: bool = False) -> None:
         """A step line's values; `better`: its `keep` keys win over other lines' at the same step."""
+        records = self.records
+        if not better and self.pending is None and records and step is not None and step > records[-1]["step"]:
+            records.append({"step": step, **values})  # the common line: the next step, in order
+            return
         if step is None:
             self.long_numbers.append(number)
             return

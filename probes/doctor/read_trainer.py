@@ -58,6 +58,7 @@ def read_trainer_state(path: Path, tags: Iterable[str] | dict[str, str] | None =
     given = user_tags(tags)
     history = History({**TRAINER_KEYS, **given})
     state = read_json(path, history.add)
+    history.present.discard("step")
     if "log_history" not in state or state["log_history"] is not True:
         raise ProbeInputError(f"{path}: no log_history list (not a Trainer's {STATE_FILE}?)")
     if not history.entries:
@@ -93,16 +94,20 @@ class History:
         if not isinstance(entry, dict) or not isinstance(entry.get("step"), int) or isinstance(entry["step"], bool):
             self.skipped_entries += 1
             return
-        self.present.update(k for k in entry if k != "step")
+        self.present.update(entry)  # "step" is taken out once read
         values = {}
-        for key, ours in self.mapping.items():
-            if key in entry:
-                value = number(entry[key])
-                if value is None:
-                    count, first = self.not_numbers.get(key, (0, entry[key]))
-                    self.not_numbers[key] = (count + 1, first)
-                else:
-                    values[ours] = value
+        mapping = self.mapping
+        for key, value in entry.items():
+            ours = mapping.get(key)
+            if ours is None:
+                continue
+            if type(value) is float or type(value) is int:  # the hot path; bool is not int here
+                values[ours] = float(value)
+            elif (value := number(value)) is not None:
+                values[ours] = value
+            else:
+                count, first = self.not_numbers.get(key, (0, entry[key]))
+                self.not_numbers[key] = (count + 1, first)
         if values:
             self.put(entry["step"], values)
 
