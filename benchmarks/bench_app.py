@@ -13,6 +13,15 @@
 2. Pages (AppTest, in-process as the server runs them): every page's first render with the model
    cached and no probe result cached, against the same probe calls made directly. Goal: a page
    costs at most 1.2x its probes. Medians of --repeats renders, page and probes alternated.
+3. Run list (AppTest, a fresh process per load: the first load after a restart): the landing view
+   with the shipped runs, against the same with a 200-run sweep beside them (the shipped sweep's
+   histories copied under new names, each with its sweep.json entry). Goal: within 1.5x. Medians of
+   --list-repeats loads, alternated.
+4. First charts (headless Chromium, a fresh server per page): each page's first chart drawn, opened
+   directly on a sweep run (history only) and on shakespeare_gpt, against a bare Streamlit page's
+   first chart. Goal: within 2x. Medians of --cold-repeats servers.
+
+    python benchmarks/bench_app.py --only list,first   # the sections of issue 38, item 7
 """
 
 from __future__ import annotations
@@ -69,13 +78,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cold-repeats", type=int, default=3, help="fresh servers per app in the browser section")
     p.add_argument("--skip-browser", action="store_true", help="leave out the browser section")
     p.add_argument("--skip-pages", action="store_true", help="leave out the AppTest pages section")
+    p.add_argument("--only", help="comma-separated sections to run: browser, pages, list, first")
+    p.add_argument("--list-repeats", type=int, default=3, help="loads per run list in the run list section")
+    p.add_argument("--list-runs", type=int, default=200, help="runs in the run list section's sweep")
     args = p.parse_args(argv)
-    if not args.skip_browser:
+    only = set(args.only.split(",")) if args.only else {"browser", "pages", "list", "first"}
+    if "browser" in only and not args.skip_browser:
         from browser_timing import report
 
         report(REPO, args.cold_repeats)
-    if not args.skip_pages:
+    if "pages" in only and not args.skip_pages:
         pages_section(args)
+    if "list" in only:
+        run_list_section(args.list_runs, args.list_repeats)
+    if "first" in only and not args.skip_browser:
+        from browser_timing import first_charts
+
+        first_charts(REPO, args.cold_repeats)
 
 
 def pages_section(args: argparse.Namespace) -> None:
@@ -106,6 +125,85 @@ def pages_section(args: argparse.Namespace) -> None:
             probe_times.append(time.perf_counter() - t0)
         page, probes = statistics.median(page_times), statistics.median(probe_times)
         print(f"{name:<12}{page:>10.3f}{probes:>12.3f}{page / probes:>13.2f}x")
+
+
+SHIPPED_SWEEP = REPO / "checkpoints" / "sweep_qk_norm"
+FIRST_LOAD = """import sys, time
+sys.path.insert(0, {repo!r})
+import app.shell as shell
+from streamlit.testing.v1 import AppTest
+spent, main = [], shell.main
+def timed():  # the script run itself, as the server runs it (AppTest's own polling left out)
+    t0 = time.perf_counter()
+    try:
+        main()
+    finally:
+        spent.append(time.perf_counter() - t0)
+shell.main = timed
+at = AppTest.from_file({app!r}, default_timeout=600)
+t0 = time.perf_counter()
+at.run()
+total = time.perf_counter() - t0
+assert not at.exception, [e.value for e in at.exception]
+print(spent[0], total, len(at.dataframe[0].value), len(at.sidebar.selectbox(key="run").options))
+"""
+
+
+def copied_sweep(dest: Path, n: int) -> Path:
+    """A sweep of `n` runs in `dest`: the shipped sweep's runs (metrics.jsonl and run.json) copied
+    under new names (`lr=1e-03,qk_norm=none,copy=3`), each with its own sweep.json entry."""
+    import json
+    import shutil
+
+    book = json.loads((SHIPPED_SWEEP / "sweep.json").read_text())
+    base, runs = book["runs"], []
+    dest.mkdir(parents=True)
+    for k in range(n):
+        entry = dict(base[k % len(base)])
+        name = f"{entry['dir']},copy={k // len(base)}"
+        shutil.copytree(SHIPPED_SWEEP / entry["dir"], dest / name)
+        entry.update(name=name, dir=name, log=None)
+        runs.append(entry)
+    book["runs"] = runs
+    (dest / "sweep.json").write_text(json.dumps(book))
+    return dest
+
+
+def first_load(env: dict[str, str]) -> tuple[float, float, int, int]:
+    """The landing view's first load in a fresh process: seconds of its script run and of AppTest's
+    whole run, its table's rows, the runs in the sidebar."""
+    import subprocess
+
+    code = FIRST_LOAD.format(repo=str(REPO), app=str(REPO / "app" / "main.py"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, check=True)
+    script, total, rows, runs = out.stdout.split()
+    return float(script), float(total), int(rows), int(runs)
+
+
+def run_list_section(n: int, repeats: int) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        copied_sweep(Path(folder) / f"sweep{n}", n)
+        base = {k: v for k, v in os.environ.items() if k not in ("SCRATCHSCOPE_RUNS", "SCRATCHSCOPE_NO_SHIPPED")}
+        cases = {"shipped": base, f"shipped + {n}-run sweep": {**base, "SCRATCHSCOPE_RUNS": folder}}
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
+        shape = {}
+        for _ in range(repeats):  # alternated, so that a busy moment hits both
+            for name, env in cases.items():
+                script, total, rows, runs = first_load(env)
+                times[name].append((script, total))
+                shape[name] = (rows, runs)
+    print(f"== the run list's first load after a restart (AppTest, a fresh process each), median of {repeats}")
+    print(f"{'':<28}{'runs':>6}{'table rows':>12}{'script run (s)':>16}{'ratio':>8}{'AppTest run (s)':>17}{'ratio':>8}")
+    first = [statistics.median(t[i] for t in times["shipped"]) for i in (0, 1)]
+    for name, measured in times.items():
+        rows, runs = shape[name]
+        script, total = (statistics.median(t[i] for t in measured) for i in (0, 1))
+        print(f"{name:<28}{runs:>6}{rows:>12}{script:>16.2f}{script / first[0]:>7.2f}x{total:>17.2f}"
+              f"{total / first[1]:>7.2f}x")
+    print("goal: the 200-run list's script run within 1.5x of the shipped one's (AppTest's run adds its own "
+          "polling for the page's elements)")
 
 
 if __name__ == "__main__":

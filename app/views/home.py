@@ -36,7 +36,8 @@ def render(sources: list[data.Source]) -> None:
                 "under \"Open a path\" in the sidebar.")
         return
     folders = st.session_state.get("sweeps") or []
-    listed = [s for s in sources if sweep_of(s, folders) is None]  # a sweep's runs fold under its row
+    inside = {f.resolve() for f in folders}
+    listed = [s for s in sources if s.path.parent.resolve() not in inside]  # a sweep's runs fold under its row
     live.live(table, any(s.is_run and data.is_training(s.path) for s in sources))(listed, folders)
     sweep_list(folders, sources)
     if not listed:
@@ -46,12 +47,6 @@ def render(sources: list[data.Source]) -> None:
     for i, source in enumerate(listed):
         columns[i % len(columns)].page_link("screens/overview.py", label=catalog.shown(source),
                                             query_params={"run": source.label}, icon=":material/arrow_forward:")
-
-
-def sweep_of(source: data.Source, folders: list[Path]) -> Path | None:
-    """The sweep folder `source` is a run of, or None."""
-    parent = source.path.parent.resolve()
-    return next((f for f in folders if f.resolve() == parent), None)
 
 
 def sweep_list(folders: list[Path], sources: list[data.Source]) -> None:
@@ -73,10 +68,11 @@ def sweep_list(folders: list[Path], sources: list[data.Source]) -> None:
     for i, label in enumerate(labels):
         columns[i % len(columns)].page_link("screens/sweep.py", label=f"Sweep {label}", query_params={"sweep": label},
                                             icon=":material/show_chart:")
+    parents = [s.path.parent.resolve() for s in sources]
     for label, folder in zip(labels, folders):
         if label not in results:
             continue
-        runs = {s.path.name: s.label for s in sources if sweep_of(s, [folder]) is not None}
+        runs = {s.path.name: s.label for s, parent in zip(sources, parents) if parent == folder.resolve()}
         with st.expander(f"{label}: its {len(results[label]['runs'])} runs"):
             st.dataframe(pd.DataFrame(sweeps.run_rows(results[label], runs)), hide_index=True, width="stretch",
                          column_config=sweep_view.RUN_COLUMNS)
