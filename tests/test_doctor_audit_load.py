@@ -127,3 +127,14 @@ def test_a_fp16_skip_in_a_thinned_run_is_still_counted(tmp_path, monkeypatch):
     thinned = diagnose.run(None, log=path)
     assert summary(thinned) == summary(whole)
     assert sum(1 for r in RunHistory.read(None, log=path).records if r.get("grad_norm") == float("inf")) == 2
+
+
+def test_a_log_of_mostly_evals_is_read_in_linear_time_with_every_eval_kept(tmp_path, monkeypatch):
+    """Evals never merge: past the cap, the cap grows instead of compacting at every line."""
+    import time
+    log = write(tmp_path / "train.log", nanogpt_lines(20_000, healthy, eval_every=2))
+    monkeypatch.setattr(thinning, "CAP", 100)
+    start = time.perf_counter()
+    h = RunHistory.read(None, log=log)
+    assert time.perf_counter() - start < 5.0
+    assert sum(1 for r in h.records if "val_loss" in r) == 10_000 and h.last_step == 19_999

@@ -20,7 +20,6 @@ import logging
 import math
 import re
 from pathlib import Path
-from typing import Any
 
 from models.store.run import checkpoint_files
 from probes.doctor.log_file import Log

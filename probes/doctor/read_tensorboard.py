@@ -18,9 +18,9 @@ import logging
 from pathlib import Path
 from typing import Any, Iterable
 
-from probes.doctor.tfrecord import Damage, walk_records
 from probes.doctor.log_file import (Log, check_not_lfs_pointer, check_user_tags, kind_of_losses, merge_steps,
                                     require_loss, user_tags)
+from probes.doctor.tfrecord import Damage, walk_records
 from probes.errors import ProbeInputError
 
 __all__ = ["EVENTS_PREFIX", "TENSORBOARD_TAGS", "find_event_folder", "read_tensorboard"]

@@ -144,6 +144,8 @@ class Thinned(list):
         self.thinned += end - len(out)
         self[:end] = out
         self.width *= 2
+        if len(out) > self.cap // 2:  # mostly evals, which never merge: let it grow instead of
+            self.cap = 2 * len(out)  # compacting again at every append (quadratic)
         if self.raw > self.width:
             self.close_window()
 
