@@ -144,13 +144,21 @@ class Monitor:
                              "another directory") from None
         try:
             if run_info is not None or not (self.resume and read_run_json(self.out_dir)):
-                write_run_json(self.out_dir, to_jsonable(run_info if run_info is not None else monitored_run_json(self)))
+                write_run_json(self.out_dir, to_jsonable(run_info if run_info is not None else self._run_json()))
             self._handles = [self.optimizer.register_step_pre_hook(self._before_step),
                              self.optimizer.register_step_post_hook(self._after_step)]
         except BaseException:
             if self._lock is not None:
                 self._lock.release()
             raise
+
+    def _run_json(self) -> dict[str, Any]:
+        """What run.json says of a loop the Monitor watches (`train.monitor_parts.monitored_run_json`)."""
+        return monitored_run_json(
+            self.model, self.optimizer, kind=self.kind, trainer=self.trainer,
+            model_json=self.tapped_model if self.config is None else self.config.to_dict(),
+            schedule={"steps": self.steps, "log_every": self.log_every, "eval_every": self.eval_every},
+            eval_tokens=self.eval_tokens)
 
     def __enter__(self) -> Monitor:
         return self

@@ -7,12 +7,9 @@ import math
 import numbers
 from contextlib import nullcontext
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from train.monitor_core import Monitor
 
 __all__ = ["describe_model", "divergence_reason", "first_optimizer", "grad_norm", "group_lrs", "hyperparameters",
            "internal_stats", "monitored_run_json", "number", "param_groups_json"]
@@ -89,11 +86,10 @@ def internal_stats(twin: torch.nn.Module, tokens: torch.Tensor, autocast: Any = 
     return {"activations": health, **stats}
 
 
-def describe_model(monitor: Monitor) -> dict[str, Any]:
-    """What the Monitor knows of the model: its kind, class, size, and our config when it has one."""
-    model = monitor.model
+def describe_model(model: torch.nn.Module, kind: str) -> dict[str, Any]:
+    """What the Monitor knows of the model: its kind (`models.store.live.model_kind`), class, size."""
     params = sum(p.numel() for p in model.parameters())
-    return {"kind": monitor.kind, "class": type(model).__name__, "parameters": params}
+    return {"kind": kind, "class": type(model).__name__, "parameters": params}
 
 
 def group_lrs(optimizer: torch.optim.Optimizer) -> list[float | None] | None:
@@ -109,35 +105,35 @@ def hyperparameters(settings: dict[str, Any]) -> dict[str, Any]:
             or (isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v)))}
 
 
-def param_groups_json(monitor: Monitor) -> list[dict[str, Any]]:
+def param_groups_json(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
     """Each param group's hyperparameters, its parameter count and the doctor's groups its
     weights fall in (`probes.update_report.parameter_group`), in the optimizer's order."""
     from probes.update_report import parameter_group
     from probes.updates import strip_wrapper_prefix
 
-    names = {id(p): strip_wrapper_prefix(n) for n, p in monitor.model.named_parameters()}
+    names = {id(p): strip_wrapper_prefix(n) for n, p in model.named_parameters()}
     out = []
-    for group in monitor.optimizer.param_groups:
+    for group in optimizer.param_groups:
         params = list(group["params"])
         kinds = sorted({parameter_group(names[id(p)]) for p in params if id(p) in names})
         out.append({**hyperparameters(group), "parameters": sum(p.numel() for p in params), "groups": kinds})
     return out
 
 
-def monitored_run_json(monitor: Monitor) -> dict[str, Any]:
-    """run.json of a monitored loop: the model config where we have one (the doctor's entropy rules
-    read n_ctx), the monitor's settings, the optimizer and its hyperparameters: its defaults, or
-    param group 0's where it has none (nanochat's MuonAdamW); with several groups, each group's
-    under `param_groups`."""
-    optimizer = monitor.optimizer
+def monitored_run_json(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, kind: str, trainer: str,
+                       model_json: dict[str, Any] | None, schedule: dict[str, Any],
+                       eval_tokens: torch.Tensor | None) -> dict[str, Any]:
+    """run.json of a monitored loop: `model_json` (our config where we have one, else what a tapped
+    forward saw: the doctor's entropy rules read n_ctx), the monitor's `schedule` (steps, log_every,
+    eval_every), the optimizer and its hyperparameters: its defaults, or param group 0's where it
+    has none (nanochat's MuonAdamW); with several groups, each group's under `param_groups`."""
     hyper = hyperparameters(optimizer.defaults or optimizer.param_groups[0])
     several = len(optimizer.param_groups) > 1
-    return {"preset": None, "source": "monitor", "trainer": monitor.trainer,
-            "model": monitor.tapped_model if monitor.config is None else monitor.config.to_dict(),
-            "monitored_model": describe_model(monitor),
-            "train": {"steps": monitor.steps, "log_every": monitor.log_every, "eval_every": monitor.eval_every,
-                      "optimizer": type(optimizer).__name__.lower(), **hyper,
-                      **({"param_groups": param_groups_json(monitor)} if several or not optimizer.defaults else {})},
-            "eval_tokens": None if monitor.eval_tokens is None else list(monitor.eval_tokens.shape),
+    return {"preset": None, "source": "monitor", "trainer": trainer, "model": model_json,
+            "monitored_model": describe_model(model, kind),
+            "train": {**schedule, "optimizer": type(optimizer).__name__.lower(), **hyper,
+                      **({"param_groups": param_groups_json(model, optimizer)}
+                         if several or not optimizer.defaults else {})},
+            "eval_tokens": None if eval_tokens is None else list(eval_tokens.shape),
             "torch": torch.__version__,
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
