@@ -165,3 +165,42 @@ def test_a_text_event_file_beside_a_good_one_is_skipped_with_the_good_one_read(t
     with caplog.at_level(logging.WARNING):
         h = RunHistory.read(tmp_path / "tb")
     assert h.last_step == 29 and len(h.records) == 30 and "9999999999.host.1.0 is not a TensorBoard event file" in caplog.text
+
+
+def framed(events: list) -> bytes:
+    out = b""
+    for event in events:
+        data = event.SerializeToString()
+        header = struct.pack("<Q", len(data))
+        out += header + struct.pack("<I", masked_crc32c(header)) + data + struct.pack("<I", masked_crc32c(data))
+    return out
+
+
+def scalar_event(step: int, tag: str, value: float):
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    return event_pb2.Event(step=step, wall_time=1.0 + step,
+                           summary=summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)]))
+
+
+@pytest.mark.parametrize("version, start, last", [("brain.Event:2", True, 7), ("brain.Event:1", False, 7),
+                                                  ("brain.Event:1", True, 9)])
+def test_restarts_are_dropped_as_tensorboards_own_reader_drops_them(tmp_path, version, start, last):
+    """A SessionLog.START (version 2) or a step going back (version 1; there an event without
+    scalars resets the newest step) makes later steps stale: the records agree with TensorBoard's
+    EventAccumulator on the same file."""
+    from tensorboard.backend.event_processing import event_accumulator as ea
+    from tensorboard.compat.proto import event_pb2
+    events = [event_pb2.Event(wall_time=0.0, file_version=version)]
+    events += [scalar_event(s, "loss", 3.0 - s / 100) for s in range(10)]
+    if start:
+        events.append(event_pb2.Event(step=5, wall_time=20.0,
+                                      session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+    events += [scalar_event(s, "loss", 2.0 - s / 100) for s in range(5, 8)]
+    folder = tmp_path / "tb"
+    folder.mkdir()
+    (folder / "events.out.tfevents.1.host").write_bytes(framed(events))
+    acc = ea.EventAccumulator(str(folder), size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    theirs = {e.step: e.value for e in acc.Scalars("loss")}  # later values of a step win, as merged
+    ours = {r["step"]: r["train_loss"] for r in RunHistory.read(folder).records}
+    assert ours == pytest.approx(theirs) and max(ours) == last

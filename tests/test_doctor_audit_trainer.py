@@ -137,3 +137,12 @@ def test_a_binary_trainer_state_is_one_line(tmp_path, capsys):
     (tmp_path / "trainer_state.json").write_bytes(bytes(range(256)))
     code, _, err = cli(capsys, "--ckpt", str(tmp_path))
     assert code == 2 and "trainer_state.json: a binary file" in one_error_line(err) and "\\x" not in err
+
+
+def test_entries_out_of_step_order_merge_as_the_whole_file_did(tmp_path):
+    history = entries(12)
+    history = history[6:] + history[:6] + [{"eval_loss": 2.5, "step": 3}, {"loss": 9.0, "step": 8}]
+    path = write(tmp_path / "trainer_state.json", json.dumps({"log_history": history}))
+    records = RunHistory.read(None, log=path).records
+    assert same(records, reference_records(path))
+    assert [r["step"] for r in records] == list(range(1, 13)) and records[7]["train_loss"] == 9.0

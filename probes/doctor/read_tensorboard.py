@@ -123,16 +123,14 @@ def read_file_scalars(file: Path, event_pb2: Any, found: dict[str, list[tuple[in
     for event in walk_records(file, damage, lambda data: parse_event(event_pb2, data)):
         if event.HasField("file_version"):
             version = file_version(event.file_version)
-            continue
-        if event.HasField("session_log") and event.session_log.status == event_pb2.SessionLog.START:
-            if version >= 2:
-                purge(found, found, event.step)
-            continue
         values = scalar_values(event, plugins)
-        if version < 2 and event.step < newest and values:
-            purge(found, values, event.step)
+        if version >= 2:
+            if event.HasField("session_log") and event.session_log.status == event_pb2.SessionLog.START:
+                purge(found, found, event.step)
+        elif event.step < newest and event.HasField("summary"):
+            purge(found, [v.tag for v in event.summary.value], event.step)
         else:
-            newest = max(newest, event.step)
+            newest = event.step
         for tag, value in values.items():
             found.setdefault(tag, []).append((event.step, value))
 
