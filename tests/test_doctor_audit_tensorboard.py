@@ -204,3 +204,22 @@ def test_restarts_are_dropped_as_tensorboards_own_reader_drops_them(tmp_path, ve
     theirs = {e.step: e.value for e in acc.Scalars("loss")}  # later values of a step win, as merged
     ours = {r["step"]: r["train_loss"] for r in RunHistory.read(folder).records}
     assert ours == pytest.approx(theirs) and max(ours) == last
+
+
+CORPUS = Path(__file__).resolve().parent / "data" / "doctor_logs"
+
+
+@pytest.mark.parametrize("events", sorted(CORPUS.rglob("events.out.tfevents.*")), ids=lambda p: p.parent.name)
+def test_corpus_event_files_read_as_tensorboards_own_reader_reads_them(events):
+    from tensorboard.backend.event_processing import event_accumulator as ea
+    from probes.doctor.read_tensorboard import read_scalars
+    if events.read_bytes().startswith(b"version https://git-lfs"):
+        pytest.skip("an LFS pointer (tested above)")
+    acc = ea.EventAccumulator(str(events), size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    theirs = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    ours, skipped = read_scalars(events)
+    assert skipped == 0 and ours.keys() == theirs.keys()
+    for tag in ours:
+        assert [s for s, _ in ours[tag]] == [s for s, _ in theirs[tag]]
+        assert [v for _, v in ours[tag]] == pytest.approx([v for _, v in theirs[tag]], nan_ok=True)
