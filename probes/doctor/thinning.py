@@ -80,9 +80,11 @@ def kind_of(record: dict[str, Any]) -> str | None:
 
 def runs_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Maximal runs of one mergeable kind merged; records of no kind kept as they are."""
+    kinds = [r[KIND] if WEIGHT in r else kind(r) for r in records]
+    if kinds[0] == "ok" and kinds.count("ok") == len(kinds):  # the usual window: one merge
+        return [merge(records)]
     out, group, group_kind = [], [], None
-    for r in records:
-        k = kind_of(r)
+    for r, k in zip(records, kinds):
         if group and k == group_kind and k is not None:
             group.append(r)
             continue
