@@ -143,3 +143,53 @@ def report(repo: Path, repeats: int) -> None:
     print("app: /?run=shakespeare_gpt (Overview), then Training dynamics, back to the Overview, its loss "
           "chart's log-y toggle, Training dynamics again, then Attention, Embeddings, Logit lens, Compare; "
           "bare: pages One and Two in turn, and its log-y toggle")
+
+
+# (name, address) of each page's first visit on a fresh server: a sweep run (history only) and a run with weights
+FIRST_PAGES = [("runs (run list)", "/"), ("sweep run: Overview", "/?run=sweep_qk_norm/lr%3D1e-03%2Cqk_norm%3Dnone"),
+               ("sweep run: Training dynamics", "/dynamics?run=sweep_qk_norm/lr%3D1e-03%2Cqk_norm%3Dnone"),
+               ("Sweep", "/sweep?sweep=sweep_qk_norm"), ("Overview", "/?run=shakespeare_gpt"),
+               ("Attention", "/attention?run=shakespeare_gpt"), ("Training dynamics", "/dynamics?run=shakespeare_gpt"),
+               ("Embeddings", "/embeddings?run=shakespeare_gpt"), ("Logit lens", "/lens?run=shakespeare_gpt"),
+               ("Compare", "/compare?run=shakespeare_gpt")]
+TABLE = '[data-testid="stDataFrame"]'
+
+
+def first_drawn(browser, script: Path, cwd: Path, env: dict[str, str], path: str, table: bool = False) -> float:
+    """A fresh server, a new tab on `path`: seconds from the tab's navigation to the page's first
+    chart drawn (`table`: to its first table shown, for the run list, which draws no chart)."""
+    with streamlit_server(script, cwd, env, "--server.fileWatcherType", "none") as (url, _):
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.add_init_script(f"({WATCH})()")
+        page.goto(url + path, timeout=180_000)
+        if table:
+            page.wait_for_selector(TABLE, timeout=180_000)
+            seconds = page.evaluate("performance.now()") / 1000
+        else:
+            page.wait_for_function("window.__firstChart !== null", timeout=180_000)
+            seconds = page.evaluate("window.__firstChart") / 1000
+        page.close()
+        return seconds
+
+
+def first_charts(repo: Path, repeats: int) -> None:
+    """Each page's first chart on its first visit to a fresh server, against a bare Streamlit page's."""
+    import os
+    import statistics
+
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    with chromium() as browser, tempfile.TemporaryDirectory() as folder:
+        bare = bare_app(Path(folder))
+        times: dict[str, list[float]] = {"bare": [], **{name: [] for name, _ in FIRST_PAGES}}
+        for _ in range(repeats):  # alternated, so that a busy moment hits both
+            for name, path in FIRST_PAGES:
+                times["bare"].append(first_drawn(browser, bare, Path(folder), env, "/"))
+                times[name].append(first_drawn(browser, repo / "app" / "main.py", repo, env, path, table=path == "/"))
+    bare_s = statistics.median(times.pop("bare"))
+    print(f"== each page's first chart on a fresh server (headless Chromium, tab opened to first chart drawn), "
+          f"median of {repeats} ({os.cpu_count()} cores); bare Streamlit page: {bare_s:.2f} s")
+    print(f"{'page':<34}{'address':<60}{'first chart (s)':>16}{'/bare':>8}")
+    for name, path in FIRST_PAGES:
+        seconds = statistics.median(times[name])
+        print(f"{name:<34}{path:<60}{seconds:>16.2f}{seconds / bare_s:>7.1f}x")
+    print("goal: every page within 2x of the bare page (the run list: its table shown)")
