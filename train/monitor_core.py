@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import logging
 import math
+import os
 import sys
 import time
 from contextlib import nullcontext
@@ -21,8 +22,9 @@ from models.store.result import nonfinite_tensors
 from models.store.run import (METRICS_FILE, append_metrics, list_snapshots, read_metrics, read_run_json,
                               trim_metrics, write_run_json)
 from train.guard import RunLock
-from train.monitor_parts import (divergence_reason, first_optimizer, grad_norm, group_lrs,
-                                 internal_stats, monitored_run_json, number)
+from train.monitor_parts import (OWNED, check_model, check_tokens, divergence_reason, first_optimizer, grad_norm,
+                                 group_lrs, internal_stats, monitored_run_json, number, resume_mismatch,
+                                 setting, step_number)
 
 log = logging.getLogger("train.monitor")
 
@@ -50,12 +52,16 @@ class Monitor:
                  steps: int | None = None, start_step: int = 0, tokens_per_step: int | None = None,
                  resume: bool = False, run_info: dict[str, Any] | None = None, report: bool = True,
                  autocast: Any = nullcontext, lock: bool = True, trainer: str | None = None):
-        for name, value in (("log_every", log_every), ("eval_every", eval_every),
-                            ("save_every", save_every), ("diagnose_every", diagnose_every),
-                            ("start_step", start_step)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "log_every" else 0):
-                raise ValueError(f"Monitor: {name} must be an integer >= {1 if name == 'log_every' else 0}, got {value!r}")
+        log_every, eval_every, save_every, diagnose_every, start_step = (
+            setting(name, value, low=1 if name == "log_every" else 0) for name, value in
+            (("log_every", log_every), ("eval_every", eval_every), ("save_every", save_every),
+             ("diagnose_every", diagnose_every), ("start_step", start_step)))
+        steps, tokens_per_step = setting("steps", steps, none=True), setting("tokens_per_step", tokens_per_step, none=True)
+        if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir).strip():
+            raise ValueError(f"Monitor: out_dir must name a run directory, got {out_dir!r}"
+                             " (an empty path would write into the working directory)")
         self.model, self.optimizer = unwrap(model), first_optimizer(optimizer)
+        check_model(self.model, self.optimizer)
         self.out_dir = Path(out_dir)
         self.log_every, self.eval_every, self.save_every = log_every, eval_every, save_every
         self.steps, self.tokens_per_step, self.tokenizer = steps, tokens_per_step, tokenizer
@@ -89,6 +95,7 @@ class Monitor:
         self.first_nonfinite_step: int | None = None  # the first step whose train_loss was NaN/inf
         self._handles: list[Any] = []
         self._lock: RunLock | None = None
+        self.closed = False  # log and record refuse to write once closed (its lock is let go)
         self._open(run_info, lock)
         atexit.register(self._close_at_exit)  # a script that never closes it still gets its records
 
@@ -97,10 +104,7 @@ class Monitor:
     def _check_eval_tokens(self, tokens: torch.Tensor | None) -> torch.Tensor | None:
         if tokens is None:
             return None
-        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype not in (torch.long, torch.int):
-            raise ValueError("Monitor: eval_tokens must be an integer tensor [batch pos], got "
-                             f"{getattr(tokens, 'dtype', type(tokens).__name__)} of shape "
-                             f"{list(getattr(tokens, 'shape', []))}")
+        tokens = check_tokens(tokens)
         if self.config is not None:
             window = self.config.family == "mlp"  # the MLP family slides its n_ctx window along
             if tokens.shape[1] < self.config.n_ctx if window else tokens.shape[1] > self.config.n_ctx:
@@ -109,7 +113,7 @@ class Monitor:
             if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.d_vocab):
                 raise ValueError(f"Monitor: eval_tokens holds ids outside [0, {self.config.d_vocab}) "
                                  f"(min {int(tokens.min())}, max {int(tokens.max())})")
-        return tokens.long()
+        return tokens
 
     def _plan_tap(self, autocast: Any) -> None:
         """The blocks, unembedding and activations of a model we never rebuilt, and what run.json
@@ -140,10 +144,21 @@ class Monitor:
         try:
             self._lock = RunLock(self.out_dir).acquire() if lock else None
         except ValueError as busy:  # the lock speaks to `python -m train` (--out): say it our way
-            raise ValueError(f"Monitor: {str(busy).split(';')[0]}; wait for it to finish or choose "
-                             "another directory") from None
+            held = str(busy).split(";")[0]
+            if f"(pid {os.getpid()})" in held:  # a second Monitor on one directory in one process
+                held = held[:-1] + ", this process itself: another Monitor holds it, close that one first)"
+            raise ValueError(f"Monitor: {held}; wait for it to finish or choose another directory") from None
         try:
-            if run_info is not None or not (self.resume and read_run_json(self.out_dir)):
+            old = read_run_json(self.out_dir) if self.resume else None
+            if run_info is None and old:  # records made now must fit the model run.json names
+                new = self._run_json()
+                why = resume_mismatch(old, new)
+                if why:
+                    raise ValueError(f"Monitor: resume=True on {self.out_dir}, but it is another model: {why}; "
+                                     "choose another directory for this model")
+                if old.get("model") is None and new["model"] is not None:  # eval_tokens given only now
+                    write_run_json(self.out_dir, to_jsonable({**old, "model": new["model"]}))
+            if run_info is not None or not old:
                 write_run_json(self.out_dir, to_jsonable(run_info if run_info is not None else self._run_json()))
             self._handles = [self.optimizer.register_step_pre_hook(self._before_step),
                              self.optimizer.register_step_post_hook(self._after_step)]
@@ -172,8 +187,12 @@ class Monitor:
 
     def close(self, report: bool | None = None) -> Any:
         """Write what is pending, unhook, unlock; print the diagnosis (unless `report` is False).
-        Returns the Diagnosis printed, or None. Also done at interpreter exit if not before."""
+        Returns the Diagnosis printed, or None. Also done at interpreter exit if not before; a
+        second close does nothing."""
         atexit.unregister(self._close_at_exit)
+        if self.closed:
+            return None
+        self.closed = True
         result = None
         try:
             self.flush()
@@ -244,11 +263,13 @@ class Monitor:
         for the same step adds to that record. Other steps cost one check: a non-finite
         train_loss is remembered (the record that follows names the step it began). A call with
         a val_loss always makes a record: evaluations are rare, and each one counts."""
-        self._check_step(step)
+        step, scalars = self._checked(step, scalars)
         self._follow(step)
         pending = self._pending
         if not self.due(step) and "val_loss" not in scalars and (pending is None or step != pending["step"]):
             loss = scalars.get("train_loss")
+            if not isinstance(loss, torch.Tensor):  # a tensor is read at log steps only: no sync here
+                loss = number("train_loss", loss)
             if self.first_nonfinite_step is None and isinstance(loss, float) and not math.isfinite(loss):
                 self.first_nonfinite_step = step
             return
@@ -257,23 +278,31 @@ class Monitor:
     def record(self, step: int, **scalars: Any) -> None:
         """`log` at any step: the numbers make (or join) a record even between log steps (a
         callback forwarding another trainer's own log lines uses this)."""
-        self._check_step(step)
+        step, scalars = self._checked(step, scalars)
         if self._steps_since_log:  # called directly, not from log()
             self._follow(step)
-        values = {name: number(name, value) for name, value in scalars.items()}
+        values = {name: value for name, value in ((n, number(n, v)) for n, v in scalars.items()) if value is not None}
         if self._pending is not None and step != self._pending["step"]:
             self.flush()
         if self._pending is None:
             self._start_record(step)
         self._pending.update(values)
 
-    def _check_step(self, step: Any) -> None:
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"Monitor.log: step must be a non-negative integer, got {step!r}")
+    def _checked(self, step: Any, scalars: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """The step as an int and the values given (None: not measured, left out), or a one-line
+        refusal: a closed Monitor, a bad or backward step, a name the Monitor writes itself."""
+        if self.closed:
+            raise ValueError(f"Monitor.log: the Monitor of {self.out_dir} is closed (unhooked, its lock "
+                             "released): open a new one with resume=True to log more")
+        step = step_number(step)
+        owned = [name for name in scalars if name in OWNED]
+        if owned:
+            number(owned[0], None)  # its one-line refusal
         last = self._pending["step"] if self._pending else self._last_written[0] if self._last_written else None
         if last is not None and step < last:
             raise ValueError(f"Monitor.log: step {step} after step {last}: steps must not go back "
                              "(a resumed loop: open a new Monitor with resume=True)")
+        return step, {name: value for name, value in scalars.items() if value is not None}
 
     def _start_record(self, step: int) -> None:
         if self.resume and self._last_written is None:

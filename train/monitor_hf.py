@@ -8,6 +8,8 @@ every CLI and the app read. Needs `transformers` (`pip install 'scratchscope[hf]
 
 from __future__ import annotations
 
+import inspect
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,8 @@ try:
     from transformers import TrainerCallback
 except ImportError as err:  # pragma: no cover - the extra is installed in dev
     raise ImportError("train.monitor.HFCallback needs transformers: pip install 'scratchscope[hf]'") from err
+
+import torch
 
 from train.monitor_core import Monitor
 
@@ -30,6 +34,14 @@ class HFCallback(TrainerCallback):
     the Monitor's (`log_every`, `eval_every`, `eval_tokens`, `diagnose_every`, `save_every`, ...)."""
 
     def __init__(self, out_dir: str | Path, **monitor_options: Any):
+        # refused here, before the Trainer trains: an empty path (Path('') would be the working
+        # directory) and a misspelt option
+        if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir).strip():
+            raise ValueError(f"HFCallback: out_dir must name a run directory, got {out_dir!r}")
+        known = set(inspect.signature(Monitor).parameters) - {"model", "optimizer", "out_dir"}
+        unknown = sorted(set(monitor_options) - known)
+        if unknown:
+            raise TypeError(f"HFCallback: {', '.join(unknown)} is not a Monitor option (it takes: {', '.join(sorted(known))})")
         self.out_dir = Path(out_dir)
         self.options = monitor_options
         self.monitor: Monitor | None = None
@@ -51,7 +63,8 @@ class HFCallback(TrainerCallback):
                **kwargs: Any) -> None:
         # only the per-step names: the summary at the end has a run-mean "train_loss" of its own
         values = {TRAINER_KEYS[k]: v for k, v in (logs or {}).items() if k in TRAINER_KEYS
-                  and isinstance(v, (int, float)) and not isinstance(v, bool)}
+                  and (isinstance(v, (int, float)) and not isinstance(v, bool)
+                       or isinstance(v, torch.Tensor) and v.numel() == 1 and v.is_floating_point())}
         if self.monitor is not None and values:
             self.monitor.record(state.global_step, **values)
 

@@ -11,35 +11,132 @@ from typing import Any
 
 import torch
 
-__all__ = ["describe_model", "divergence_reason", "first_optimizer", "grad_norm", "group_lrs", "hyperparameters",
-           "internal_stats", "monitored_run_json", "number", "param_groups_json"]
+__all__ = ["INT64_MAX", "OWNED", "check_model", "check_tokens", "describe_model", "divergence_reason", "first_optimizer",
+           "grad_norm", "group_lrs", "hyperparameters", "internal_stats", "monitored_run_json", "number",
+           "param_groups_json", "resume_mismatch", "setting", "short", "step_number"]
 
 
 def first_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     """The torch optimizer itself: accelerate's AcceleratedOptimizer and Lightning's wrappers hold
     it as `.optimizer`, and only the inner one runs its step hooks."""
     seen = optimizer
-    while not isinstance(seen, torch.optim.Optimizer) or isinstance(getattr(seen, "optimizer", None),
-                                                                     torch.optim.Optimizer):
+    for _ in range(16):  # wrappers nest a few deep; an object that holds itself must not hang us
+        if isinstance(seen, torch.optim.Optimizer) and not isinstance(getattr(seen, "optimizer", None),
+                                                                      torch.optim.Optimizer):
+            return seen
         inner = getattr(seen, "optimizer", None)
-        if inner is None:
-            raise ValueError(f"Monitor: expected a torch optimizer, got {type(optimizer).__name__}")
+        if inner is None or inner is seen:
+            break
         seen = inner
-    return seen
+    raise TypeError(f"Monitor: expected a torch optimizer (or a wrapper holding one as .optimizer), "
+                    f"got {type(optimizer).__name__}")
+
+
+# names the Monitor writes itself, in shapes every reader checks (models.store.record_check): a
+# value logged under one would make the record unreadable, and its step's loss lost with it
+OWNED = ("gwu", "activations", "attn_entropy", "attn_logit_max", "resid_rms", "diverged", "lr_groups")
+INT64_MAX = 2**63 - 1  # the readers' integer columns (the app's run list) are 64-bit
 
 
 def number(name: str, value: Any) -> float | int | None:
-    """A logged value as a plain number: a 0-d tensor is read (one device sync), a numpy scalar
-    becomes a Python one, None stays None."""
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"Monitor.log: {name} must be one number, got a tensor of shape {list(value.shape)}")
+    """A logged value as a plain number: a 0-d tensor (or a one-element numpy array) is read (one
+    device sync), a numpy scalar becomes a Python one, None stays None (not measured)."""
+    if name in OWNED:
+        raise ValueError(f"Monitor.log: {name!r} is a name the Monitor writes itself (one of {', '.join(OWNED)}): "
+                         f"log your value under another name")
+    if isinstance(value, torch.Tensor) or (type(value).__module__ == "numpy" and hasattr(value, "item")):
+        if getattr(value, "is_meta", False) or (getattr(value, "size", 1) if not isinstance(value, torch.Tensor)
+                                                else value.numel()) != 1:
+            what = "a meta tensor" if getattr(value, "is_meta", False) else f"an array of shape {list(value.shape)}"
+            raise ValueError(f"Monitor.log: {name} must be one number, got {what}")
         value = value.item()
-    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+    if value is None or (isinstance(value, float) and not isinstance(value, bool)):
         return value
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):  # numpy's float32, int64, ...
-        return int(value) if isinstance(value, numbers.Integral) else float(value)
-    raise ValueError(f"Monitor.log: {name} must be a number, got {type(value).__name__} {value!r}")
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):  # int, numpy's float32, int64, ...
+        if not isinstance(value, numbers.Integral):
+            return float(value)
+        if abs(int(value)) > INT64_MAX:
+            raise ValueError(f"Monitor.log: {name} must fit in 64 bits, got an integer of {int(value).bit_length()} bits")
+        return int(value)
+    raise ValueError(f"Monitor.log: {name} must be a number, got {type(value).__name__} {short(value)}")
+
+
+def short(value: Any) -> str:
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's digit limit for str()
+        return f"(an integer of {value.bit_length()} bits)" if isinstance(value, int) else type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def step_number(step: Any) -> int:
+    """A logged step as an int: a Python or numpy integer, >= 0 and within 64 bits."""
+    if isinstance(step, numbers.Integral) and not isinstance(step, bool):
+        step = int(step)
+        if 0 <= step <= INT64_MAX:
+            return step
+        if step > INT64_MAX:
+            raise ValueError(f"Monitor.log: step must be below 2**63 (the readers' 64-bit columns), "
+                             f"got an integer of {step.bit_length()} bits")
+    hint = " (a tensor: pass step.item())" if isinstance(step, torch.Tensor) else ""
+    raise ValueError(f"Monitor.log: step must be a non-negative integer (an int), got {type(step).__name__} {short(step)}{hint}")
+
+
+def setting(name: str, value: Any, low: int = 0, none: bool = False) -> int | None:
+    """One of the Monitor's integer settings (a Python or numpy int, low..2**63-1), or None if allowed."""
+    if value is None and none:
+        return None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and low <= int(value) <= INT64_MAX:
+        return int(value)
+    raise ValueError(f"Monitor: {name} must be an integer >= {low} (and below 2**63){' or None' if none else ''}, "
+                     f"got {short(value)}")
+
+
+def check_model(model: Any, optimizer: torch.optim.Optimizer) -> None:
+    """Refuse, in one line, a model the Monitor cannot watch: not a module, no parameters, weights
+    not materialised (the meta device), or none of them updated by the optimizer."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"Monitor: model must be a torch.nn.Module, got {type(model).__name__} {short(model)}")
+    params = list(model.parameters())
+    if not params:
+        raise ValueError(f"Monitor: the {type(model).__name__} has no parameters: give the model being trained")
+    if any(p.is_meta for p in params):
+        raise ValueError(f"Monitor: the {type(model).__name__} has parameters on the meta device (not materialised): "
+                         "call model.to_empty(device=...) and initialise or load its weights first")
+    mine = {id(p) for p in params}
+    if not any(id(p) in mine for group in optimizer.param_groups for p in group["params"]):
+        raise ValueError(f"Monitor: the optimizer updates none of the {type(model).__name__}'s parameters "
+                         "(was it made for another model?)")
+
+
+def check_tokens(tokens: Any) -> torch.Tensor:
+    """eval_tokens as a long tensor [batch pos]: any integer dtype, at least one token."""
+    if not isinstance(tokens, torch.Tensor):
+        hint = ": pass torch.from_numpy(...)" if type(tokens).__module__ == "numpy" else ""
+        raise ValueError(f"Monitor: eval_tokens must be a torch tensor of token ids [batch pos], "
+                         f"got {type(tokens).__name__}{hint}")
+    if tokens.dtype == torch.bool or tokens.dtype.is_floating_point or tokens.dtype.is_complex:
+        raise ValueError(f"Monitor: eval_tokens must hold integer token ids [batch pos], got {tokens.dtype}")
+    if tokens.dim() != 2 or tokens.numel() == 0 or tokens.is_meta:
+        what = "on the meta device" if tokens.is_meta else f"of shape {list(tokens.shape)}"
+        raise ValueError(f"Monitor: eval_tokens must be token ids [batch pos] with at least one token, got a tensor {what}")
+    return tokens.long()
+
+
+def resume_mismatch(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """Why run.json's model (`old`) is not the model now monitored (`new`), or None: their layers,
+    heads, width, vocabulary, class or size differ (the new records would not fit the old shape)."""
+    def said(run: dict[str, Any]) -> dict[str, Any]:
+        model = run.get("model") if isinstance(run.get("model"), dict) else {}
+        watched = run.get("monitored_model") if isinstance(run.get("monitored_model"), dict) else {}
+        return {**{k: model.get(k) for k in ("family", "n_layers", "n_heads", "d_model", "d_vocab")},
+                **{k: watched.get(k) for k in ("class", "parameters")}}
+    before, now = said(old), said(new)
+    differ = [k for k in before if before[k] is not None and now[k] is not None and before[k] != now[k]]
+    if not differ:
+        return None
+    text = lambda d: ", ".join(f"{k} {d[k]}" for k in differ)  # noqa: E731
+    return f"run.json's model has {text(before)}; the live one has {text(now)}"
 
 
 def grad_norm(model: torch.nn.Module) -> float | None:
