@@ -1,10 +1,10 @@
-"""How many legend columns fit under a chart (app.charts.legend_columns), on paper: each column is as
+"""How many legend columns fit under a chart (app.legends.legend_columns), on paper: each column is as
 wide as the longest label (symbol 16 px + gap 5 + padding 12 + 6.6 px a character), after the 60 px
 left of the plot."""
 
 from __future__ import annotations
 
-from app.charts import legend_columns
+from app.legends import legend_columns
 
 
 def test_columns_that_fit_a_third_of_the_page():

@@ -8,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from app import axes, charts, data, series
+from app.legends import PAGE_PX
 from app.views import doctor, live, signals
 from app.views.common import Selection, page, scroll_to, show
 from probes.timeline import uniform_series_entropy
@@ -78,7 +79,7 @@ def entropy_over_steps(records: list[dict], marks: pd.DataFrame, n_ctx: int | No
         chart = charts.lines_over_steps(frame[frame["layer"] == layer].drop(columns="layer"), y, "head",
                                         f"layer {layer}", height=180, domain=[0, top * 1.05] if shared else None,
                                         zero=not zoom, x_domain=steps,
-                                        width=charts.PAGE_PX / len(columns))
+                                        width=PAGE_PX / len(columns))
         if level is not None:
             chart = chart + charts.level_rule(level, "uniform attention")
         nan_steps = sorted({step for l, step in bad if l == layer})
@@ -112,12 +113,12 @@ def updates_over_steps(sel: Selection, marks: pd.DataFrame) -> None:
         frame = frame[frame["name"].isin(chosen)].rename(columns={"name": "parameter"})
         frame = frame[frame["u"].notna() & (frame["u"] > 0)][["step", "parameter", "group", "u", "g", "w"]]
         chart = charts.lines_over_steps(frame, "u", "parameter", "u per parameter", log=True, height=300,
-                                        y_title="u = |Δw| / |w|", width=charts.PAGE_PX)
+                                        y_title="u = |Δw| / |w|", width=PAGE_PX)
     else:
         frame = pd.DataFrame([{"step": r["step"], "group": r["group"], "u (median)": 10 ** r["median_log10_u"]}
                               for r in history.group_records() if r["median_log10_u"] is not None])
         chart = charts.lines_over_steps(frame, "u (median)", "group", "median u per parameter group",
-                                        log=True, height=300, y_title="median u = |Δw| / |w|", width=charts.PAGE_PX)
+                                        log=True, height=300, y_title="median u = |Δw| / |w|", width=PAGE_PX)
     lo, hi = (10 ** b for b in history.latest.band)
     show(charts.with_findings(charts.band_layer(lo, hi) + chart, marks), stretch=True)
     st.caption(updates_caption(sel.run.label, history.latest, lo, hi))

@@ -14,10 +14,11 @@ import pandas as pd
 import streamlit as st
 
 from app import axes, charts, series
+from app.legends import PAGE_PX
 from app.views.common import show
 from app.views.controls import curve_controls, smoothed_frame
 
-HALF_PX, THIRD_PX = (charts.PAGE_PX - 16) / 2, (charts.PAGE_PX - 32) / 3  # a chart in st.columns(2) / (3)
+HALF_PX, THIRD_PX = (PAGE_PX - 16) / 2, (PAGE_PX - 32) / 3  # a chart in st.columns(2) / (3)
 NOT_LOGGED = "not logged by this run (it was trained before training logged it)"
 
 
