@@ -16,6 +16,7 @@ from typing import Any
 import streamlit as st
 
 from app import data
+from app.logs import is_log_file, logs_in
 from app.views.common import first_line
 from models.store.nanochat_files import is_nanochat
 from models.store.run import is_run_dir, is_snapshot_dir, list_snapshots, read_metrics, read_run_json
@@ -108,7 +109,7 @@ def typed(text: str, preset: str | None) -> list[data.Source]:
     runs = [data.Source(p) for p in sorted(path.iterdir()) if is_run_dir(p)] if path.is_dir() else []
     if runs:
         return runs
-    logs = data.logs_in(path)  # a folder of printed logs (docs/): each one the doctor reads
+    logs = logs_in(path)  # a folder of printed logs (docs/): each one the doctor reads
     if logs:
         return [data.Source(p) for p in logs]
     raise ValueError(f"{path} is not a run, a snapshot, a nanoGPT, nanochat or Hugging Face checkpoint, "
@@ -122,7 +123,7 @@ def typed(text: str, preset: str | None) -> list[data.Source]:
 def summary(source: data.Source) -> dict[str, Any]:
     """One row of the landing view's table (see `_summary`)."""
     path = source.path
-    if data.is_log_file(path):  # a printed log, trainer_state.json: no model, the doctor's reading
+    if is_log_file(path):  # a printed log, trainer_state.json: no model, the doctor's reading
         return {"run": source.label, "model": "-", "steps": None, "snapshots": 0, "last val loss": "-",
                 **foreign_row(path)}
     stamp = tuple(p.stat().st_mtime if p.exists() else 0.0

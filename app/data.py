@@ -24,9 +24,8 @@ from app.tokenizer_help import no_tokenizer
 from models.store.record_check import MetricsLog
 from models.store.run import (METRICS_FILE, is_run_dir, is_snapshot_dir, list_snapshots, read_metrics_log,
                               read_run_json)
-from probes.doctor.read_tensorboard import EVENTS_PREFIX
-from probes.doctor.read_trainer import STATE_FILE
-from probes.doctor.sources import TEXT_LOGS, locate
+from app.logs import is_log_file
+from probes.doctor.sources import locate
 
 if TYPE_CHECKING:
     import torch
@@ -53,8 +52,7 @@ class Source:
     def label(self) -> str:
         return self.name or self.path.name
 
-    def snapshots(self) -> list[Path]:
-        """The run's snapshots; a lone checkpoint is its own; a log file has none (its history only)."""
+    def snapshots(self) -> list[Path]:  # a lone checkpoint is its own; a log file has none
         return list_snapshots(self.path) if self.is_run else [] if is_log_file(self.path) else [self.path]
 
 
@@ -67,22 +65,9 @@ def _loadable(path: Path) -> bool:
 
 
 def foreign_log(path: Path, event_levels: int = 2) -> tuple[str, Path] | None:
-    """(kind, file or folder) of the other trainer's log the run doctor reads in `path` (a folder
-    or a log file itself), or None (a run of ours, or no log); TensorBoard events are looked for
-    `event_levels` folders down."""
+    """(kind, file or folder) of the other trainer's log the run doctor reads in `path` (or `path`,
+    a log file), or None (a run of ours, or no log); TensorBoard events `event_levels` folders down."""
     return ("log", path) if is_log_file(path) else locate(path, event_levels)
-
-
-def is_log_file(path: Path) -> bool:
-    """A file the run doctor reads as a log by its name (`probes.doctor.sources.read_log_file`):
-    trainer_state.json, a TensorBoard event file, a printed *.log / *.txt / *.out (nanoGPT's, llm.c's)."""
-    return path.is_file() and (path.name == STATE_FILE or path.name.startswith(EVENTS_PREFIX)
-                               or path.suffix in TEXT_LOGS)
-
-
-def logs_in(folder: Path) -> list[Path]:
-    """The log files right in `folder` that the doctor reads (a folder of printed logs, say docs/)."""
-    return [p for p in sorted(folder.iterdir()) if is_log_file(p)] if folder.is_dir() else []
 
 
 def discover(roots: list[Path]) -> list[Source]:
@@ -180,23 +165,6 @@ def metrics(run: Path) -> list[dict[str, Any]]:
 def metrics_log(run: Path) -> MetricsLog:
     """The run's records and the malformed ones the reader skipped (`read_metrics_log`)."""
     return read_metrics_log(run) if run.is_dir() else MetricsLog(run / METRICS_FILE, [])
-
-
-def history_log(source: Path) -> MetricsLog:
-    """The loss history to draw: our run's metrics.jsonl, else the records the doctor read from
-    another trainer's log in `source` (a log file, a Trainer output, TensorBoard events), in our
-    names (step, train_loss, val_loss); raises ProbeInputError (one line) for an unusable log."""
-    found = None if is_run_dir(source) else foreign_log(source)
-    if found is None:
-        return metrics_log(source)
-    return MetricsLog(found[1], _log_records(str(source), log_mtime(found[1])))
-
-
-@st.cache_data(max_entries=64, show_spinner=False)
-def _log_records(source: str, modified: float) -> list[dict[str, Any]]:
-    from probes.doctor.run_history import RunHistory
-
-    return RunHistory.read(source).records
 
 
 def records_caption(log: MetricsLog) -> str:
@@ -348,14 +316,13 @@ def _update_history(run: str, modified: float) -> updates.UpdateHistory:
 
 
 def diagnosis(run: Path) -> diagnose.Diagnosis:
-    """The run doctor's report on the whole run, or on the other trainer's log in `run` (raises
-    ProbeInputError, one line, when its history is unusable); re-read when that history changes."""
+    """The run doctor's report on the run, or on another trainer's log in `run` (ProbeInputError, one
+    line, for an unusable history); re-read when that history changes."""
     found = foreign_log(run)
     return _diagnosis(str(run), log_mtime(found[1]) if found else metrics_mtime(run))
 
 
 def log_mtime(where: Path) -> float:
-    """A log file's modification time, or a folder of event files' newest."""
     files = [where] if where.is_file() else [p for p in where.iterdir() if p.is_file()]
     return max((f.stat().st_mtime for f in files), default=0.0)
 

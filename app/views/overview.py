@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import axes, charts, data, series, warm
+from app import axes, charts, data, logs, series, warm
 from app.views import doctor, live
 from app.views.controls import curve_controls, smoothed_frame
 from app.views.common import Selection, first_line, no_weights_text, page, show
@@ -50,7 +50,7 @@ def run_log(sel: Selection, follow: bool) -> None:
 def curves(sel: Selection, follow: bool = False) -> None:
     if follow:
         live.rerun_if_snapshots_changed(sel.run)  # the sidebar's slider must offer a new snapshot
-    history = data.history_log(sel.run.path)
+    history = logs.history_log(sel.run.path)
     records = history.records
     losses = series.rows(records, {"train loss": "train_loss", "val loss": "val_loss"}, "loss")
     if not losses:

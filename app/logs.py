@@ -1,0 +1,51 @@
+"""Training logs opened by themselves: the files the run doctor reads by their name (a printed
+nanoGPT or llm.c log, trainer_state.json, a TensorBoard event file), a folder holding such files,
+and the loss history the doctor read from one, for the Overview's curves.
+
+`probes.doctor.sources` decides what a log is; this module only asks it, so that what the doctor
+reads, the app opens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from models.store.record_check import MetricsLog
+from models.store.run import is_run_dir
+from probes.doctor.read_tensorboard import EVENTS_PREFIX
+from probes.doctor.read_trainer import STATE_FILE
+from probes.doctor.sources import TEXT_LOGS
+
+
+def is_log_file(path: Path) -> bool:
+    """A file the run doctor reads as a log by its name (`probes.doctor.sources.read_log_file`):
+    trainer_state.json, a TensorBoard event file, a printed *.log / *.txt / *.out (nanoGPT's, llm.c's)."""
+    return path.is_file() and (path.name == STATE_FILE or path.name.startswith(EVENTS_PREFIX)
+                               or path.suffix in TEXT_LOGS)
+
+
+def logs_in(folder: Path) -> list[Path]:
+    """The log files right in `folder` that the doctor reads (a folder of printed logs, say docs/)."""
+    return [p for p in sorted(folder.iterdir()) if is_log_file(p)] if folder.is_dir() else []
+
+
+def history_log(source: Path) -> MetricsLog:
+    """The loss history to draw: our run's metrics.jsonl, else the records the doctor read from
+    another trainer's log in `source` (a log file, a Trainer output, TensorBoard events), in our
+    names (step, train_loss, val_loss); raises ProbeInputError (one line) for an unusable log."""
+    from app import data  # app.data asks is_log_file: imported here, not at the top, to keep one direction
+
+    found = None if is_run_dir(source) else data.foreign_log(source)
+    if found is None:
+        return data.metrics_log(source)
+    return MetricsLog(found[1], _records(str(source), data.log_mtime(found[1])))
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _records(source: str, modified: float) -> list[dict[str, Any]]:
+    from probes.doctor.run_history import RunHistory
+
+    return RunHistory.read(source).records
