@@ -7,6 +7,7 @@ step, int16 token ids) is taken and read right."""
 from __future__ import annotations
 
 import os
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -242,7 +243,8 @@ def test_val_loss_none_between_log_steps_makes_no_record(tmp_path):
     (np.array([1.5, 2.5]), ("one number", "[2]")),
     (torch.ones(2), ("one number", "[2]")),
     (torch.ones((), device="meta"), ("one number", "meta")),
-], ids=["str", "bool", "complex", "dict", "5000-digits", "2**64", "numpy-2", "tensor-2", "meta"])
+    (Fraction(10**400, 3), ("too large for a float", "Fraction")),
+], ids=["str", "bool", "complex", "dict", "5000-digits", "2**64", "numpy-2", "tensor-2", "meta", "fraction"])
 def test_a_value_that_is_not_one_number_is_refused_and_the_history_kept(run, value, words):
     monitor, model, sgd, out = run
     before = on_disk(out)
@@ -266,6 +268,16 @@ def test_a_nonfinite_loss_is_kept_as_the_divergence_it_is(run):
     monitor.flush()
     record = read_metrics(out)[1]
     assert record["diverged"]["first_nonfinite_loss_step"] == 1 and "train loss is nan" in record["diverged"]["reason"]
+
+
+def test_a_numpy_nan_between_log_steps_is_remembered_as_where_it_began(tmp_path):
+    model, sgd = model_and_sgd()
+    with Monitor(model, sgd, tmp_path / "run", report=False, log_every=4) as monitor:
+        for step in range(5):
+            loss = train_step(model, sgd, step)
+            monitor.log(step, train_loss=np.float32("nan") if step >= 2 else np.float32(loss))
+    last = read_metrics(tmp_path / "run")[-1]
+    assert last["step"] == 4 and last["diverged"]["first_nonfinite_loss_step"] == 2
 
 
 # ------------------------------------------------------------------ life: close, twice, before a step

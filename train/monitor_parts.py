@@ -54,7 +54,10 @@ def number(name: str, value: Any) -> float | int | None:
         return value
     if isinstance(value, numbers.Real) and not isinstance(value, bool):  # int, numpy's float32, int64, ...
         if not isinstance(value, numbers.Integral):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # a Fraction or Decimal-like past any float
+                raise ValueError(f"Monitor.log: {name} is too large for a float, got {type(value).__name__}") from None
         if abs(int(value)) > INT64_MAX:
             raise ValueError(f"Monitor.log: {name} must fit in 64 bits, got an integer of {int(value).bit_length()} bits")
         return int(value)
