@@ -140,6 +140,21 @@ def test_eval_tokens_that_cannot_be_read_are_named_when_the_monitor_is_made(tmp_
     assert not (tmp_path / "run").exists()  # not at step 0, after the run began
 
 
+def test_an_autocast_context_itself_is_taken_as_nanogpt_holds_it(tmp_path):
+    """nanoGPT's `ctx = torch.amp.autocast(...)` is a context manager, not a function making one."""
+    ids = torch.randint(0, CONFIG.vocab_size, (2, 8), generator=torch.Generator().manual_seed(3))  # [batch pos]
+    entropy = {}
+    for name, autocast in (("instance", torch.autocast("cpu", enabled=False)), ("factory", None)):
+        model, sgd = model_and_sgd()
+        options = {} if autocast is None else {"autocast": autocast}
+        with Monitor(model, sgd, tmp_path / name, report=False, eval_every=1, eval_tokens=ids, **options) as monitor:
+            monitor.log(0, train_loss=4.0)
+        entropy[name] = read_metrics(tmp_path / name)[0]["attn_entropy"]
+    assert entropy["instance"] == entropy["factory"]
+    refused(lambda: Monitor(*model_and_sgd(), tmp_path / "bad", report=False, autocast="bf16"), TypeError,
+            "autocast", "'bf16'")
+
+
 # ------------------------------------------------------------------ log: steps and values
 
 @pytest.fixture()

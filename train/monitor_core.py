@@ -22,9 +22,9 @@ from models.store.result import nonfinite_tensors
 from models.store.run import (METRICS_FILE, append_metrics, list_snapshots, read_metrics, read_run_json,
                               trim_metrics, write_run_json)
 from train.guard import RunLock
-from train.monitor_parts import (OWNED, check_model, check_tokens, divergence_reason, first_optimizer, grad_norm,
-                                 group_lrs, internal_stats, monitored_run_json, number, resume_mismatch,
-                                 setting, step_number)
+from train.monitor_parts import (OWNED, autocast_factory, check_model, check_tokens, divergence_reason,
+                                 first_optimizer, grad_norm, group_lrs, internal_stats, monitored_run_json, number,
+                                 resume_mismatch, setting, step_number)
 
 log = logging.getLogger("train.monitor")
 
@@ -62,6 +62,7 @@ class Monitor:
                              " (an empty path would write into the working directory)")
         self.model, self.optimizer = unwrap(model), first_optimizer(optimizer)
         check_model(self.model, self.optimizer)
+        autocast = autocast_factory(autocast)
         self.out_dir = Path(out_dir)
         self.log_every, self.eval_every, self.save_every = log_every, eval_every, save_every
         self.steps, self.tokens_per_step, self.tokenizer = steps, tokens_per_step, tokenizer

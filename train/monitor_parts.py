@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["INT64_MAX", "OWNED", "check_model", "check_tokens", "describe_model", "divergence_reason", "first_optimizer",
+__all__ = ["INT64_MAX", "OWNED", "autocast_factory", "check_model", "check_tokens", "describe_model", "divergence_reason", "first_optimizer",
            "grad_norm", "group_lrs", "hyperparameters", "internal_stats", "monitored_run_json", "number",
            "param_groups_json", "resume_mismatch", "setting", "short", "step_number"]
 
@@ -93,6 +93,16 @@ def setting(name: str, value: Any, low: int = 0, none: bool = False) -> int | No
         return int(value)
     raise ValueError(f"Monitor: {name} must be an integer >= {low} (and below 2**63){' or None' if none else ''}, "
                      f"got {short(value)}")
+
+
+def autocast_factory(autocast: Any) -> Any:
+    """`autocast` as a factory of context managers: a factory (nullcontext, a function) as given;
+    a context manager itself (nanoGPT's `ctx = torch.amp.autocast(...)`) handed back each time."""
+    if not isinstance(autocast, type) and hasattr(autocast, "__enter__") and hasattr(autocast, "__exit__"):
+        return lambda: autocast
+    if not callable(autocast):
+        raise TypeError(f"Monitor: autocast must be a context manager or a function making one, got {short(autocast)}")
+    return autocast
 
 
 def check_model(model: Any, optimizer: torch.optim.Optimizer) -> None:
