@@ -197,6 +197,15 @@ def test_numpy_integer_steps_are_steps(run):
     assert all("gwu" in r for r in records)  # each step's own update measured: the numbering followed
 
 
+def test_tokens_past_64_bits_are_written_as_a_float(tmp_path):
+    model, sgd = model_and_sgd()
+    step = 2**62 + 10
+    with Monitor(model, sgd, tmp_path / "run", report=False, log_every=1, tokens_per_step=4) as monitor:
+        monitor.log(step, train_loss=2.0)
+    (record,) = read_metrics(tmp_path / "run")
+    assert record["step"] == step and record["tokens"] == float(4 * step) and isinstance(record["tokens"], float)
+
+
 def test_steps_going_back_are_refused_and_nothing_written(run):
     monitor, model, sgd, out = run
     monitor.log(5, train_loss=train_step(model, sgd, 5))

@@ -309,8 +309,9 @@ class Monitor:
         if self.resume and self._last_written is None:
             self._trim_after(step)
         record: dict[str, Any] = {"step": step}
-        if self.tokens_per_step:
-            record["tokens"] = step * self.tokens_per_step
+        if self.tokens_per_step:  # past 2**63 as a float: the readers' integer columns are 64-bit
+            tokens = step * self.tokens_per_step
+            record["tokens"] = tokens if tokens <= 2**63 - 1 else float(tokens)
         if self.eval_every and step % self.eval_every == 0 or step == self.steps:
             # at the step's first call: nanoGPT logs its eval before taking the step
             record.update(self._internals())
