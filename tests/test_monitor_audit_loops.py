@@ -143,15 +143,17 @@ class LoraLike(torch.nn.Module):
         return self.base_model(input_ids=input_ids, labels=labels, **kwargs)
 
 
-def hf_train(tmp_path, model, callbacks, **options):
+def hf_train(tmp_path, model, callbacks, save_strategy_steps: int = 0, resume: str | None = None, **options):
     transformers = pytest.importorskip("transformers")
+    saving = {"save_strategy": "steps", "save_steps": save_strategy_steps} if save_strategy_steps else \
+        {"save_strategy": "no"}
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "hf"), use_cpu=True, report_to=[], per_device_train_batch_size=2,
-        per_device_eval_batch_size=4, learning_rate=1e-3, save_strategy="no", disable_tqdm=True, seed=0,
-        eval_strategy="steps", **options)
+        per_device_eval_batch_size=4, learning_rate=1e-3, disable_tqdm=True, seed=0,
+        eval_strategy="steps", **saving, **options)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=Rows(24, 1), eval_dataset=Rows(4, 2),
                                    callbacks=callbacks)
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     return trainer
 
 
@@ -254,3 +256,22 @@ def test_hf_on_log_takes_a_one_element_tensor_and_leaves_strings_out(tmp_path):
     callback.on_train_end(None, state, None)
     (record,) = read_metrics(tmp_path / "run")
     assert record["grad_norm"] == 0.75 and "train_loss" not in record and "val_loss" not in record
+
+
+def test_hf_resume_from_checkpoint_redoes_the_steps_after_it(tmp_path):
+    """A Trainer resumed at checkpoint-3 of a run that logged to step 5: steps 4 and 5 are redone
+    once each, every record readable, each with the update of its own step."""
+    from any_model_kit import hf_model
+    from train.monitor import HFCallback
+
+    def train(max_steps: int, resume: str | None) -> None:
+        callback = HFCallback(tmp_path / "run", log_every=1, eval_every=2, eval_tokens=tokens(2, 16), report=False)
+        hf_train(tmp_path, hf_model("llama"), [callback], max_steps=max_steps, logging_steps=1, eval_steps=100,
+                 save_strategy_steps=3, resume=resume)
+    train(5, None)
+    first = {r["step"]: r["train_loss"] for r in read_metrics(tmp_path / "run")}
+    train(8, str(tmp_path / "hf" / "checkpoint-3"))
+    log = read_metrics_log(tmp_path / "run")
+    assert [r["step"] for r in log.records] == list(range(1, 9)) and log.skipped == []
+    assert all("gwu" in r for r in log.records)
+    assert [r["train_loss"] for r in log.records[:3]] == [first[1], first[2], first[3]]  # kept as they were
