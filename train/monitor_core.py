@@ -258,7 +258,8 @@ class Monitor:
     # ------------------------------------------------------------------ records
 
     def log(self, step: int, **scalars: Any) -> None:
-        """Log numbers for `step` (train_loss, val_loss, lr, tokens, ... any name). At a log step
+        """Log numbers for `step` (train_loss, val_loss, lr, tokens, ... any name but the Monitor's
+        own, `OWNED`; a None is "not measured" and left out, a NaN kept). At a log step
         (every `log_every`, an eval step, the last step) they make the step's record, with the
         update the optimizer just made and, at eval steps, the model's internals; a second call
         for the same step adds to that record. Other steps cost one check: a non-finite
