@@ -236,15 +236,29 @@ def _drop_partial_last_line(f) -> None:
 
 
 def trim_metrics(run_dir: str | Path, step: int) -> None:
-    """On resume, drop records logged after `step` (the snapshot continued from: they are redone);
-    the file is rewritten atomically from the records the checked reader kept."""
-    records = read_metrics(run_dir)
-    kept = [r for r in records if r.get("step", 0) <= step]
-    if len(kept) != len(records):
-        logger.info("resume: dropping %d metrics record(s) after step %d", len(records) - len(kept), step)
-        text = "".join(dumps_json(r) + "\n" for r in kept)
+    """On resume, drop the records logged after `step` (the snapshot continued from: they are
+    redone). Every other line stays as it was, a malformed one included (the readers skip it with
+    a warning, as before): rewriting from the records the checked reader kept lost those lines.
+    The file is rewritten atomically."""
+    path = _metrics_path(run_dir)
+    if not path.is_file():
+        return
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    kept = [line for line in lines if not _logged_after(line, step)]
+    if len(kept) != len(lines):
+        logger.info("resume: dropping %d metrics record(s) after step %d", len(lines) - len(kept), step)
         with writing(run_dir):
-            write_bytes_atomic(_metrics_path(run_dir), text.encode("utf-8"))
+            write_bytes_atomic(path, "".join(line + "\n" for line in kept).encode("utf-8"))
+
+
+def _logged_after(line: str, step: int) -> bool:
+    """A well-formed record whose integer step is past `step` (anything else is kept)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False
+    logged = record.get("step") if isinstance(record, dict) else None
+    return isinstance(logged, int) and not isinstance(logged, bool) and logged > step
 
 
 def append_metrics(run_dir: str | Path, record: dict[str, Any]) -> None:
