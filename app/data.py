@@ -174,16 +174,26 @@ def records_caption(log: MetricsLog) -> str:
     return text + (f"; {log.skipped_text()}: the app's log says what is wrong with each" if log.skipped else "")
 
 
+def run_json_part(run: Path, key: str) -> dict[str, Any]:
+    """run.json's `key` mapping; {} where run.json is missing, damaged or holds no such mapping (the
+    Overview says what is wrong with a damaged file: the sidebar, which reads it for the text to
+    probe, must not fail for every page over it)."""
+    try:
+        part = (read_run_json(run) or {}).get(key) if is_run_dir(run) else None
+    except ValueError:  # CheckpointError: not JSON, not an object
+        return {}
+    return part if isinstance(part, dict) else {}
+
+
 def recorded_data(run: Path) -> str | None:
     """The data path a run's run.json records (relative to the repository for the shipped runs)."""
-    info = (read_run_json(run) or {}).get("data") or {} if is_run_dir(run) else {}
-    return info.get("path") or None
+    path = run_json_part(run, "data").get("path")
+    return path if isinstance(path, str) and path else None
 
 
 def trained_context(run: Path) -> int | None:
     """The context length (n_ctx) a run trained with, from its run.json; None when it does not say."""
-    model = (read_run_json(run) or {}).get("model") or {} if is_run_dir(run) else {}
-    n_ctx = model.get("n_ctx") if isinstance(model, dict) else None
+    n_ctx = run_json_part(run, "model").get("n_ctx")
     return n_ctx if isinstance(n_ctx, int) and n_ctx >= 2 else None
 
 

@@ -37,8 +37,8 @@ def section(sel: Selection) -> None:
         st.info("No runs to overlay: the app knows no run directory (only lone snapshots).")
         return
     infos = {label: run_info(source.path) for label, source in runs.items()}
-    families = {label: (info.get("preset"), (info.get("model") or {}).get("family"))
-                for label, info in infos.items()}
+    families = {label: (info.get("preset"), model.get("family") if isinstance(model := info.get("model"), dict)
+                        else None) for label, info in infos.items()}
     chosen = st.multiselect("runs to overlay", list(runs), key=runs_key(sel),
                             default=overlay_data.default_runs(sel.run.label if sel.run.is_run else None, families),
                             help="Any runs the app knows; each keeps one colour in every chart.")
