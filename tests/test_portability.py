@@ -83,7 +83,7 @@ def test_paths_inside_the_working_directory_are_recorded_relative(tmp_path, monk
 def test_the_readme_training_example_runs_on_the_shipped_text(tmp_path, monkeypatch):
     from train.loop import main
 
-    readme = (REPO / "README.md").read_text()
+    readme = "\n".join(p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))])
     line = next(l for l in re.findall(r"^python -m train .*$", readme, re.M) if "--data" in l)
     argv = shlex.split(line)[3:]
     assert argv[argv.index("--data") + 1] == "data/tinyshakespeare.txt"

@@ -1,6 +1,6 @@
-"""Every line of every fenced shell block in README.md is a command a newcomer can paste: our own
-CLIs parse its arguments with their real parsers (parsing only, not the work), and the rest are
-the few outside commands the README names."""
+"""Every line of every fenced shell block in README.md and the docs/ pages it links is a command a
+newcomer can paste: our own CLIs parse its arguments with their real parsers (parsing only, not the
+work), and the rest are the few outside commands the pages name."""
 
 from __future__ import annotations
 
@@ -12,6 +12,11 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+PAGES = [README, *sorted((README.parent / "docs").glob("*.md"))]  # the front page and one page a topic
+
+
+def pages_text() -> str:
+    return "\n".join(page.read_text() for page in PAGES)
 OUTSIDE = ("python3 -m venv ", "pip install ", "python -m pytest", "streamlit run app/main.py",
            "torchrun ", "jupyter lab notebooks/tour.ipynb", "mkdir -p runs")
 PARSERS = {"train": "train.loop"}  # python -m X -> the module holding X's build_parser
@@ -19,7 +24,7 @@ PARSERS = {"train": "train.loop"}  # python -m X -> the module holding X's build
 
 def shell_lines() -> list[str]:
     lines = []
-    for block in re.findall(r"```(?:bash|sh|shell|console)\n(.*?)```", README.read_text(), re.S):
+    for block in re.findall(r"```(?:bash|sh|shell|console)\n(.*?)```", pages_text(), re.S):
         joined = block.replace("\\\n", " ")
         lines += [line.strip() for line in joined.splitlines() if line.strip() and not line.startswith("#")]
     return lines
@@ -65,7 +70,7 @@ def written_paths() -> list[tuple[str, str]]:
                 ckpt = Path(words[words.index("--ckpt") + 1])
                 snapshot = latest_snapshot(ckpt) if is_run_dir(ckpt) else ckpt
                 found += [(line, str(p.relative_to(README.parent))) for p in lens_paths(README.parent / snapshot)]
-    for block in re.findall(r"```python\n(.*?)```", README.read_text(), re.S):
+    for block in re.findall(r"```python\n(.*?)```", pages_text(), re.S):
         found += [(block.strip().splitlines()[0], a or b) for a, b in PY_WRITES.findall(block)]
     return found
 

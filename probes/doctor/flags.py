@@ -16,15 +16,15 @@ DEFAULT_CLIP = {"nanogpt": 1.0, "hf": 1.0, "llmc": 1.0, "lightning": 0.0}
 
 MONITOR_HINTS = {
     "hf": "add the callback: trainer.add_callback(train.monitor.HFCallback('runs/x')) "
-          "(see README, Monitor your own training loop)",
+          "(see docs/monitor.md)",
     "nanogpt": "in nanoGPT's train.py, three lines: monitor = Monitor(model, optimizer, 'runs/x') before the "
                "loop, monitor.log(iter_num, train_loss=lossf) in it, monitor.close() after "
-               "(train.monitor.Monitor; see README, Monitor your own training loop)",
+               "(train.monitor.Monitor; see docs/monitor.md)",
     "lightning": "in the LightningModule, train.monitor.Monitor(self, optimizer, 'runs/x') made in "
                  "configure_optimizers and monitor.log(self.global_step, train_loss=loss) in training_step "
-                 "(see README, Monitor your own training loop)",
+                 "(see docs/monitor.md)",
     "unknown": "log it with train.monitor.Monitor: monitor = Monitor(model, optimizer, 'runs/x'), then "
-               "monitor.log(step, train_loss=loss) in the loop (see README, Monitor your own training loop)",
+               "monitor.log(step, train_loss=loss) in the loop (see docs/monitor.md)",
 }
 
 # our flag -> {trainer: its setting}; "unknown" is the words used when the trainer is not known
