@@ -15,7 +15,7 @@ from typing import Any
 
 import streamlit as st
 
-from app import data
+from app import data, logs
 from app.logs import is_log_file, logs_in
 from app.views.common import first_line
 from models.store.nanochat_files import is_nanochat
@@ -95,7 +95,7 @@ def typed(text: str, preset: str | None) -> list[data.Source]:
     if not path.exists():
         raise ValueError(f"{path} does not exist")
     if is_run_dir(path) or is_snapshot_dir(path) or (path / MODEL_FILE).is_file() or (path / "ckpt.pt").is_file() \
-            or data.foreign_log(path) is not None:  # a log file, a Trainer's output, TensorBoard events:
+            or logs.foreign_log(path) is not None:  # a log file, a Trainer's output, TensorBoard events:
         return [data.Source(path)]  # what the doctor reads, the app opens
     if is_nanochat(path):  # model_NNNNNN.pt with its meta file: nanochat's, config in the meta
         return [data.Source(path)]
@@ -109,9 +109,9 @@ def typed(text: str, preset: str | None) -> list[data.Source]:
     runs = [data.Source(p) for p in sorted(path.iterdir()) if is_run_dir(p)] if path.is_dir() else []
     if runs:
         return runs
-    logs = logs_in(path)  # a folder of printed logs (docs/): each one the doctor reads
-    if logs:
-        return [data.Source(p) for p in logs]
+    printed = logs_in(path)  # a folder of printed logs (docs/): each one the doctor reads
+    if printed:
+        return [data.Source(p) for p in printed]
     raise ValueError(f"{path} is not a run, a snapshot, a nanoGPT, nanochat or Hugging Face checkpoint, "
                      "a .pt state dict or a training log (a *.log, *.txt or *.out printed log, "
                      "trainer_state.json, TensorBoard events): nothing to open")
@@ -135,8 +135,8 @@ def summary(source: data.Source) -> dict[str, Any]:
                 "state": f"unreadable: {first_line(exc)}", "doctor": "-"}
     if row.pop("is_run"):
         row["state"] = "training now" if data.is_training(path) else row["state"]
-        row["doctor"] = verdict(path) if (path / "metrics.jsonl").is_file() or data.foreign_log(path) else "-"
-    elif data.foreign_log(path) is not None:
+        row["doctor"] = verdict(path) if (path / "metrics.jsonl").is_file() or logs.foreign_log(path) else "-"
+    elif logs.foreign_log(path) is not None:
         row.update(foreign_row(path))
     return row
 

@@ -24,8 +24,7 @@ from app.tokenizer_help import no_tokenizer
 from models.store.record_check import MetricsLog
 from models.store.run import (METRICS_FILE, is_run_dir, is_snapshot_dir, list_snapshots, read_metrics_log,
                               read_run_json)
-from app.logs import is_log_file
-from probes.doctor.sources import locate
+from app.logs import foreign_log, is_log_file, log_mtime
 
 if TYPE_CHECKING:
     import torch
@@ -62,12 +61,6 @@ def _loadable(path: Path) -> bool:
     another trainer's log the doctor reads (a Trainer's output, TensorBoard events right in it)."""
     return is_run_dir(path) or is_snapshot_dir(path) or (path / "ckpt.pt").is_file() or \
         foreign_log(path, event_levels=0) is not None
-
-
-def foreign_log(path: Path, event_levels: int = 2) -> tuple[str, Path] | None:
-    """(kind, file or folder) of the other trainer's log the run doctor reads in `path` (or `path`,
-    a log file), or None (a run of ours, or no log); TensorBoard events `event_levels` folders down."""
-    return ("log", path) if is_log_file(path) else locate(path, event_levels)
 
 
 def discover(roots: list[Path]) -> list[Source]:
@@ -330,11 +323,6 @@ def diagnosis(run: Path) -> diagnose.Diagnosis:
     line, for an unusable history); re-read when that history changes."""
     found = foreign_log(run)
     return _diagnosis(str(run), log_mtime(found[1]) if found else metrics_mtime(run))
-
-
-def log_mtime(where: Path) -> float:
-    files = [where] if where.is_file() else [p for p in where.iterdir() if p.is_file()]
-    return max((f.stat().st_mtime for f in files), default=0.0)
 
 
 @st.cache_data(max_entries=512, show_spinner=False)  # every run of a long run list: 16 thrashed on each rerun

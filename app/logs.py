@@ -14,10 +14,10 @@ from typing import Any
 import streamlit as st
 
 from models.store.record_check import MetricsLog
-from models.store.run import is_run_dir
+from models.store.run import METRICS_FILE, is_run_dir, read_metrics_log
 from probes.doctor.read_tensorboard import EVENTS_PREFIX
 from probes.doctor.read_trainer import STATE_FILE
-from probes.doctor.sources import TEXT_LOGS
+from probes.doctor.sources import TEXT_LOGS, locate
 
 
 def is_log_file(path: Path) -> bool:
@@ -32,16 +32,26 @@ def logs_in(folder: Path) -> list[Path]:
     return [p for p in sorted(folder.iterdir()) if is_log_file(p)] if folder.is_dir() else []
 
 
+def foreign_log(path: Path, event_levels: int = 2) -> tuple[str, Path] | None:
+    """(kind, file or folder) of the other trainer's log the run doctor reads in `path` (or `path`,
+    a log file), or None (a run of ours, or no log); TensorBoard events `event_levels` folders down."""
+    return ("log", path) if is_log_file(path) else locate(path, event_levels)
+
+
+def log_mtime(where: Path) -> float:
+    """The newest modification time of a log file, or of the files right in a folder."""
+    files = [where] if where.is_file() else [p for p in where.iterdir() if p.is_file()]
+    return max((f.stat().st_mtime for f in files), default=0.0)
+
+
 def history_log(source: Path) -> MetricsLog:
     """The loss history to draw: our run's metrics.jsonl, else the records the doctor read from
     another trainer's log in `source` (a log file, a Trainer output, TensorBoard events), in our
     names (step, train_loss, val_loss); raises ProbeInputError (one line) for an unusable log."""
-    from app import data  # app.data asks is_log_file: imported here, not at the top, to keep one direction
-
-    found = None if is_run_dir(source) else data.foreign_log(source)
+    found = None if is_run_dir(source) else foreign_log(source)
     if found is None:
-        return data.metrics_log(source)
-    return MetricsLog(found[1], _records(str(source), data.log_mtime(found[1])))
+        return read_metrics_log(source) if source.is_dir() else MetricsLog(source / METRICS_FILE, [])
+    return MetricsLog(found[1], _records(str(source), log_mtime(found[1])))
 
 
 @st.cache_data(max_entries=64, show_spinner=False)

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import pandas as pd
 import streamlit as st
 
-from app import data
+from app import data, logs
 from app.views.common import PAGES, Selection, first_line
 from probes.doctor.finding import SEVERITIES, Finding
 
@@ -57,7 +57,7 @@ def section(sel: Selection, between: Callable[[], None] | None = None) -> None:
 
 def diagnosable(run: Any) -> bool:
     """A run of ours with its metrics.jsonl, or a folder holding another trainer's log."""
-    return (run.is_run and (run.path / "metrics.jsonl").is_file()) or data.foreign_log(run.path) is not None
+    return (run.is_run and (run.path / "metrics.jsonl").is_file()) or logs.foreign_log(run.path) is not None
 
 
 def verdict(diagnosis: Any) -> None:
