@@ -37,10 +37,10 @@ def kind(record: dict[str, Any]) -> str | None:
     return "ok" if all(map(math.isfinite, record.values())) else None
 
 
-def merge(group: list[dict[str, Any]]) -> dict[str, Any]:
-    """One window from neighbouring records (or windows) of one kind (one pass: the hot path)."""
+def merge(group: list[dict[str, Any]], group_kind: str) -> dict[str, Any]:
+    """One window from neighbouring records (or windows) of one kind, `group_kind` (the caller
+    has it: not told again here), in one pass: the hot path."""
     first, last = group[0], group[-1]
-    group_kind = kind_of(first)
     out = {**first, **last}
     out[KIND] = group_kind
     if group_kind == "nan":
@@ -82,17 +82,17 @@ def runs_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Maximal runs of one mergeable kind merged; records of no kind kept as they are."""
     kinds = [r[KIND] if WEIGHT in r else kind(r) for r in records]
     if kinds[0] == "ok" and kinds.count("ok") == len(kinds):  # the usual window: one merge
-        return [merge(records)]
+        return [merge(records, "ok")]
     out, group, group_kind = [], [], None
     for r, k in zip(records, kinds):
         if group and k == group_kind and k is not None:
             group.append(r)
             continue
         if group:
-            out.append(merge(group) if len(group) > 1 else group[0])
+            out.append(merge(group, group_kind) if len(group) > 1 else group[0])
         group, group_kind = [r], k
     if group:
-        out.append(merge(group) if len(group) > 1 else group[0])
+        out.append(merge(group, group_kind) if len(group) > 1 else group[0])
     return out
 
 
@@ -138,7 +138,7 @@ class Thinned(list):
         while i < end:
             a = self[i]
             if i + 1 < end and (k := kind_of(a)) is not None and kind_of(self[i + 1]) == k:
-                out.append(merge([a, self[i + 1]]))
+                out.append(merge([a, self[i + 1]], k))
                 i += 2
             else:
                 out.append(a)
