@@ -157,19 +157,21 @@ def head_pattern(model: Any, tokens: torch.Tensor, layer: int, head: int) -> tup
     """
     dims = require_attention(model, tokens)
     check_layer_head(dims, layer, head)
-    pattern = layer_patterns(model, tokens, layer)[head]  # [q k]
+    pattern = layer_patterns(model, tokens, layer, dims)[head]  # [q k]
     return pattern, attention_entropy(pattern)
 
 
-def layer_patterns(model: Any, tokens: torch.Tensor, layer: int) -> torch.Tensor:
+def layer_patterns(model: Any, tokens: torch.Tensor, layer: int, dims: Any = None) -> torch.Tensor:
     """Every head's attention pattern in one layer on one window: the small multiples of a layer.
 
     tokens: [1 pos] (pos <= n_ctx; a longer row is cut to its first window). Returns
     [head q k] float64 on the CPU, `head_pattern(...)[0]` for each head from one forward pass
     that stops once the layer's pattern is kept (later blocks and the unembedding are not run);
     from the hook points of ours or a bridge, or the attention tap on any other module.
+    `dims`: the caller's `require_attention(model, tokens)` where it has them (a tapped model's
+    cost a forward pass).
     """
-    dims = require_attention(model, tokens)
+    dims = dims or require_attention(model, tokens)
     check_layer_head(dims, layer, None)
     (window,) = as_batches(tokens[:1], dims.n_ctx, dims.d_vocab)[:1]  # [1 pos]
     kept: dict[str, torch.Tensor] = {}
