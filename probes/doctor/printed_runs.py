@@ -24,11 +24,13 @@ from typing import Any
 
 from probes.doctor.thinning import Thinned
 
-__all__ = ["MAX_DIGITS", "PrintedRuns", "step_number"]
+__all__ = ["MAX_DIGITS", "NUMBER", "PrintedRuns", "step_number"]
 
 log = logging.getLogger(__name__)
 
 MAX_DIGITS = 18  # a step number longer than this is no step (and int() refuses 4300 digits)
+# a printed float as a regex group, as C's printf and Python's format write one (`nan`, `-nan`, `inf`)
+NUMBER = r"([-+]?(?:nan|inf|\d+(?:\.\d*)?(?:e[-+]?\d+)?))"
 
 
 def step_number(text: str) -> int | None:

@@ -21,14 +21,13 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from probes.doctor.log_file import Log
-from probes.doctor.printed_runs import PrintedRuns, step_number
+from probes.doctor.printed_runs import NUMBER, PrintedRuns, step_number
 from probes.doctor.text_log import text_lines
 from probes.errors import ProbeInputError
 
 __all__ = ["MAIN_LOG", "is_llmc_text", "read_llmc_log"]
 
 MAIN_LOG = "main.log"
-NUMBER = r"([-+]?(?:nan|inf|\d+(?:\.\d*)?(?:e[-+]?\d+)?))"
 CU_STEP = re.compile(rf"^step\s+(\d+)/(\d+) \| loss\s+{NUMBER}.*?\| norm\s+{NUMBER}.*?"
                      rf"\| lr\s+{NUMBER} \|\s+{NUMBER} ms")
 C_STEP = re.compile(rf"^step (\d+): train loss\s+{NUMBER} \(took {NUMBER} ms\)")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from models.store.run import checkpoint_files
 from probes.doctor.log_file import Log
-from probes.doctor.printed_runs import PrintedRuns, step_number
+from probes.doctor.printed_runs import NUMBER, PrintedRuns, step_number
 from probes.doctor.text_log import text_lines
 from probes.errors import ProbeInputError
 
@@ -31,7 +31,6 @@ __all__ = ["find_nanogpt_log", "read_nanogpt_log"]
 
 log = logging.getLogger(__name__)
 
-NUMBER = r"([-+]?(?:nan|inf|\d+(?:\.\d*)?(?:e[-+]?\d+)?))"
 ITER = re.compile(rf"iter (\d+): loss {NUMBER}, time {NUMBER}ms, mfu {NUMBER}%$")
 EVAL = re.compile(rf"step (\d+): train loss {NUMBER}, val loss {NUMBER}$")
 TOKENS = re.compile(r"tokens per iteration will be: ([\d,]+)$")
