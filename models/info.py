@@ -88,14 +88,13 @@ def describe(model: torch.nn.Module, name: str, *, hooks: bool = True, seq_len: 
     cfg = config if config is not None else model.cfg
     info: dict[str, Any] = {"name": name, "family": cfg.family, "config": cfg.to_dict(),
                             "n_params": sum(p.numel() for p in model.parameters()), **(extra or {})}
-    if hooks and not hasattr(model, "run_with_cache"):  # nanochat's GPT: no hook points at all
+    if hooks:
         tokens = dummy_tokens(cfg, seq_len)
         info["dummy_input_shape"] = list(tokens.shape)
-        info["attention_calls"] = attention_calls(model, tokens)
-    elif hooks:
-        tokens = dummy_tokens(cfg, seq_len)
-        info["dummy_input_shape"] = list(tokens.shape)
-        info["hooks"] = hook_shapes(model, tokens)
+        if hasattr(model, "run_with_cache"):
+            info["hooks"] = hook_shapes(model, tokens)
+        else:  # nanochat's GPT: no hook points at all, the attention calls the tap reads instead
+            info["attention_calls"] = attention_calls(model, tokens)
     return info
 
 
