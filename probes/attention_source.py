@@ -50,7 +50,8 @@ def longest_row(tokens: Any) -> int | None:
     return None
 
 
-def first_device(model: Any) -> torch.device:
+def model_device(model: Any) -> torch.device:
+    """The device of the model's first parameter (the CPU for a model without any)."""
     param = next(iter(model.parameters()), None)
     return param.device if param is not None else torch.device("cpu")
 
@@ -60,7 +61,7 @@ def tap_dims(model: Any, tokens: Any = None) -> ModelDims:
     a short window; the context from its config, else the tokens' longest row."""
     context, given = context_of(model), longest_row(tokens)
     n = min(PROBE_LEN, context or given or PROBE_LEN, given or PROBE_LEN)
-    ids = torch.zeros(1, max(n, 1), dtype=torch.long, device=first_device(model))
+    ids = torch.zeros(1, max(n, 1), dtype=torch.long, device=model_device(model))
     try:
         result = tap_forward(model, ids, lambda call: None)
     except TapError as err:

@@ -17,7 +17,8 @@ import torch
 
 from models.cli import EXIT_BAD_INPUT, run_cli, to_jsonable  # noqa: F401  (re-exported for probes)
 from models.loss import block_len
-from probes.attention_source import ModelDims, has_lens_cfg, hooked, tap_dims  # noqa: F401 (ModelDims re-exported)
+from probes.attention_source import (ModelDims, has_lens_cfg, hooked, model_device,  # noqa: F401 (re-exported)
+                                     tap_dims)
 from probes.args import add_input_arguments  # noqa: F401  (torch-free; re-exported for callers)
 from probes.errors import ProbeInputError  # noqa: F401  (re-exported for probes)
 from probes.run_text import NO_INPUT, default_text, shown, validation_split
@@ -189,11 +190,6 @@ def lm_windows(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], batch_
     if not batches:
         raise ProbeInputError(f"too few tokens: a window of this model needs at least {shortest}")
     return batches
-
-
-def model_device(model: Any) -> torch.device:
-    param = next(iter(model.parameters()), None)
-    return param.device if param is not None else torch.device("cpu")
 
 
 def progress_bar(batches: Sequence[torch.Tensor], progress: bool | None, desc: str) -> Iterable[torch.Tensor]:
