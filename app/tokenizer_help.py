@@ -7,6 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from models.store.foreign import BRIDGE_SOURCE  # torch-free
+
+
 def tokenizer_files(source: str | None, d_vocab: int) -> str:
     """The tokenizer files a checkpoint of this format and vocabulary reads from beside itself."""
     from models.store.nanogpt import GPT2_VOCABS  # here: the app starts without torch
@@ -21,7 +24,7 @@ def tokenizer_files(source: str | None, d_vocab: int) -> str:
 def no_tokenizer(snap: Any) -> ValueError:
     """One line: the checkpoint has token ids only; put its tokenizer beside it and reload the page."""
     meta = getattr(snap, "meta", None) or {}
-    if meta.get("source") in ("nanochat", "huggingface-bridge") and meta.get("tokenizer_hint"):
+    if meta.get("source") in ("nanochat", BRIDGE_SOURCE) and meta.get("tokenizer_hint"):
         # their loader's own line says where the tokenizer lives (nanochat's is not beside the model)
         return ValueError(f"{snap.name} has no tokenizer (token ids only): {meta['tokenizer_hint']}; then "
                           "reload the page")
