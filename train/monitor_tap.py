@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.tap import TapError, context_of, tap_forward
+from models.tap import TapError, context_of, eval_pass, logits_of, tap_forward
 from probes.activations import LayerStats
 from probes.entropy import series_entropy
 from probes.thresholds import SATURATION
@@ -121,7 +121,7 @@ class Readings:
     def attention(self, call: Any) -> None:
         pattern, scores = call.pattern, call.scores  # [batch head q k] each, -inf where masked
         layer = str(call.layer)
-        self.entropy[layer] = [round(float(h), 6) for h in series_entropy(pattern.float())]
+        self.entropy[layer] = [round(h, 6) for h in series_entropy(pattern.float()).tolist()]  # one sync
         self.score_max[layer] = scores.amax(dim=(0, 2, 3)).float()  # [head]
         self.heads.append(call.n_heads)
         seen = int((scores > -math.inf).sum(-1).amax())  # the most keys any query row sees
@@ -185,7 +185,6 @@ def forward(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext) -> Readi
 
 
 def plain_forward(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    from models.tap import eval_pass, logits_of
     with eval_pass(model):
         return logits_of(model(tokens))
 
