@@ -141,13 +141,13 @@ class ReluBlock(nn.Module):
         return x + self.mlp(x)
 
 
-class NoAttention(nn.Module):
-    """Embedding, two residual ReLU blocks, a head: nothing the tap can read."""
+class Stack(nn.Module):
+    """Embedding (10 ids, 8 wide), the given residual blocks in turn, a head."""
 
-    def __init__(self):
+    def __init__(self, blocks):
         super().__init__()
         self.emb = nn.Embedding(10, 8)
-        self.blocks = nn.ModuleList(ReluBlock() for _ in range(2))
+        self.blocks = nn.ModuleList(blocks)
         self.head = nn.Linear(8, 10)
 
     def forward(self, ids):
@@ -155,6 +155,13 @@ class NoAttention(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(x)
+
+
+class NoAttention(Stack):
+    """Two residual ReLU blocks: nothing the tap can read."""
+
+    def __init__(self):
+        super().__init__(ReluBlock() for _ in range(2))
 
 
 def test_a_model_without_attention_gets_its_other_internals_and_one_line_why(tmp_path, caplog):
@@ -184,18 +191,9 @@ class MaybeAttention(nn.Module):
         return x + self.proj(y.transpose(1, 2).reshape(x.shape))
 
 
-class SomeBlocksAttend(nn.Module):
+class SomeBlocksAttend(Stack):
     def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(10, 8)
-        self.blocks = nn.ModuleList(MaybeAttention(a) for a in (True, False, True))
-        self.head = nn.Linear(8, 10)
-
-    def forward(self, ids):
-        x = self.emb(ids)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
+        super().__init__(MaybeAttention(a) for a in (True, False, True))
 
 
 def test_records_fit_the_layers_run_json_names_when_blocks_and_attention_layers_differ(tmp_path):
