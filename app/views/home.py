@@ -36,10 +36,9 @@ def render(sources: list[data.Source]) -> None:
                 "under \"Open a path\" in the sidebar.")
         return
     folders = st.session_state.get("sweeps") or []
-    inside = {f.resolve() for f in folders}
-    listed = [s for s in sources if s.path.parent.resolve() not in inside]  # a sweep's runs fold under its row
+    listed, folded = fold(sources, folders)  # a sweep's runs fold under its row
     live.live(table, any(s.is_run and data.is_training(s.path) for s in sources))(listed, folders)
-    sweep_list(folders, sources)
+    sweep_list(folders, folded)
     if not listed:
         return
     st.markdown("**Open a run**")
@@ -49,9 +48,24 @@ def render(sources: list[data.Source]) -> None:
                                             query_params={"run": source.label}, icon=":material/arrow_forward:")
 
 
-def sweep_list(folders: list[Path], sources: list[data.Source]) -> None:
+def fold(sources: list[data.Source], folders: list[Path]) -> tuple[list[data.Source], dict[Path, dict[str, str]]]:
+    """(the sources outside every sweep, {sweep folder resolved: {run folder name: label}}), each
+    source's folder resolved once."""
+    inside = {f.resolve() for f in folders}
+    listed: list[data.Source] = []
+    folded: dict[Path, dict[str, str]] = {}
+    for source in sources:
+        parent = source.path.parent.resolve()
+        if parent in inside:
+            folded.setdefault(parent, {})[source.path.name] = source.label
+        else:
+            listed.append(source)
+    return listed, folded
+
+
+def sweep_list(folders: list[Path], folded: dict[Path, dict[str, str]]) -> None:
     """The learning-rate sweeps found (python -m train.sweep), each with its LR sensitivities, then
-    each sweep's runs (from its sweep.json) folded under it, with a link to each."""
+    each sweep's runs (from its sweep.json; `folded`, from `fold`) folded under it, with a link to each."""
     if not folders:
         return
     st.subheader("Sweeps")
@@ -68,11 +82,10 @@ def sweep_list(folders: list[Path], sources: list[data.Source]) -> None:
     for i, label in enumerate(labels):
         columns[i % len(columns)].page_link("screens/sweep.py", label=f"Sweep {label}", query_params={"sweep": label},
                                             icon=":material/show_chart:")
-    parents = [s.path.parent.resolve() for s in sources]
     for label, folder in zip(labels, folders):
         if label not in results:
             continue
-        runs = {s.path.name: s.label for s, parent in zip(sources, parents) if parent == folder.resolve()}
+        runs = folded.get(folder.resolve(), {})
         with st.expander(f"{label}: its {len(results[label]['runs'])} runs"):
             st.dataframe(pd.DataFrame(sweeps.run_rows(results[label], runs)), hide_index=True, width="stretch",
                          column_config=sweep_view.RUN_COLUMNS)
