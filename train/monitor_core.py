@@ -22,8 +22,8 @@ from models.store.result import nonfinite_tensors
 from models.store.run import (METRICS_FILE, append_metrics, list_snapshots, read_metrics, read_run_json,
                               trim_metrics, write_run_json)
 from train.guard import RunLock
-from train.monitor_parts import (OWNED, autocast_factory, check_model, check_tokens, divergence_reason,
-                                 first_optimizer, grad_norm, group_lrs, internal_stats, monitored_run_json, number,
+from train.monitor_parts import (autocast_factory, check_model, check_tokens, divergence_reason, first_optimizer,
+                                 grad_norm, group_lrs, internal_stats, monitored_run_json, number, refuse_owned,
                                  resume_mismatch, setting, step_number)
 
 log = logging.getLogger("train.monitor")
@@ -297,9 +297,7 @@ class Monitor:
             raise ValueError(f"Monitor.log: the Monitor of {self.out_dir} is closed (unhooked, its lock "
                              "released): open a new one with resume=True to log more")
         step = step_number(step)
-        owned = [name for name in scalars if name in OWNED]
-        if owned:
-            number(owned[0], None)  # its one-line refusal
+        refuse_owned(scalars)
         last = self._pending["step"] if self._pending else self._last_written[0] if self._last_written else None
         if last is not None and step < last:
             raise ValueError(f"Monitor.log: step {step} after step {last}: steps must not go back "

@@ -13,7 +13,7 @@ import torch
 
 __all__ = ["INT64_MAX", "OWNED", "autocast_factory", "check_model", "check_tokens", "describe_model", "divergence_reason", "first_optimizer",
            "grad_norm", "group_lrs", "hyperparameters", "internal_stats", "monitored_run_json", "number",
-           "param_groups_json", "resume_mismatch", "setting", "short", "step_number"]
+           "param_groups_json", "refuse_owned", "resume_mismatch", "setting", "short", "step_number"]
 
 
 def first_optimizer(optimizer: Any) -> torch.optim.Optimizer:
@@ -38,12 +38,17 @@ OWNED = ("gwu", "activations", "attn_entropy", "attn_logit_max", "resid_rms", "d
 INT64_MAX = 2**63 - 1  # the readers' integer columns (the app's run list) are 64-bit
 
 
+def refuse_owned(names: Any) -> None:
+    """A value logged under one of `OWNED` refused in one line (checked once per log call)."""
+    for name in names:
+        if name in OWNED:
+            raise ValueError(f"Monitor.log: {name!r} is a name the Monitor writes itself (one of "
+                             f"{', '.join(OWNED)}): log your value under another name")
+
+
 def number(name: str, value: Any) -> float | int | None:
     """A logged value as a plain number: a 0-d tensor (or a one-element numpy array) is read (one
     device sync), a numpy scalar becomes a Python one, None stays None (not measured)."""
-    if name in OWNED:
-        raise ValueError(f"Monitor.log: {name!r} is a name the Monitor writes itself (one of {', '.join(OWNED)}): "
-                         f"log your value under another name")
     if isinstance(value, torch.Tensor) or (type(value).__module__ == "numpy" and hasattr(value, "item")):
         if getattr(value, "is_meta", False) or (getattr(value, "size", 1) if not isinstance(value, torch.Tensor)
                                                 else value.numel()) != 1:
