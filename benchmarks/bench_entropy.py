@@ -147,24 +147,31 @@ def memory_worker(args: argparse.Namespace) -> dict:
     return {"peak_bytes": max_rss_bytes() - base}
 
 
-def timing_worker(args: argparse.Namespace) -> dict:
-    """Seconds per call of every variant, interleaved round-robin so load drifts hit all alike."""
-    torch, device, model, tokens = setup(args)
-    fns = {name: variant_fn(name, model, tokens) for name in args.variants}
-    times: dict[str, list[float]] = {name: [] for name in args.variants}
-    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+def round_robin(fns: dict, repeats: int, budget_s: float, clock: str, sync=lambda: None) -> dict[str, dict]:
+    """Seconds per call of each of `fns` (then `sync()`), called round-robin so load drifts hit all
+    alike: one warm-up round, then up to `repeats` rounds (at least 3) within `budget_s`; `clock`
+    "cpu" (this process' CPU time) or wall-clock. {name: {median_s, min_s, rounds}}."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    tick = time.process_time if clock == "cpu" else time.perf_counter
     began = time.perf_counter()
-    for round_ in range(args.repeats + 1):  # round 0 is the warm-up
-        if round_ > 3 and time.perf_counter() - began > args.budget_s:
+    for round_ in range(repeats + 1):  # round 0 is the warm-up
+        if round_ > 3 and time.perf_counter() - began > budget_s:
             break
         for name, fn in fns.items():
-            start = clock()
+            start = tick()
             fn()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
+            sync()
             if round_:
-                times[name].append(clock() - start)
+                times[name].append(tick() - start)
     return {name: {"median_s": statistics.median(t), "min_s": min(t), "rounds": len(t)} for name, t in times.items()}
+
+
+def timing_worker(args: argparse.Namespace) -> dict:
+    """Seconds per call of every variant, interleaved round-robin (`round_robin`)."""
+    torch, device, model, tokens = setup(args)
+    fns = {name: variant_fn(name, model, tokens) for name in args.variants}
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    return round_robin(fns, args.repeats, args.budget_s, args.clock, sync)
 
 
 def worker_argv(args: argparse.Namespace, worker: str) -> list[str]:

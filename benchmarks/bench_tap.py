@@ -19,9 +19,7 @@ load from other processes hits all of them alike; median and min per call.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,19 +75,9 @@ def variants(torch, model, tokens) -> dict:
 
 def measure(args: argparse.Namespace) -> dict[str, dict]:
     torch, model, tokens = setup(args)
-    fns = variants(torch, model, tokens)
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    clock = time.process_time if args.clock == "cpu" else time.perf_counter
-    began = time.perf_counter()
-    for round_ in range(args.repeats + 1):  # round 0 is the warm-up
-        if round_ > 3 and time.perf_counter() - began > args.budget_s:
-            break
-        for name, fn in fns.items():
-            start = clock()
-            fn()
-            if round_:
-                times[name].append(clock() - start)
-    return {name: {"median_s": statistics.median(t), "min_s": min(t), "rounds": len(t)} for name, t in times.items()}
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from bench_entropy import round_robin
+    return round_robin(variants(torch, model, tokens), args.repeats, args.budget_s, args.clock)
 
 
 def main(argv: list[str] | None = None) -> int:
