@@ -167,14 +167,18 @@ def records_caption(log: MetricsLog) -> str:
     return text + (f"; {log.skipped_text()}: the app's log says what is wrong with each" if log.skipped else "")
 
 
-def run_json_part(run: Path, key: str) -> dict[str, Any]:
-    """run.json's `key` mapping; {} where run.json is missing, damaged or holds no such mapping (the
-    Overview says what is wrong with a damaged file: the sidebar, which reads it for the text to
-    probe, must not fail for every page over it)."""
+def run_info(run: Path) -> dict[str, Any]:
+    """run.json as a dict; {} where it is missing or damaged (the Overview says what is wrong with a
+    damaged file: the sidebar and the pages' hints, which read it too, must not fail over it)."""
     try:
-        part = (read_run_json(run) or {}).get(key) if is_run_dir(run) else None
+        return (read_run_json(run) or {}) if is_run_dir(run) else {}
     except ValueError:  # CheckpointError: not JSON, not an object
         return {}
+
+
+def run_json_part(run: Path, key: str) -> dict[str, Any]:
+    """run.json's `key` mapping; {} where run.json is missing, damaged or holds no such mapping."""
+    part = run_info(run).get(key)
     return part if isinstance(part, dict) else {}
 
 
