@@ -76,8 +76,8 @@ def window_uniform(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     if not isinstance(n, int) or n < 2:
         raise h.not_logged("context length", "no n_ctx in run.json")
     records = [r for r in before_nonfinite(h) if r.get("attn_entropy")]
-    if not records:
-        return []  # the attention rule says so
+    if len(records) < 2:
+        return []  # none: the attention rule says so; one: nothing has stayed uniform yet
     steps = [r["step"] for r in records]
     uniform = []  # (layer, head, since)
     for layer, window in windows.items():
@@ -86,7 +86,7 @@ def window_uniform(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
         for head in range(len(rows[-1])):
             flags = [head < len(row) and math.isfinite(row[head]) and row[head] > limit for row in rows]
             since = stayed_from(steps, flags)
-            if since is not None and len(records) > 1:
+            if since is not None:
                 uniform.append((int(layer), head, since))
     if not uniform:
         return []
