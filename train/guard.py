@@ -47,7 +47,7 @@ class RunLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
+                holder = named_holder(fd)
                 os.close(fd)
                 raise ValueError(f"{self.path.parent} is being trained by another process (pid "
                                  f"{holder}); wait for it to finish or choose another --out") from None
@@ -80,6 +80,11 @@ class RunLock:
             self.path.parent.rmdir()
 
 
+def named_holder(fd: int) -> str:
+    """The pid a held lock file names (written by its holder), or "unknown"."""
+    return os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
+
+
 def lock_holder(run_dir: Path) -> str | None:
     """Who trains `run_dir` now: the pid its lock file names ("unknown" if none is written), or
     None when no live process holds the lock. Takes nothing: a free lock is released at once."""
@@ -90,7 +95,7 @@ def lock_holder(run_dir: Path) -> str | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        return os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
+        return named_holder(fd)
     finally:
         os.close(fd)  # closing drops a shared lock taken just now
     return None
