@@ -58,7 +58,7 @@ def split_packed_qkv(model: nn.Module, rows: dict[str, Any]) -> dict[str, Any]:
             packed.update({f"{prefix}.in_proj_weight": ("weight", 0, 0), f"{prefix}.in_proj_bias": ("bias", 0, 0)})
         elif last in PACKED_QKV and isinstance(getattr(module, "weight", None), torch.Tensor):
             conv1d = type(module).__name__ == "Conv1D"  # transformers.pytorch_utils.Conv1D
-            heads = _heads_of(model, prefix) if interleaved and last == "query_key_value" else 0
+            heads = _heads_of(model) if interleaved and last == "query_key_value" else 0
             packed.update({f"{prefix}.weight": ("weight", -1 if conv1d else 0, heads),
                            f"{prefix}.bias": ("bias", -1 if conv1d else 0, heads)})
     out: dict[str, Any] = {}
@@ -74,8 +74,8 @@ def split_packed_qkv(model: nn.Module, rows: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _heads_of(model: nn.Module, prefix: str) -> int:
-    """The heads of the attention holding a packed ``query_key_value`` (0 if it does not say)."""
+def _heads_of(model: nn.Module) -> int:
+    """The heads of a packed ``query_key_value``, from the model's config (0 if it does not say)."""
     config = getattr(model, "config", None)
     return int(getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None) or 0)
 
