@@ -10,6 +10,7 @@ purpose: `python -m X --help` and bad arguments are answered before torch is imp
 from __future__ import annotations
 
 import argparse
+import atexit
 import math
 import operator
 import os
@@ -170,19 +171,20 @@ def to_jsonable(value: Any) -> Any:
 
 
 def exit_entry(code: int) -> NoReturn:
-    """How a `python -m` entry ends: `sys.exit(code)`, but after Ctrl-C or SIGTERM (130, 143) the
-    streams are flushed and the process leaves with `os._exit`. CPython 3.11 sometimes killed itself
-    with SIGINT at exit (status -2, not 130) after a Ctrl-C that `run_cli` had caught, when the
-    KeyboardInterrupt came inside code that dataclasses or namedtuple run from a string while
-    modules import (tests/test_interrupts.py, about one run in four at that moment)."""
-    if code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):  # a closed pipe or stream: nothing more to say
-                pass
-        os._exit(code)
-    sys.exit(code)
+    """How a `python -m` entry ends once its work is done: atexit's functions run (logging's flush,
+    Ray's shutdown), the streams are flushed, and the process leaves with `os._exit`, skipping the
+    interpreter's teardown (~0.3 s with torch loaded). During that teardown Python has put the
+    default signal handlers back, so a Ctrl-C landing there killed the process (status -2, no
+    line), and after a Ctrl-C that `run_cli` had caught CPython 3.11 sometimes killed itself with
+    SIGINT at exit (tests/test_interrupts.py saw both)."""
+    if code not in (EXIT_INTERRUPTED, EXIT_TERMINATED):  # a stop says its line and goes at once
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more to say
+            pass
+    os._exit(code)
 
 
 def run_cli(body: Callable[[], int | None]) -> int:
