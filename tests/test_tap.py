@@ -216,6 +216,26 @@ def test_pattern_times_v_mismatch_is_refused_in_one_line():
     assert "\n" not in str(err.value) and "blocks.0.attn" in str(err.value)
 
 
+def test_an_autocast_call_is_checked_at_the_precision_its_kernel_ran():
+    """bf16 autocast (the usual GPU loop) casts the call's float32 arguments down: its output's
+    rounding is not a mismatch, and the model's entropy is read, close to float32's."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 4, 32, 16, generator=gen) for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert out.dtype == torch.bfloat16 and q.dtype == torch.float32
+    args = sdpa_arguments((q, k, v), {"is_causal": True})
+    check_output(torch.softmax(sdpa_scores(args), dim=-1), args, out, "blocks.0.attn")
+    from probes import entropy
+    torch.manual_seed(0)
+    model, ids = ChatGPT(), tokens(2, 16)
+    want = entropy.run(model, ids).entropy  # [layer][head], float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = entropy.run(model, ids).entropy
+    for row, want_row in zip(got, want):  # bf16 projections before the call: ~3 significant digits
+        assert row == pytest.approx(want_row, abs=5e-3)
+
+
 def test_compiled_and_flex_models_are_refused_naming_the_switch():
     with pytest.raises(TapError, match="before torch.compile"):
         tap_forward(torch.compile(SdpaGPT()), tokens(1, 4))
