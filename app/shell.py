@@ -202,7 +202,7 @@ def main() -> None:
     unknown_run(sources)
     # the landing view stays the default page (served at the root), so that every other page keeps
     # its own path: a default Overview would be served at / only, and /overview would be "not found"
-    pages = {name: st.Page(f"screens/{name}.py", title=title, url_path=name, default=name == "home")
+    pages = {name: st.Page(f"views/{name}.py", title=title, url_path=name, default=name == "home")
              for name, title in PAGES}
     shown = st.navigation(list(pages.values()))
     sweep = linked_sweep(sources)

@@ -112,12 +112,12 @@ def pages_section(args: argparse.Namespace) -> None:
           f"probe results not")
     print(f"{'page':<12}{'page (s)':>10}{'probes (s)':>12}{'page/probes':>13}")
     for name, call in calls.items():
-        at.switch_page(f"screens/{name}.py").run()  # warm: the model is loaded and cached
+        at.switch_page(f"views/{name}.py").run()  # warm: the model is loaded and cached
         page_times, probe_times = [], []
         for _ in range(args.repeats):
             st.cache_data.clear()
             t0 = time.perf_counter()
-            at.switch_page(f"screens/{name}.py").run()
+            at.switch_page(f"views/{name}.py").run()
             page_times.append(time.perf_counter() - t0)
             assert not at.exception, [e.value for e in at.exception]
             t0 = time.perf_counter()

@@ -24,6 +24,6 @@ def open_app(monkeypatch, roots: list[Path] | None = None, page: str | None = No
     at.query_params.update(query)
     at.run()
     if page not in (None, "overview"):  # ?run= opens a run's Overview
-        at.switch_page(f"screens/{page}.py").run()
+        at.switch_page(f"views/{page}.py").run()
     assert not at.exception, [e.value for e in at.exception]
     return at

@@ -67,7 +67,7 @@ def open_page(at, name: str, run: str | None = None):
     if run is not None:
         at.sidebar.selectbox(key="run").set_value(run)
         at.run()
-    at.switch_page(f"screens/{name}.py").run()
+    at.switch_page(f"views/{name}.py").run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 

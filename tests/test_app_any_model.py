@@ -47,10 +47,10 @@ def test_model_pages_open_on_a_hugging_face_llama_directory(runs, monkeypatch):
     at = open_app(monkeypatch, [runs / "llama"])  # `-- --runs DIR` on the directory itself
     assert at.sidebar.selectbox(key="run").value == "llama"
     for name in PAGES:
-        at.switch_page(f"screens/{name}.py").run()
+        at.switch_page(f"views/{name}.py").run()
         assert not at.exception, (name, [e.value for e in at.exception])
         assert not at.error, (name, [e.value for e in at.error])
-    at.switch_page("screens/overview.py").run()
+    at.switch_page("views/overview.py").run()
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(runs / "llama"))
     n_params = sum(p.numel() for p in hf.parameters())
     shown = {m.label: m.value for m in at.metric}
@@ -63,7 +63,7 @@ def test_a_llama_directory_typed_into_open_a_path(runs, monkeypatch, tmp_path):
     at.run()
     at.sidebar.selectbox(key="run").set_value("llama")
     at.run()
-    at.switch_page("screens/attention.py").run()
+    at.switch_page("views/attention.py").run()
     assert not at.exception and not at.error, [e.value for e in at.exception] + [e.value for e in at.error]
 
 
@@ -97,6 +97,6 @@ def test_a_nanochat_model_file_typed_into_open_a_path_needs_no_preset(runs, monk
     assert "model_000010.pt" in at.sidebar.selectbox(key="run").options  # not "type its preset below"
     at.sidebar.selectbox(key="run").set_value("model_000010.pt")
     at.run()
-    at.switch_page("screens/overview.py").run()
+    at.switch_page("views/overview.py").run()
     errors = [e.value for e in at.error]
     assert len(errors) == 1 and "model_000010.pt: a nanochat checkpoint is built with nanochat's own GPT" in errors[0]

@@ -57,10 +57,10 @@ def test_a_nan_run_renders_on_every_page(start, nan_weights, run):
     at = start([SHIPPED / "transformer4_nan", nan_weights], run=run)
     assert at.sidebar.selectbox(key="run").value == run
     for page in PAGES:
-        at.switch_page(f"screens/{page}.py").run()
+        at.switch_page(f"views/{page}.py").run()
         no_traceback_box(at, page)
     if run == "transformer4_nan":  # its layers 1 to 3 are NaN (its card): grid cells say so, never blank
-        at.switch_page("screens/attention.py").run()
+        at.switch_page("views/attention.py").run()
         grid = datasets(at.get("vega_lite_chart")[0])[0]
         nan = grid[grid["NaN"] == "NaN"]
         assert sorted(set(nan["layer"])) == [1, 2, 3] and len(nan) == 12
@@ -71,7 +71,7 @@ def test_a_nan_run_renders_on_every_page(start, nan_weights, run):
 
 def test_the_lens_grid_draws_nan_cells_as_nan(start):
     at = start([SHIPPED / "transformer4_nan"], run="transformer4_nan")
-    at.switch_page("screens/lens.py").run()
+    at.switch_page("views/lens.py").run()
     no_traceback_box(at, "lens")
     cells = datasets(at.get("vega_lite_chart")[0])[0]
     nan = cells[cells["NaN"] == "NaN"]
@@ -101,7 +101,7 @@ def test_lens_cells_take_nan_probabilities_or_an_empty_top_k():
 
 def test_compare_keeps_a_nan_runs_kl_and_the_whole_head_grid(start):
     at = start([SHIPPED / "transformer4_nan", SHIPPED / "shakespeare_gpt"], run="transformer4_nan")
-    at.switch_page("screens/compare.py").run()
+    at.switch_page("views/compare.py").run()
     at.selectbox(key="cmp_b").set_value("shakespeare_gpt / step_001500").run()
     no_traceback_box(at, "compare")
     charts = at.get("vega_lite_chart")
@@ -127,7 +127,7 @@ def test_a_typed_snapshot_is_selected_at_once_under_a_label_that_says_whose(star
     labels = at.sidebar.selectbox(key="run").options
     assert f"mha4 ({tmp_path})" in labels and "mha4 (checkpoints)" in labels  # one name, two labels
     assert at.sidebar.selectbox(key="run").value == f"mha4 ({tmp_path})"
-    at.switch_page("screens/overview.py").run()
+    at.switch_page("views/overview.py").run()
     assert at.sidebar.selectbox(key="run").value == f"mha4 ({tmp_path})"  # the pick stays
 
 

@@ -37,7 +37,7 @@ def start(monkeypatch):
         at = AppTest.from_file(str(APP), default_timeout=240)
         at.query_params.update({"run": run})
         at.run()
-        at.switch_page("screens/compare.py").run()
+        at.switch_page("views/compare.py").run()
         assert not at.exception, [e.value for e in at.exception]
         assert not [e.value for e in at.error], [e.value for e in at.error]
         return at

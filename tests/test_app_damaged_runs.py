@@ -51,6 +51,6 @@ def test_every_page_says_what_is_damaged_without_a_traceback(damage, tmp_path, m
     DAMAGES[damage](tmp_path / "bad")
     at = open_app(monkeypatch, roots=[tmp_path], run="bad")
     for page in ("attention", "dynamics", "compare"):
-        at.switch_page(f"screens/{page}.py").run()
+        at.switch_page(f"views/{page}.py").run()
         assert not at.exception, (page, [e.value for e in at.exception])
         assert not [e.value for e in at.error if "unexpected" in e.value], page

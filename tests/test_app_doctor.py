@@ -102,7 +102,7 @@ def test_the_loss_and_dynamics_charts_draw_one_rule_per_finding_step(start):
     at = start("transformer4_nan")
     loss = finding_rules(at.get("vega_lite_chart")[0])
     assert loss is not None and len(loss) == len(findings)
-    at.switch_page("screens/dynamics.py").run()
+    at.switch_page("views/dynamics.py").run()
     assert not at.exception, [e.value for e in at.exception]
     charts = at.get("vega_lite_chart")
     # entropy per head for 4 layers, the u medians, then the training signals it logged: learning
@@ -117,7 +117,7 @@ def test_the_loss_and_dynamics_charts_draw_one_rule_per_finding_step(start):
 
 def test_a_findings_link_preselects_its_step_once(start):
     at = start("transformer4_nan", step="3")
-    at.switch_page("screens/dynamics.py").run()
+    at.switch_page("views/dynamics.py").run()
     assert at.select_slider(key="gwu_step").value == 3
     at.select_slider(key="gwu_step").set_value(1).run()
     assert at.select_slider(key="gwu_step").value == 1  # the user's choice is kept after the link
@@ -134,7 +134,7 @@ def test_unusable_metrics_are_an_error_line_and_the_page_goes_on(start, tmp_path
                for e in errors), errors
     assert not at.success and not at.warning  # no verdict
     assert any(e.label == "model config" for e in at.expander)  # the rest of the Overview still renders
-    at.switch_page("screens/dynamics.py").run()
+    at.switch_page("views/dynamics.py").run()
     assert not at.exception
 
 
@@ -152,7 +152,7 @@ def test_a_malformed_record_is_counted_on_the_overview_and_dynamics(start, tmp_p
     skipped = f"; 1 malformed record of {run / 'metrics.jsonl'} skipped (line 4)"
     assert any(c.value == f"{len(lines)} records, steps 0..{json.loads(lines[-1])['step']}{skipped}: the app's "
                "log says what is wrong with each" for c in at.caption), [c.value for c in at.caption]
-    at.switch_page("screens/dynamics.py").run()
+    at.switch_page("views/dynamics.py").run()
     assert not at.exception and any(skipped in c.value for c in at.caption)
 
 

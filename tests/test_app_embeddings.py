@@ -38,7 +38,7 @@ def embeddings(monkeypatch):
         at = AppTest.from_file(str(APP), default_timeout=180)
         at.query_params.update({"run": run, **({"snapshot": snapshot} if snapshot else {})})
         at.run()
-        at.switch_page("screens/embeddings.py").run()
+        at.switch_page("views/embeddings.py").run()
         if table != "input":
             at.selectbox(key="table").set_value(table).run()
         if token is not None:

@@ -65,7 +65,7 @@ def start(runs: Path, monkeypatch, typed: str | None = None):
 
 def every_page(at) -> None:
     for name in PAGES:
-        at.switch_page(f"screens/{name}.py").run()
+        at.switch_page(f"views/{name}.py").run()
         assert not at.exception, (name, [e.value for e in at.exception])
         assert not at.error, (name, [e.value for e in at.error])
 
@@ -92,7 +92,7 @@ def test_another_architecture_is_an_error_box(roots, monkeypatch, tmp_path):
     (tmp_path / "llama" / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (tmp_path / "llama" / "model.safetensors").write_bytes(b"")
     at = start(runs, monkeypatch, typed=str(tmp_path / "llama"))
-    at.switch_page("screens/overview.py").run()  # the app opens on its landing view
+    at.switch_page("views/overview.py").run()  # the app opens on its landing view
     assert not at.exception
     # its shape is missing: the bridge's loader says so (tests/test_store_bridge.py opens whole ones)
     assert any("no positive integer num_hidden_layers" in e.value for e in at.error), [e.value for e in at.error]

@@ -110,7 +110,7 @@ def test_every_format_is_listed_with_its_model_and_whole_numbers(roots, monkeypa
 def test_a_missing_tokenizer_is_told_in_the_apps_words_and_a_reload_reads_it(roots, monkeypatch):
     at = start(roots, monkeypatch, run="out")
     for page in ("overview", "attention", "embeddings"):
-        at.switch_page(f"screens/{page}.py").run()
+        at.switch_page(f"views/{page}.py").run()
         said = " ".join(e.value for e in at.error)
         assert "meta.pkl" in said and "then reload the page" in said and "--tokenizer" not in said, (page, said)
     write_meta_pkl(roots["out"] / "meta.pkl", CHARS)

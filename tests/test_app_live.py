@@ -50,7 +50,7 @@ def test_the_snapshot_slider_follows_new_snapshots_until_moved(app, runs):
 
 
 def test_the_gwu_step_slider_follows_new_records_until_moved(app, runs):
-    app.switch_page("screens/dynamics.py")
+    app.switch_page("views/dynamics.py")
     rerun(app)
     assert app.toggle(key="follow").value is True  # fresh metrics under a lock: live by default
     assert app.select_slider(key="gwu_step").value == 500
@@ -73,7 +73,7 @@ def test_the_overview_of_a_training_run_is_live_and_says_its_last_step(app, runs
 
 def test_a_run_folder_made_after_start_is_listed_at_the_next_rerun(app, runs):
     app.query_params.clear()
-    app.switch_page("screens/home.py")
+    app.switch_page("views/home.py")
     assert list(rerun(app).dataframe[0].value["run"]) == ["live_run"]
     start_run(runs / "second_run", upto=0)
     rerun(app)

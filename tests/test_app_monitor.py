@@ -71,13 +71,13 @@ def test_a_run_without_weights_opens_on_its_history(start, history_only):  # noq
 def test_model_pages_say_what_they_need_and_dynamics_draws(start, history_only):  # noqa: F811
     at = start("mine", roots=[history_only])
     for page in ("attention", "lens", "embeddings"):
-        at.switch_page(f"screens/{page}.py").run()
+        at.switch_page(f"views/{page}.py").run()
         assert not at.exception and not at.error, page
         assert any("save_every" in i.value for i in at.info), page
-    at.switch_page("screens/dynamics.py").run()
+    at.switch_page("views/dynamics.py").run()
     assert not at.exception and not at.error
     assert len(at.get("vega_lite_chart")) >= 3  # entropy per head, u per group, the other signals
-    at.switch_page("screens/compare.py").run()
+    at.switch_page("views/compare.py").run()
     assert not at.exception
 
 
@@ -92,7 +92,7 @@ def test_save_every_writes_our_snapshots_of_the_live_model(start, tmp_path):  # 
     assert torch.allclose(ours, theirs, rtol=0, atol=1e-5 * theirs.abs().max().item())
     assert snap.step == 30 and snap.tokenizer.vocab_size == tokenizer.vocab_size
     at = start("saved", roots=[tmp_path])
-    at.switch_page("screens/attention.py").run()
+    at.switch_page("views/attention.py").run()
     assert not at.exception and not at.error
     assert not any("training history only" in i.value for i in at.info)
     assert at.get("vega_lite_chart")

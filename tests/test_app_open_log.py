@@ -37,7 +37,7 @@ def test_a_typed_nanogpt_log_opens_on_its_diagnosis_and_loss_curves(monkeypatch,
     at = typed(open_app(monkeypatch, roots=[tmp_path]), str(LOG))
     assert not at.sidebar.error, [e.value for e in at.sidebar.error]
     assert at.sidebar.selectbox(key="run").value == LOG.name
-    at.switch_page("screens/overview.py").run()
+    at.switch_page("views/overview.py").run()
     assert not at.exception, [e.value for e in at.exception]
     verdicts = [e.value for e in at.error if e.value.startswith("Verdict")]
     assert verdicts and f"**{expected.verdict}**" in verdicts[0] and expected.source in verdicts[0]
@@ -67,7 +67,7 @@ def test_a_typed_folder_of_logs_lists_each_log_with_the_doctors_verdict(monkeypa
     assert not at.sidebar.error, [e.value for e in at.sidebar.error]
     assert at.sidebar.selectbox(key="run").options == ["run_a.log", "run_b.out"]
     at.query_params.clear()
-    at.switch_page("screens/home.py").run()
+    at.switch_page("views/home.py").run()
     table = at.dataframe[0].value.set_index("run")
     for name in ("run_a.log", "run_b.out"):
         expected = diagnose.run(logs / name)

@@ -44,7 +44,7 @@ def test_both_attribution_charts_share_one_diverging_scale_centred_at_zero_with_
 def test_a_link_to_a_step_opens_the_snapshot_nearest_it_and_says_which(runs, monkeypatch):  # noqa: F811
     app = fresh_app(runs, monkeypatch, run="a_rms")  # snapshots at steps 0, 10 and 20
     app.query_params["step"] = "12"  # the doctor's "see it on Attention at step 12"
-    app.switch_page("screens/attention.py").run()
+    app.switch_page("views/attention.py").run()
     assert not app.exception, [e.value for e in app.exception]
     slider = next(s for s in app.sidebar.select_slider if s.label == "snapshot")
     assert slider.value == "step_000010"

@@ -76,7 +76,7 @@ def test_run_equals_a_sweep_opens_its_sweep_page(monkeypatch):
         at = open_app(monkeypatch, roots=[*OTHERS, SWEEP], run="sweep_qk_norm")
         if page:  # a page other than the landing view, the same link
             at.query_params["run"] = "sweep_qk_norm"
-            at.switch_page(f"screens/{page}.py").run()
+            at.switch_page(f"views/{page}.py").run()
         assert not at.exception, [e.value for e in at.exception]
         assert "Sweep" in [t.value for t in at.title]
         assert at.selectbox(key="sweep_pick").value == "sweep_qk_norm"

@@ -63,7 +63,7 @@ def start(roots, monkeypatch):
         at.query_params.update(query)
         at.run()
         if page is not None:
-            at.switch_page(f"screens/{page}.py").run()
+            at.switch_page(f"views/{page}.py").run()
         assert not at.exception, [e.value for e in at.exception]
         return at
     return open_app

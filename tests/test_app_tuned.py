@@ -53,7 +53,7 @@ def app(runs, monkeypatch):
 def open_lens(at, run: str):
     at.sidebar.selectbox(key="run").set_value(run)
     at.run()
-    at.switch_page("screens/lens.py").run()
+    at.switch_page("views/lens.py").run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 

@@ -98,3 +98,12 @@ def head_types(sel: Selection, where: Any, chosen: tuple[int, int]) -> None:
     label = where.radio("head type", choices, key="head_type")  # a column: as narrow as its grid
     title = f"{label} score per head" + (f" (period {types['repeat_length']})" if "repeat" in label else "")
     pick(charts.head_types_grid(types["scores"], HEAD_TYPES[label], title), "types", chosen, where)
+
+
+# the page: Streamlit runs this file afresh as `__main__` on each load (app/shell.py's navigation); it
+# draws with the imported module, so that every load shares one copy of it; an import draws nothing
+if __name__ == "__main__":
+    from app.views import attention
+    from app.views.common import current
+
+    attention.render(current())  # app/main.py put the sidebar's selection in session state

@@ -12,7 +12,7 @@ import streamlit as st
 
 from app import data
 
-# (url_path, title) of each page; app/main.py builds the navigation from screens/<url_path>.py
+# (url_path, title) of each page; app/shell.py builds the navigation from views/<url_path>.py
 PAGES = [("home", "Runs"), ("overview", "Overview"), ("attention", "Attention"), ("dynamics", "Training dynamics"),
          ("embeddings", "Embeddings"), ("lens", "Logit lens"), ("compare", "Compare"), ("sweep", "Sweep")]
 

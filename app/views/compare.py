@@ -82,3 +82,12 @@ def probe(run: data.Source, path, text: str) -> dict:
     except Exception as exc:  # noqa: BLE001 - shown beside the other side, which keeps working
         out["error"] = error_text(exc)
     return out
+
+
+# the page: Streamlit runs this file afresh as `__main__` on each load (app/shell.py's navigation); it
+# draws with the imported module, so that every load shares one copy of it; an import draws nothing
+if __name__ == "__main__":
+    from app.views import compare
+    from app.views.common import current
+
+    compare.render(current())  # app/main.py put the sidebar's selection in session state

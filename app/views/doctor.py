@@ -103,7 +103,7 @@ def link(f: Finding, run_label: str, where: Any) -> None:
     if f.page not in TITLES:
         return
     params = {"run": run_label} if f.step is None else {"run": run_label, "step": str(f.step)}
-    where.page_link(f"screens/{f.page}.py", icon=":material/arrow_forward:", query_params=params,
+    where.page_link(f"views/{f.page}.py", icon=":material/arrow_forward:", query_params=params,
                     label=f"see it on {TITLES[f.page]}" + ("" if f.step is None else f" at step {f.step}"))
 
 

@@ -198,3 +198,12 @@ def linked_step(steps: list[int]) -> int | None:
         st.warning(f"?step={wanted} is not a step number: showing the last logged step")
         return None
     return min(steps, key=lambda s: (abs(s - target), s))
+
+
+# the page: Streamlit runs this file afresh as `__main__` on each load (app/shell.py's navigation); it
+# draws with the imported module, so that every load shares one copy of it; an import draws nothing
+if __name__ == "__main__":
+    from app.views import dynamics
+    from app.views.common import current
+
+    dynamics.render(current())  # app/main.py put the sidebar's selection in session state

@@ -92,3 +92,12 @@ def pca_note(explained: list[float], frame: pd.DataFrame, where) -> None:
     if hidden:
         where.caption(f"{hidden} of {len(frame)} labels left off where they would overlap or cross the edge "
                       "(hover a point for its token; zoom with the mouse wheel).")
+
+
+# the page: Streamlit runs this file afresh as `__main__` on each load (app/shell.py's navigation); it
+# draws with the imported module, so that every load shares one copy of it; an import draws nothing
+if __name__ == "__main__":
+    from app.views import embeddings
+    from app.views.common import current
+
+    embeddings.render(current())  # app/main.py put the sidebar's selection in session state

@@ -44,7 +44,7 @@ def render(sources: list[data.Source]) -> None:
     st.markdown("**Open a run**")
     columns = st.columns(4)
     for i, source in enumerate(listed):
-        columns[i % len(columns)].page_link("screens/overview.py", label=catalog.shown(source),
+        columns[i % len(columns)].page_link("views/overview.py", label=catalog.shown(source),
                                             query_params={"run": source.label}, icon=":material/arrow_forward:")
 
 
@@ -80,7 +80,7 @@ def sweep_list(folders: list[Path], folded: dict[Path, dict[str, str]]) -> None:
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
     columns = st.columns(4)
     for i, label in enumerate(labels):
-        columns[i % len(columns)].page_link("screens/sweep.py", label=f"Sweep {label}", query_params={"sweep": label},
+        columns[i % len(columns)].page_link("views/sweep.py", label=f"Sweep {label}", query_params={"sweep": label},
                                             icon=":material/show_chart:")
     for label, folder in zip(labels, folders):
         if label not in results:
@@ -139,3 +139,11 @@ def whole_numbers(column: pd.Series) -> pd.Series:
 def colour(value: object) -> str:
     key = str(value).split(":")[0]
     return f"color: {STATE_COLOURS[key]}; font-weight: bold" if key in STATE_COLOURS else ""
+
+
+# the page: Streamlit runs this file afresh as `__main__` on each load (app/shell.py's navigation); it
+# draws with the imported module, so that every load shares one copy of it; an import draws nothing
+if __name__ == "__main__":
+    from app.views import home
+
+    home.render(st.session_state.get("sources") or [])  # the runs app/main.py found

@@ -44,3 +44,12 @@ def render(sel: Selection) -> None:
 def _attribution(sel: Selection, snap: object) -> None:  # issue 21: the attribution view
     from app.views import attribution
     attribution.render(sel, snap)
+
+
+# the page: Streamlit runs this file afresh as `__main__` on each load (app/shell.py's navigation); it
+# draws with the imported module, so that every load shares one copy of it; an import draws nothing
+if __name__ == "__main__":
+    from app.views import lens
+    from app.views.common import current
+
+    lens.render(current())  # app/main.py put the sidebar's selection in session state

@@ -99,3 +99,12 @@ def samples(sel: Selection, cfg) -> None:
             return
         column.markdown(f"**{title}**")
         column.code(prompt + text, language=None, wrap_lines=True)
+
+
+# the page: Streamlit runs this file afresh as `__main__` on each load (app/shell.py's navigation); it
+# draws with the imported module, so that every load shares one copy of it; an import draws nothing
+if __name__ == "__main__":
+    from app.views import overview
+    from app.views.common import current
+
+    overview.render(current())  # app/main.py put the sidebar's selection in session state

@@ -68,7 +68,7 @@ def plot(result: dict[str, Any], labels: dict[str, str], sweep: str) -> None:
     run = sweeps.clicked(event)
     if run is not None and run in labels.values():
         st.session_state[OPENED] = st.session_state.get(OPENED, 0) + 1
-        st.switch_page("screens/overview.py", query_params={"run": run})
+        st.switch_page("views/overview.py", query_params={"run": run})
 
 
 def summary(result: dict[str, Any]) -> None:
@@ -112,5 +112,14 @@ def links(result: dict[str, Any], labels: dict[str, str]) -> None:
     st.markdown("**Open a run**")
     columns = st.columns(3)
     for i, r in enumerate(runs):
-        columns[i % len(columns)].page_link("screens/overview.py", label=r["dir"],
+        columns[i % len(columns)].page_link("views/overview.py", label=r["dir"],
                                             query_params={"run": labels[r["dir"]]}, icon=":material/arrow_forward:")
+
+
+# the page: Streamlit runs this file afresh as `__main__` on each load (app/shell.py's navigation); it
+# draws with the imported module, so that every load shares one copy of it; an import draws nothing
+if __name__ == "__main__":
+    from app.views import sweep
+
+    # the sweeps and runs app/main.py found
+    sweep.render(st.session_state.get("sweeps") or [], st.session_state.get("sources") or [])
