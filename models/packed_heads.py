@@ -118,7 +118,9 @@ def unpack_state_dict(attention: Any, state_dict: dict, prefix: str, local_metad
     packed = {name: state_dict.pop(prefix + name) for name in PACKED.values() if prefix + name in state_dict}
     for name, tensor in head_rows(attention, packed).items():
         if tensor is not None:
-            state_dict[prefix + name] = tensor.clone()  # contiguous, its own storage
+            # contiguous, its own storage; a meta skeleton's stays a view (a meta clone runs
+            # torch's Python reference ops, whose first use imports sympy: ~0.4 s per load)
+            state_dict[prefix + name] = tensor if tensor.is_meta else tensor.clone()
 
 
 def pack_state_dict(attention: Any, state_dict: dict, prefix: str, local_metadata: Any, strict: bool,
