@@ -5,6 +5,10 @@ per-head parameters carried over exactly."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -119,3 +123,17 @@ def test_optimizer_state_saved_with_per_head_parameters_carries_over_exactly():
     fresh = adamw(model)
     fresh.load_state_dict(translated)
     assert pack_optimizer_state(expected, new, model) is expected  # state that fits is left alone
+
+
+def test_loading_a_snapshot_runs_no_python_reference_ops():
+    """A checkpoint load stays on torch's C++ kernels: a clone of the meta skeleton's per-head
+    views ran torch's Python reference ops, whose first use imports sympy (0.2-0.4 s of every
+    load in the app and the CLIs). Checked in a fresh interpreter, where the import is visible."""
+    code = ("import sys; from pathlib import Path; from models.checkpoint import list_snapshots, load_checkpoint\n"
+            "snap = load_checkpoint(list_snapshots(Path('checkpoints/shakespeare_gpt'))[-1])\n"
+            "assert sum(p.numel() for p in snap.model.parameters()) > 0\n"
+            "print(sorted(m for m in ('sympy', 'torch._dynamo', 'torch._refs') if m in sys.modules))")
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "sympy" not in out.stdout and "torch._dynamo" not in out.stdout, out.stdout
