@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.packed_heads import named_rows
+from models.packed_heads import named_rows, series_layout
 
 __all__ = ["lr_by_name", "named_trainable", "packed_name", "snapshot_params", "split_packed_qkv",
            "strip_wrapper_prefix"]
@@ -114,4 +114,6 @@ def lr_by_name(model: nn.Module, optimizer: Any) -> float | dict[str, float]:
     if len(set(lrs)) <= 1:
         return float(lrs[0] or 0.0) if lrs else 0.0
     of = {id(p): float(group.get("lr") or 0.0) for group in optimizer.param_groups for p in group["params"]}
-    return {strip_wrapper_prefix(n): of[id(p)] for n, p in model.named_parameters() if id(p) in of}
+    # by the rows' names: our heads' rows (blocks.0.attention.heads.1.W_Q) take the lr of the packed
+    # parameter they sit in, which named_parameters alone would not name
+    return {strip_wrapper_prefix(n): of[id(p)] for n, p, _ in series_layout(model) if id(p) in of}
