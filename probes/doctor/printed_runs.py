@@ -17,12 +17,15 @@ a long run's older records are merged into windows as it is read (probes.doctor.
 
 from __future__ import annotations
 
+import bisect
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from probes.doctor.thinning import Thinned
+import numpy as np
+
+from probes.doctor.thinning import Rows, Thinned
 
 __all__ = ["MAX_DIGITS", "NUMBER", "PrintedRuns", "step_number"]
 
@@ -93,6 +96,26 @@ class PrintedRuns:
                 record["_better"] = True
         else:
             self.records.append({"step": step, **values, **({"_better": True} if better else {})})
+
+    def steps_read(self, numbers: np.ndarray, rows: Rows, evals: dict[int, tuple[int, dict[str, Any]]]) -> None:
+        """Step lines read in a block: row i is line numbers[i]'s values, and for i in `evals`,
+        (line, values) of a `better` line at the same step just before it. As step() takes each
+        line in turn; the lines of the common stretch (the next steps, in order, within one
+        segment) as a block, the eval and its step line as one record."""
+        steps, n, i = rows.steps, len(rows), 0
+        breaks = (np.flatnonzero(steps[1:] <= steps[:-1]) + 1).tolist() + [n]
+        while i < n:
+            records = self.records
+            if self.pending is None and records and steps[i] > records[-1]["step"]:
+                j = breaks[bisect.bisect_right(breaks, i)]
+                records.extend(rows.part(i, j))
+                i = j
+                continue
+            step = int(steps[i])
+            if i in evals:
+                self.step(evals[i][0], step, evals[i][1], better=True)
+            self.step(int(numbers[i]), step, rows.values(i))
+            i += 1
 
     def new_segment(self, number: int, step: int) -> None:
         pending, self.pending = self.pending, None

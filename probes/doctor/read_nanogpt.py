@@ -24,7 +24,8 @@ from pathlib import Path
 from models.store.run import checkpoint_files
 from probes.doctor.log_file import Log
 from probes.doctor.printed_runs import NUMBER, PrintedRuns, step_number
-from probes.doctor.text_log import text_lines
+from probes.doctor.nanogpt_block import read_piece
+from probes.doctor.text_log import TextLog
 from probes.errors import ProbeInputError
 
 __all__ = ["find_nanogpt_log", "read_nanogpt_log"]
@@ -61,11 +62,13 @@ def find_nanogpt_log(path: Path) -> Path | None:
 
 def read_nanogpt_log(path: Path, encoding: str | None = None) -> Log:
     """nanoGPT's printed log as a Log (its last run, when `tee -a` appended several: see
-    probes.doctor.printed_runs), streamed line by line; ProbeInputError (one line naming the
+    probes.doctor.printed_runs), streamed a piece at a time (probes.doctor.nanogpt_block); ProbeInputError (one line naming the
     file) if it has no iter or step lines."""
     runs = PrintedRuns(path, keep=("train_loss",))
-    for number, line in text_lines(path, encoding):
-        read_line(number, line.strip(), runs)
+    text = TextLog(path, encoding)
+    for number, piece in text.pieces():
+        read_piece(number, piece, runs, text, read_line)
+    text.warn()
     if runs.first_step is None:
         raise ProbeInputError(f"{path}: no nanoGPT 'iter N: loss X, ...' or 'step N: train loss X, "
                               "val loss Y' lines, nor llm.c's 'step N/M | loss X | ...' or 's:N trl:X' "

@@ -20,7 +20,7 @@ from typing import Iterator
 
 from probes.errors import ProbeInputError
 
-__all__ = ["MAX_LINE", "check_regular_file", "excerpt", "head_lines", "text_encoding", "text_lines"]
+__all__ = ["MAX_LINE", "TextLog", "check_regular_file", "excerpt", "head_lines", "text_encoding", "text_lines"]
 
 log = logging.getLogger(__name__)
 
@@ -75,39 +75,69 @@ def excerpt(text: str, n: int = 60) -> str:
     return shown + ("..." if len(text) > n else "")
 
 
+class TextLog:
+    """A printed log read in pieces of whole lines (`pieces`), for readers that take a piece at a
+    time; `lines` splits one, `warn` says at the end what was skipped."""
+
+    def __init__(self, path: Path, encoding: str | None = None):
+        self.path, self.encoding = path, encoding or text_encoding(path)
+        self.overlong, self.tail = 0, ""
+
+    def pieces(self) -> Iterator[tuple[int, str]]:
+        """(number of its first line, text of whole lines each ending in a line break); a line
+        with no break for MAX_LINE characters is dropped unread (counted), so is the last line
+        when it has no break (kept in `tail`)."""
+        number, tail = 1, ""
+        try:
+            with self.path.open("r", encoding=self.encoding, errors="replace") as f:
+                while chunk := f.read(CHUNK):
+                    text = tail + chunk
+                    cut = text.rfind("\n") + 1
+                    tail = text[cut:]
+                    if cut:
+                        yield number, text[:cut]
+                        number += text.count("\n", 0, cut)
+                    if len(tail) > MAX_LINE:  # no line break for MAX_LINE characters: drop what is read
+                        self.overlong += 1
+                        tail = ""
+                        number += 1
+                        for chunk in iter(lambda: f.read(CHUNK), ""):
+                            if "\n" in chunk:
+                                tail = chunk.split("\n", 1)[1]
+                                break
+        except OSError as err:
+            raise ProbeInputError(f"{self.path}: cannot read ({err.strerror})") from None
+        self.tail = tail
+
+    def lines(self, number: int, text: str) -> Iterator[tuple[int, str]]:
+        """(line number, line without its end) of a piece's lines from `number`, but those over
+        MAX_LINE characters (counted)."""
+        pieces = text.split("\n")
+        pieces.pop()  # after the last line break
+        for line in pieces:
+            if len(line) > MAX_LINE:
+                self.overlong += 1
+            else:
+                yield number, line
+            number += 1
+
+    def warn(self) -> None:
+        if self.overlong:
+            log.warning("%s: skipped %d line%s over %d characters (no trainer prints those)", self.path,
+                        self.overlong, "s" if self.overlong > 1 else "", MAX_LINE)
+        if self.tail.strip():
+            log.warning("%s: skipped its truncated last line %r (a run killed mid-print?)", self.path,
+                        excerpt(self.tail))
+
+
 def text_lines(path: Path, encoding: str | None = None, warn: bool = True) -> Iterator[tuple[int, str]]:
     """(line number from 1, line without its end) of every complete line; a last line without
     its line break (a run killed mid-print) is skipped with a warning, as is a line over MAX_LINE."""
-    encoding = encoding or text_encoding(path)
-    number, tail, overlong = 0, "", 0
-    try:
-        with path.open("r", encoding=encoding, errors="replace") as f:
-            while chunk := f.read(CHUNK):
-                pieces = (tail + chunk).split("\n")
-                tail = pieces.pop()
-                for line in pieces:
-                    number += 1
-                    if len(line) > MAX_LINE:
-                        overlong += 1
-                        continue
-                    yield number, line
-                if len(tail) > MAX_LINE:  # no line break for MAX_LINE characters: drop what is read
-                    overlong += 1
-                    tail = ""
-                    number += 1
-                    for chunk in iter(lambda: f.read(CHUNK), ""):
-                        if "\n" in chunk:
-                            tail = chunk.split("\n", 1)[1]
-                            break
-    except OSError as err:
-        raise ProbeInputError(f"{path}: cannot read ({err.strerror})") from None
-    if not warn:
-        return
-    if overlong:
-        log.warning("%s: skipped %d line%s over %d characters (no trainer prints those)", path, overlong,
-                    "s" if overlong > 1 else "", MAX_LINE)
-    if tail.strip():
-        log.warning("%s: skipped its truncated last line %r (a run killed mid-print?)", path, excerpt(tail))
+    text = TextLog(path, encoding)
+    for number, piece in text.pieces():
+        yield from text.lines(number, piece)
+    if warn:
+        text.warn()
 
 
 def head_lines(path: Path, n: int, encoding: str | None = None) -> list[str]:
