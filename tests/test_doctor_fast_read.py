@@ -19,7 +19,8 @@ import pytest
 
 from probes.doctor import read_nanogpt, text_log, thinning
 from probes.doctor.printed_runs import PrintedRuns
-from probes.doctor.thinning import Rows, Thinned
+from probes.doctor.thin_columns import Rows
+from probes.doctor.thinning import Thinned
 
 
 def same(a, b) -> bool:
@@ -186,3 +187,79 @@ def test_a_diverged_run_of_nan_lines_reads_as_line_by_line(tmp_path, monkeypatch
     monkeypatch.setattr(thinning, "CAP", 100)
     want, got = reference(path), fast(path)
     assert same(got[0], want[0]) and got[1] == want[1] and "6,000 steps read" in got[1]
+
+
+# ------------------------------------------------------------------ trainer_state.json, in bulk == entry by entry
+
+
+def trainer_entries(rng: random.Random, n: int) -> list:
+    """log_history entries as the Trainer writes them, with evals, NaN/Infinity, and now and then
+    what is no entry: strings, nulls, booleans, no step, steps out of order or repeated, huge ints."""
+    entries, step = [], 0
+    for _ in range(n):
+        step += rng.choice([1, 1, 1, 2, 5])
+        u = rng.random()
+        entry = {"epoch": round(step / 100, 2), "grad_norm": rng.uniform(0.1, 3.0), "learning_rate": 1e-4,
+                 "loss": round(rng.uniform(0.5, 4.0), 4), "step": step}
+        if rng.random() < 0.3:
+            entry["num_input_tokens_seen"] = step * 4096
+        if u < 0.02:
+            entry["loss"] = rng.choice([math.nan, math.inf, -math.inf])
+        elif u < 0.03:
+            entry["grad_norm"] = math.inf
+        elif u < 0.035:
+            entry["loss"] = rng.choice(["nan?", None, True, [1.0]])
+        elif u < 0.04:
+            entry["step"] = rng.choice([float(step), str(step), None, 10**30])
+        elif u < 0.045:
+            entry["step"] = max(step - rng.randint(1, 30), 0)  # out of order, or a repeat
+        elif u < 0.05:
+            entry["grad_norm"] = 7 * 10**45  # an int over json_stream's MAX_INT_DIGITS
+        elif u < 0.055:
+            del entry["loss"]
+        entries.append(entry)
+        if rng.random() < 0.03:
+            entries.append({"epoch": entry["epoch"], "eval_loss": rng.uniform(1, 4), "eval_runtime": 1.5, "step": step})
+        if rng.random() < 0.005:
+            entries.append(rng.choice([[1, 2], "x", 3]))
+    return entries
+
+
+def history(path: Path, bulk: bool):
+    from probes.doctor.read_trainer import TRAINER_KEYS, History, read_json
+    h = History(dict(TRAINER_KEYS))
+    state = read_json(path, h.add, h.add_many if bulk else None)
+    text = h.records.windows_text()
+    records = h.records.finish()
+    return records, text, state, sorted(h.present), h.entries, h.skipped_entries, repr(h.not_numbers)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_generated_trainer_state_reads_as_entry_by_entry(tmp_path, monkeypatch, seed):
+    from probes.doctor import json_stream
+    rng = random.Random(seed)
+    entries = trainer_entries(rng, rng.randint(200, 3000))
+    path = tmp_path / "trainer_state.json"
+    text = json.dumps({"best_metric": None, "log_history": entries, "max_steps": 5000}, indent=[None, 2][seed % 2])
+    path.write_text(text.replace("7" + "0" * 45, "7" * 46))  # (a 46-digit int as written)
+    monkeypatch.setattr(thinning, "CAP", [50, 300, 20_000][seed % 3])
+    monkeypatch.setattr(json_stream, "CHUNK", [1 << 10, 1 << 13, 1 << 20][seed % 3])
+    one, bulk = history(path, False), history(path, True)
+    assert same(bulk[0], one[0]) and bulk[1:] == one[1:]
+
+
+@pytest.mark.parametrize("cut", [0.3, 0.6, 0.9])
+def test_a_damaged_trainer_state_fails_where_entry_by_entry_does(tmp_path, monkeypatch, cut):
+    from probes.doctor import json_stream
+    from probes.errors import ProbeInputError
+    text = json.dumps({"log_history": trainer_entries(random.Random(1), 2000)}, indent=2)
+    at = int(len(text) * cut)
+    path = tmp_path / "trainer_state.json"
+    path.write_text(text[:at] + "}" + text[at:])
+    monkeypatch.setattr(json_stream, "CHUNK", 1 << 12)
+    errors = []
+    for bulk in (False, True):
+        with pytest.raises(ProbeInputError) as err:
+            history(path, bulk)
+        errors.append(str(err.value))
+    assert errors[0] == errors[1] and "line" in errors[0]

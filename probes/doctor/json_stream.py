@@ -32,6 +32,7 @@ def big_int(text: str) -> int | float:
 
 
 DECODER = json.JSONDecoder(parse_int=big_int)
+PLAIN = json.JSONDecoder()  # bulk_elements': ints by C, as json.loads reads them (big_int is a call per int)
 
 
 class Window:
@@ -98,11 +99,12 @@ class Window:
             return value
 
 
-def read_object_streaming(path: Path, list_key: str, each: Callable[[Any], None], encoding: str = "utf-8"
-                          ) -> dict[str, Any]:
-    """The top-level JSON object of `path`, its `list_key` list given to `each` element by element
-    (the returned dict holds True for that key: the list was there); JsonStreamError when the file
-    is not one JSON object, UnicodeDecodeError when it is not text, OSError when unreadable."""
+def read_object_streaming(path: Path, list_key: str, each: Callable[[Any], None], encoding: str = "utf-8",
+                          many: Callable[[list[Any]], None] | None = None) -> dict[str, Any]:
+    """The top-level JSON object of `path`, its `list_key` list given to `each` element by element,
+    or, when `many` is given, mostly to `many` a window's elements at a time, in order (the
+    returned dict holds True for that key: the list was there); JsonStreamError when the file is
+    not one JSON object, UnicodeDecodeError when it is not text, OSError when unreadable."""
     with path.open("r", encoding=encoding) as f:
         window = Window(f)
         found = window.peek()
@@ -123,7 +125,7 @@ def read_object_streaming(path: Path, list_key: str, each: Callable[[Any], None]
                 window.expect(":", "Expecting ':' delimiter")
                 if key == list_key and window.peek() == "[":
                     window.pos += 1
-                    read_list(window, each)
+                    read_list(window, each, many)
                     out[key] = True
                 else:
                     out[key] = window.value()
@@ -134,21 +136,52 @@ def read_object_streaming(path: Path, list_key: str, each: Callable[[Any], None]
         return out
 
 
-def read_list(window: Window, each: Callable[[Any], None]) -> None:
-    """The elements of a list whose '[' was just consumed, each given to `each`. The loop is the
-    hot path of a million entries: it scans in place, and leaves an element it cannot take whole
-    inside the window (at the window's edge, or bad input) to `Window` (a refill, or an error
-    placed as json places it)."""
+def read_list(window: Window, each: Callable[[Any], None], many: Callable[[list[Any]], None] | None = None) -> None:
+    """The elements of a list whose '[' was just consumed, given to `each` (or in bulk to `many`).
+    The loop is the hot path of a million entries: the window's whole elements are decoded at
+    once (`bulk_elements`), else scanned in place one by one; an element it cannot take whole
+    (at the window's edge, or bad input) is left to `Window` (a refill, or an error placed as
+    json places it)."""
     if window.peek() == "]":
         window.pos += 1
         return
     while True:
+        if many is not None and (taken := bulk_elements(window, many)) is not None:
+            if taken:
+                return
+            if not window.eof:  # the rest of the window is the start of an element: read on
+                window.fill()
+                continue
         done = fast_elements(window, each)
         if done:
             return
         each(window.value())
         if window.expect(",]", "Expecting ',' delimiter") == "]":
             return
+
+
+def bulk_elements(window: Window, many: Callable[[list[Any]], None]) -> bool | None:
+    """The window's elements up to its last '},' decoded as one list and given to `many` (their
+    ints as json.loads reads them: one over MAX_INT_DIGITS stays an int here); True when the
+    list's ']' came first (then every element to it), False when it goes on. None, taking
+    nothing, when that text is no list of whole elements (an element cut by the window, or bad input: the caller
+    reads on element by element, and says where it is bad). A '},' cut inside an element or a
+    string leaves brackets or a string open, so a list that decodes holds whole elements only."""
+    buf, pos = window.buf, window.pos
+    cut = buf.rfind("},", pos)
+    if cut < 0:
+        return None
+    text = "[" + buf[pos:cut + 1] + "]"
+    try:
+        values, end = PLAIN.raw_decode(text)
+    except ValueError:  # bad JSON (json.JSONDecodeError), or an int over Python's 4300 digits
+        return None
+    many(values)
+    if end == len(text):
+        window.pos = cut + 2  # after the comma: the next element's start
+        return False
+    window.pos = pos + end - 1  # after the list's own ']'
+    return True
 
 
 def fast_elements(window: Window, each: Callable[[Any], None]) -> bool:
@@ -171,7 +204,7 @@ def fast_elements(window: Window, each: Callable[[Any], None]) -> bool:
         char = buf[after]
         if char not in ",]":
             window.pos = after
-            raise window.fail("Expecting ',' delimiter")
+            raise window.fail(f"Expecting ',' delimiter, found {char!r}")  # as Window.expect says it
         each(value)
         pos = after + 1
         if char == "]":

@@ -20,7 +20,7 @@ import numpy as np
 
 from probes.doctor.printed_runs import NUMBER, PrintedRuns
 from probes.doctor.text_log import TextLog
-from probes.doctor.thinning import Rows
+from probes.doctor.thin_columns import Rows
 
 __all__ = ["read_piece"]
 
@@ -51,16 +51,34 @@ def template(line: bytes) -> tuple | None:
     return TEMPLATES[line]
 
 
-def field(lines: np.ndarray, shape: str, start: int, end: int) -> np.ndarray:
-    """The numbers at columns start..end of each line ([lines, bytes]), as float() reads them."""
-    digits = [i for i in range(start, end) if shape[i] == "0"]
-    if DECIMAL.fullmatch(shape, start, end) and len(digits) <= MAX_DIGITS:
-        dot = shape.find(".", start, end)
-        places = end - dot - 1 if dot >= 0 else 0
-        whole = (lines[:, digits].astype(np.float64) - 48.0) @ (10.0 ** np.arange(len(digits) - 1, -1, -1))
-        return whole / 10.0 ** places if places else whole
-    text = np.ascontiguousarray(lines[:, start:end]).view(f"S{end - start}").ravel()
-    return np.array([float(x) for x in text.tolist()])
+def fields(lines: np.ndarray, shape: str, spans: tuple[tuple[int, int], ...]) -> list[np.ndarray]:
+    """The numbers at each span of columns of each line ([lines, bytes]), as float() reads them:
+    decimal ones in one product (each digit's code times its place value, less 48 times the sum
+    of them: integers below 2**53 all the way, so exact in any order), others by float()."""
+    out: list[np.ndarray | None] = []
+    columns, places = [], []
+    for start, end in spans:
+        digits = [i for i in range(start, end) if shape[i] == "0"]
+        if DECIMAL.fullmatch(shape, start, end) and len(digits) <= MAX_DIGITS:
+            column = np.zeros((len(shape), 1))
+            column[digits, 0] = 10.0 ** np.arange(len(digits) - 1, -1, -1)
+            dot = shape.find(".", start, end)
+            columns.append(column)
+            places.append(end - dot - 1 if dot >= 0 else 0)
+            out.append(None)
+        else:
+            text = np.ascontiguousarray(lines[:, start:end]).view(f"S{end - start}").ravel()
+            out.append(np.array([float(x) for x in text.tolist()]))
+    if columns:
+        weights = np.hstack(columns)  # [byte field]
+        used = np.flatnonzero(weights.any(axis=1))
+        wholes = lines[:, used].astype(np.float64) @ weights[used] - 48.0 * weights.sum(axis=0)
+        decimal = iter(range(len(columns)))
+        for i, value in enumerate(out):
+            if value is None:
+                j = next(decimal)
+                out[i] = wholes[:, j] / 10.0 ** places[j] if places[j] else wholes[:, j]
+    return out  # type: ignore[return-value]
 
 
 def classify(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -76,19 +94,17 @@ def classify(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple
         rows = np.flatnonzero(group == key)
         width = key // 2
         lines = np.lib.stride_tricks.sliding_window_view(data, width)[starts[rows]]  # [line byte]
-        shapes = ZEROS[lines]
-        cuts = [0] + (np.flatnonzero((shapes[1:] != shapes[:-1]).any(axis=1)) + 1).tolist() + [len(rows)]
+        shapes = np.where(lines - np.uint8(49) < 9, np.uint8(48), lines)  # digits 1-9 as 0
+        same = shapes.view(np.dtype((np.void, width))).ravel()
+        cuts = [0] + (np.flatnonzero(same[1:] != same[:-1]) + 1).tolist() + [len(rows)]
         for a, b in zip(cuts[:-1], cuts[1:]):
             found = template(shapes[a].tobytes())
             if found is None:
                 continue
-            kind, step, x, y = found
-            shape = shapes[a].tobytes().decode("ascii")
+            kind, *spans = found
             at = rows[a:b]
-            kinds[at] = kind
-            steps[at] = field(lines[a:b], shape, *step).astype(np.int64)
-            first[at] = field(lines[a:b], shape, *x)
-            second[at] = field(lines[a:b], shape, *y)
+            step, x, y = fields(lines[a:b], shapes[a].tobytes().decode("ascii"), tuple(spans))
+            kinds[at], steps[at], first[at], second[at] = kind, step.astype(np.int64), x, y
     return kinds, steps, first, second
 
 

@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from probes.doctor.thinning import Rows, Thinned
+from probes.doctor.thin_columns import Rows
+from probes.doctor.thinning import Thinned
 
 __all__ = ["MAX_DIGITS", "NUMBER", "PrintedRuns", "step_number"]
 

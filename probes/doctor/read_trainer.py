@@ -15,13 +15,18 @@ import bisect
 import json
 import logging
 import re
+from itertools import chain, repeat
 from pathlib import Path
+from types import NoneType
 from typing import Any, Callable, Iterable
 
-from probes.doctor.json_stream import JsonStreamError, read_object_streaming
+import numpy as np
+
+from probes.doctor.json_stream import MAX_INT_DIGITS, JsonStreamError, read_object_streaming
 from probes.doctor.log_file import (Log, check_not_lfs_pointer, check_user_tags, kind_of_losses, require_loss,
                                     user_tags)
 from probes.doctor.text_log import check_regular_file, text_encoding
+from probes.doctor.thin_columns import Rows
 from probes.doctor.thinning import Thinned
 from probes.errors import ProbeInputError
 
@@ -31,6 +36,8 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.json"
 CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
+INT64 = (-(2**63), 2**63 - 1)
+LONGEST = 10**MAX_INT_DIGITS  # an int this long or longer json_stream reads as a float
 # log_history's keys -> ours
 TRAINER_KEYS = {"loss": "train_loss", "eval_loss": "val_loss", "learning_rate": "lr",
                 "grad_norm": "grad_norm", "num_input_tokens_seen": "tokens"}
@@ -57,7 +64,7 @@ def read_trainer_state(path: Path, tags: Iterable[str] | dict[str, str] | None =
     check_not_lfs_pointer(path)
     given = user_tags(tags)
     history = History({**TRAINER_KEYS, **given})
-    state = read_json(path, history.add)
+    state = read_json(path, history.add, history.add_many)
     history.present.discard("step")
     if "log_history" not in state or state["log_history"] is not True:
         raise ProbeInputError(f"{path}: no log_history list (not a Trainer's {STATE_FILE}?)")
@@ -111,6 +118,71 @@ class History:
         if values:
             self.put(entry["step"], values)
 
+    def add_many(self, entries: list[Any]) -> None:
+        """Entries in bulk, as add() of each gives: the hot path of a long log_history. When every
+        entry is an object with a whole-number step and every mapped value present is a number,
+        they are read by column (each run of entries with the same mapped keys one block);
+        otherwise entry by entry."""
+        columns = self.columns(entries)
+        if columns is None:
+            for entry in entries:
+                self.add(as_streamed(entry))
+            return
+        steps, values, present = columns
+        self.entries += len(entries)
+        self.present.update(chain.from_iterable(entries))
+        held = np.zeros(len(entries), dtype=np.int64)  # which mapped keys each entry has, as bits
+        for bit, mask in enumerate(present.values()):
+            held |= mask.astype(np.int64) << bit
+        cuts = [0] + (np.flatnonzero(held[1:] != held[:-1]) + 1).tolist() + [len(entries)]
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            names = [ours for ours, mask in present.items() if mask[a]]
+            if names:
+                self.put_rows(Rows(steps[a:b], {ours: values[ours][a:b] for ours in names}))
+
+    def columns(self, entries: list[Any]) -> tuple[np.ndarray, dict, dict] | None:
+        """(steps, {ours: values, NaN where absent}, {ours: present}) of entries that are all
+        objects with a whole-number step (an int64) and numbers only for their mapped keys; None
+        for any other list (read entry by entry: it warns and counts as add() does)."""
+        if len(set(self.mapping.values())) < len(self.mapping) or set(map(type, entries)) != {dict}:
+            return None  # (two keys mapped to one name: the later in each entry wins, entry by entry)
+        steps = list(map(dict.get, entries, repeat("step")))
+        if set(map(type, steps)) != {int} or not INT64[0] <= min(steps) <= max(steps) <= INT64[1]:
+            return None
+        values, present = {}, {}
+        for key, ours in self.mapping.items():
+            column = list(map(dict.get, entries, repeat(key)))
+            kinds = set(map(type, column))
+            if kinds == {NoneType}:
+                if any(map(dict.__contains__, entries, repeat(key))):
+                    return None  # a null
+                continue
+            if not kinds <= {float, int, NoneType}:
+                return None
+            has = np.fromiter(map(dict.__contains__, entries, repeat(key)), dtype=bool, count=len(entries))
+            if NoneType in kinds and column.count(None) != len(entries) - int(has.sum()):
+                return None  # a null among the numbers
+            if int in kinds:
+                column = [v if type(v) is not int else float(as_streamed(v)) for v in column]
+            values[ours] = np.array(column, dtype=np.float64)
+            present[ours] = has
+        return np.array(steps, dtype=np.int64), values, present
+
+    def put_rows(self, rows: Rows) -> None:
+        """Rows put() one by one in effect: a stretch of steps after the last record, in order,
+        appended as a block."""
+        steps, n, i = rows.steps, len(rows), 0
+        breaks = (np.flatnonzero(steps[1:] <= steps[:-1]) + 1).tolist() + [n]
+        while i < n:
+            records = self.records
+            if not records or steps[i] > records[-1]["step"]:
+                j = breaks[bisect.bisect_right(breaks, i)]
+                records.extend(rows.part(i, j))
+                i = j
+            else:
+                self.put(int(steps[i]), rows.values(i))
+                i += 1
+
     def put(self, step: int, values: dict[str, float]) -> None:
         """Into the step-ordered records: appended, or merged into its step's record."""
         records = self.records
@@ -141,14 +213,16 @@ class History:
                         "s" if count > 1 else "", shown, type(first).__name__)
 
 
-def read_json(path: Path, each_entry: Callable[[Any], None] | None = None) -> dict[str, Any]:
-    """A JSON object from `path`, its log_history given to `each_entry` entry by entry when set."""
+def read_json(path: Path, each_entry: Callable[[Any], None] | None = None,
+              many: Callable[[list[Any]], None] | None = None) -> dict[str, Any]:
+    """A JSON object from `path`, its log_history given to `each_entry` entry by entry when set
+    (and to `many` in bulk, when given)."""
     encoding = text_encoding(path, "JSON") if each_entry is not None else "utf-8"
     try:
         if each_entry is None:
             data = json.loads(path.read_text(encoding="utf-8"))
         else:
-            data = read_object_streaming(path, "log_history", each_entry, encoding)
+            data = read_object_streaming(path, "log_history", each_entry, encoding, many)
     except json.JSONDecodeError as err:
         raise ProbeInputError(f"{path}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})") from None
     except JsonStreamError as err:
@@ -162,6 +236,16 @@ def read_json(path: Path, each_entry: Callable[[Any], None] | None = None) -> di
     if not isinstance(data, dict):
         raise ProbeInputError(f"{path}: not a JSON object (a {type(data).__name__})")
     return data
+
+
+def as_streamed(value: Any) -> Any:
+    """A value json_stream.bulk_elements decoded (or an entry of them, its own values) as
+    read_object_streaming reads it one by one: an int over MAX_INT_DIGITS digits is a float."""
+    if type(value) is dict:
+        return {k: as_streamed(v) if type(v) is int else v for k, v in value.items()}
+    if type(value) is int and not -LONGEST < value < LONGEST:
+        return float(str(value))
+    return value
 
 
 def number(value: Any) -> float | None:

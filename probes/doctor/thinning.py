@@ -12,107 +12,75 @@ with a non-finite gradient norm and a finite loss (a skipped fp16 step, counted 
 first record, and the latest one (a reader may still add to its step). Records whose loss is
 non-finite merge only with each other, keeping the first one's step: the divergence is dated
 exactly. `thinned` counts the records merged away, for the reader to say.
+
+A reader hands records over one at a time (`append`) or as columns (`extend`, probes.doctor.
+thin_columns.Rows); the windows are held as columns (thin_columns.Block) and merged there in
+numpy, bit for bit as the dicts would be, and made dicts once the history is read whole.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
-__all__ = ["CAP", "Rows", "Thinned", "kind", "merge"]
+from probes.doctor.merging import KIND, OK, WEIGHT, runs_of
+from probes.doctor.thin_columns import Block, Rows, close_mixed
+
+__all__ = ["CAP", "Thinned"]
 
 CAP = 20_000  # windows held before neighbouring ones are merged and the window doubles
-WEIGHT, KIND = "_n", "_k"  # steps a window stands for, and its kind; removed by finish()
-OK, NAN, NONE = 0, 1, 2  # kind() of a row, as Rows holds it
-KIND_NAMES = ("ok", "nan", None)
-
-
-def kind(record: dict[str, Any]) -> str | None:
-    """'ok' or 'nan' (which records may merge with which), None for one never merged."""
-    if "val_loss" in record:
-        return None
-    loss = record.get("train_loss")
-    if not isinstance(loss, float):
-        return None
-    if not math.isfinite(loss):
-        return "nan"
-    return "ok" if all(map(math.isfinite, record.values())) else None
-
-
-def merge(group: list[dict[str, Any]], group_kind: str) -> dict[str, Any]:
-    """One window from neighbouring records (or windows) of one kind, `group_kind` (the caller
-    has it: not told again here), in one pass: the hot path."""
-    first, last = group[0], group[-1]
-    out = {**first, **last}
-    out[KIND] = group_kind
-    if group_kind == "nan":
-        out[WEIGHT] = sum(r.get(WEIGHT, 1) for r in group)
-        out["step"] = first["step"]
-        return out
-    total, loss, time, norm = 0, 0.0, 0.0, -math.inf
-    has_time = has_norm = True
-    for r in group:
-        n = r.get(WEIGHT, 1)
-        total += n
-        loss += r["train_loss"] * n
-        if has_time:
-            t = r.get("step_time_ms")
-            if t is None:
-                has_time = False
-            else:
-                time += t * n
-        if has_norm:
-            g = r.get("grad_norm")
-            if g is None:
-                has_norm = False
-            elif g > norm:
-                norm = g
-    out[WEIGHT] = total
-    out["train_loss"] = loss / total
-    if has_time:
-        out["step_time_ms"] = time / total
-    if has_norm:
-        out["grad_norm"] = norm
-    return out
-
-
-def kind_of(record: dict[str, Any]) -> str | None:
-    return record[KIND] if WEIGHT in record else kind(record)
-
-
-def runs_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Maximal runs of one mergeable kind merged; records of no kind kept as they are."""
-    kinds = [r[KIND] if WEIGHT in r else kind(r) for r in records]
-    if kinds[0] == "ok" and kinds.count("ok") == len(kinds):  # the usual window: one merge
-        return [merge(records, "ok")]
-    out, group, group_kind = [], [], None
-    for r, k in zip(records, kinds):
-        if group and k == group_kind and k is not None:
-            group.append(r)
-            continue
-        if group:
-            out.append(merge(group, group_kind) if len(group) > 1 else group[0])
-        group, group_kind = [r], k
-    if group:
-        out.append(merge(group, group_kind) if len(group) > 1 else group[0])
-    return out
 
 
 class Thinned(list):
     """Records in step order: windows of up to `width` steps, then the latest records as read
     (`self[-1]` is always the last record read, which a reader may still update). When the
-    windows pass `cap`, neighbouring ones merge and the width doubles."""
+    windows pass `cap`, neighbouring ones merge and the width doubles. The list itself holds the
+    first record and the `raw` latest ones; the windows between them wait in `block`, made dicts
+    (`flush`) when the history is read whole: iterated, or indexed other than at its latest."""
 
     def __init__(self, cap: int | None = None):
         super().__init__()
         self.cap, self.width, self.raw, self.thinned = cap or CAP, 1, 0, 0  # raw: latest records not in a window
+        self.block = Block()
+
+    def __len__(self) -> int:
+        return list.__len__(self) + self.block.size
+
+    def __iter__(self):  # type: ignore[override]
+        self.flush()
+        return list.__iter__(self)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if self.block.size and not (type(index) is int and -self.raw <= index < 0):
+            self.flush()
+        return list.__getitem__(self, index)
+
+    def flush(self) -> None:
+        """The block's windows made dicts, in their place in the list."""
+        if self.block.size:
+            at = list.__len__(self) - self.raw
+            list.__setitem__(self, slice(at, at), self.block.dicts())
+            self.block.clear()
+
+    def settle(self) -> None:
+        """Records the list holds between its first and its raw ones moved to the block's end
+        (before anything is added there, so that the order holds)."""
+        end = list.__len__(self) - self.raw
+        if end > 1:
+            self.block.add_dicts(list.__getitem__(self, slice(1, end)))
+            list.__delitem__(self, slice(1, end))
+
+    def windows(self) -> int:
+        """Records and windows before the raw ones."""
+        return len(self) - self.raw
 
     def append(self, record: dict[str, Any]) -> None:  # type: ignore[override]
-        super().append(record)
+        list.append(self, record)
         if self.width == 1:  # no windows yet: every record is its own
             self.raw = 1
+            if self.block.size:
+                self.settle()
             if len(self) > self.cap:
                 self.compact()
             return
@@ -121,37 +89,34 @@ class Thinned(list):
             self.close_window()
 
     def pop(self, index: int = -1) -> dict[str, Any]:  # type: ignore[override]
-        self.raw = max(self.raw - 1, 0)
-        return super().pop(index)
+        if index != -1:
+            self.flush()
+        if self.raw:
+            self.raw -= 1
+        elif self.block.size:
+            return self.block.pop_last()
+        return list.pop(self, index)
 
     def close_window(self) -> None:
         """The oldest `width` of the latest records (never the last) merged into windows."""
-        start = len(self) - self.raw
-        windows = runs_of(self[start:start + self.width])
+        start = list.__len__(self) - self.raw
+        windows = runs_of(list.__getitem__(self, slice(start, start + self.width)))
         self.thinned += self.width - len(windows)
-        self[start:start + self.width] = windows
+        list.__delitem__(self, slice(start, start + self.width))
         self.raw -= self.width
-        if len(self) - self.raw > self.cap:
+        self.settle()
+        self.block.add_dicts(windows)
+        if self.windows() > self.cap:
             self.compact()
 
     def compact(self) -> None:
         """Neighbouring windows (all but the first record and the latest) merged pairwise; the
         window width doubles, so this happens log2(steps / cap) times in all."""
-        end = len(self) - self.raw
-        out, i = [self[0]], 1
-        while i < end:
-            a = self[i]
-            if i + 1 < end and (k := kind_of(a)) is not None and kind_of(self[i + 1]) == k:
-                out.append(merge([a, self[i + 1]], k))
-                i += 2
-            else:
-                out.append(a)
-                i += 1
-        self.thinned += end - len(out)
-        self[:end] = out
+        self.settle()
+        self.thinned += self.block.compact()
         self.width *= 2
-        if len(out) > self.cap // 2:  # mostly evals, which never merge: let it grow instead of
-            self.cap = 2 * len(out)  # compacting again at every append (quadratic)
+        if self.windows() > self.cap // 2:  # mostly evals, which never merge: let it grow instead of
+            self.cap = 2 * self.windows()  # compacting again at every append (quadratic)
         if self.raw > self.width:
             self.close_window()
 
@@ -162,26 +127,34 @@ class Thinned(list):
         p = 0
         while p < len(rows):
             rows, p = self.take_raw(rows, p)
-            if self.width == 1:  # no windows yet: every record is its own, up to the first compaction
-                take = min(len(rows) - p, self.cap + 1 - len(self))
-                list.extend(self, rows.dicts(p, p + take))
-                p, self.raw = p + take, 1
-                if len(self) > self.cap:
-                    self.compact()
+            if self.width > 1:
+                p = self.first_window(rows, p)
+                if p < len(rows):
+                    p = self.close_windows(rows, p)
                 continue
-            p = self.first_window(rows, p)
-            if p < len(rows):
-                p = self.close_windows(rows, p)
+            if not list.__len__(self):  # the first record, never merged: kept in the list
+                list.append(self, rows.dicts(p, p + 1)[0])
+                p, self.raw = p + 1, 1
+                continue
+            # no windows yet: every record is its own, up to the first compaction
+            take = min(len(rows) - p, self.cap + 1 - len(self))
+            self.raw = 0
+            self.settle()
+            rows.to_block(self.block, p, p + take - 1)
+            list.append(self, rows.dicts(p + take - 1, p + take)[0])
+            p, self.raw = p + take, 1
+            if len(self) > self.cap:
+                self.compact()
 
     def take_raw(self, rows: Rows, p: int) -> tuple[Rows, int]:
         """The latest records that could be rows (the same keys) taken back, in front of rows[p:]."""
-        taken = 0
-        while taken < self.raw and rows.fits(self[-1 - taken]):
+        taken, size = 0, list.__len__(self)
+        while taken < self.raw and taken < size - 1 and rows.fits(list.__getitem__(self, size - 1 - taken)):
             taken += 1
         if not taken:
             return rows, p
-        records = self[len(self) - taken:]
-        del self[len(self) - taken:]
+        records = list.__getitem__(self, slice(size - taken, size))
+        list.__delitem__(self, slice(size - taken, size))
         self.raw -= taken
         return rows.part(p, len(rows)).prepend(records), 0
 
@@ -195,13 +168,15 @@ class Thinned(list):
             list.extend(self, rows.dicts(p, n))
             self.raw += n - p
             return n
-        records = self[len(self) - self.raw:]
-        del self[len(self) - self.raw:]
+        size = list.__len__(self)
+        records = list.__getitem__(self, slice(size - self.raw, size))
+        list.__delitem__(self, slice(size - self.raw, size))
         windows = close_mixed(records, rows, p, p + need)
-        list.extend(self, windows)
-        self.thinned += self.width - len(windows)
         self.raw = 0  # rows[p + need] is the latest record now, held in rows
-        if len(self) > self.cap:
+        self.settle()
+        self.block.add_dicts(windows)
+        self.thinned += self.width - len(windows)
+        if self.windows() > self.cap:
             self.compact()
         return p + need
 
@@ -217,14 +192,20 @@ class Thinned(list):
             for j, windows in others.items():
                 counts[j] = len(windows)
             # the window that takes the windows past the cap is the last before a compaction
-            k = min(k, int(np.searchsorted(np.cumsum(counts), self.cap - len(self), side="right")) + 1)
-            merged = rows.windows(p, k, w)
-            if others:
-                merged = [x for j in range(k) for x in (others[j] if j in others else (merged[j],))]
-            list.extend(self, merged)
-            self.thinned += k * w - len(merged)
+            k = min(k, int(np.searchsorted(np.cumsum(counts), self.cap - self.windows(), side="right")) + 1)
+            steps, columns = rows.windows(p, k, w)
+            self.settle()
+            done = 0
+            for j in sorted(j for j in others if j < k) + [k]:
+                if j > done:
+                    self.block.add_columns(steps[done:j], np.full(j - done, OK, dtype=np.int8),
+                                           {name: col[done:j] for name, col in columns.items()}, w, True)
+                if j < k:
+                    self.block.add_dicts(others[j])
+                done = j + 1
+            self.thinned += int(k * w - counts[:k].sum())
             p += k * w
-            if len(self) > self.cap:
+            if self.windows() > self.cap:
                 self.compact()
         list.extend(self, rows.dicts(p, n))
         self.raw = n - p
@@ -232,10 +213,11 @@ class Thinned(list):
 
     def finish(self) -> list[dict[str, Any]]:
         """The records as a plain list, without the windows' bookkeeping."""
-        for record in self:
+        self.flush()
+        for record in list.__iter__(self):
             record.pop(WEIGHT, None)
             record.pop(KIND, None)
-        return list(self)
+        return list(list.__iter__(self))
 
     def windows_text(self) -> str:
         """'2,000,000 steps read, judged as 62,345 records (older steps in windows: mean loss,
@@ -244,121 +226,3 @@ class Thinned(list):
             return ""
         return (f"{len(self) + self.thinned:,} steps read, judged as {len(self):,} records (steps in windows of "
                 f"up to {self.width}: mean loss, largest gradient norm; every eval and non-finite loss kept)")
-
-
-class Rows:
-    """Records given as columns: {"step": steps[i], name: columns[name][i], ...} for every i,
-    what Thinned.extend merges without making a dict of each. `records` gives some rows as a
-    dict instead, each holding a val loss (an eval: never merged; its step is steps[i])."""
-
-    def __init__(self, steps: np.ndarray, columns: dict[str, np.ndarray],
-                 records: dict[int, dict[str, Any]] | None = None):
-        self.steps = np.asarray(steps, dtype=np.int64)
-        self.names = tuple(columns)
-        self.cols = {name: np.asarray(col, dtype=np.float64) for name, col in columns.items()}
-        self.records = records or {}
-        self.held = np.array(sorted(self.records), dtype=np.int64)  # the rows given as records, in order
-        n = len(self.steps)
-        if "train_loss" not in self.cols or "val_loss" in self.cols:
-            self.kinds = np.full(n, NONE, dtype=np.int8)  # kind(): no train loss, or an eval: never merged
-        else:
-            finite = np.isfinite(self.cols["train_loss"])
-            every = finite.copy()
-            for col in self.cols.values():
-                every &= np.isfinite(col)
-            self.kinds = np.where(~finite, NAN, np.where(every, OK, NONE)).astype(np.int8)
-        if self.records:
-            self.kinds[list(self.records)] = NONE
-
-    def __len__(self) -> int:
-        return len(self.steps)
-
-    def prepend(self, records: list[dict[str, Any]]) -> Rows:
-        """These records (that fit()) before the rows."""
-        steps = np.concatenate([[r["step"] for r in records], self.steps])
-        columns = {n: np.concatenate([[r[n] for r in records], c]) for n, c in self.cols.items()}
-        return Rows(steps, columns, {i + len(records): r for i, r in self.records.items()})
-
-    def fits(self, record: dict[str, Any]) -> bool:
-        """A raw record that could be one of these rows (the same keys, float values)."""
-        return (len(record) == len(self.names) + 1 and type(record.get("step")) is int
-                and all(type(record.get(n)) is float for n in self.names))
-
-    def dicts(self, a: int, b: int) -> list[dict[str, Any]]:
-        keys = ("step",) + self.names
-        values = [self.steps[a:b].tolist()] + [self.cols[n][a:b].tolist() for n in self.names]
-        out = [dict(zip(keys, v)) for v in zip(*values)]
-        for i in self.held_in(a, b):
-            out[i - a] = self.records[i]
-        return out
-
-    def held_in(self, a: int, b: int) -> list[int]:
-        """The rows from a to b given as records."""
-        lo, hi = np.searchsorted(self.held, (a, b)).tolist()
-        return self.held[lo:hi].tolist()
-
-    def values(self, i: int) -> dict[str, float]:
-        """Row i's columns (not its record)."""
-        return {name: float(col[i]) for name, col in self.cols.items()}
-
-    def part(self, a: int, b: int) -> Rows:
-        return Rows(self.steps[a:b], {n: c[a:b] for n, c in self.cols.items()},
-                    {i - a: self.records[i] for i in self.held_in(a, b)})
-
-    def kind_names(self, a: int, b: int) -> list[str | None]:
-        return [KIND_NAMES[k] for k in self.kinds[a:b].tolist()]
-
-    def merged(self, a: int, b: int, group_kind: str) -> dict[str, Any]:
-        """merge() of the records a..b-1 (b - a > 1), from the columns."""
-        out = self.dicts(b - 1, b)[0]
-        out[KIND], out[WEIGHT] = group_kind, b - a
-        if group_kind == "nan":
-            out["step"] = int(self.steps[a])
-            return out
-        for name in ("train_loss", "step_time_ms"):
-            if name in self.cols:
-                out[name] = float(in_order_sum(self.cols[name][a:b])) / (b - a)
-        if "grad_norm" in self.cols:
-            out["grad_norm"] = max(self.cols["grad_norm"][a:b].tolist())
-        return out
-
-    def windows(self, a: int, k: int, w: int) -> list[dict[str, Any]]:
-        """merge() of each of the k windows of w plain finite records from row a, in numpy: sums
-        run in merge()'s order (cumsum, not numpy's pairwise sum), so the means are bit for bit."""
-        end = a + k * w
-        last = np.arange(a + w - 1, end, w)
-        out: dict[str, list] = {"step": self.steps[last].tolist()}
-        for name, col in self.cols.items():
-            if name in ("train_loss", "step_time_ms"):
-                out[name] = (in_order_sum(col[a:end].reshape(k, w)) / w).tolist()
-            elif name == "grad_norm":
-                out[name] = col[a:end].reshape(k, w).max(axis=1).tolist()
-            else:
-                out[name] = col[last].tolist()
-        keys = tuple(out)
-        return [{**dict(zip(keys, v)), KIND: "ok", WEIGHT: w} for v in zip(*out.values())]
-
-
-def in_order_sum(values: np.ndarray) -> np.ndarray:
-    """Sums along the last axis added one after the other from 0.0, as merge() adds (numpy's sum
-    adds pairwise, which rounds differently): a running sum's last value."""
-    with np.errstate(invalid="ignore", over="ignore"):  # (windows with inf are merged elsewhere)
-        return np.cumsum(values, axis=-1)[..., -1] + 0.0  # + 0.0: merge() starts at 0.0 (-0.0 + 0.0 is 0.0)
-
-
-def close_mixed(records: list[dict[str, Any]], rows: Rows, a: int, b: int) -> list[dict[str, Any]]:
-    """runs_of(records + the records of rows[a:b]): a run of rows alone merged from the columns."""
-    kinds = [kind_of(r) for r in records] + rows.kind_names(a, b)
-    out: list[dict[str, Any]] = []
-    start = 0
-    for i in range(1, len(kinds) + 1):
-        if i < len(kinds) and kinds[i] == kinds[start] and kinds[i] is not None:
-            continue
-        k, lo, hi = kinds[start], start, i  # one run: items lo..hi-1
-        if lo >= len(records) and hi - lo > 1:
-            out.append(rows.merged(a + lo - len(records), a + hi - len(records), k))
-        else:
-            group = records[lo:hi] + rows.dicts(a + max(lo - len(records), 0), a + max(hi - len(records), 0))
-            out.append(merge(group, k) if len(group) > 1 else group[0])
-        start = i
-    return out

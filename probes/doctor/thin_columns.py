@@ -1,0 +1,314 @@
+"""Records and windows of a long history held as columns (numpy arrays), which probes.doctor.thinning
+merges as its dicts would be merged, bit for bit, without a dict for each: `Rows`, records a
+reader hands over in a block; `Block`, the closed windows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from probes.doctor.merging import (CODES, KIND, KIND_NAMES, NAN, NONE, OK, WEIGHT, in_order_sum, kind_of,
+                                   merge)
+
+__all__ = ["Block", "Rows", "close_mixed"]
+
+MEANS = ("train_loss", "step_time_ms")  # what merge() averages over a window's steps
+MAX_PARTS = 16  # parts kept before they are put together: memory bounded by the windows, not the pieces
+
+
+class Rows:
+    """Records given as columns: {"step": steps[i], name: columns[name][i], ...} for every i,
+    what Thinned.extend merges without making a dict of each. `records` gives some rows as a
+    dict instead, each holding a val loss (an eval: never merged; its step is steps[i])."""
+
+    def __init__(self, steps: np.ndarray, columns: dict[str, np.ndarray],
+                 records: dict[int, dict[str, Any]] | None = None):
+        self.steps = np.asarray(steps, dtype=np.int64)
+        self.names = tuple(columns)
+        self.cols = {name: np.asarray(col, dtype=np.float64) for name, col in columns.items()}
+        self.records = records or {}
+        self.held = np.array(sorted(self.records), dtype=np.int64)  # the rows given as records, in order
+        n = len(self.steps)
+        if "train_loss" not in self.cols or "val_loss" in self.cols:
+            self.kinds = np.full(n, NONE, dtype=np.int8)  # kind(): no train loss, or an eval: never merged
+        else:
+            finite = np.isfinite(self.cols["train_loss"])
+            every = finite.copy()
+            for col in self.cols.values():
+                every &= np.isfinite(col)
+            self.kinds = np.where(~finite, NAN, np.where(every, OK, NONE)).astype(np.int8)
+        if self.records:
+            self.kinds[list(self.records)] = NONE
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def prepend(self, records: list[dict[str, Any]]) -> Rows:
+        """These records (that fit()) before the rows."""
+        steps = np.concatenate([[r["step"] for r in records], self.steps])
+        columns = {n: np.concatenate([[r[n] for r in records], c]) for n, c in self.cols.items()}
+        return Rows(steps, columns, {i + len(records): r for i, r in self.records.items()})
+
+    def fits(self, record: dict[str, Any]) -> bool:
+        """A raw record that could be one of these rows (the same keys, float values)."""
+        return (len(record) == len(self.names) + 1 and type(record.get("step")) is int
+                and all(type(record.get(n)) is float for n in self.names))
+
+    def dicts(self, a: int, b: int) -> list[dict[str, Any]]:
+        keys = ("step",) + self.names
+        values = [self.steps[a:b].tolist()] + [self.cols[n][a:b].tolist() for n in self.names]
+        out = [dict(zip(keys, v)) for v in zip(*values)]
+        for i in self.held_in(a, b):
+            out[i - a] = self.records[i]
+        return out
+
+    def held_in(self, a: int, b: int) -> list[int]:
+        """The rows from a to b given as records."""
+        lo, hi = np.searchsorted(self.held, (a, b)).tolist()
+        return self.held[lo:hi].tolist()
+
+    def values(self, i: int) -> dict[str, float]:
+        """Row i's columns (not its record)."""
+        return {name: float(col[i]) for name, col in self.cols.items()}
+
+    def part(self, a: int, b: int) -> Rows:
+        return Rows(self.steps[a:b], {n: c[a:b] for n, c in self.cols.items()},
+                    {i - a: self.records[i] for i in self.held_in(a, b)})
+
+    def to_block(self, block: Block, a: int, b: int) -> None:
+        """Rows a..b-1 into the block as records (not windows), those given as dicts as dicts."""
+        start = a
+        for i in self.held_in(a, b) + [b]:
+            if i > start:
+                block.add_columns(self.steps[start:i], self.kinds[start:i],
+                                  {n: c[start:i] for n, c in self.cols.items()}, 1, False)
+            if i < b:
+                block.add_dicts([self.records[i]])
+            start = i + 1
+
+    def kind_names(self, a: int, b: int) -> list[str | None]:
+        return [KIND_NAMES[k] for k in self.kinds[a:b].tolist()]
+
+    def merged(self, a: int, b: int, group_kind: str) -> dict[str, Any]:
+        """merge() of the records a..b-1 (b - a > 1), from the columns."""
+        out = self.dicts(b - 1, b)[0]
+        out[KIND], out[WEIGHT] = group_kind, b - a
+        if group_kind == "nan":
+            out["step"] = int(self.steps[a])
+            return out
+        for name in ("train_loss", "step_time_ms"):
+            if name in self.cols:
+                out[name] = float(in_order_sum(self.cols[name][a:b])) / (b - a)
+        if "grad_norm" in self.cols:
+            out["grad_norm"] = max(self.cols["grad_norm"][a:b].tolist())
+        return out
+
+    def windows(self, a: int, k: int, w: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """(last steps, columns) of merge() of each of the k windows of w plain finite records from
+        row a, in numpy: sums run in merge()'s order (a running sum, not numpy's pairwise one),
+        so the means are bit for bit merge()'s; the largest norm; the last of other values."""
+        end = a + k * w
+        last = np.arange(a + w - 1, end, w)
+        out = {}
+        for name, col in self.cols.items():
+            if name in MEANS:
+                out[name] = in_order_sum(col[a:end].reshape(k, w)) / w
+            elif name == "grad_norm":
+                out[name] = col[a:end].reshape(k, w).max(axis=1)
+            else:
+                out[name] = col[last]
+        return self.steps[last], out
+
+def close_mixed(records: list[dict[str, Any]], rows: Rows, a: int, b: int) -> list[dict[str, Any]]:
+    """runs_of(records + the records of rows[a:b]): a run of rows alone merged from the columns."""
+    kinds = [kind_of(r) for r in records] + rows.kind_names(a, b)
+    out: list[dict[str, Any]] = []
+    start = 0
+    for i in range(1, len(kinds) + 1):
+        if i < len(kinds) and kinds[i] == kinds[start] and kinds[i] is not None:
+            continue
+        k, lo, hi = kinds[start], start, i  # one run: items lo..hi-1
+        if lo >= len(records) and hi - lo > 1:
+            out.append(rows.merged(a + lo - len(records), a + hi - len(records), k))
+        else:
+            group = records[lo:hi] + rows.dicts(a + max(lo - len(records), 0), a + max(hi - len(records), 0))
+            out.append(merge(group, k) if len(group) > 1 else group[0])
+        start = i
+    return out
+
+
+class Block:
+    """A Thinned's closed windows (and older records), oldest first, as columns: a plain entry (a
+    record or window with the block's `names`: its step, weight, kind, the names' values, and
+    whether it is a window, shown with _k and _n) in arrays; any other as its dict in `extras`.
+    Entries come in parts, kept as given (O(1) each) and put together (`consolidate`) when the
+    block is compacted or read."""
+
+    def __init__(self) -> None:
+        self.parts: list[Any] = []
+        self.size = 0
+        self.steps, self.weights = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        self.kinds, self.plain, self.window = np.zeros(0, dtype=np.int8), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
+        self.names: tuple[str, ...] | None = None
+        self.cols: dict[str, np.ndarray] = {}
+        self.extras: dict[int, dict[str, Any]] = {}
+
+    def __len__(self) -> int:
+        return self.size
+
+    def add_dicts(self, records: list[dict[str, Any]]) -> None:
+        if records:
+            if self.parts and isinstance(self.parts[-1], list):
+                self.parts[-1].extend(records)
+            else:
+                self.parts.append(list(records))
+            self.size += len(records)
+
+    def add_columns(self, steps: np.ndarray, kinds: np.ndarray, columns: dict[str, np.ndarray], weight: int,
+                    window: bool) -> None:
+        """Plain entries: records (weight 1, not windows) or windows of `weight` steps each."""
+        if len(steps):
+            self.parts.append((steps, kinds, columns, weight, window))
+            self.size += len(steps)
+            if len(self.parts) > MAX_PARTS:
+                self.consolidate()
+
+    def consolidate(self) -> None:
+        """The parts added since into the arrays (columns of other names than the block's as dicts)."""
+        if not self.parts:
+            return
+        if self.names is None:
+            self.names = next((tuple(p[2]) for p in self.parts if isinstance(p, tuple)), None)
+        at = len(self.steps)
+        steps, weights, kinds, plain, window = [self.steps], [self.weights], [self.kinds], [self.plain], [self.window]
+        cols = {name: [col] for name, col in self.cols.items()} if self.names is not None else {}
+        for name in self.names or ():
+            cols.setdefault(name, [np.full(at, np.nan)])
+        for part in self.parts:
+            if isinstance(part, tuple) and tuple(part[2]) != self.names:
+                part = plain_dicts(part)
+            if isinstance(part, tuple):
+                part_steps, part_kinds, columns, weight, is_window = part
+                n = len(part_steps)
+                steps.append(np.asarray(part_steps, dtype=np.int64))
+                weights.append(np.full(n, weight, dtype=np.int64))
+                kinds.append(np.asarray(part_kinds, dtype=np.int8))
+                plain.append(np.ones(n, dtype=bool))
+                window.append(np.full(n, is_window))
+                for name in self.names or ():
+                    cols[name].append(np.asarray(columns[name], dtype=np.float64))
+            else:
+                n = len(part)
+                self.extras.update(zip(range(at, at + n), part))
+                steps.append(np.zeros(n, dtype=np.int64))
+                weights.append(np.array([r.get(WEIGHT, 1) for r in part], dtype=np.int64))
+                kinds.append(np.array([CODES[kind_of(r)] for r in part], dtype=np.int8))
+                plain.append(np.zeros(n, dtype=bool))
+                window.append(np.zeros(n, dtype=bool))
+                for name in self.names or ():
+                    cols[name].append(np.full(n, np.nan))
+            at += n
+        self.parts = []
+        self.steps, self.weights, self.kinds = np.concatenate(steps), np.concatenate(weights), np.concatenate(kinds)
+        self.plain, self.window = np.concatenate(plain), np.concatenate(window)
+        self.cols = {name: np.concatenate(parts) for name, parts in cols.items()}
+
+    def dicts(self, a: int = 0, b: int | None = None) -> list[dict[str, Any]]:
+        """Entries a..b-1 as the dicts Thinned would hold."""
+        self.consolidate()
+        b = self.size if b is None else b
+        names = self.names or ()
+        keys = ("step",) + names
+        values = zip(self.steps[a:b].tolist(), *(self.cols[n][a:b].tolist() for n in names))
+        out = [dict(zip(keys, v)) for v in values]
+        for i, (w, k, is_window) in enumerate(zip(self.weights[a:b].tolist(), self.kinds[a:b].tolist(),
+                                                   self.window[a:b].tolist())):
+            if is_window:
+                out[i][KIND], out[i][WEIGHT] = KIND_NAMES[k], w
+        held = range(a, b) if b - a < len(self.extras) else self.extras
+        for i in held:
+            if a <= i < b and i in self.extras:
+                out[i - a] = self.extras[i]
+        return out
+
+    def entry(self, i: int) -> dict[str, Any]:
+        """Entry i as its dict (consolidated)."""
+        if i in self.extras:
+            return self.extras[i]
+        record = {"step": int(self.steps[i]), **{n: float(self.cols[n][i]) for n in self.names or ()}}
+        if self.window[i]:
+            record[KIND], record[WEIGHT] = KIND_NAMES[self.kinds[i]], int(self.weights[i])
+        return record
+
+    def clear(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    def pop_last(self) -> dict[str, Any]:
+        self.consolidate()
+        record = self.entry(self.size - 1)
+        self.extras.pop(self.size - 1, None)
+        self.size -= 1
+        self.steps, self.weights, self.kinds = self.steps[:-1], self.weights[:-1], self.kinds[:-1]
+        self.plain, self.window = self.plain[:-1], self.window[:-1]
+        self.cols = {name: col[:-1] for name, col in self.cols.items()}
+        return record
+
+    def compact(self) -> int:
+        """Neighbouring entries of one mergeable kind merged pairwise, as Thinned.compact pairs
+        them (in each run of one kind, the first two, the next two, ...); how many merged away."""
+        self.consolidate()
+        m = self.size
+        if m < 2:
+            return 0
+        codes, at = self.kinds, np.arange(m)
+        boundary = np.ones(m, dtype=bool)  # where a run of one mergeable kind starts
+        boundary[1:] = (codes[1:] != codes[:-1]) | (codes[1:] == NONE)
+        run_start = np.maximum.accumulate(np.where(boundary, at, 0))
+        first = ((at - run_start) % 2 == 0) & (codes != NONE)
+        first[:-1] &= ~boundary[1:]
+        first[-1] = False
+        second = np.zeros(m, dtype=bool)
+        second[1:] = first[:-1]
+        starts = np.flatnonzero(~second)  # each new entry's first old one
+        paired, nxt = first[starts], np.minimum(starts + 1, m - 1)
+        both = paired & self.plain[starts] & self.plain[nxt]
+        ok = both & (codes[starts] == OK)
+        wa, wb = self.weights[starts], self.weights[nxt]
+        extras = {}
+        for j in np.flatnonzero(paired & ~both).tolist():  # a pair with a dict in it: merge()d
+            a = int(starts[j])
+            extras[j] = merge([self.entry(a), self.entry(a + 1)], KIND_NAMES[codes[a]])
+        new_of = np.cumsum(~second) - 1
+        for i, record in self.extras.items():
+            if not paired[new_of[i]]:
+                extras[int(new_of[i])] = record
+        cols = {}
+        with np.errstate(invalid="ignore", over="ignore"):  # (values of dict entries are NaN)
+            for name, col in self.cols.items():
+                a, b = col[starts], col[nxt]
+                if name in MEANS:
+                    merged = (0.0 + a * wa + b * wb) / (wa + wb)  # merge()'s order
+                elif name == "grad_norm":
+                    merged = np.where(b > a, b, a)
+                else:
+                    merged = b
+                cols[name] = np.where(ok, merged, np.where(both, b, a))  # a NaN pair keeps the last's values
+        self.steps = np.where(ok, self.steps[nxt], self.steps[starts])  # a NaN pair: its first step
+        self.weights = np.where(paired, wa + wb, wa)
+        self.kinds, self.window = codes[starts], self.window[starts] | paired
+        self.plain = np.where(paired, both, self.plain[starts])
+        self.cols, self.extras, self.size = cols, extras, len(starts)
+        return m - len(starts)
+
+
+def plain_dicts(part: tuple) -> list[dict[str, Any]]:
+    """A part of plain entries as dicts."""
+    steps, kinds, columns, weight, window = part
+    keys = ("step",) + tuple(columns)
+    out = [dict(zip(keys, v)) for v in zip(np.asarray(steps).tolist(), *(np.asarray(c).tolist() for c in columns.values()))]
+    if window:
+        for r, k in zip(out, np.asarray(kinds).tolist()):
+            r[KIND], r[WEIGHT] = KIND_NAMES[k], weight
+    return out
