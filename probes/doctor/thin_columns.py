@@ -30,6 +30,8 @@ class Rows:
         self.cols = {name: np.asarray(col, dtype=np.float64) for name, col in columns.items()}
         self.records = records or {}
         self.held = np.array(sorted(self.records), dtype=np.int64)  # the rows given as records, in order
+        self.is_record = np.zeros(len(self.steps), dtype=bool)
+        self.is_record[self.held] = True
         n = len(self.steps)
         if "train_loss" not in self.cols or "val_loss" in self.cols:
             self.kinds = np.full(n, NONE, dtype=np.int8)  # kind(): no train loss, or an eval: never merged
@@ -78,15 +80,9 @@ class Rows:
                     {i - a: self.records[i] for i in self.held_in(a, b)})
 
     def to_block(self, block: Block, a: int, b: int) -> None:
-        """Rows a..b-1 into the block as records (not windows), those given as dicts as dicts."""
-        start = a
-        for i in self.held_in(a, b) + [b]:
-            if i > start:
-                block.add_columns(self.steps[start:i], self.kinds[start:i],
-                                  {n: c[start:i] for n, c in self.cols.items()}, 1, False)
-            if i < b:
-                block.add_dicts([self.records[i]])
-            start = i + 1
+        """Rows a..b-1 into the block as records (not windows)."""
+        block.add_columns(self.steps[a:b], self.kinds[a:b], {n: c[a:b] for n, c in self.cols.items()}, 1, False,
+                          {i - a: self.records[i] for i in self.held_in(a, b)})
 
     def kind_names(self, a: int, b: int) -> list[str | None]:
         return [KIND_NAMES[k] for k in self.kinds[a:b].tolist()]
@@ -105,21 +101,59 @@ class Rows:
             out["grad_norm"] = max(self.cols["grad_norm"][a:b].tolist())
         return out
 
-    def windows(self, a: int, k: int, w: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """(last steps, columns) of merge() of each of the k windows of w plain finite records from
-        row a, in numpy: sums run in merge()'s order (a running sum, not numpy's pairwise one),
-        so the means are bit for bit merge()'s; the largest norm; the last of other values."""
+    def starts(self, a: int, k: int, w: int) -> np.ndarray:
+        """Where the runs that the k windows of w rows from a close into start: each window's
+        first row, and each record and the row after it (a record is never merged)."""
+        held = self.is_record[a:a + k * w]
+        starts = held.copy()
+        starts[::w] = True
+        starts[1:] |= held[:-1]
+        return starts
+
+    def closing(self, a: int, k: int, w: int) -> tuple[np.ndarray, dict[int, list[dict[str, Any]]]]:
+        """How many entries each of the k windows of w rows from a closes into, and the dicts of
+        those holding other than plain finite rows and records (NaN, inf: close_mixed)."""
         end = a + k * w
-        last = np.arange(a + w - 1, end, w)
-        out = {}
-        for name, col in self.cols.items():
-            if name in MEANS:
-                out[name] = in_order_sum(col[a:end].reshape(k, w)) / w
-            elif name == "grad_norm":
-                out[name] = col[a:end].reshape(k, w).max(axis=1)
-            else:
-                out[name] = col[last]
-        return self.steps[last], out
+        good = ((self.kinds[a:end] == OK) | self.is_record[a:end]).reshape(k, w).all(axis=1)
+        counts = self.starts(a, k, w).reshape(k, w).sum(axis=1)
+        others = {j: close_mixed([], self, a + j * w, a + (j + 1) * w) for j in np.flatnonzero(~good).tolist()}
+        for j, windows in others.items():
+            counts[j] = len(windows)
+        return counts, others
+
+    def closed(self, a: int, k: int, w: int, others: dict[int, list[dict[str, Any]]]) -> tuple:
+        """The entries the k windows of w rows from a close into, as a Block part: each run of
+        plain rows merge()d in numpy (sums in merge()'s order, padded with zeros: bit for bit),
+        a run of one row kept as it is, records and `others`' windows as dicts, in order."""
+        starts = self.starts(a, k, w)
+        bounds = np.append(np.flatnonzero(starts), k * w) + a
+        first, stop = bounds[:-1], bounds[1:]
+        bad = [j for j in others if j < k]
+        if bad:
+            good = np.ones(k, dtype=bool)
+            good[bad] = False
+            keep = good[(first - a) // w]
+            first, stop = first[keep], stop[keep]
+        length, last = stop - first, stop - 1
+        span = np.arange(w)
+        inside = span < length[:, None]  # [run row]
+        at = np.minimum(first[:, None] + span, last[:, None])
+        cols = {}
+        with np.errstate(invalid="ignore", over="ignore"):
+            for name, col in self.cols.items():
+                if name in MEANS:
+                    merged = in_order_sum(np.where(inside, col[at], 0.0)) / length
+                elif name == "grad_norm":
+                    merged = np.where(inside, col[at], -np.inf).max(axis=1)
+                else:
+                    merged = col[last]
+                cols[name] = np.where(length > 1, merged, col[first])
+        steps, kinds = np.where(length > 1, self.steps[last], self.steps[first]), np.full(len(first), OK, dtype=np.int8)
+        extras = {i: self.records[row] for i, row in enumerate(first.tolist()) if self.is_record[row]}
+        part = [steps, kinds, cols, length, length > 1, extras]
+        if bad:
+            part = interleave(part, first, {a + j * w: others[j] for j in bad})
+        return tuple(part)
 
 def close_mixed(records: list[dict[str, Any]], rows: Rows, a: int, b: int) -> list[dict[str, Any]]:
     """runs_of(records + the records of rows[a:b]): a run of rows alone merged from the columns."""
@@ -166,11 +200,12 @@ class Block:
                 self.parts.append(list(records))
             self.size += len(records)
 
-    def add_columns(self, steps: np.ndarray, kinds: np.ndarray, columns: dict[str, np.ndarray], weight: int,
-                    window: bool) -> None:
-        """Plain entries: records (weight 1, not windows) or windows of `weight` steps each."""
+    def add_columns(self, steps: np.ndarray, kinds: np.ndarray, columns: dict[str, np.ndarray], weights: Any,
+                    window: Any, extras: dict[int, dict[str, Any]] | None = None) -> None:
+        """Plain entries (records: weight 1, not windows; or windows of `weights` steps), those in
+        `extras` (by position) given as dicts instead."""
         if len(steps):
-            self.parts.append((steps, kinds, columns, weight, window))
+            self.parts.append((steps, kinds, columns, weights, window, extras or {}))
             self.size += len(steps)
             if len(self.parts) > MAX_PARTS:
                 self.consolidate()
@@ -189,26 +224,25 @@ class Block:
         for part in self.parts:
             if isinstance(part, tuple) and tuple(part[2]) != self.names:
                 part = plain_dicts(part)
-            if isinstance(part, tuple):
-                part_steps, part_kinds, columns, weight, is_window = part
-                n = len(part_steps)
-                steps.append(np.asarray(part_steps, dtype=np.int64))
-                weights.append(np.full(n, weight, dtype=np.int64))
-                kinds.append(np.asarray(part_kinds, dtype=np.int8))
-                plain.append(np.ones(n, dtype=bool))
-                window.append(np.full(n, is_window))
-                for name in self.names or ():
-                    cols[name].append(np.asarray(columns[name], dtype=np.float64))
-            else:
+            if isinstance(part, list):
                 n = len(part)
-                self.extras.update(zip(range(at, at + n), part))
-                steps.append(np.zeros(n, dtype=np.int64))
-                weights.append(np.array([r.get(WEIGHT, 1) for r in part], dtype=np.int64))
-                kinds.append(np.array([CODES[kind_of(r)] for r in part], dtype=np.int8))
-                plain.append(np.zeros(n, dtype=bool))
-                window.append(np.zeros(n, dtype=bool))
-                for name in self.names or ():
-                    cols[name].append(np.full(n, np.nan))
+                part = (np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int8),
+                        {name: np.full(n, np.nan) for name in self.names or ()}, 1, False, dict(enumerate(part)))
+            part_steps, part_kinds, columns, part_weights, is_window, extras = part
+            n = len(part_steps)
+            part_kinds, part_weights = np.array(part_kinds, dtype=np.int8), np.array(np.broadcast_to(part_weights, n), dtype=np.int64)
+            part_plain, part_window = np.ones(n, dtype=bool), np.array(np.broadcast_to(is_window, n), dtype=bool)
+            for i, record in extras.items():
+                self.extras[at + i] = record
+                part_kinds[i], part_weights[i] = CODES[kind_of(record)], record.get(WEIGHT, 1)
+                part_plain[i] = part_window[i] = False
+            steps.append(np.asarray(part_steps, dtype=np.int64))
+            kinds.append(part_kinds)
+            weights.append(part_weights)
+            plain.append(part_plain)
+            window.append(part_window)
+            for name in self.names or ():
+                cols[name].append(np.asarray(columns[name], dtype=np.float64))
             at += n
         self.parts = []
         self.steps, self.weights, self.kinds = np.concatenate(steps), np.concatenate(weights), np.concatenate(kinds)
@@ -303,12 +337,36 @@ class Block:
         return m - len(starts)
 
 
+def interleave(part: list, rows: np.ndarray, windows: dict[int, list[dict[str, Any]]]) -> list:
+    """A part's entries (each starting at rows[i]) and other windows' dicts (those starting at
+    each key) in row order."""
+    steps, kinds, cols, weights, window, extras = part
+    n, added = len(steps), sum(len(w) for w in windows.values())
+    where = np.concatenate([rows, np.array([r for r, ws in windows.items() for _ in ws], dtype=np.int64)])
+    sub = np.concatenate([np.zeros(n, dtype=np.int64), np.array([t for ws in windows.values() for t in range(len(ws))],
+                                                                  dtype=np.int64)])
+    order = np.lexsort((sub, where))
+    position = np.empty_like(order)
+    position[order] = np.arange(len(order))
+    pad = lambda values, fill: np.concatenate([values, np.full(added, fill, dtype=np.asarray(values).dtype)])[order]  # noqa: E731
+    out_extras = {int(position[i]): r for i, r in extras.items()}
+    for i, r in enumerate(r for ws in windows.values() for r in ws):
+        out_extras[int(position[n + i])] = r
+    return [pad(steps, 0), pad(kinds, OK), {name: pad(c, np.nan) for name, c in cols.items()}, pad(weights, 1),
+            pad(window, False), out_extras]
+
+
 def plain_dicts(part: tuple) -> list[dict[str, Any]]:
-    """A part of plain entries as dicts."""
-    steps, kinds, columns, weight, window = part
+    """A part of entries as dicts."""
+    steps, kinds, columns, weights, window, extras = part
+    n = len(steps)
     keys = ("step",) + tuple(columns)
-    out = [dict(zip(keys, v)) for v in zip(np.asarray(steps).tolist(), *(np.asarray(c).tolist() for c in columns.values()))]
-    if window:
-        for r, k in zip(out, np.asarray(kinds).tolist()):
-            r[KIND], r[WEIGHT] = KIND_NAMES[k], weight
+    values = zip(np.asarray(steps).tolist(), *(np.asarray(c).tolist() for c in columns.values()))
+    out = [dict(zip(keys, v)) for v in values]
+    flags = zip(np.asarray(kinds).tolist(), np.broadcast_to(weights, n).tolist(), np.broadcast_to(window, n).tolist())
+    for r, (k, w, is_window) in zip(out, flags):
+        if is_window:
+            r[KIND], r[WEIGHT] = KIND_NAMES[k], w
+    for i, record in extras.items():
+        out[i] = record
     return out

@@ -186,23 +186,11 @@ class Thinned(list):
         n = len(rows)
         while (k := (n - p - 1) // self.width) > 0:
             w = self.width
-            plain = (rows.kinds[p:p + k * w].reshape(k, w) == OK).all(axis=1)
-            others = {j: close_mixed([], rows, p + j * w, p + (j + 1) * w) for j in np.flatnonzero(~plain).tolist()}
-            counts = np.ones(k, dtype=np.int64)
-            for j, windows in others.items():
-                counts[j] = len(windows)
+            counts, others = rows.closing(p, k, w)
             # the window that takes the windows past the cap is the last before a compaction
             k = min(k, int(np.searchsorted(np.cumsum(counts), self.cap - self.windows(), side="right")) + 1)
-            steps, columns = rows.windows(p, k, w)
             self.settle()
-            done = 0
-            for j in sorted(j for j in others if j < k) + [k]:
-                if j > done:
-                    self.block.add_columns(steps[done:j], np.full(j - done, OK, dtype=np.int8),
-                                           {name: col[done:j] for name, col in columns.items()}, w, True)
-                if j < k:
-                    self.block.add_dicts(others[j])
-                done = j + 1
+            self.block.add_columns(*rows.closed(p, k, w, others))
             self.thinned += int(k * w - counts[:k].sum())
             p += k * w
             if self.windows() > self.cap:
