@@ -191,6 +191,7 @@ class History:
         elif not records or records[-1]["step"] < step:
             records.append({"step": step, **values})
         else:  # a step logged out of order (rare): found by bisection
+            records.flush()
             i = bisect.bisect_left(records, step, key=lambda r: r["step"])
             if i < len(records) and records[i]["step"] == step:
                 records[i].update(values)

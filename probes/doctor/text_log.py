@@ -24,7 +24,7 @@ __all__ = ["MAX_LINE", "TextLog", "check_regular_file", "excerpt", "head_lines",
 
 log = logging.getLogger(__name__)
 
-CHUNK = 1 << 20  # characters read at a time
+CHUNK = 1 << 18  # characters read at a time (a piece a reader takes in numpy: its temporaries stay a few MB)
 MAX_LINE = 1 << 16  # characters: a longer "line" is no trainer's print
 SNIFF = 4096  # bytes read to tell the encoding
 BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),

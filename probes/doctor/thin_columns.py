@@ -279,16 +279,6 @@ class Block:
     def clear(self) -> None:
         self.__init__()  # type: ignore[misc]
 
-    def pop_last(self) -> dict[str, Any]:
-        self.consolidate()
-        record = self.entry(self.size - 1)
-        self.extras.pop(self.size - 1, None)
-        self.size -= 1
-        self.steps, self.weights, self.kinds = self.steps[:-1], self.weights[:-1], self.kinds[:-1]
-        self.plain, self.window = self.plain[:-1], self.window[:-1]
-        self.cols = {name: col[:-1] for name, col in self.cols.items()}
-        return record
-
     def compact(self) -> int:
         """Neighbouring entries of one mergeable kind merged pairwise, as Thinned.compact pairs
         them (in each run of one kind, the first two, the next two, ...); how many merged away."""

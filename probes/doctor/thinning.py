@@ -37,43 +37,40 @@ class Thinned(list):
     (`self[-1]` is always the last record read, which a reader may still update). When the
     windows pass `cap`, neighbouring ones merge and the width doubles. The list itself holds the
     first record and the `raw` latest ones; the windows between them wait in `block`, made dicts
-    (`flush`) when the history is read whole: iterated, or indexed other than at its latest."""
+    (`flush`) when the history is read whole (iterated, finished). A reader indexes it only at
+    its latest record, `self[-1]`, or flushes it first."""
 
     def __init__(self, cap: int | None = None):
         super().__init__()
         self.cap, self.width, self.raw, self.thinned = cap or CAP, 1, 0, 0  # raw: latest records not in a window
         self.block = Block()
 
-    def __len__(self) -> int:
-        return list.__len__(self) + self.block.size
+    def size(self) -> int:
+        """Records and windows held (len() counts only those in the list, not the block's)."""
+        return len(self) + self.block.size
 
     def __iter__(self):  # type: ignore[override]
         self.flush()
         return list.__iter__(self)
 
-    def __getitem__(self, index):  # type: ignore[override]
-        if self.block.size and not (type(index) is int and -self.raw <= index < 0):
-            self.flush()
-        return list.__getitem__(self, index)
-
     def flush(self) -> None:
         """The block's windows made dicts, in their place in the list."""
         if self.block.size:
-            at = list.__len__(self) - self.raw
+            at = len(self) - self.raw
             list.__setitem__(self, slice(at, at), self.block.dicts())
             self.block.clear()
 
     def settle(self) -> None:
         """Records the list holds between its first and its raw ones moved to the block's end
         (before anything is added there, so that the order holds)."""
-        end = list.__len__(self) - self.raw
+        end = len(self) - self.raw
         if end > 1:
             self.block.add_dicts(list.__getitem__(self, slice(1, end)))
             list.__delitem__(self, slice(1, end))
 
     def windows(self) -> int:
         """Records and windows before the raw ones."""
-        return len(self) - self.raw
+        return self.size() - self.raw
 
     def append(self, record: dict[str, Any]) -> None:  # type: ignore[override]
         list.append(self, record)
@@ -81,7 +78,7 @@ class Thinned(list):
             self.raw = 1
             if self.block.size:
                 self.settle()
-            if len(self) > self.cap:
+            if self.size() > self.cap:
                 self.compact()
             return
         self.raw += 1
@@ -89,17 +86,17 @@ class Thinned(list):
             self.close_window()
 
     def pop(self, index: int = -1) -> dict[str, Any]:  # type: ignore[override]
-        if index != -1:
+        if index != -1 or not self.raw:
             self.flush()
-        if self.raw:
-            self.raw -= 1
-        elif self.block.size:
-            return self.block.pop_last()
-        return list.pop(self, index)
+        self.raw = max(self.raw - 1, 0)
+        record = list.pop(self, index)
+        if not self.raw:  # self[-1] is a window now: the block's last, made a dict in the list
+            self.flush()
+        return record
 
     def close_window(self) -> None:
         """The oldest `width` of the latest records (never the last) merged into windows."""
-        start = list.__len__(self) - self.raw
+        start = len(self) - self.raw
         windows = runs_of(list.__getitem__(self, slice(start, start + self.width)))
         self.thinned += self.width - len(windows)
         list.__delitem__(self, slice(start, start + self.width))
@@ -132,23 +129,23 @@ class Thinned(list):
                 if p < len(rows):
                     p = self.close_windows(rows, p)
                 continue
-            if not list.__len__(self):  # the first record, never merged: kept in the list
+            if not len(self):  # the first record, never merged: kept in the list
                 list.append(self, rows.dicts(p, p + 1)[0])
                 p, self.raw = p + 1, 1
                 continue
             # no windows yet: every record is its own, up to the first compaction
-            take = min(len(rows) - p, self.cap + 1 - len(self))
+            take = min(len(rows) - p, self.cap + 1 - self.size())
             self.raw = 0
             self.settle()
             rows.to_block(self.block, p, p + take - 1)
             list.append(self, rows.dicts(p + take - 1, p + take)[0])
             p, self.raw = p + take, 1
-            if len(self) > self.cap:
+            if self.size() > self.cap:
                 self.compact()
 
     def take_raw(self, rows: Rows, p: int) -> tuple[Rows, int]:
         """The latest records that could be rows (the same keys) taken back, in front of rows[p:]."""
-        taken, size = 0, list.__len__(self)
+        taken, size = 0, len(self)
         while taken < self.raw and taken < size - 1 and rows.fits(list.__getitem__(self, size - 1 - taken)):
             taken += 1
         if not taken:
@@ -168,7 +165,7 @@ class Thinned(list):
             list.extend(self, rows.dicts(p, n))
             self.raw += n - p
             return n
-        size = list.__len__(self)
+        size = len(self)
         records = list.__getitem__(self, slice(size - self.raw, size))
         list.__delitem__(self, slice(size - self.raw, size))
         windows = close_mixed(records, rows, p, p + need)
@@ -212,5 +209,5 @@ class Thinned(list):
         largest gradient norm; every eval and non-finite loss kept)', or '' when none was merged."""
         if not self.thinned:
             return ""
-        return (f"{len(self) + self.thinned:,} steps read, judged as {len(self):,} records (steps in windows of "
+        return (f"{self.size() + self.thinned:,} steps read, judged as {self.size():,} records (steps in windows of "
                 f"up to {self.width}: mean loss, largest gradient norm; every eval and non-finite loss kept)")
