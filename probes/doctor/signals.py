@@ -18,6 +18,7 @@ __all__ = ["first_nonfinite", "growth_signals", "layer_values", "max_group_log10
            "skipped_steps", "update_report"]
 
 Signal = tuple[int, str, str]  # (step, what grew, by how much)
+NESTED = frozenset({"attn_entropy", "resid_rms", "attn_logit_max", "gwu", "diverged"})  # what nonfinite_in opens
 
 
 def layer_values(raw: Any) -> dict[str, list[float]]:
@@ -33,6 +34,8 @@ def layer_values(raw: Any) -> dict[str, list[float]]:
 
 def max_value(raw: Any) -> float:
     """The largest finite value of a {layer: value or [per head]} record field (NaN if none)."""
+    if not isinstance(raw, dict):  # not logged (every foreign log's records): as layer_values reads it
+        return math.nan
     values = [v for vs in layer_values(raw).values() for v in vs if math.isfinite(v)]
     return max(values) if values else math.nan
 
@@ -101,6 +104,8 @@ def nonfinite_in(record: dict[str, Any]) -> list[str]:
     """What in one record is NaN/inf (logged as null): losses, grad norm, entropies, parameters."""
     bad = [key.replace("_", " ") for key in ("train_loss", "val_loss", "grad_norm")
            if key in record and not is_finite(record[key])]
+    if NESTED.isdisjoint(record):  # a record of scalars (every foreign log's): nothing more to look in
+        return bad
     for name, label in (("attn_entropy", "attention entropy"), ("resid_rms", "residual rms"),
                         ("attn_logit_max", "max attention logit")):
         layers = [l for l, vs in layer_values(record.get(name)).items() if not all(map(math.isfinite, vs))]
