@@ -1,9 +1,11 @@
-"""Issue 37's speed of the doctor's readers on huge logs: the nanoGPT log is read a piece at a time in
-numpy (probes.doctor.nanogpt_block) and long histories are windowed from columns
-(probes.doctor.thinning.Thinned.extend). Each must give exactly what the straightforward reading
-gives: every line to read_nanogpt.read_line, every record to Thinned.append. Checked here on
-generated logs with evals, NaN and inf, restarts and resumes, damaged and prefixed lines, CRLF,
-exponents, steps too long to read, with a small window cap and small pieces so that a few
+"""Issue 37's speed of the doctor's readers on huge logs: a nanoGPT log is read a piece at a time in
+numpy (probes.doctor.nanogpt_block), trainer_state.json's log_history a window of entries at a time
+(json_stream.bulk_elements, read_trainer.History.add_many), and long histories are windowed from
+columns (probes.doctor.thinning.Thinned.extend, thin_columns.Block). Each must give exactly what
+the straightforward reading gives: every line to read_nanogpt.read_line, every entry to
+History.add, every record to Thinned.append. Checked here on generated files with evals, NaN and
+inf, restarts and resumes, damaged and prefixed lines, CRLF, exponents, steps too long to read,
+non-numbers and steps out of order, with a small window cap and small pieces so that a few
 thousand lines cross every edge."""
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ the list ever whole in memory. Each element and every other value is decoded by 
 library's `json.JSONDecoder.raw_decode` on a window of the file; only the object's and the list's
 own punctuation is parsed here. JSON's NaN and Infinity are read as Python's json reads them; an
 integer over MAX_INT_DIGITS digits (Python refuses 4300) reads as a float, inf for a huge one.
+Given `many`, a window's whole elements are decoded at once (`bulk_elements`, the hot path of a
+long list), their ints as json.loads reads them.
 """
 
 from __future__ import annotations

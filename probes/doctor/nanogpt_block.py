@@ -2,13 +2,14 @@
 million of them, and any Python work per line costs more than the file's whole reading.
 
 A piece's lines are grouped by their first byte and length; within a group, consecutive lines
-whose digits sit in the same places share one template (the line with every digit 0), checked
-once against the reader's own patterns (read_nanogpt.ITER, EVAL: a template matches exactly
-when its lines do) and read by column: a decimal field of up to 15 digits as an integer over a
-power of ten, which rounds as float() does; `nan`, `inf` and exponents by float(). Only lines
-that are exactly an iter line or an eval line (a trailing CR allowed) are read so: any other line,
-a prefixed or indented one included, goes to read_nanogpt.read_line as it always did. An eval
-line followed by the iter line of its step (as nanoGPT prints them) is one record.
+whose digits sit in the same places share one template (the line with every digit 0), matched
+once against ITER_LINE or EVAL_LINE (read_nanogpt's ITER and EVAL, whole-line: a template
+matches exactly when its lines do: its patterns treat every digit alike) and read by
+column: a decimal field of up to 15 digits as an integer over a power of ten, which rounds as
+float() does; `nan`, `inf` and exponents by float(). Only lines that are exactly an iter or an
+eval line (a trailing CR allowed) are read so: any other line, a prefixed or indented one
+included, goes to read_nanogpt.read_line as it always did. An eval line followed by the iter line
+of its step (as nanoGPT prints them) is one record; PrintedRuns.steps_read takes the rest.
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ EVAL_LINE = re.compile(rf"step (\d{{1,15}}): train loss {NUMBER}, val loss {NUMB
 DECIMAL = re.compile(r"0+(?:\.0*)?")  # a field read as digits over a power of ten
 MAX_DIGITS = 15  # below 2**53: the integer and its quotient by a power of ten are exact
 LONGEST = 256  # bytes; a longer line is left to read_line
-ZEROS = np.arange(256, dtype=np.uint8)
-ZEROS[ord("1"):ord("9") + 1] = ord("0")
 ITER, EVAL = 1, 2
 TEMPLATES: dict[bytes, tuple | None] = {}  # template -> (kind, field spans) or None
 
