@@ -155,6 +155,7 @@ class Rows:
             part = interleave(part, first, {a + j * w: others[j] for j in bad})
         return tuple(part)
 
+
 def close_mixed(records: list[dict[str, Any]], rows: Rows, a: int, b: int) -> list[dict[str, Any]]:
     """runs_of(records + the records of rows[a:b]): a run of rows alone merged from the columns."""
     kinds = [kind_of(r) for r in records] + rows.kind_names(a, b)
