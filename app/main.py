@@ -24,10 +24,8 @@ if __name__ == "__main__":
 
     main()
 else:
-    from starlette.middleware import Middleware
-
     from app.stop import quiet_exits
-    from app.warm import ModelPagesFirst, at_server_start
+    from app.warm import at_server_start
 
     quiet_exits()  # before the server takes the signals: a stop ends quietly (app/stop.py)
-    streamlit_app = st.App(__file__, lifespan=at_server_start, middleware=[Middleware(ModelPagesFirst)])
+    streamlit_app = st.App(__file__, lifespan=at_server_start)

@@ -6,11 +6,8 @@ browser (its JavaScript, the chart library it fetches when the first chart arriv
 holds that lock in long stretches, so while one runs the browser waits (bench_app.py measures it):
 - `chart_stack` (pandas, Altair, the pages) runs once when the server starts (app/main.py's
   `st.App` start-up hook), while the browser is still loading Streamlit's own page;
-- `model_stack` (torch, TransformerLens through the models, the probes: ~2 s) runs after a page is
-  drawn, and `before_first_model` gives the browser a moment before a page imports it itself;
-- a browser asking for a page whose first chart is drawn from a model (`MODEL_FIRST_PAGES`) starts
-  `model_stack` at once (`ModelPagesFirst`, a middleware of the server), so the import overlaps the
-  browser's loading of Streamlit's page instead of following it.
+- `model_stack` (torch, TransformerLens through the models, the probes: ~4 s) runs after a page is
+  drawn, and `before_first_model` gives the browser a moment before a page imports it itself.
 """
 
 from __future__ import annotations
@@ -28,9 +25,6 @@ CHART_MODULES = ("pandas", "altair", "app.charts", "app.views.home", "app.views.
                  "app.views.tuned")
 MODEL_MODULES = ("torch", "models.checkpoint", "models.sample", "probes.degenerate", "probes.entropy",
                  "probes.logit_lens", "probes.neighbours", "probes.projection", "probes.updates")
-# the pages (url paths, app/views/common.py's PAGES) whose first chart needs a loaded model; the
-# others draw a history first and import torch after it (Overview, Compare) or never (Runs, Sweep)
-MODEL_FIRST_PAGES = frozenset({"attention", "embeddings", "lens"})
 # how long the first model load waits after a page sent its charts: the browser fetches Vega (~1 MB)
 # from this server and draws (~0.6 s here); the import would slow the fetch to ~1.5 s
 BROWSER_MOMENT_S = 0.6
@@ -71,20 +65,6 @@ def chart_stack() -> threading.Thread:
 
 def model_stack() -> threading.Thread:
     return _in_background("models", MODEL_MODULES)
-
-
-class ModelPagesFirst:
-    """ASGI middleware: a request for a page in MODEL_FIRST_PAGES (the HTML the browser loads before
-    it connects; its path may sit under a base URL) starts `model_stack`. The import then runs while
-    the browser loads Streamlit's scripts (~0.6 s) rather than after the page's script asks for it."""
-
-    def __init__(self, app: Any):
-        self.app = app
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope.get("type") == "http" and scope.get("path", "").rstrip("/").rsplit("/", 1)[-1] in MODEL_FIRST_PAGES:
-            model_stack()
-        await self.app(scope, receive, send)
 
 
 def before_first_model() -> None:
