@@ -128,36 +128,43 @@ def cpu_median(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def component_costs(start, x, y, val, repeats: int) -> list[str]:
-    """What the Monitor does at a log step and at an eval step, each timed alone (CPU time,
-    median) and spread over its interval: the overhead the side-by-side runs should show."""
-    import torch
-    import torch.nn.functional as F
-
-    from models.store.live import hooked_twin, twin_config
+def step_costs(model, optimizer, loss_of, eval_internals, repeats: int, eval_words: str = "") -> list[str]:
+    """What the Monitor does at a log step (grad norm + g/w/u) and at an eval step (`eval_internals()`),
+    each timed alone (CPU time, median) against a training step of `model` (`loss_of()` its loss),
+    spread over its interval: the overhead the side-by-side runs should show."""
     from probes.updates import gwu_table, snapshot_params
-    from train.monitor_parts import grad_norm, internal_stats
-
-    model = copy.deepcopy(start)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
+    from train.monitor_parts import grad_norm
 
     def train_step() -> None:
-        loss = F.cross_entropy(model(x[0]).flatten(0, 1), y[0].flatten())
-        loss.backward()
+        loss_of().backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)  # the grads stay for the measurements below
 
     train_step()
     step_s = cpu_median(train_step, repeats)
     before = snapshot_params(model)
-    measure_s = cpu_median(lambda: (snapshot_params(model), grad_norm(model), gwu_table(model, before, 1e-3)), repeats)
-    config = twin_config(model)
-    eval_s = cpu_median(lambda: internal_stats(hooked_twin(model, config), val), repeats)
-    expected = 1 + (measure_s / 10 + eval_s / 100) / step_s
+    log_s = cpu_median(lambda: (snapshot_params(model), grad_norm(model), gwu_table(model, before, 1e-3)), repeats)
+    eval_s = cpu_median(eval_internals, repeats)
+    expected = 1 + (log_s / 10 + eval_s / 100) / step_s
     return [f"alone, CPU ms: a training step {step_s * 1e3:.1f}; a log step's grad norm + g/w/u "
-            f"{measure_s * 1e3:.2f} (/10 steps: {measure_s / 10 / step_s:.2%} of a step); an eval step's "
-            f"internals {eval_s * 1e3:.1f} (/100 steps: {eval_s / 100 / step_s:.2%})",
+            f"{log_s * 1e3:.2f} (/10 steps: {log_s / 10 / step_s:.2%} of a step); an eval step's "
+            f"internals{eval_words} {eval_s * 1e3:.1f} (/100 steps: {eval_s / 100 / step_s:.2%})",
             f"expected monitored / bare from these   {expected:.3f}x"]
+
+
+def component_costs(start, x, y, val, repeats: int) -> list[str]:
+    """step_costs of nanoGPT's GPT, its internals read through our hooked twin (as the Monitor does)."""
+    import torch
+    import torch.nn.functional as F
+
+    from models.store.live import hooked_twin, twin_config
+    from train.monitor_parts import internal_stats
+
+    model = copy.deepcopy(start)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
+    config = twin_config(model)
+    return step_costs(model, optimizer, lambda: F.cross_entropy(model(x[0]).flatten(0, 1), y[0].flatten()),
+                      lambda: internal_stats(hooked_twin(model, config), val), repeats)
 
 
 def report(times: dict[str, list[Timing]], steps: int, args: argparse.Namespace) -> list[str]:

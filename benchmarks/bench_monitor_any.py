@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_monitor import BATCH, BLOCK, D_MODEL, GOAL, HEADS, LAYERS, char_batches, cpu_median  # noqa: E402
+from bench_monitor import BATCH, BLOCK, D_MODEL, GOAL, HEADS, LAYERS, char_batches, step_costs  # noqa: E402
 
 Timing = tuple[float, float, float]  # (loop wall s, loop CPU s, opening + closing the Monitor wall s)
 
@@ -79,32 +79,16 @@ def alternate(start, x, y, val, repeats: int) -> dict[str, list[Timing]]:
 
 
 def component_costs(start, x, y, val, repeats: int) -> list[str]:
+    """step_costs of the tutorial GPT, its internals read through the tap (as the Monitor does)."""
     import torch
 
-    from probes.updates import gwu_table, snapshot_params
-    from train.monitor_parts import grad_norm
     from train.monitor_tap import measure, plan
 
     model = copy.deepcopy(start)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-    def train_step() -> None:
-        _, loss = model(x[0], y[0])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=False)  # the grads stay for the measurements below
-
-    train_step()
-    step_s = cpu_median(train_step, repeats)
-    before = snapshot_params(model)
-    log_s = cpu_median(lambda: (snapshot_params(model), grad_norm(model), gwu_table(model, before, 1e-3)), repeats)
     tapped = plan(model)
-    eval_s = cpu_median(lambda: measure(tapped, val), repeats)
-    expected = 1 + (log_s / 10 + eval_s / 100) / step_s
-    return [f"alone, CPU ms: a training step {step_s * 1e3:.1f}; a log step's grad norm + g/w/u {log_s * 1e3:.2f} "
-            f"(/10 steps: {log_s / 10 / step_s:.2%} of a step); an eval step's internals through the tap "
-            f"{eval_s * 1e3:.1f} (/100 steps: {eval_s / 100 / step_s:.2%})",
-            f"expected monitored / bare from these   {expected:.3f}x"]
+    return step_costs(model, optimizer, lambda: model(x[0], y[0])[1], lambda: measure(tapped, val), repeats,
+                      " through the tap")
 
 
 def report(times: dict[str, list[Timing]], steps: int, repeats: int) -> list[str]:
