@@ -15,7 +15,7 @@ from typing import Any
 
 import streamlit as st
 
-from app import data, logs
+from app import data, logs, run_files
 from app.logs import is_log_file, logs_in
 from app.views.common import first_line
 from models.store.nanochat_files import is_nanochat
@@ -134,7 +134,7 @@ def summary(source: data.Source) -> dict[str, Any]:
         return {"run": source.label, "model": "-", "steps": None, "snapshots": None, "last val loss": "-",
                 "state": f"unreadable: {first_line(exc)}", "doctor": "-"}
     if row.pop("is_run"):
-        row["state"] = "training now" if data.is_training(path) else row["state"]
+        row["state"] = "training now" if run_files.is_training(path) else row["state"]
         row["doctor"] = verdict(path) if (path / "metrics.jsonl").is_file() or logs.foreign_log(path) else "-"
     elif logs.foreign_log(path) is not None:
         row.update(foreign_row(path))
@@ -145,7 +145,7 @@ def foreign_row(path: Path) -> dict[str, Any]:
     """Steps, state and verdict of a folder holding another trainer's log, from the doctor's
     cached diagnosis (which read that log)."""
     try:
-        d = data.diagnosis(path)
+        d = run_files.diagnosis(path)
     except Exception as exc:  # noqa: BLE001 - one row says so; the Overview says why
         return {"state": f"unreadable: {first_line(exc)}", "doctor": "unreadable"}
     failed = any(f.code == "divergence" and f.severity == "failed" for f in d.findings)
@@ -213,8 +213,8 @@ def shown_loss(value: Any) -> str:
 
 
 def verdict(run: Path) -> str:
-    """The run doctor's verdict, cached in `data.diagnosis`; "unreadable" when it cannot read the run."""
+    """The run doctor's verdict, cached in `run_files.diagnosis`; "unreadable" when it cannot read the run."""
     try:
-        return data.diagnosis(run).verdict
+        return run_files.diagnosis(run).verdict
     except Exception:  # noqa: BLE001 - one word in the table; the Overview says why
         return "unreadable"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import catalog, data, sweeps, warm
+from app import catalog, data, run_files, sweeps, warm
 from app.logs import is_log_file
 from app.views.common import PAGES, Selection
 from app.views.live import FOLLOWS_NEWEST, newest_unless_moved, snapshot_slider_key
@@ -55,13 +55,13 @@ def typed_sources() -> list[data.Source]:
 
 def pick_text(run: data.Source) -> str:
     st.sidebar.markdown("**Text to probe**")
-    corpus = data.data_file(run.path) if run.is_run else None
-    if run.is_run and corpus is None and data.recorded_data(run.path):
-        st.sidebar.caption(f"The run's data file {data.recorded_data(run.path)} is not here, "
+    corpus = run_files.data_file(run.path) if run.is_run else None
+    if run.is_run and corpus is None and run_files.recorded_data(run.path):
+        st.sidebar.caption(f"The run's data file {run_files.recorded_data(run.path)} is not here, "
                            "so random passages are off.")
     if corpus is not None and st.sidebar.button("Random passage from the run's data", width="stretch"):
         st.session_state["seed"] = st.session_state.get("seed", 0) + 1
-        st.session_state["text"] = data.random_passage(corpus, 240, st.session_state["seed"])
+        st.session_state["text"] = run_files.random_passage(corpus, 240, st.session_state["seed"])
     return st.sidebar.text_area("text", value=st.session_state.get("text", data.DEFAULT_TEXT), height=140,
                                 key="text", label_visibility="collapsed",
                                 help="the first context window of this text is probed")
@@ -84,7 +84,7 @@ def sidebar() -> tuple[Selection | None, list[data.Source]]:
     chosen = sources[labels.index(st.sidebar.selectbox("run", labels, key="run", on_change=picked,
                                                        format_func=shown.__getitem__))]
     snaps = chosen.snapshots()
-    if not snaps and (chosen.is_run and data.metrics(chosen.path) or is_log_file(chosen.path)):
+    if not snaps and (chosen.is_run and run_files.metrics(chosen.path) or is_log_file(chosen.path)):
         # a Monitor's run without weights, a training log: its history only
         st.sidebar.caption("No snapshot saved: this run's history only.")
         return Selection(chosen, None, pick_text(chosen), sources), sources

@@ -1,7 +1,7 @@
 """A run that trains while a test watches: a copy of the shipped attn1_residual (snapshots at
 0/500/1000/2000, a record every 50 steps) cut at a step, then grown the way `python -m train`
 writes a run: records appended to metrics.jsonl, a snapshot renamed into place whole, a
-`.train.lock` held throughout (so the app's `data.is_training` says it trains)."""
+`.train.lock` held throughout (so the app's `run_files.is_training` says it trains)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import streamlit as st
 
-from app import data
+from app import data, run_files
 
 # (url_path, title) of each page; app/shell.py builds the navigation from views/<url_path>.py
 PAGES = [("home", "Runs"), ("overview", "Overview"), ("attention", "Attention"), ("dynamics", "Training dynamics"),
@@ -46,7 +46,7 @@ def no_weights_text(run_dir: Path) -> str:
     if run_dir.is_file():  # a training log opened by itself (nanoGPT's printed log, trainer_state.json)
         return ("This is a training log: its history only. The Overview shows the run doctor's reading of it "
                 "and its loss curves; the pages that read the model need a checkpoint.")
-    info = data.run_info(run_dir)  # {} for a damaged run.json: then the general advice
+    info = run_files.run_info(run_dir)  # {} for a damaged run.json: then the general advice
     command = info.get("command") if isinstance(info.get("command"), str) else ""
     if info.get("source") == "monitor":
         return HISTORY_ONLY + "give the Monitor `save_every=N` (and `tokenizer=`) and train again."

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import charts, data, overlay_data
+from app import charts, data, overlay_data, run_files
 from models.store.run import snapshot_step
 from app.views import overlay
 from app.views.common import Selection, error_text, has_attention, page, show
@@ -68,7 +68,7 @@ def snapshots(sel: Selection) -> None:
 
 def probe(run: data.Source, path, text: str) -> dict:
     out: dict = {"attention": None, "lens": None, "val_loss": "-"}
-    records = [r for r in data.metrics(run.path) if r.get("step") == snapshot_step(path)] \
+    records = [r for r in run_files.metrics(run.path) if r.get("step") == snapshot_step(path)] \
         if run.is_run else []
     if records and isinstance(records[0].get("val_loss"), float):
         out["val_loss"] = f"{records[0]['val_loss']:.3f}"

@@ -1,6 +1,6 @@
 """The run doctor in the app: the Overview's diagnosis section, and the finding steps the charts mark.
 
-Every word and number comes from `probes.diagnose` (cached in `app.data.diagnosis`); this module
+Every word and number comes from `probes.diagnose` (cached in `app.run_files.diagnosis`); this module
 only lays them out and links each finding to the page that shows its evidence.
 """
 
@@ -13,7 +13,7 @@ from typing import Any, Callable
 import pandas as pd
 import streamlit as st
 
-from app import data, logs
+from app import logs, run_files
 from app.views.common import PAGES, Selection, first_line
 from probes.doctor.finding import SEVERITIES, Finding
 
@@ -36,7 +36,7 @@ def section(sel: Selection, between: Callable[[], None] | None = None) -> None:
         between()
         return
     try:
-        diagnosis = data.diagnosis(sel.run.path)
+        diagnosis = run_files.diagnosis(sel.run.path)
     except Exception as exc:  # noqa: BLE001 - unusable metrics: one line here, the page goes on
         st.error(f"The run doctor could not read this run: {first_line(exc)}")
         between()
@@ -125,7 +125,7 @@ def marks(run: Any) -> pd.DataFrame:
     if diagnosable(run):
         try:
             rows = [{"step": f.step, "code": f.code, "severity": f.severity, "title": f.title}
-                    for f in data.diagnosis(run.path).findings if f.step is not None]
+                    for f in run_files.diagnosis(run.path).findings if f.step is not None]
         except Exception:  # noqa: BLE001 - the charts still draw, without marks
             rows = []
     return pd.DataFrame(rows, columns=MARK_COLUMNS)

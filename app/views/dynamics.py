@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import streamlit as st
 
-from app import axes, charts, data, series
+from app import axes, charts, run_files, series
 from app.legends import PAGE_PX
 from app.views import doctor, live, signals
 from app.views.common import Selection, page, scroll_to, show
@@ -28,16 +28,16 @@ def render(sel: Selection) -> None:
 def body(sel: Selection, follow: bool = False) -> None:
     if follow:
         live.rerun_if_snapshots_changed(sel.run)  # the sidebar's slider must offer a new snapshot
-    history = data.metrics_log(sel.run.path)
+    history = run_files.metrics_log(sel.run.path)
     records = history.records
     if not records:
         st.info("No metrics yet: training has not logged its first step.")
         return
-    st.caption(data.records_caption(history))
+    st.caption(run_files.records_caption(history))
     st.caption("Dashed rules mark where the run doctor's findings start (red failed, orange warning, "
                "blue info; hover one for its code and title): see the Overview for the diagnosis.")
     marks = doctor.marks(sel.run)
-    entropy_over_steps(records, marks, data.trained_context(sel.run.path))
+    entropy_over_steps(records, marks, run_files.trained_context(sel.run.path))
     updates_over_steps(sel, marks)
     signals.section(records, marks)
 
@@ -101,7 +101,7 @@ def entropy_caption(n_ctx: int | None, uniform: float | None) -> str:
 def updates_over_steps(sel: Selection, marks: pd.DataFrame) -> None:
     st.subheader("Update ratio u = |Δw| / |w| per step")
     try:
-        history = data.update_history(sel.run.path, data.metrics_mtime(sel.run.path))
+        history = run_files.update_history(sel.run.path, run_files.metrics_mtime(sel.run.path))
     except ValueError as exc:
         st.info(str(exc))
         return

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from app import catalog, data, sweeps
+from app import catalog, data, run_files, sweeps
 from app.views import live
 from app.views import sweep as sweep_view
 from app.views.common import first_line
@@ -37,7 +37,7 @@ def render(sources: list[data.Source]) -> None:
         return
     folders = st.session_state.get("sweeps") or []
     listed, folded = fold(sources, folders)  # a sweep's runs fold under its row
-    live.live(table, any(s.is_run and data.is_training(s.path) for s in sources))(listed, folders)
+    live.live(table, any(s.is_run and run_files.is_training(s.path) for s in sources))(listed, folders)
     sweep_list(folders, folded)
     if not listed:
         return

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 import streamlit as st
 
-from app import data
+from app import data, run_files
 
 EVERY = timedelta(seconds=3)
 FOLLOWS_NEWEST = ("It stays on the newest step while training adds steps; move it and it stays where "
@@ -21,8 +21,8 @@ FOLLOWS_NEWEST = ("It stays on the newest step while training adds steps; move i
 
 
 def follow_toggle(run: data.Source, key: str) -> bool:
-    """The "follow the run live" toggle: on by default while the run is training (data.is_training)."""
-    return st.toggle(f"follow the run live (re-read every {EVERY.seconds} s)", value=data.is_training(run.path),
+    """The "follow the run live" toggle: on by default while the run is training (run_files.is_training)."""
+    return st.toggle(f"follow the run live (re-read every {EVERY.seconds} s)", value=run_files.is_training(run.path),
                      key=key, help="Re-reads metrics.jsonl and the snapshots; only the charts below re-run.")
 
 

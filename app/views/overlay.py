@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from app import axes, charts, data, overlay_charts, overlay_data, series
+from app import axes, charts, overlay_charts, overlay_data, run_files, series
 from app.views.common import Selection, first_line, show
 from app.views.controls import curve_controls, smoothed_frame
 from models.store.run import read_run_json
@@ -63,7 +63,7 @@ def run_info(path: Path) -> dict[str, Any]:
 
 
 def curves(chosen: list[str], paths: dict[str, Path]) -> None:
-    logs = {label: data.metrics(paths[label]) for label in chosen}
+    logs = {label: run_files.metrics(paths[label]) for label in chosen}
     silent = [label for label in chosen if not logs[label]]
     if silent:
         st.info(f"No metrics yet from {', '.join(silent)}: training has not logged a step, so nothing to overlay.")
@@ -167,7 +167,7 @@ def entropy(logs, x, runs, weight, paths, span) -> None:
 def trained_context(path: Path) -> int | None:
     """The run's context length from run.json; None when it does not say or cannot be read."""
     try:
-        return data.trained_context(path)
+        return run_files.trained_context(path)
     except Exception:  # noqa: BLE001 - a garbled run.json: the config diff says so, entropy stays in nats
         return None
 
@@ -178,7 +178,7 @@ def updates(logs, x, runs, weight, paths, span) -> None:
     rows, unread = [], []
     for label, records in logs.items():
         try:
-            history = data.update_history(paths[label], data.metrics_mtime(paths[label]))
+            history = run_files.update_history(paths[label], run_files.metrics_mtime(paths[label]))
         except ValueError as exc:
             unread.append(f"{label}: {first_line(exc)}")
             continue

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import axes, charts, data, logs, series, warm
+from app import axes, charts, data, logs, run_files, series, warm
 from app.views import doctor, live
 from app.views.controls import curve_controls, smoothed_frame
 from app.views.common import Selection, first_line, no_weights_text, page, show
@@ -56,7 +56,7 @@ def curves(sel: Selection, follow: bool = False) -> None:
     if not losses:
         st.info("This run logged no losses yet.")
         return
-    st.caption(data.records_caption(history))
+    st.caption(run_files.records_caption(history))
     mode, weight = curve_controls("loss")
     left, right = st.columns(2)
     bpc = series.rows(records, {"val BPC": "bpc"}, "BPC")

@@ -9,7 +9,7 @@ import math
 import pandas as pd
 import streamlit as st
 
-from app import charts, data
+from app import charts, data, run_files
 from app.views.common import Selection, first_line, show
 from app.views.lens_cells import lens_cells
 
@@ -17,7 +17,7 @@ from app.views.lens_cells import lens_cells
 def train_command(sel: Selection) -> str:
     ckpt = sel.snapshot
     try:
-        ckpt = ckpt.relative_to(data.REPO)
+        ckpt = ckpt.relative_to(run_files.REPO)
     except ValueError:
         pass
     return f"python -m probes.tuned_lens --ckpt {ckpt} --steps 500"
