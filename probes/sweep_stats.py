@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from models.store.run import read_metrics, read_run_json
 from probes.doctor.diagnosis import run as diagnose
+from probes.doctor.rescues import rewound
 
 __all__ = ["LOSS_KEYS", "SWEEP_FILE", "first_nonfinite_step", "is_finite", "lr_sensitivity",
            "run_finished", "run_outcome", "stable_range", "unstable", "variant_summary"]
@@ -71,8 +72,10 @@ def stable_range(rates: Sequence[float], diverged: Sequence[bool]) -> dict[str, 
 
 def first_nonfinite_step(records: Sequence[dict[str, Any]]) -> int | None:
     """The step of the first record the trainer marked diverged or whose train or val loss is
-    NaN/inf (written as null)."""
+    NaN/inf (written as null); a step the guard rewound is not one (the run went on)."""
     for r in records:
+        if rewound(r):
+            continue
         if r.get("diverged") or any(k in r and not is_finite(r[k]) for k in LOSS_KEYS):
             return r["step"]
     return None
@@ -93,7 +96,8 @@ def run_outcome(run_dir: str | Path) -> dict[str, Any]:
         "init_val_loss": next((v for s, v in val if s == 0 and is_finite(v)), None),
         "final_val_loss": last.get("val_loss") if is_finite(last.get("val_loss")) else None,
         "best_val_loss": min(finite) if finite else None,
-        "keep_going": "--keep-going" in (info.get("argv") or [])}
+        "keep_going": "--keep-going" in (info.get("argv") or []),
+        "rescues": sum(1 for r in records if rewound(r))}
     out.update(doctor_outcome(run_dir, first_nonfinite_step(records)))
     return out
 

@@ -22,6 +22,8 @@ from models.store.result import nonfinite_tensors
 from models.store.run import (METRICS_FILE, append_metrics, list_snapshots, read_metrics, read_run_json,
                               trim_metrics, write_run_json)
 from train.guard import RunLock
+from train.rescue import guard_settings
+from train.rescue_monitor import monitor_guard, monitor_log
 from train.monitor_parts import (autocast_factory, check_model, check_tokens, divergence_reason, first_optimizer,
                                  grad_norm, group_lrs, internal_stats, monitored_run_json, number, refuse_owned,
                                  resume_mismatch, setting, step_number)
@@ -51,7 +53,7 @@ class Monitor:
                  save_every: int = 0, tokenizer: Any = None, diagnose_every: int = 0,
                  steps: int | None = None, start_step: int = 0, tokens_per_step: int | None = None,
                  resume: bool = False, run_info: dict[str, Any] | None = None, report: bool = True,
-                 autocast: Any = nullcontext, lock: bool = True, trainer: str | None = None):
+                 autocast: Any = nullcontext, lock: bool = True, trainer: str | None = None, guard: Any = False):
         log_every, eval_every, save_every, diagnose_every, start_step = (
             setting(name, value, low=1 if name == "log_every" else 0) for name, value in
             (("log_every", log_every), ("eval_every", eval_every), ("save_every", save_every),
@@ -95,6 +97,7 @@ class Monitor:
         self._said_no_internals = False
         self.first_nonfinite_step: int | None = None  # the first step whose train_loss was NaN/inf
         self._handles: list[Any] = []
+        self.guard = guard_settings(guard)  # refused before any write; hooked in _open (train.rescue)
         self._lock: RunLock | None = None
         self.closed = False  # log and record refuse to write once closed (its lock is let go)
         self._open(run_info, lock)
@@ -161,7 +164,9 @@ class Monitor:
                     write_run_json(self.out_dir, to_jsonable({**old, "model": new["model"]}))
             if run_info is not None or not old:
                 write_run_json(self.out_dir, to_jsonable(run_info if run_info is not None else self._run_json()))
-            self._handles = [self.optimizer.register_step_pre_hook(self._before_step),
+            self.guard = monitor_guard(self.guard, self.model, self.optimizer, self._next_step)  # first: it caps the rate recorded
+            self._handles = [*(self.guard.handles if self.guard else []),
+                             self.optimizer.register_step_pre_hook(self._before_step),
                              self.optimizer.register_step_post_hook(self._after_step)]
         except BaseException:
             if self._lock is not None:
@@ -267,6 +272,8 @@ class Monitor:
         a val_loss always makes a record: evaluations are rare, and each one counts."""
         step, scalars = self._checked(step, scalars)
         self._follow(step)
+        if self.guard is not None and monitor_log(self, step, scalars):
+            return  # trouble: the step's record holds the guard's rescue (train.rescue_monitor)
         pending = self._pending
         if not self.due(step) and "val_loss" not in scalars and (pending is None or step != pending["step"]):
             loss = scalars.get("train_loss")
