@@ -132,6 +132,9 @@ SCHEDULES = {
 
 @pytest.mark.parametrize("kind", list(SCHEDULES))
 def test_the_cap_is_applied_around_the_step_and_the_schedule_stays_in_charge(kind):
+    """After a rescue the rate the optimizer applies is the user's x min(1, cap / their highest rate
+    since): a climbing schedule trains at the cap, a falling one keeps its shape; the user's own
+    numbers are back in the groups after every step."""
     model = tiny()
     groups = nanochat_groups(model) if kind == "nanochat groups" else model.parameters()
     optimizer = torch.optim.AdamW(groups, lr=0.01)
@@ -156,9 +159,11 @@ def test_the_cap_is_applied_around_the_step_and_the_schedule_stays_in_charge(kin
             restored_rates = [s for s in run.slots if s.step == 10][0].lrs
             assert caps == pytest.approx([0.5 * r for r in restored_rates])  # cut x the restored state's rates
     assert caps is not None
-    for step in range(30):
-        expected = user[step] if step <= 12 else [min(u, c) for u, c in zip(user[step], caps)]
+    for step in range(30):  # after the rescue: x min(1, cap / the highest rate asked for since)
+        peaks = [max(u[i] for u in user[13:step + 1]) for i in range(len(caps))] if step > 12 else None
+        expected = user[step] if step <= 12 else [u * min(1.0, c / p) for u, c, p in zip(user[step], caps, peaks)]
         assert seen[step] == pytest.approx(expected, rel=1e-12)
+        assert step <= 12 or all(s <= c * (1 + 1e-12) for s, c in zip(seen[step], caps))  # never above the cap
         if kind == "nanochat groups":
             assert seen[step][0] / seen[step][1] == pytest.approx(10.0)  # the groups keep their ratios
     assert any(s != u for s, u in zip(seen[13:], user[13:]))  # the cap did bite
@@ -207,6 +212,25 @@ def test_a_blow_up_at_a_known_step_is_rescued_from_the_state_before_it(tmp_path,
     found = {f.code: f for f in diagnose.run(tmp_path / "run").findings}
     assert found["rescued"].step == 36 and "restored step 30" in found["rescued"].title
     assert "divergence" not in found and "lower the peak learning rate" in found["rescued"].fix
+
+
+def test_the_doctors_early_warning_moves_the_rewind_before_it(tmp_path, monkeypatch):
+    """Attention logits logged ten-fold their first value at step 20 (the doctor's growth signal),
+    the loss blowing up at 36: the trouble began at 20, so the state of step 10 is restored."""
+    model = tiny()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    monitor = Monitor(model, optimizer, tmp_path / "run", guard=Guard(every=10), eval_every=5,
+                      eval_tokens=batch(0)[:, :-1], report=False)
+    logits = lambda step: {"attn_logit_max": {"0": [1.0 if step < 20 else 20.0] * CFG.n_heads}}  # noqa: E731
+    monkeypatch.setattr(monitor, "_internals", lambda: logits(monitor._pending_step))
+    with monitor:
+        def log(step, loss):
+            monitor._pending_step = step
+            monitor.log(step, train_loss=loss)
+        train(model, optimizer, 40, log, blow_up_at=35)
+    [rescue] = [r["rescue"] for r in read_metrics(tmp_path / "run") if "rescue" in r]
+    assert rescue["trouble_began"] == 20 and rescue["restored_step"] == 10
+    assert rescue["warned"] == "max attention logit at step 20"
 
 
 def test_repeated_trouble_cuts_deeper_then_stops_cleanly_and_saves(tmp_path, caplog):

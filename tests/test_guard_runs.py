@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from models.checkpoint import read_metrics
+from probes.sweep_stats import run_finished, run_outcome
 from train.loop import RANK_DUMP_ENV, main
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -48,6 +49,8 @@ def test_train_guard_rescues_twice_then_stops_with_code_3_leaving_the_snapshot_o
     assert [r["lr_cap"] for r in rescues[:2]] == pytest.approx([5e5, 2.5e5])
     assert [r for r in records if r.get("diverged")][0]["step"] == records[-1]["step"]  # only the stop's step
     assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl", "run.json", "step_000000"]
+    outcome = run_outcome(out)  # what a sweep records of it
+    assert (outcome["rescues"], outcome["diverged_by"], run_finished(outcome)) == (2, "guard", True)
     stops = [r.message for r in caplog.records if r.message.startswith("guard: stopped the run")]
     assert len(stops) == 1 and "--set qk_norm=rms" in stops[0] and "python -m train.sweep" in stops[0]
 

@@ -9,11 +9,13 @@ Repeated trouble cuts deeper, then stops the run cleanly, naming the structural 
             ...; loss.backward(); optimizer.step(); scheduler.step()
             monitor.log(step, train_loss=loss.item())                        # the guard acts in here
 
-The rate: a rescue sets a ceiling on each param group's rate, `cut**k` times the rate the user's
-schedule asked for at the restored state (k: the rescue's number), applied around the optimizer's
-step: just before it, a group above its ceiling is set to it; just after, the user's value is put back,
-so a scheduler (or a loop setting g["lr"] by hand) stays in charge and sees its own numbers, and
-once its schedule decays below the ceiling the run follows it exactly. Groups keep their ratios.
+The rate: a rescue sets a cap on each param group's rate, `cut**k` times the rate the user's
+schedule asked for at the restored state (k: the rescue's number). Around the optimizer's own step
+(just before it; the user's value is put back just after, so a scheduler, or a loop setting
+g["lr"] by hand, stays in charge and sees its own numbers) the rate is scaled by
+min(1, cap / the highest rate the schedule asked for since the rescue): while a warmup climbs the
+run trains at the cap; once the schedule decays, the run decays with it, in its shape, from the
+cap down. A constant rate is simply cut. Groups sharing a schedule keep their ratios.
 
 A healthy run is untouched: the snapshots only copy, the rate is never written, no random number
 is drawn. The decision reads numbers already on the host (the logged loss); a loss logged as a
@@ -110,6 +112,7 @@ class GuardedRun:
         self.watch = LossWatch(window=s.window, sigma=s.sigma, min_rise=s.min_rise, patience=s.patience)
         self.slots = [HostSnapshot() for _ in range(s.keep)]
         self.ceilings: list[float | None] = []  # per param group; none until a rescue
+        self.peaks: list[Any] = []  # per param group: its highest asked rate since the last rescue
         self.rescues: list[dict[str, Any]] = []
         self.asked: list[Any] = []  # each group's rate the user set for the last update (before any cap)
         self.undone = 0  # updates undone by rewinds (their batches are not replayed)
@@ -123,17 +126,24 @@ class GuardedRun:
     # ------------------------------------------------------------------ the rate, around the step
 
     def _cap(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """Scale each capped group's rate by min(1, cap / the highest rate its schedule asked for
+        since the rescue): a climbing schedule trains at the cap, a falling one keeps its shape."""
         groups = optimizer.param_groups
         self.asked = [g["lr"] for g in groups]
-        if any(c is not None for c in self.ceilings):
-            self._user_lrs = list(self.asked)
-            for g, ceiling in zip(groups, self.ceilings):
-                if ceiling is None:
-                    continue
-                if isinstance(g["lr"], torch.Tensor):  # no read of a device value: a clamped copy
-                    g["lr"] = torch.clamp(g["lr"], max=ceiling)
-                elif g["lr"] > ceiling:
-                    g["lr"] = ceiling
+        if not any(c is not None for c in self.ceilings):
+            return
+        self._user_lrs = list(self.asked)
+        for i, (g, ceiling) in enumerate(zip(groups, self.ceilings)):
+            lr, peak = g["lr"], self.peaks[i]
+            if ceiling is None:
+                continue
+            if isinstance(lr, torch.Tensor):  # no read of a device value: tensors all the way
+                self.peaks[i] = lr.detach().clone() if peak is None else torch.maximum(peak, lr)
+                g["lr"] = lr * torch.clamp(ceiling / self.peaks[i], max=1.0)
+            else:
+                self.peaks[i] = lr if peak is None else max(peak, lr)
+                if self.peaks[i] > ceiling:
+                    g["lr"] = lr * (ceiling / self.peaks[i])
 
     def _uncap(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._user_lrs is not None:
@@ -203,15 +213,24 @@ class GuardedRun:
         self._kept = step
 
     @property
+    def held_since(self) -> int | None:
+        """The step of the oldest snapshot held (how far back a rewind can reach)."""
+        return min((s.step for s in self.slots if s.step is not None), default=None)
+
+    @property
     def snapshot_bytes(self) -> int:
         return sum(s.nbytes for s in self.slots)
 
     # ------------------------------------------------------------------ acting
 
-    def plan(self, step: int, why: str) -> Plan:
+    def plan(self, step: int, why: str, warned: tuple[int, str] | None = None) -> Plan:
         """What to do for trouble seen at `step`, nothing done yet: which state to restore (the
-        newest taken before the trouble began, else the oldest held), the new caps, or a stop."""
+        newest taken before the trouble began, else the oldest held), the new caps, or a stop.
+        `warned`: (step, what) of the doctor's early warning, when one came before the loss's
+        trouble (an internal grown ten-fold): the trouble began there."""
         began = self.watch.trouble_began()
+        if warned is not None and warned[0] < began:
+            began = warned[0]
         held = [s for s in self.slots if s.step is not None]
         good = [s for s in held if s.step < began - 1]  # the loss of the step after it was calm
         slot = max(good, key=lambda s: s.step) if good else min(held, key=lambda s: s.step, default=None)
@@ -219,6 +238,8 @@ class GuardedRun:
         stop = number > self.settings.max_rescues or slot is None
         record: dict[str, Any] = {"action": "stop" if stop else "rewind", "trigger": why, "trouble_began": began,
                                   "restored_step": None if slot is None else slot.step, "number": number}
+        if warned is not None and warned[0] == began:
+            record["warned"] = f"{warned[1]} at step {warned[0]}"
         ceilings = None
         if not stop:
             ceilings = self._ceilings(slot, number)
@@ -250,7 +271,7 @@ class GuardedRun:
                 self.undone += record.get("skipped", 0)
             self.stopped = stop
             if not stop:
-                self.ceilings = plan.ceilings
+                self.ceilings, self.peaks = plan.ceilings, [None] * len(plan.ceilings)
                 for other in self.slots:  # states taken after the trouble began are not kept
                     if other is not slot and other.step is not None and other.step >= plan.began - 1:
                         other.step = None

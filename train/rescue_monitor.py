@@ -43,7 +43,7 @@ def monitor_log(monitor: Monitor, step: int, scalars: dict[str, Any]) -> bool:
     if why is None:
         run.keep(step)
         return False
-    plan = run.plan(step, why)
+    plan = run.plan(step, why, doctor_warning(monitor, run))
     # the record (and an eval step's internals) of the state in trouble, with the rate of its update (the
     # Monitor would take the rate at the next record's flush: a capped one)
     monitor.record(step, **{"lr": monitor._step_lr, **scalars})
@@ -53,6 +53,27 @@ def monitor_log(monitor: Monitor, step: int, scalars: dict[str, Any]) -> bool:
     elif rescue["action"] == "stop":
         stop(monitor, step, rescue)
     return True
+
+
+def doctor_warning(monitor: Monitor, run: GuardedRun) -> tuple[int, str] | None:
+    """The doctor's earliest early warning from the model's internals (`probes.doctor.signals.
+    growth_signals`: attention or output logits or the residual grown ten-fold, a head's entropy
+    collapsed, update ratios too high) between the oldest snapshot held and the step the loss's
+    trouble began, read from the records written so far; None where the internals are not logged
+    (no eval_tokens) or none came in that span."""
+    began, oldest = run.watch.trouble_began(), run.held_since
+    if monitor.eval_tokens is None or oldest is None:
+        return None
+    from probes.doctor.run_history import RunHistory
+    from probes.doctor.signals import growth_signals
+    from probes.doctor.thresholds import DoctorThresholds
+    try:
+        history = RunHistory.read(monitor.out_dir)
+    except ValueError:  # nothing written yet
+        return None
+    found = [(s, what) for s, what, _ in growth_signals(history, DoctorThresholds(), before=began)
+             if oldest < s and "loss" not in what]  # the loss is the guard's own signal
+    return found[0] if found else None
 
 
 def stop(monitor: Monitor, step: int, rescue: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ from probes.doctor.finding import WORTSMAN, Finding, rule
 from probes.doctor.run_history import RunHistory
 from probes.doctor.thresholds import DoctorThresholds
 
-__all__ = ["PALM", "no_qk_advice", "rescues", "rewound", "structural_fix"]
+__all__ = ["PALM", "no_qk_advice", "rescues", "rewound", "stopped", "structural_fix"]
 
 PALM = "Chowdhery et al. 2022, PaLM: restarting about 100 steps before a spike and skipping 200-500 batches"
 
@@ -26,6 +26,12 @@ def rewound(record: dict[str, Any]) -> bool:
     """A record whose step the guard rewound (its non-finite values are not where the run ended)."""
     rescue = record.get("rescue")
     return isinstance(rescue, dict) and rescue.get("action") == "rewind"
+
+
+def stopped(record: dict[str, Any]) -> bool:
+    """A record at which the guard stopped the run (after its rescues, or with none to go back to)."""
+    rescue = record.get("rescue")
+    return isinstance(rescue, dict) and rescue.get("action") == "stop"
 
 
 def structural_fix(lr_cap: float | None, trainer: str = flags.OURS, qk_norm: bool = False,
