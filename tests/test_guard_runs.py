@@ -169,6 +169,6 @@ def test_the_loss_chart_marks_each_rescue(monkeypatch, tmp_path):
     at = open_app(monkeypatch, [tmp_path], "overview", run="rescued")
     [(spec, datasets)] = specs(at, "loss")
     marks = next(f for f in datasets if "guard" in f.columns)
-    assert list(marks["step"]) == [36] and list(marks["guard"]) == ["rescued"]
+    assert list(marks["step"]) == [38] and list(marks["guard"]) == ["rescued"]
     assert "restored step 30" in marks["rescue"][0]
     assert "guard" in json.dumps(spec)

@@ -15,7 +15,9 @@ schedule asked for at the restored state (k: the rescue's number). Around the op
 g["lr"] by hand, stays in charge and sees its own numbers) the rate is scaled by
 min(1, cap / the highest rate the schedule asked for since the rescue): while a warmup climbs the
 run trains at the cap; once the schedule decays, the run decays with it, in its shape, from the
-cap down. A constant rate is simply cut. Groups sharing a schedule keep their ratios.
+cap down. A constant rate is simply cut. Groups sharing a schedule keep their ratios. Over the
+first `rewarm` steps after a rewind the rate also ramps up from 1/rewarm of that (a warmup again:
+the restored optimizer state, fresh at the start, meets other batches and another rate).
 
 A healthy run is untouched: the snapshots only copy, the rate is never written, no random number
 is drawn. The decision reads numbers already on the host (the logged loss); a loss logged as a
@@ -59,19 +61,20 @@ class Guard:
     every: int = 50  # steps between snapshots (taken at a calm check, at most one per `every`)
     keep: int = 3  # snapshots held: how far back a rewind can reach (about keep * every steps)
     cut: float = 0.5  # the k-th rescue caps the rate at cut**k times the schedule's rate at the restored state
+    rewarm: int = 30  # steps over which the rate climbs back after a rewind (the optimizer's state is shaken)
     max_rescues: int = 2  # rescues before the next trouble stops the run
     sigma: float = 6.0  # a spike: this many standard deviations above the recent mean ...
     min_rise: float = 0.3  # ... and at least this many nats above it
     window: int = 128  # losses the recent mean and deviation are taken over
-    patience: int = 1  # spikes in a row that make trouble (a non-finite loss always does)
+    patience: int = 3  # spikes in a row that make trouble (a non-finite loss at once)
     read_every: int = 10  # without a Monitor: a loss logged as a tensor is read (a device sync) this often
     scaler: Any = field(default=None, compare=False, repr=False)  # a torch.amp.GradScaler, snapshotted too
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"Guard: mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        for name, low in (("every", 1), ("keep", 1), ("max_rescues", 0), ("window", 2), ("patience", 1),
-                          ("read_every", 1)):
+        for name, low in (("every", 1), ("keep", 1), ("rewarm", 1), ("max_rescues", 0), ("window", 2),
+                          ("patience", 1), ("read_every", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"Guard: {name} must be an integer >= {low}, got {value!r}")
@@ -113,6 +116,7 @@ class GuardedRun:
         self.slots = [HostSnapshot() for _ in range(s.keep)]
         self.ceilings: list[float | None] = []  # per param group; none until a rescue
         self.peaks: list[Any] = []  # per param group: its highest asked rate since the last rescue
+        self._since = 0  # optimizer steps since the last rewind (the ramp back up)
         self.rescues: list[dict[str, Any]] = []
         self.asked: list[Any] = []  # each group's rate the user set for the last update (before any cap)
         self.undone = 0  # updates undone by rewinds (their batches are not replayed)
@@ -127,23 +131,27 @@ class GuardedRun:
 
     def _cap(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """Scale each capped group's rate by min(1, cap / the highest rate its schedule asked for
-        since the rescue): a climbing schedule trains at the cap, a falling one keeps its shape."""
+        since the rescue) (a climbing schedule trains at the cap, a falling one keeps its shape),
+        and over the first `rewarm` steps after a rewind by a ramp up from 1/rewarm."""
         groups = optimizer.param_groups
         self.asked = [g["lr"] for g in groups]
         if not any(c is not None for c in self.ceilings):
             return
         self._user_lrs = list(self.asked)
+        self._since += 1
+        ramp = min(1.0, self._since / self.settings.rewarm)
         for i, (g, ceiling) in enumerate(zip(groups, self.ceilings)):
             lr, peak = g["lr"], self.peaks[i]
             if ceiling is None:
                 continue
             if isinstance(lr, torch.Tensor):  # no read of a device value: tensors all the way
                 self.peaks[i] = lr.detach().clone() if peak is None else torch.maximum(peak, lr)
-                g["lr"] = lr * torch.clamp(ceiling / self.peaks[i], max=1.0)
+                g["lr"] = lr * torch.clamp(ceiling / self.peaks[i], max=1.0) * ramp
             else:
                 self.peaks[i] = lr if peak is None else max(peak, lr)
-                if self.peaks[i] > ceiling:
-                    g["lr"] = lr * (ceiling / self.peaks[i])
+                factor = min(1.0, ceiling / self.peaks[i]) * ramp if self.peaks[i] > 0 else ramp
+                if factor < 1.0:
+                    g["lr"] = lr * factor
 
     def _uncap(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._user_lrs is not None:
@@ -163,11 +171,13 @@ class GuardedRun:
     def read(self, step: int, loss: Any, grad_norm: Any, due: bool | None = None) -> tuple[float | None, float | None]:
         """The logged loss and gradient norm as floats; a tensor only when `due` (a device sync: the
         Monitor's log steps, else every `read_every` steps)."""
+        from train.monitor_parts import number  # a bad value refused in the Monitor's words
         due = step % self.settings.read_every == 0 if due is None else due
         values = []
-        for value in (loss, grad_norm):
-            if isinstance(value, torch.Tensor):
-                value = float(value.detach().float()) if due and value.numel() == 1 else None
+        for name, value in (("train_loss", loss), ("grad_norm", grad_norm)):
+            if isinstance(value, torch.Tensor) and not due:
+                value = None  # read at the next due step: no device sync here
+            value = number(name, value)
             values.append(None if value is None else float(value))
         return values[0], values[1]
 
@@ -271,7 +281,7 @@ class GuardedRun:
                 self.undone += record.get("skipped", 0)
             self.stopped = stop
             if not stop:
-                self.ceilings, self.peaks = plan.ceilings, [None] * len(plan.ceilings)
+                self.ceilings, self.peaks, self._since = plan.ceilings, [None] * len(plan.ceilings), 0
                 for other in self.slots:  # states taken after the trouble began are not kept
                     if other is not slot and other.step is not None and other.step >= plan.began - 1:
                         other.step = None

@@ -9,7 +9,7 @@ The recent level is the mean of the last `recent` losses; the noise is the stand
 one step's loss around it, read from the differences of consecutive losses over the last `window`
 (a falling loss, as early training's, does not count as noise: a spread of the values would).
 A spike lies more than max(`sigma` x noise, `min_rise` nats) above the level; `patience` in a row
-make trouble. Until `min_history` losses are held there is no level yet: a loss a nat (`early_rise`)
+make trouble (early training has spikes that pass by themselves within a step or two). Until `min_history` losses are held there is no level yet: a loss a nat (`early_rise`)
 above the first one (worse than the model at the start) is trouble. A non-finite loss always is.
 Where the trouble began: a moving average of the loss is "calm" while within one noise of the
 window's mean; the trouble began after the last calm step, so a loss that crept up for 40 steps
@@ -30,7 +30,7 @@ class LossWatch:
     window: int = 128  # losses the noise (and the calm band) are read from
     sigma: float = 6.0  # noises above the recent level that make a spike
     min_rise: float = 0.3  # nats: a spike is at least this far above the level
-    patience: int = 1  # spikes in a row that make trouble
+    patience: int = 3  # spikes in a row that make trouble (one that passes by itself is left alone)
     recent: int = 16  # losses the recent level is the mean of
     min_history: int = 16  # losses held before the level judges (before: the first loss does)
     early_rise: float = 1.0  # nats above the first loss that are trouble before there is a level
@@ -53,33 +53,34 @@ class LossWatch:
             self._first = (step, loss)
         if not math.isfinite(loss):
             return f"the loss is {loss}"
-        why = self._spike(loss) if len(self._losses) >= self.min_history else self._early(loss)
-        if len(self._losses) >= self.min_history:
+        judged = len(self._losses) >= self.min_history
+        spike = self._spike(loss) if judged else self._early(loss)
+        self._run = self._run + 1 if spike else 0
+        if judged:
             values = [v for _, v in self._losses]
             self._avg = loss if self._avg is None else self.ema * loss + (1 - self.ema) * self._avg
             if self._avg <= math.fsum(values) / len(values) + self.noise():
                 self._calm = step
-        elif why is None:
+        elif spike is None:
             self._calm = step  # the first losses fall fast: calm unless already above the start
-        if why is None:  # a spike stays out of the level it is judged against
+        if spike is None:  # a spike stays out of the level it is judged against
             self._losses.append((step, loss))
             while len(self._losses) > self.window:
                 self._losses.popleft()
-        return why
+        return spike if self._run >= self.patience else None
 
     def _spike(self, loss: float) -> str | None:
         level = math.fsum(v for _, v in list(self._losses)[-self.recent:]) / min(self.recent, len(self._losses))
         noise = self.noise()
-        self._run = self._run + 1 if loss > level + max(self.sigma * noise, self.min_rise) else 0
-        if self._run < self.patience:
+        if loss <= level + max(self.sigma * noise, self.min_rise):
             return None
         return f"a loss spike: {loss:.3f} against {level:.3f} (noise {noise:.3f} over the last {len(self._losses)} steps)"
 
     def _early(self, loss: float) -> str | None:
         first = self._first[1] if self._first and math.isfinite(self._first[1]) else math.inf
-        if loss > first + self.early_rise:
-            return f"the loss rose to {loss:.3f}, above its first value {first:.3f}"
-        return None
+        if loss <= first + self.early_rise:
+            return None
+        return f"the loss rose to {loss:.3f}, above its first value {first:.3f}"
 
     def calm(self, step: int) -> bool:
         """Whether the run is calm at `step` (nothing seen yet counts as calm): a state to keep."""
