@@ -4,7 +4,7 @@ one of four arms, each a plain loop (forward, backward, AdamW step, a LambdaLR s
 - none: nothing watches the run;
 - palm: PaLM's manual recipe made automatic: on a spike (the guard's own detector) restore the
   snapshot taken about 100 steps before, skip the batches in between, keep the rate (snapshots
-  every 50 steps, 3 held, as the guard's);
+  every 50 steps, 3 held, and the state at the start, as the guard's; at most 20 rewinds);
 - skip: OLMo-core's SkipStepOptimizer rule: the update is skipped when the loss or the gradient
   norm lies more than 6 standard deviations from its mean over the last 128 steps (judged once
   64 are held);
@@ -219,16 +219,17 @@ class PaLM(Bare):
         self.every = g.every
         self.watch = LossWatch(window=g.window, sigma=g.sigma, min_rise=g.min_rise, patience=g.patience)
         self.slots = [HostSnapshot() for _ in range(g.keep)]
-        self.rewinds = self.undone = 0
+        self.slots[0].take(-1, model, optimizer)  # the start, as the guard holds it: where an early blow-up goes back
+        self.kept, self.rewinds, self.undone = 0, 0, 0
 
     def after_step(self, step: int, loss: float) -> bool:
         why = self.watch.see(step, loss) if self.rewinds < PALM_MAX else None
         held = [s for s in self.slots if s.step is not None]
         if why is None:
-            newest = max((s.step for s in held), default=None)
-            if (newest is None or step - newest >= self.every) and self.watch.calm(step):
+            if step - self.kept >= self.every and self.watch.calm(step):
                 slot = next((s for s in self.slots if s.step is None), None) or min(held, key=lambda s: s.step)
                 slot.take(step, self.model, self.optimizer)
+                self.kept = step
             return False
         back = [s for s in held if s.step <= step - PALM_BACK]
         slot = max(back, key=lambda s: s.step) if back else min(held, key=lambda s: s.step)

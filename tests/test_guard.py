@@ -20,6 +20,7 @@ from train.rescue import Guard, GuardStop
 from train.rescue_signal import LossWatch
 from train.rescue_state import HostSnapshot, SnapshotMismatch
 
+CUT = Guard().cut  # the first rescue's rate factor (0.3); the second's is its square
 CFG = PRESETS["transformer4_rms_small"].config.replace(n_layers=1, dropout=0.1)  # dropout: draws random numbers
 
 
@@ -133,7 +134,7 @@ SCHEDULES = {
 @pytest.mark.parametrize("kind", list(SCHEDULES))
 def test_the_cap_is_applied_around_the_step_and_the_schedule_stays_in_charge(kind):
     """After a rescue the rate the optimizer applies is the user's x min(1, cap / their highest rate
-    since) x a ramp over 30 steps: a climbing schedule trains at the cap, a falling one keeps its
+    since) x a ramp over `rewarm` steps: a climbing schedule trains at the cap, a falling one keeps its
     shape; the user's own numbers are back in the groups after every step."""
     model = tiny()
     groups = nanochat_groups(model) if kind == "nanochat groups" else model.parameters()
@@ -157,11 +158,11 @@ def test_the_cap_is_applied_around_the_step_and_the_schedule_stays_in_charge(kin
             assert record["action"] == "rewind" and record["restored_step"] == 10
             caps = run.ceilings
             restored_rates = [s for s in run.slots if s.step == 10][0].lrs
-            assert caps == pytest.approx([0.5 * r for r in restored_rates])  # cut x the restored state's rates
+            assert caps == pytest.approx([CUT * r for r in restored_rates])  # cut x the restored state's rates
     assert caps is not None
     for step in range(30):  # after the rescue: x min(1, cap / the highest rate asked for since)
         peaks = [max(u[i] for u in user[13:step + 1]) for i in range(len(caps))] if step > 12 else None
-        ramp = min(1.0, (step - 12) / 30)  # back up over rewarm=30 steps after the rewind
+        ramp = min(1.0, (step - 12) / Guard().rewarm)  # back up over `rewarm` steps after the rewind
         expected = user[step] if step <= 12 else [u * min(1.0, c / p) * ramp for u, c, p in zip(user[step], caps, peaks)]
         assert seen[step] == pytest.approx(expected, rel=1e-12)
         assert step <= 12 or all(s <= c * (1 + 1e-12) for s, c in zip(seen[step], caps))  # never above the cap
@@ -202,17 +203,18 @@ def test_a_blow_up_at_a_known_step_is_rescued_from_the_state_before_it(tmp_path,
         with caplog.at_level(logging.WARNING, logger="train.rescue"):
             losses = train(model, optimizer, 60, log, blow_up_at=35)
     rescue = monitor.guard.rescues[0]
-    assert rescue["step"] == 38 and rescue["trouble_began"] == 36  # three spikes in a row (patience 3)
+    seen = 36 + Guard().patience - 1  # the blow-up's loss shows at 36; `patience` spikes in a row are trouble
+    assert rescue["step"] == seen and rescue["trouble_began"] == 36
     assert rescue["action"] == "rewind" and rescue["restored_step"] == 30
-    assert rescue["trigger"].startswith("a loss spike") and rescue["skipped"] == 8
+    assert rescue["trigger"].startswith("a loss spike") and rescue["skipped"] == seen - 30
     assert same(kept["after"], kept["state"])  # the state of step 30, bitwise
-    assert losses[36] > 1000 and max(losses[39:]) < max(losses[:35])  # and the run went on, calm
-    assert "guard: rescued at step 38" in caplog.text
+    assert losses[36] > 1000 and max(losses[seen + 1:]) < max(losses[:35])  # and the run went on, calm
+    assert f"guard: rescued at step {seen}" in caplog.text
     records = {r["step"]: r for r in read_metrics(tmp_path / "run")}
-    assert records[38]["rescue"]["restored_step"] == 30 and records[38]["train_loss"] == losses[38]
-    assert "diverged" not in records[38] and first_nonfinite_step(records.values()) is None
+    assert records[seen]["rescue"]["restored_step"] == 30 and records[seen]["train_loss"] == losses[seen]
+    assert "diverged" not in records[seen] and first_nonfinite_step(records.values()) is None
     found = {f.code: f for f in diagnose.run(tmp_path / "run").findings}
-    assert found["rescued"].step == 38 and "restored step 30" in found["rescued"].title
+    assert found["rescued"].step == seen and "restored step 30" in found["rescued"].title
     assert "divergence" not in found and "lower the peak learning rate" in found["rescued"].fix
 
 
@@ -251,7 +253,7 @@ def test_repeated_trouble_cuts_deeper_then_stops_cleanly_and_saves(tmp_path, cap
     assert stop.value.code == 3 and monitor.closed
     rescues = [r["rescue"] for r in read_metrics(tmp_path / "run") if "rescue" in r]
     assert [r["action"] for r in rescues] == ["rewind", "rewind", "stop"]
-    assert [r["factor"] for r in rescues[:2]] == pytest.approx([0.5, 0.25])  # a deeper cut
+    assert [r["factor"] for r in rescues[:2]] == pytest.approx([CUT, CUT ** 2])  # a deeper cut
     assert [r["restored_step"] for r in rescues] == [10, 15, 20]
     assert (tmp_path / "run" / "step_000020").is_dir() and len(list_snapshots(tmp_path / "run")) == 1
     saved = build_model(CFG)
@@ -261,7 +263,7 @@ def test_repeated_trouble_cuts_deeper_then_stops_cleanly_and_saves(tmp_path, cap
     assert not same(held, state_of(model, optimizer))  # the model in memory holds it too, not step 23's
     line = next(r.message for r in caplog.records if r.levelno == logging.ERROR)
     assert "\n" not in line and "stopped the run at step 23" in line and "after 2 rescue(s)" in line
-    assert "lower the peak learning rate below 0.025" in line and "normalise queries and keys" in line
+    assert f"lower the peak learning rate below {0.1 * CUT ** 2:.3g}" in line and "normalise queries and keys" in line
 
 
 def test_watch_mode_logs_what_it_would_do_and_changes_nothing(tmp_path):
@@ -297,7 +299,7 @@ def test_bad_settings_are_refused_in_one_line(options, words, tmp_path):
 
 
 def test_the_detector_traces_a_creeping_loss_back_to_where_it_began():
-    watch = LossWatch()
+    watch = LossWatch(patience=3)
     noise = [0.02 * ((i * 37) % 11 - 5) for i in range(200)]  # a fixed, zero-mean wiggle
     for step in range(100):
         assert watch.see(step, 3.0 + noise[step]) is None

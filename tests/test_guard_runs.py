@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from models.checkpoint import read_metrics
 from probes.sweep_stats import run_finished, run_outcome
 from train.loop import RANK_DUMP_ENV, main
+from train.rescue import Guard
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BLOW_UP = ["--preset", "transformer4_small", "--steps", "30", "--batch-size", "4", "--log-every", "2",
@@ -46,7 +47,8 @@ def test_train_guard_rescues_twice_then_stops_with_code_3_leaving_the_snapshot_o
     rescues = [r["rescue"] for r in records if "rescue" in r]
     assert [r["action"] for r in rescues] == ["rewind", "rewind", "stop"]
     assert all(r["restored_step"] == 0 for r in rescues)  # the state training started from
-    assert [r["lr_cap"] for r in rescues[:2]] == pytest.approx([5e5, 2.5e5])
+    cut = Guard().cut
+    assert [r["lr_cap"] for r in rescues[:2]] == pytest.approx([cut * 1e6, cut ** 2 * 1e6])
     assert [r for r in records if r.get("diverged")][0]["step"] == records[-1]["step"]  # only the stop's step
     assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl", "run.json", "step_000000"]
     outcome = run_outcome(out)  # what a sweep records of it
@@ -157,18 +159,16 @@ def test_the_hf_callback_guards_the_trainer_and_stops_it_the_trainers_way(tmp_pa
 def test_the_loss_chart_marks_each_rescue(monkeypatch, tmp_path):
     from app_kit import open_app
     from chart_kit import specs
-    from test_guard import CFG, tiny, train as plain_loop
+    from test_guard import tiny, train as plain_loop
     from train.monitor import Monitor
-    from train.rescue import Guard
 
     model = tiny()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     with Monitor(model, optimizer, tmp_path / "rescued", guard=Guard(every=10), report=False) as monitor:
         plain_loop(model, optimizer, 50, lambda s, v: monitor.log(s, train_loss=v), blow_up_at=35)
-    assert CFG.n_layers == 1
     at = open_app(monkeypatch, [tmp_path], "overview", run="rescued")
     [(spec, datasets)] = specs(at, "loss")
     marks = next(f for f in datasets if "guard" in f.columns)
-    assert list(marks["step"]) == [38] and list(marks["guard"]) == ["rescued"]
+    assert list(marks["step"]) == [36 + Guard().patience - 1] and list(marks["guard"]) == ["rescued"]
     assert "restored step 30" in marks["rescue"][0]
     assert "guard" in json.dumps(spec)

@@ -60,13 +60,13 @@ class Guard:
     mode: str = "act"
     every: int = 50  # steps between snapshots (taken at a calm check, at most one per `every`)
     keep: int = 3  # snapshots held: how far back a rewind can reach (about keep * every steps)
-    cut: float = 0.5  # the k-th rescue caps the rate at cut**k times the schedule's rate at the restored state
-    rewarm: int = 30  # steps over which the rate climbs back after a rewind (the optimizer's state is shaken)
+    cut: float = 0.3  # the k-th rescue caps the rate at cut**k times the schedule's rate at the restored state
+    rewarm: int = 50  # steps over which the rate climbs back after a rewind (the optimizer's state is shaken)
     max_rescues: int = 2  # rescues before the next trouble stops the run
     sigma: float = 6.0  # a spike: this many standard deviations above the recent mean ...
     min_rise: float = 0.3  # ... and at least this many nats above it
     window: int = 128  # losses the recent mean and deviation are taken over
-    patience: int = 3  # spikes in a row that make trouble (a non-finite loss at once)
+    patience: int = 2  # spikes in a row that make trouble (a non-finite loss at once)
     read_every: int = 10  # without a Monitor: a loss logged as a tensor is read (a device sync) this often
     scaler: Any = field(default=None, compare=False, repr=False)  # a torch.amp.GradScaler, snapshotted too
 

@@ -30,7 +30,7 @@ class LossWatch:
     window: int = 128  # losses the noise (and the calm band) are read from
     sigma: float = 6.0  # noises above the recent level that make a spike
     min_rise: float = 0.3  # nats: a spike is at least this far above the level
-    patience: int = 3  # spikes in a row that make trouble (one that passes by itself is left alone)
+    patience: int = 2  # spikes in a row that make trouble (one that passes by itself is left alone)
     recent: int = 16  # losses the recent level is the mean of
     min_history: int = 16  # losses held before the level judges (before: the first loss does)
     early_rise: float = 1.0  # nats above the first loss that are trouble before there is a level
