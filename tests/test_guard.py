@@ -73,6 +73,11 @@ def same(a: dict, b: dict) -> bool:
         torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
 
 
+def files(root) -> dict[str, bytes]:
+    """Every file under `root` but the records (which a rescue appends to), by path: its bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file() and p.suffix != ".jsonl"}
+
+
 # ------------------------------------------------------------------ snapshots
 
 
@@ -193,13 +198,18 @@ def test_a_blow_up_at_a_known_step_is_rescued_from_the_state_before_it(tmp_path,
     model = tiny()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     kept = {}
-    with Monitor(model, optimizer, tmp_path / "run", guard=Guard(every=10), report=False) as monitor:
+    mine = tmp_path / "run" / "my_checkpoint.pt"  # the user's own checkpoint, beside the run's snapshots
+    with Monitor(model, optimizer, tmp_path / "run", guard=Guard(every=10), save_every=10, report=False) as monitor:
         def log(step, loss):
             if step == 30:
                 kept["state"] = state_of(model, optimizer)  # the state the step-30 snapshot holds
+                torch.save(model.state_dict(), mine)
             monitor.log(step, train_loss=loss)
+            if step == 36:
+                kept["disk"] = files(tmp_path / "run")
             if monitor.guard.rescues and "after" not in kept:
                 kept["after"] = state_of(model, optimizer)
+                kept["disk after"] = files(tmp_path / "run")
         with caplog.at_level(logging.WARNING, logger="train.rescue"):
             losses = train(model, optimizer, 60, log, blow_up_at=35)
     rescue = monitor.guard.rescues[0]
@@ -208,6 +218,9 @@ def test_a_blow_up_at_a_known_step_is_rescued_from_the_state_before_it(tmp_path,
     assert rescue["action"] == "rewind" and rescue["restored_step"] == 30
     assert rescue["trigger"].startswith("a loss spike") and rescue["skipped"] == seen - 30
     assert same(kept["after"], kept["state"])  # the state of step 30, bitwise
+    before, after = kept["disk"], kept["disk after"]  # what was on disk before the rewind is untouched
+    assert {"my_checkpoint.pt", "step_000020/model.safetensors"} <= set(before)
+    assert all(after[path] == data for path, data in before.items())
     assert losses[36] > 1000 and max(losses[seen + 1:]) < max(losses[:35])  # and the run went on, calm
     assert f"guard: rescued at step {seen}" in caplog.text
     records = {r["step"]: r for r in read_metrics(tmp_path / "run")}
