@@ -86,14 +86,20 @@ def find(sources: list[data.Source], wanted: str | None) -> data.Source | None:
 
 
 def typed(text: str, preset: str | None) -> list[data.Source]:
-    """The sources a typed path opens: a run, a snapshot, a series .pt with a preset, or every run in
-    a folder of runs; ValueError (one line, shown in the sidebar) for anything else."""
+    """The sources a typed path opens: a run, a snapshot, a series .pt with a preset, every run in a
+    folder of runs, or a training log the run doctor reads (each one in a folder of logs); ValueError
+    (one line, shown in the sidebar) for anything else, a log the doctor cannot read included."""
     from models.store.series import SERIES_SUFFIXES  # both import torch: only when a path is typed
     from models.store.snapshot import MODEL_FILE
 
     path = Path(text).expanduser()
     if not path.exists():
         raise ValueError(f"{path} does not exist")
+    if logs.history_only(path):  # a log and nothing else: opened where the doctor reads it, refused here if not
+        refused = logs.unreadable(path)
+        if refused is not None:
+            raise ValueError(first_line(refused))
+        return [data.Source(path)]
     if is_run_dir(path) or is_snapshot_dir(path) or (path / MODEL_FILE).is_file() or (path / "ckpt.pt").is_file() \
             or logs.foreign_log(path) is not None:  # a log file, a Trainer's output, TensorBoard events:
         return [data.Source(path)]  # what the doctor reads, the app opens
@@ -110,8 +116,11 @@ def typed(text: str, preset: str | None) -> list[data.Source]:
     if runs:
         return runs
     printed = logs_in(path)  # a folder of printed logs (docs/): each one the doctor reads
+    readable = [p for p in printed if logs.unreadable(p) is None]
+    if readable:
+        return [data.Source(p) for p in readable]
     if printed:
-        return [data.Source(p) for p in printed]
+        raise ValueError(f"{path}: no log here that the run doctor reads; {first_line(logs.unreadable(printed[0]))}")
     raise ValueError(f"{path} is not a run, a snapshot, a nanoGPT, nanochat or Hugging Face checkpoint, "
                      "a .pt state dict or a training log (a *.log, *.txt or *.out printed log, "
                      "trainer_state.json, TensorBoard events): nothing to open")
