@@ -181,7 +181,8 @@ def _summary(path: str, stamp: tuple, preset: str | None = None) -> dict[str, An
     latest = peek(snaps[-1]) if snaps and not info.get("model") else {}
     records = read_metrics(where_)
     losses = [r["val_loss"] for r in records if "val_loss" in r]
-    return {"model": describe(info.get("preset"), info.get("model") or latest.get("model") or {}),
+    preset = info.get("preset") if info.get("preset") != where_.name else None  # the run's name says it
+    return {"model": describe(preset, info.get("model") or latest.get("model") or {}),
             "steps": records[-1]["step"] if records else latest.get("step"), "snapshots": len(snaps),
             "last val loss": shown_loss(losses[-1]) if losses else "-",
             # what the files hold; whether that is healthy is the doctor's word (its own column)
@@ -191,15 +192,18 @@ def _summary(path: str, stamp: tuple, preset: str | None = None) -> dict[str, An
 
 
 def describe(preset: str | None, model: dict[str, Any]) -> str:
-    """`preset · transformer 4L×4H d64` from a model config (as run.json or config.json hold it); a
-    model we read but never rebuilt by what builds it and its size: `llama 2L×4H d32 · 37.8k params`."""
+    """`transformer4_rms · 4L×4H d64` from a model config (as run.json or config.json hold it), or
+    `transformer 4L×4H d64` with no preset; a model we read but never rebuilt by what builds it and its
+    size: `llama 2L×4H d32 · 37.8k params`. Short enough for the run list's column at 1280 px."""
     family = model.get("family", "?")
     shape = f"{model.get('n_layers')}L×{model.get('n_heads')}H d{model.get('d_model')}" \
         if family == "transformer" else f"window {model.get('n_ctx')}"
     if model.get("architecture"):  # a Hugging Face model through the bridge, nanochat's GPT
         size = model.get("n_params")
         return f"{model['architecture']} {shape}" + (f" · {params_text(size)}" if isinstance(size, int) else "")
-    return f"{preset} · {family} {shape}" if preset else f"{family} {shape}"
+    if not preset:
+        return f"{family} {shape}"
+    return f"{preset} · {shape}" if family == "transformer" else f"{preset} · {family} {shape}"  # L×H says transformer
 
 
 def params_text(n: int) -> str:
