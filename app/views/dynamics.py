@@ -44,7 +44,8 @@ def body(sel: Selection, follow: bool = False) -> None:
     marks = doctor.marks(sel.run)
     entropy_over_steps(records, marks, run_files.trained_context(sel.run.path))
     updates_over_steps(sel, marks)
-    signals.section(records, marks)
+    model = run_files.run_info(sel.run.path).get("model")
+    signals.section(records, marks, model.get("act_fn") if isinstance(model, dict) else None)
 
 
 def entropy_rows(records: list[dict]) -> tuple[list[dict], list[tuple[int, int]]]:
