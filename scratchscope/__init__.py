@@ -144,7 +144,11 @@ def _package(name: str) -> ModuleType:
             raise ImportError(f"scratchscope's {name} package is not at {ROOT / name}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]  # no half-made package left under the name
+            raise
         _bound[name] = module
     sys.modules[name] = _bound[name]
     return _bound[name]
