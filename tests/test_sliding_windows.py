@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from any_model_kit import tokens
+from any_model_kit import nanochat_gpt, tokens
 from probes import degenerate, entropy
 from probes.hooked_source import config_windows
 from probes.sources import source_of
@@ -110,12 +110,7 @@ def test_windows_per_layer_from_what_transformers_configs_say():
 def test_nanochat_short_window_layers_when_importable():
     """nanochat's own GPT (its SDPA fallback): the short-window layer's boolean mask lets a row see
     window + 1 keys (nanochat's window counts the keys before the query): W_Q = 0 reads uniform."""
-    gpt = pytest.importorskip("nanochat.gpt")
-    torch.manual_seed(0)
-    cfg = gpt.GPTConfig(sequence_len=512, vocab_size=64, n_layer=2, n_head=2, n_kv_head=2, n_embd=32,
-                        window_pattern="SL")
-    model = gpt.GPT(cfg)
-    model.init_weights()
+    model = nanochat_gpt(n_head=2, n_embd=32)
     with torch.no_grad():
         for block in model.transformer.h:
             block.attn.c_q.weight.zero_()
