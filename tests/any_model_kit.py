@@ -11,6 +11,8 @@ people use (tutorial GPTs, Hugging Face Llama / Qwen2, nanochat); all CPU-fast, 
 - `MhaGPT`: blocks on `nn.MultiheadAttention` (its SDPA path, or its softmax with need_weights).
 - `ChatGPT`: nanochat's layout (c_q/c_k/c_v/c_proj, rotary, QK-norm, grouped kv heads, a sliding
   window as a boolean mask on some layers, relu², untied head, logit softcap).
+- `nanochat_gpt(n_head, n_embd)`: nanochat's own GPT, small (window pattern "SL": its short window
+  is 128 keys before the query at sequence_len 512); the test is skipped where nanochat does not import.
 - `hf_pair("llama" | "qwen2")`: the same random weights as an SDPA model and an eager one; the
   eager one's `output_attentions=True` gives the reference patterns.
 
@@ -291,6 +293,16 @@ class ChatGPT(nn.Module):
             x = block(x, cos, sin)
         logits = self.lm_head(rms(x))
         return self.softcap * torch.tanh(logits / self.softcap)
+
+
+def nanochat_gpt(n_head: int = 4, n_embd: int = 64, vocab: int = 64) -> nn.Module:
+    import pytest
+    gpt = pytest.importorskip("nanochat.gpt")
+    torch.manual_seed(0)
+    model = gpt.GPT(gpt.GPTConfig(sequence_len=512, vocab_size=vocab, n_layer=2, n_head=n_head, n_kv_head=2,
+                                  n_embd=n_embd, window_pattern="SL"))
+    model.init_weights()
+    return model
 
 
 # ---------------------------------------------------------------- Hugging Face, in memory
