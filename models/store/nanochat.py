@@ -93,12 +93,25 @@ def _build(gpt: Any, kwargs: dict[str, Any], state: dict[str, torch.Tensor], dev
         model.init_weights()
     if said.getvalue().strip():
         logger.debug("nanochat: %s", said.getvalue().strip())
+    check_names(model.state_dict(), state, path)
     try:
         model.load_state_dict(state, strict=True, assign=True)
-    except RuntimeError as exc:
-        raise CheckpointError(f"{path}: its weights do not fit the GPT its meta file describes: "
-                              f"{str(exc).strip().splitlines()[0]}") from None
+    except RuntimeError as exc:  # names and shapes fit: a dtype, say
+        raise CheckpointError(f"{path}: its weights do not load into nanochat's GPT: "
+                              f"{' '.join(str(exc).split())[:300]}") from None
     return model.eval()
+
+
+def check_names(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor], path: Path) -> None:
+    """The file's tensors are the GPT's, by name and shape: else one line naming the difference."""
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    shapes = [f"{k} {list(state[k].shape)} (the GPT's: {list(v.shape)})" for k, v in expected.items()
+              if k in state and state[k].shape != v.shape]
+    said = [f"{what} {', '.join(names[:4])}{', ...' if len(names) > 4 else ''} ({len(names)})"
+            for what, names in (("missing", missing), ("unexpected", unexpected), ("shape of", shapes)) if names]
+    if said:
+        raise CheckpointError(f"{path}: its weights do not fit the GPT its meta file describes: {'; '.join(said)}")
 
 
 def _tokenizer(path: Path, d_vocab: int) -> tuple[Tokenizer | None, str | None]:
