@@ -52,11 +52,14 @@ def test_the_lens_on_nanochats_layout_is_its_own_readout_at_every_layer():
     assert result.kl_to_final[-1] == pytest.approx(0.0, abs=1e-6) and min(result.kl_to_final[:-1]) > 1e-3
 
 
-def test_the_lens_refuses_mid_block_points_it_cannot_read():
+def test_the_lens_refuses_mid_block_points_and_the_tuned_lens_in_one_line():
+    from probes import tuned_lens
     from probes.errors import ProbeInputError
 
     with pytest.raises(ProbeInputError, match=r"^ChatGPT has no hook point between attention and MLP"):
         logit_lens.LogitLens(ChatGPT(), include_mid=True)
+    with pytest.raises(ProbeInputError, match=r"^ChatGPT has no hook points on its residual stream: the tuned"):
+        tuned_lens.TunedLens(ChatGPT())
 
 
 @pytest.mark.parametrize("make", [ChatGPT, PerHeadGPT, BatchedGPT])
