@@ -267,12 +267,16 @@ class ChatBlock(nn.Module):
 
 
 class ChatGPT(nn.Module):
-    """nanochat's layout, in small: window pattern "SL" (short = a quarter of the context)."""
+    """nanochat's layout, in small: window pattern "SL" (short = a quarter of the context). With
+    `backout`, recent nanochat's backout: `backout_lambda` times the residual after block
+    n_layers // 2 is taken off before the final norm."""
 
     def __init__(self, n_layers: int = 2, n_heads: int = HEADS, n_kv: int = 2, d: int = D, ctx: int = CTX,
-                 vocab: int = VOCAB, softcap: float = 15.0):
+                 vocab: int = VOCAB, softcap: float = 15.0, backout: float | None = None):
         super().__init__()
         self.keep, self.patterns, self.softcap = False, [], softcap
+        if backout is not None:
+            self.backout_lambda = nn.Parameter(torch.tensor([backout]))
         self.config = type("Config", (), {"sequence_len": ctx})()
         windows = [ctx // 4 if (l % 2 == 0 and l != n_layers - 1) else None for l in range(n_layers)]
         self.transformer = nn.ModuleDict({"wte": nn.Embedding(vocab, d),
@@ -289,8 +293,12 @@ class ChatGPT(nn.Module):
         n = idx.shape[1]
         cos, sin = self.cos[:, :n], self.sin[:, :n]
         x = rms(self.transformer["wte"](idx))
-        for block in self.transformer["h"]:
+        middle = None
+        for i, block in enumerate(self.transformer["h"]):
             x = block(x, cos, sin)
+            middle = x if i == len(self.transformer["h"]) // 2 else middle
+        if hasattr(self, "backout_lambda"):
+            x = x - self.backout_lambda * middle
         logits = self.lm_head(rms(x))
         return self.softcap * torch.tanh(logits / self.softcap)
 
