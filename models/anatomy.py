@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from models.tap import context_of
+from models.tap_inputs import context_of
 
 __all__ = ["Anatomy", "AnatomyError", "find_anatomy"]
 

@@ -44,7 +44,8 @@ from typing import Any, Iterable
 import torch
 
 from models.anatomy import AnatomyError, find_anatomy
-from probes.attention_source import has_lens_cfg, longest_row
+from probes.attention_source import has_lens_cfg
+from probes.tapped_source import longest_row
 from probes.args import logit_lens_parser as build_parser
 from probes.common import (ProbeInputError, as_batches, hook_names,
                            model_device, print_json, progress_bar, run_cli, to_jsonable,
