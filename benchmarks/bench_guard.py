@@ -1,7 +1,7 @@
 """The guard (`train.rescue`) against three other ways of meeting a diverging run, on one
 learning-rate sweep, side by side in one run.
 
-    python benchmarks/bench_guard.py                # 7 rates x 3 seeds x 4 arms, ~20 min on 2 cores
+    python benchmarks/bench_guard.py                # 7 rates x 3 seeds x 4 arms: 5 min on 2 idle cores, 15+ shared
     python benchmarks/bench_guard.py --dev          # the development sweep the defaults were tuned on
     python benchmarks/bench_guard.py --steps 30 --rates 1e-2,3 --seeds 0 --timing-steps 20   # a smoke run
 
