@@ -22,7 +22,7 @@ from models.layers import affine, make_norm
 from models.packed_heads import KINDS, HeadView, pack_state_dict, packed_source, unpack_state_dict
 
 ATTN_IMPLS = ("auto", "explicit", "fused")
-FINITE = object()  # `qkv_weights`' guard when every q/k weight is finite: nothing to add
+FINITE = object()  # `qkv_weights`' guard when the model guards all layers at once: nothing to add per layer
 # (output, logsumexp) of causal attention in one fused call; private, so looked up, not assumed
 FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
@@ -93,22 +93,23 @@ class Attention(nn.Module):
         return affine(x, W, b).unflatten(-1, (3, self.cfg.n_heads, self.cfg.d_head))
 
     def qkv_weights(self, model_guard: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """W_QKV, b_QKV (or None) and their `weight_guard`. With gradients on the guard is
-        recomputed at every call (FINITE with `model_guard`: the model checks every layer's
-        weights at once, `models.transformer.qk_weights_guard`); without (probes, sampling) it is
-        kept (FINITE when it is all zeros) while the parameters sit at unchanged versions (an
-        optimizer step or `load_state_dict` moves a version; `.to()` / `.half()` clear it in `_apply`)."""
+        """W_QKV, b_QKV (or None) and their `weight_guard`: FINITE with `model_guard` (the model
+        guards every layer's weights at once, on its logits: `models.transformer.logits_guard`).
+        With gradients on the guard is recomputed at every call; without (probes, sampling) it is
+        kept while the parameters sit at unchanged versions (an optimizer step or
+        `load_state_dict` moves a version; `.to()` / `.half()` clear it in `_apply`). It stays a
+        tensor added to z: checking that it is all zeros would read it on the host (a GPU sync)."""
         params = self._parameters
         W, b = params["W_QKV"], params.get("b_QKV")
+        if model_guard:
+            return W, b, FINITE
         if guard_per_call(W):
-            return W, b, FINITE if model_guard else self.weight_guard(W, b)
+            return W, b, self.weight_guard(W, b)
         # ids are safe in the key: the cache keeps those parameters alive
         key = (id(W), W._version, id(b), None if b is None else b._version)
         if self._guard_cache is None or self._guard_cache[0] != key:
             with torch.no_grad():
-                guard = self.weight_guard(W, b)
-                # finite weights (the usual case): nothing to add per forward, checked once here
-                self._guard_cache = (key, (W, b), FINITE if not bool(guard.isnan().any()) else guard)
+                self._guard_cache = (key, (W, b), self.weight_guard(W, b))
         return W, b, self._guard_cache[2]
 
     def weight_guard(self, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:

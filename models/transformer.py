@@ -93,6 +93,7 @@ class Transformer(TLWeights, HookedRootModule):
             self.b_out = nn.Parameter(torch.zeros(cfg.d_vocab))
         self.hook_embed = HookPoint()  # [batch pos d_model]
         self.hook_pos_embed = HookPoint()  # [batch pos d_model]
+        self._logits_guard: tuple | None = None  # (weights' key, guard) for forwards without gradients
         init_weights(self)
         self.register_load_state_dict_pre_hook(_rename_series_attnnet_keys)
         self.setup()
@@ -166,9 +167,18 @@ class Transformer(TLWeights, HookedRootModule):
         for block in self.blocks:
             x = block(x, plain)
         logits = self.unembed(x, plain)  # [batch pos d_vocab]
-        if plain and self.blocks and guard_per_call(self.blocks[0].attention.W_QKV):
-            logits = logits + qk_weights_guard(self)
-        return logits
+        return logits + self.logits_guard() if plain and self.blocks else logits
+
+    def logits_guard(self) -> torch.Tensor:
+        """`qk_weights_guard`: computed afresh with gradients on (the weights change every step),
+        else kept while every layer's q/k weights sit in the same memory at the same version."""
+        if guard_per_call(self.blocks[0].attention.W_QKV):
+            return qk_weights_guard(self)
+        key = tuple((w.data_ptr(), w._version) for block in self.blocks for w in block.attention.qk_weights()
+                    if w is not None)
+        if self._logits_guard is None or self._logits_guard[0] != key:
+            self._logits_guard = (key, qk_weights_guard(self))
+        return self._logits_guard[1]
 
 
 @functools.lru_cache(maxsize=16)

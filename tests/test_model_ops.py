@@ -3,7 +3,8 @@ config (tests/plain_gpt.py): counted, not timed, so the comparison is exact on a
 
 With nothing hooked the model decides once per forward (`models.hooks.unobserved`): no layer asks
 its hook points, and the q/k weights of every layer are guarded at once on the logits, so with
-gradients on the guard costs one matmul per layer and two ops in all, not four to six per layer.
+gradients on the guard costs one matmul per layer and two ops in all, not four to six per layer;
+without, the guard is kept between forwards and costs its one add.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ def test_ours_runs_at_most_five_percent_more_ops_than_plain(tiny, grad, backward
         assert torch.allclose(ours(tokens), plain(tokens), atol=1e-5)  # one function, two modules
     mine, theirs = (op_counts(m.train(grad), tokens, grad, backward) for m in (ours, plain))
     assert mine["profiler"] <= 1.05 * theirs["profiler"], (mine, theirs)
-    if not grad:
-        assert mine["kernels"] == theirs["kernels"]  # the no-grad guard is cached: nothing added
+    if not grad:  # the guard is kept while the weights are unchanged: one add on the logits
+        assert mine["kernels"] == theirs["kernels"] + 1
     elif backward:  # a training step: the guard's launches are a few in ~130
         assert mine["kernels"] <= 1.05 * theirs["kernels"], (mine, theirs)
 
