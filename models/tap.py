@@ -15,9 +15,10 @@ for the one below `nn.MultiheadAttention`):
 - an explicit softmax over the keys (`torch.softmax`, `F.softmax`, `Tensor.softmax`, so
   `nn.Softmax` too) with dim -1 over `[batch head q k]` (or `[batch*head q k]`, heads folded
   batch-major into the batch), or over `[batch q k]` from one module per head, where q and k are
-  the ids' length. Per-head calls made by sibling modules under one caller
-  (`blocks.0.att.heads.0`, `.1`, ... called by `blocks.0.att`) are stacked in call order into one
-  layer named by the caller.
+  the ids' length, and whose output is 0 on every key after its query (a causal mask: a
+  router's softmax over as many experts as there are ids is not attention, and is not read).
+  Per-head calls made by sibling modules under one caller (`blocks.0.att.heads.0`, `.1`, ...
+  called by `blocks.0.att`) are stacked in call order into one layer named by the caller.
 - `nn.MultiheadAttention` (its `F.multi_head_attention_forward` runs as one call under the mode,
   so its own SDPA or softmax over [batch*head q k] is swapped for a reader during that call).
 
@@ -33,17 +34,18 @@ every hook removed, also when the pass raises. A forward that made no call the t
 raises `TapError` in one line naming what to switch.
 
 Public API:
-- `tap_forward(model, ids, reduce=None, check=True) -> TapResult` (default reduce: keep each pattern);
+- `tap_forward(model, ids, reduce=None, trust=None) -> TapResult` (default reduce: keep each pattern);
 - `AttentionCall(module, layer, pattern, scores, n_heads, kind)`, kind "sdpa", "softmax" (batched
   heads) or "heads" (one module per head, stacked);
-- `TapResult(layers, logits, n_heads, kinds, seq_len)`: `layers` [(module name, reduced value)]
-  in layer order, `n_heads` / `kinds` per layer, `logits` None after a StopTap;
+- `TapResult(layers, logits, n_heads, kinds, seq_len, softmax_reads)`: `layers` [(module name,
+  reduced value)] in layer order, `n_heads` / `kinds` per layer, `logits` None after a StopTap,
+  `softmax_reads` whether each softmax over [.. ids ids] was read as attention (what `trust` reuses);
 - `TapError` (a ValueError: one line), `StopTap` (raised by reduce to end the pass);
 - `logits_of(output)`: the logits in a tensor, `.logits`, a dict's "logits" or a tuple's first item;
 - `eval_pass(model)`: the context manager the pass runs in (eval mode and no_grad, each module's
   mode put back after);
-- `context_of(model)`: the context its config names (`max_position_embeddings`, `n_ctx`,
-  `n_positions`, `block_size`, `sequence_len`, `context_length`, `max_seq_len`), else None.
+The forward is called as `model(ids, **forward_inputs(model, ids))` (`models.tap_inputs`: an
+`attention_mask` of ones where the forward requires one; any other required argument refused).
 """
 
 from __future__ import annotations
@@ -57,18 +59,16 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from models.tap_inputs import forward_inputs
 from models.tap_rebuild import TapError, check_output, sdpa_arguments, sdpa_scores, softmax_scores
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AttentionCall", "TapResult", "TapError", "StopTap", "tap_forward", "logits_of", "context_of"]
+__all__ = ["AttentionCall", "TapResult", "TapError", "StopTap", "tap_forward", "logits_of"]
 
 SDPA = F.scaled_dot_product_attention
 MHA = F.multi_head_attention_forward
 SOFTMAXES = (torch.softmax, F.softmax, torch.Tensor.softmax)
-CONTEXT_ATTRS = ("max_position_embeddings", "n_ctx", "n_positions", "block_size", "sequence_len",
-                 "context_length", "max_seq_len")
-
 
 @dataclass
 class AttentionCall:
@@ -87,6 +87,7 @@ class TapResult:
     n_heads: list[int] = field(default_factory=list)  # per layer
     kinds: list[str] = field(default_factory=list)  # per layer: "sdpa" | "softmax" | "heads"
     seq_len: int = 0
+    softmax_reads: list[bool] = field(default_factory=list)  # per softmax of [.. ids ids]: read as attention?
 
 
 class StopTap(Exception):
@@ -109,21 +110,12 @@ def logits_of(output: Any) -> torch.Tensor:
     return logits
 
 
-def context_of(model: Any) -> int | None:
-    """The model's context length from its config (`config` or `cfg`) or itself, if it names one."""
-    for holder in (getattr(model, "config", None), getattr(model, "cfg", None), model):
-        for attr in CONTEXT_ATTRS:
-            value = getattr(holder, attr, None) if holder is not None else None
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    return None
-
-
 class _Reader:
     """One forward pass's state: the module stack, pending per-head calls, the layers reduced."""
 
-    def __init__(self, reduce: Callable[[AttentionCall], Any], batch: int, seq_len: int, check: bool = True):
-        self.reduce, self.batch, self.seq_len, self.check = reduce, batch, seq_len, check
+    def __init__(self, reduce: Callable[[AttentionCall], Any], batch: int, seq_len: int,
+                 trust: TapResult | None = None):
+        self.reduce, self.batch, self.seq_len, self.trust = reduce, batch, seq_len, trust
         self.stack: list[str] = []
         self.pending: list[tuple[str, str, torch.Tensor, torch.Tensor]] = []  # (caller, module, p, scores)
         self.result = TapResult(seq_len=seq_len)
@@ -147,6 +139,12 @@ class _Reader:
         self.pending = []
         self.emit(caller, pattern, scores, "heads")
 
+    def is_attention(self, out: torch.Tensor) -> bool:
+        """`masks_later_keys`, or the answer the trusted pass gave for this softmax (in call order)."""
+        reads, trusted = self.result.softmax_reads, self.trust.softmax_reads if self.trust else []
+        reads.append(trusted[len(reads)] if len(reads) < len(trusted) else masks_later_keys(out))
+        return reads[-1]
+
     def current(self) -> str:
         return self.stack[-1] if self.stack else ""
 
@@ -156,7 +154,7 @@ class _Reader:
         a = sdpa_arguments(args, kwargs)
         scores = sdpa_scores(a)  # [batch head q k]
         pattern = torch.softmax(scores, dim=-1)
-        if self.check:
+        if self.trust is None:
             check_output(pattern, a, out, where)
         self.emit(self.current(), pattern, scores, "sdpa")
 
@@ -167,7 +165,7 @@ class _Reader:
             return
         if dim % x.dim() != x.dim() - 1 or tuple(x.shape[-2:]) != (self.seq_len, self.seq_len):
             return
-        if not x.dtype.is_floating_point:
+        if not x.dtype.is_floating_point or not self.is_attention(out):
             return
         pattern = out if out.dtype in (torch.float32, torch.float64) else out.float()
         scores = softmax_scores(x)
@@ -183,6 +181,17 @@ class _Reader:
         if self.pending and (self.pending[0][0] != caller or any(m == module for _, m, _, _ in self.pending)):
             self.flush()
         self.pending.append((caller, module, pattern, scores))
+
+
+def masks_later_keys(p: torch.Tensor) -> bool:
+    """Is this softmax's output [.. q k] zero on every key after its query (NaN in a diverged
+    model)? A causal language model's attention is; a router's softmax over experts, or any other
+    softmax whose last two sizes happen to equal the ids' length, is not, and is left unread."""
+    n = p.shape[-1]
+    if n < 2:
+        return True
+    later = p[..., torch.ones(n, n, dtype=torch.bool, device=p.device).triu(1)]  # [.. later keys]
+    return bool(((later == 0) | later.isnan()).all())
 
 
 def without_dropout(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -297,28 +306,30 @@ def nothing_read(model: Any, seq_len: int) -> TapError:
         return TapError("nanochat ran its FlashAttention 3 kernel, which the tap cannot read: take its SDPA "
                         "fallback (set nanochat.flash_attention.USE_FA3 = False for the reading, or run on CPU)")
     return TapError(f"{type(model).__name__}'s forward made no attention call the tap can read (no "
-                    f"scaled_dot_product_attention, no softmax over the keys of its {seq_len} tokens): a model "
-                    "without attention, or a FlashAttention / flex / compiled kernel; switch to "
-                    "attn_implementation=\"sdpa\" or \"eager\", nanochat's SDPA fallback, or the model before "
-                    "torch.compile")
+                    "scaled_dot_product_attention, no causally masked softmax over the keys of its "
+                    f"{seq_len} tokens): a model without attention, or a FlashAttention / flex / compiled "
+                    "kernel; switch to attn_implementation=\"sdpa\" or \"eager\", nanochat's SDPA fallback, or "
+                    "the model before torch.compile")
 
 
 def tap_forward(model: torch.nn.Module, ids: torch.Tensor, reduce: Callable[[AttentionCall], Any] | None = None,
-                check: bool = True) -> TapResult:
+                trust: TapResult | None = None) -> TapResult:
     """One no-grad, eval-mode forward of `model` on ids [batch pos], every attention layer handed to
     `reduce` (default: keep the pattern) as it is computed. Raises TapError where nothing is read.
-    `check=False` skips comparing each SDPA call's rebuilt pattern @ v with its output (a few
-    host reads per layer): for a model whose calls were checked on an earlier pass (the Monitor
-    checks on its first forward, then reads the same calls at every eval step)."""
+    `trust`: the result of an earlier pass of this model on ids of this shape, whose calls are
+    read as it read them, without the checks that read values on the host (each SDPA call's
+    rebuilt pattern @ v against its output, which softmaxes mask later keys): the Monitor checks
+    its first pass and trusts it at every eval step."""
     refuse_unreadable(model)
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         raise TapError(f"ids must be a [batch pos] tensor, got {getattr(ids, 'shape', type(ids).__name__)}")
-    reader = _Reader(reduce or (lambda call: call.pattern), *ids.shape, check=check)
+    inputs = forward_inputs(model, ids)
+    reader = _Reader(reduce or (lambda call: call.pattern), *ids.shape, trust=trust)
     stopped = False
     with eval_pass(model), module_stack(model, reader):
         try:
             with _TapMode(reader):
-                output = model(ids)
+                output = model(ids, **inputs)
             reader.flush()
         except StopTap:
             stopped = True

@@ -227,21 +227,21 @@ def internal_stats(twin: torch.nn.Module, tokens: torch.Tensor, windows: list[to
     here: `.get()` is the record's internals. `autocast`: a context manager factory (the trainer's
     bf16 autocast)."""
     from probes import activations
-    from train import data
+    from train.data import DOCTOR_METRICS, finish_forward_stats, forward_readings  # by its full name: `train` may be a user's train.py now
 
     was_training = twin.training
     twin.eval()
     try:
         with autocast():
             stats = activations.layer_stats(twin, windows, grads=False, samples=False)
-            forward = data.forward_readings(twin, tokens, doctor=data.DOCTOR_METRICS)
+            forward = forward_readings(twin, tokens, doctor=DOCTOR_METRICS)
     finally:
         twin.train(was_training)
 
     def finish(values: dict[str, Any]) -> dict[str, Any]:
         values["activations"] = {name: activations.compact_row(stats[name].summarize(host))
                                  for name, host in values["activations"].items()}
-        return data.finish_forward_stats(values)
+        return finish_forward_stats(values)
 
     return HostCopy({"activations": {name: s.readings() for name, s in stats.items()}, **forward}, finish)
 

@@ -21,13 +21,14 @@ from __future__ import annotations
 import logging
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from models.tap import TapError, context_of, eval_pass, logits_of, tap_forward
+from models.tap import TapError, eval_pass, logits_of, tap_forward
+from models.tap_inputs import context_of, forward_inputs
 from probes.activations import LayerStats, compact_row
 from probes.entropy import series_entropy
 from probes.thresholds import SATURATION
@@ -60,6 +61,7 @@ class Plan:
     silu: bool = False  # SiLU modules, left unmeasured
     resid: bool = True  # one block per attention layer (records must fit run.json's n_layers)
     tap_error: str | None = None  # why the tap read nothing, once known
+    trusted: Any = None  # the tap's checked first pass (`dims`): later passes read their calls the same way
 
 
 def main_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -160,8 +162,9 @@ def hooks(p: Plan, r: Readings) -> list[Any]:
 def forward(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext, first: bool = False) -> Readings:
     """One no-grad eval forward of the model on tokens [batch pos], read by the tap and the hooks;
     the modules' modes are put back after. Where the tap reads nothing, a plain forward (once
-    said). `first`: the forward that plans the run (`dims`): the tap checks its rebuilt
-    attention against the model's output there, and finds sliding windows."""
+    said). `first`: the forward that plans the run (`dims`): the tap checks there what it reads
+    (which softmaxes are attention, its rebuilt SDPA attention against the output) and finds
+    sliding windows; later forwards trust it (no host read)."""
     r = Readings(p, windows=first)
     handles = hooks(p, r)
     logits = None
@@ -169,7 +172,10 @@ def forward(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext, first: b
         with autocast():
             if p.tap_error is None:
                 try:
-                    logits = tap_forward(p.model, tokens, r.attention, check=first).logits
+                    result = tap_forward(p.model, tokens, r.attention, trust=None if first else p.trusted)
+                    logits = result.logits
+                    if first:  # what later passes trust: its checks read values on the host
+                        p.trusted = replace(result, layers=[], logits=None)
                 except TapError as err:
                     p.tap_error = str(err)
                     log.info("monitor: attention entropy and attention logits are not measured: %s", err)
@@ -192,7 +198,7 @@ def forward(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext, first: b
 
 def plain_forward(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     with eval_pass(model):
-        return logits_of(model(tokens))
+        return logits_of(model(tokens, **forward_inputs(model, tokens)))
 
 
 def stats(p: Plan, r: Readings) -> HostCopy:
