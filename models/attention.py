@@ -94,7 +94,7 @@ class Attention(nn.Module):
 
     def qkv_weights(self, model_guard: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """W_QKV, b_QKV (or None) and their `weight_guard`: FINITE with `model_guard` (the model
-        guards every layer's weights at once, on its logits: `models.transformer.logits_guard`).
+        guards every layer's weights at once, on its logits: `Transformer.logits_guard`).
         With gradients on the guard is recomputed at every call; without (probes, sampling) it is
         kept while the parameters sit at unchanged versions (an optimizer step or
         `load_state_dict` moves a version; `.to()` / `.half()` clear it in `_apply`). It stays a

@@ -24,7 +24,8 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # not views by their schema, yet no kernel runs: they relabel a shape or only allocate
-METADATA_OPS = {"aten._unsafe_view", "aten._reshape_alias", "aten.lift_fresh", "aten.empty"}
+METADATA_OPS = {"aten._unsafe_view", "aten._reshape_alias", "aten.lift_fresh", "aten.empty", "aten.empty_like",
+                "aten.empty_strided"}
 
 
 class PlainBlock(nn.Module):
