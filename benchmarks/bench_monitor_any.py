@@ -30,7 +30,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_monitor import BATCH, BLOCK, D_MODEL, GOAL, HEADS, LAYERS, char_batches, step_costs  # noqa: E402
+sys.path.insert(0, str(REPO / "tests"))
+
+from bench_monitor import BATCH, BLOCK, D_MODEL, GOAL, HEADS, LAYERS, char_batches, host_syncs, step_costs  # noqa: E402
 
 Timing = tuple[float, float, float]  # (loop wall s, loop CPU s, opening + closing the Monitor wall s)
 
@@ -88,7 +90,7 @@ def component_costs(start, x, y, val, repeats: int) -> list[str]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     tapped = plan(model)
     return step_costs(model, optimizer, lambda: model(x[0], y[0])[1], lambda: measure(tapped, val), repeats,
-                      " through the tap")
+                      " through the tap")  # the Monitor checks the tap's reading once, at its first forward
 
 
 def report(times: dict[str, list[Timing]], steps: int, repeats: int) -> list[str]:
@@ -124,7 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     start = initial_model(vocab)
     for line in report(alternate(start, x, y, val, args.repeats), args.steps, args.repeats):
         print(line, flush=True)
-    for line in component_costs(start, x, y, val, repeats=20):
+    for line in component_costs(start, x, y, val, repeats=20) + host_syncs(
+            start, x, y, val, "cpu", loss_of=lambda model, xs, ys: model(xs, ys)[1]):
         print(line)
 
 

@@ -15,6 +15,7 @@ from models import PRESETS, build_model
 from models.checkpoint import list_snapshots, read_metrics
 from probes import diagnose
 from probes.sweep_stats import first_nonfinite_step
+from train.host_copy import HostCopy
 from train.monitor import Monitor
 from train.rescue import Guard, GuardStop
 from train.rescue_signal import LossWatch
@@ -239,7 +240,7 @@ def test_the_doctors_early_warning_moves_the_rewind_before_it(tmp_path, monkeypa
     monitor = Monitor(model, optimizer, tmp_path / "run", guard=Guard(every=10), eval_every=5,
                       eval_tokens=batch(0)[:, :-1], report=False)
     logits = lambda step: {"attn_logit_max": {"0": [1.0 if step < 20 else 20.0] * CFG.n_heads}}  # noqa: E731
-    monkeypatch.setattr(monitor, "_internals", lambda: logits(monitor._pending_step))
+    monkeypatch.setattr(monitor, "_internals", lambda: HostCopy(logits(monitor._pending_step)))  # as measured
     with monitor:
         def log(step, loss):
             monitor._pending_step = step

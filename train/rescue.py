@@ -41,7 +41,7 @@ from train.rescue_state import HostSnapshot
 
 log = logging.getLogger("train.rescue")
 
-__all__ = ["EXIT_STOPPED", "Guard", "GuardStop", "GuardedRun", "MODES", "Plan", "guard_settings"]
+__all__ = ["EXIT_STOPPED", "Guard", "GuardStop", "GuardedRun", "MODES", "Plan"]
 
 MODES = ("act", "watch")
 EXIT_STOPPED = 3  # as `python -m train` exits when a run diverged
@@ -90,19 +90,6 @@ class Guard:
         `start_step`: the step number of the first update (as the Monitor's)."""
         from train.monitor_parts import first_optimizer
         return GuardedRun(self, model, first_optimizer(optimizer), start_step)
-
-
-def guard_settings(value: Any) -> Guard | None:
-    """Monitor's `guard=`: True (the defaults), "watch", a Guard, or False / None (off)."""
-    if value is None or value is False:
-        return None
-    if value is True:
-        return Guard()
-    if isinstance(value, str) and value in MODES:
-        return Guard(mode=value)
-    if isinstance(value, Guard):
-        return value
-    raise ValueError(f"Monitor: guard must be True, False, 'watch' or a train.rescue.Guard, got {value!r}")
 
 
 class GuardedRun:

@@ -13,20 +13,38 @@ from typing import TYPE_CHECKING, Any
 
 from probes.doctor import flags
 from probes.doctor.rescues import no_qk_advice, structural_fix
-from train.rescue import EXIT_STOPPED, Guard, GuardedRun, GuardStop
+from train.rescue import EXIT_STOPPED, MODES, Guard, GuardedRun, GuardStop
 
 if TYPE_CHECKING:
     from train.monitor_core import Monitor
 
 log = logging.getLogger("train.rescue")
 
-__all__ = ["monitor_guard", "monitor_log", "stop_line"]
+__all__ = ["guard_settings", "hook_guard", "monitor_log", "stop_line"]
 
 
-def monitor_guard(settings: Guard | None, model: Any, optimizer: Any, start_step: int) -> GuardedRun | None:
-    """The Monitor's guard (`guard_settings` of its `guard=`) hooked on the optimizer, holding the
-    state before the update numbered `start_step`; or None."""
-    return None if settings is None else GuardedRun(settings, model, optimizer, start_step)
+def guard_settings(value: Any) -> Guard | None:
+    """Monitor's `guard=`: True (the defaults), "watch", a Guard, or False / None (off); anything
+    else refused in one line (when the Monitor is made, before it writes anything)."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return Guard()
+    if isinstance(value, str) and value in MODES:
+        return Guard(mode=value)
+    if isinstance(value, Guard):
+        return value
+    raise ValueError(f"Monitor: guard must be True, False, 'watch' or a train.rescue.Guard, got {value!r}")
+
+
+def hook_guard(monitor: Monitor) -> list[Any]:
+    """The Monitor's guard (its `guard_settings`) at work on its optimizer, holding the state before
+    the first update it numbers; its hook handles, registered before the Monitor's own so that the
+    rate the Monitor records is the one the guard let through. None of either when it has none."""
+    if monitor.guard is None:
+        return []
+    monitor.guard = GuardedRun(monitor.guard, monitor.model, monitor.optimizer, monitor._next_step)
+    return monitor.guard.handles
 
 
 def monitor_log(monitor: Monitor, step: int, scalars: dict[str, Any]) -> bool:
@@ -35,7 +53,8 @@ def monitor_log(monitor: Monitor, step: int, scalars: dict[str, Any]) -> bool:
     run, pending = monitor.guard, monitor._pending
     if run.stopped or pending is not None and pending["step"] == step and "rescue" in pending:
         return False  # judged already (the Trainer's log line after its step): the values join the record
-    measured = (monitor._captures.get(step) or {}).get("grad_norm")  # the Monitor's, at its log steps
+    capture = monitor._captures.get(step) or {}  # the Monitor's measurement of this step's update (log steps)
+    measured = capture["update"].get()["grad_norm"] if "update" in capture else None  # read once, kept for the record
     loss, grad = run.read(step, scalars.get("train_loss"), scalars.get("grad_norm", measured), monitor.due(step))
     if loss is not None and "train_loss" in scalars:
         scalars["train_loss"] = loss  # a tensor read once, here
