@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from train.optimizer_kinds import optimizer_kinds
+
 __all__ = ["INT64_MAX", "OWNED", "autocast_factory", "check_model", "check_tokens", "describe_model", "divergence_reason", "first_optimizer",
            "grad_norm", "group_lrs", "hyperparameters", "internal_stats", "monitored_run_json", "number",
            "param_groups_json", "refuse_owned", "resume_mismatch", "setting", "short", "step_number"]
@@ -241,7 +243,8 @@ def monitored_run_json(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     """run.json of a monitored loop: `model_json` (our config where we have one, else what a tapped
     forward saw: the doctor's entropy rules read n_ctx), the monitor's `schedule` (steps, log_every,
     eval_every), the optimizer and its hyperparameters: its defaults, or param group 0's where it
-    has none (nanochat's MuonAdamW); with several groups, each group's under `param_groups`."""
+    has none (nanochat's MuonAdamW); with several groups, each group's under `param_groups`; which
+    kind of optimizer updates each parameter where they differ, or Muon's (`train.optimizer_kinds`)."""
     hyper = hyperparameters(optimizer.defaults or optimizer.param_groups[0])
     several = len(optimizer.param_groups) > 1
     return {"preset": None, "source": "monitor", "trainer": trainer, "model": model_json,
@@ -249,6 +252,7 @@ def monitored_run_json(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             "train": {**schedule, "optimizer": type(optimizer).__name__.lower(), **hyper,
                       **({"param_groups": param_groups_json(model, optimizer)}
                          if several or not optimizer.defaults else {})},
+            **optimizer_kinds(model, optimizer),
             "eval_tokens": None if eval_tokens is None else list(eval_tokens.shape),
             "torch": torch.__version__,
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
