@@ -51,9 +51,10 @@ class Diagnosis:
                 "findings": [f.to_dict() for f in self.findings], "not_checked": self.not_checked}
 
     def skipped_text(self) -> str:
-        """'; 2 malformed records skipped' (the warnings name their lines), or nothing."""
+        """'; 2 malformed records skipped' ('lines' of a printed log; the warnings name them), or nothing."""
         n = self.skipped_records
-        return f"; {n} malformed record{'s' if n > 1 else ''} skipped" if n else ""
+        what = "line" if self.trainer in ("nanogpt", "llmc") and self.source != "metrics.jsonl" else "record"
+        return f"; {n} malformed {what}{'s' if n > 1 else ''} skipped" if n else ""
 
     def above_info(self) -> list[Finding]:
         return [f for f in self.findings if f.severity != "info"]
