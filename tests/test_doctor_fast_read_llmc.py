@@ -7,8 +7,6 @@ prefixed and CRLF lines, steps too long to read, with a small window cap and sma
 
 from __future__ import annotations
 
-import json
-import logging
 import random
 from pathlib import Path
 
@@ -16,10 +14,7 @@ import pytest
 
 from probes.doctor import read_llmc, text_log, thinning
 from probes.doctor.read_llmc import LlmcLog, read_llmc_log
-
-
-def same(a, b) -> bool:
-    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # floats by repr: bit for bit, NaN as text
+from test_doctor_fast_read import both_ways, same
 
 
 def reference(path: Path):
@@ -117,15 +112,9 @@ def test_a_generated_llmc_log_reads_as_line_by_line(tmp_path, monkeypatch, caplo
     path = write_log(tmp_path / ("main.log" if seed % 3 == 2 else "train.log"), seed)
     monkeypatch.setattr(thinning, "CAP", [50, 200, 20_000][seed % 3])
     monkeypatch.setattr(text_log, "CHUNK", [1 << 12, 1 << 14, 1 << 20][seed % 4 % 3])
-    with caplog.at_level(logging.WARNING):
-        want = reference(path)
-    said = [r.getMessage() for r in caplog.records]
-    caplog.clear()
-    with caplog.at_level(logging.WARNING):
-        got = read_llmc_log(path)
+    want, got = both_ways(reference, read_llmc_log, path, caplog)
     assert same(got.records, want.records) and got.source == want.source
     assert (got.model, got.train, got.skipped, got.formats) == (want.model, want.train, want.skipped, want.formats)
-    assert [r.getMessage() for r in caplog.records] == said  # the same warnings: truncated, skipped, runs
     if seed % 3 == 0:
         assert "steps read, judged as" in got.source  # the windows were made in both
 
