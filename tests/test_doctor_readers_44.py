@@ -68,3 +68,9 @@ def test_main_log_followed_by_printed_lines_keeps_its_steps_and_says_so(tmp_path
     assert (d.first_step, d.last_step) == (0, 1999)  # before: steps 0-99, the printed ones, as 'its last run'
     assert d.source == ("main.log (it mixes formats: 2,000 llm.c main.log step lines read, 100 llm.c printed lines "
                         "left out)")
+
+
+def test_llmc_lines_after_a_long_preamble_are_read_as_llmc(tmp_path):
+    """The format is told from the first 400 lines; llm.c's lines after 600 of compiler output are still its."""
+    d = diagnose.run(None, log=write(tmp_path / "train.log", "\n".join(["compiling..."] * 600 + cu_lines(range(40))) + "\n"))
+    assert d.source == "the llm.c log train.log" and d.last_step == 39

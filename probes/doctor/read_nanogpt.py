@@ -24,7 +24,7 @@ from pathlib import Path
 from models.store.run import checkpoint_files
 from probes.doctor.log_file import Log
 from probes.doctor.printed_runs import NUMBER, PrintedRuns, step_number
-from probes.doctor.read_llmc import is_llmc_line
+from probes.doctor.read_llmc import is_llmc_line, read_llmc_log
 from probes.doctor.nanogpt_block import read_piece
 from probes.doctor.text_log import TextLog
 from probes.errors import ProbeInputError
@@ -71,6 +71,8 @@ def read_nanogpt_log(path: Path, encoding: str | None = None) -> Log:
         read_piece(number, piece, runs, text, read_line)
     text.warn()
     formats = {"nanoGPT": runs.lines, **({"llm.c": runs.others} if runs.others else {})}
+    if runs.first_step is None and runs.others:  # llm.c's lines past the head that told the format
+        return read_llmc_log(path, encoding)
     if runs.first_step is None:
         raise ProbeInputError(f"{path}: no nanoGPT 'iter N: loss X, ...' or 'step N: train loss X, "
                               "val loss Y' lines, nor llm.c's 'step N/M | loss X | ...' or 's:N trl:X' "
