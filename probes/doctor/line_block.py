@@ -3,9 +3,10 @@ of them, and any Python work per line costs more than the file's whole reading. 
 nanoGPT and llm.c readers (probes.doctor.nanogpt_block, probes.doctor.read_llmc).
 
 A piece's lines are grouped by their first byte and length; within a group, consecutive lines
-whose digits sit in the same places share one template (the line with every digit 0), matched
-once against the reader's whole-line patterns (a template matches exactly when its lines do: the
-patterns treat every digit alike) and read by column: a decimal field of up to 15 digits as an
+whose digits and signs sit in the same places share one template (the line with every digit 0 and
+every '-' a '+': llm.c's z-scores change sign from line to line), matched once against the
+reader's whole-line patterns (a template matches exactly when its lines do: the patterns treat
+every digit alike, and '+' and '-' alike, as `[-+]`) and read by column: a decimal field of up to 15 digits as an
 integer over a power of ten, and `1.50e-04` as its mantissa over (or times) a power of ten, each
 one correctly rounded division or product of exact numbers, so the same float as float() gives;
 `nan`, `inf` and longer fields by float(). Lines that match no pattern are the reader's to read
@@ -64,7 +65,8 @@ def fields(lines: np.ndarray, shape: str, spans: tuple[tuple[int, int], ...]) ->
     others by float()."""
     out: list[np.ndarray | None] = []
     columns, places = [], []  # decimal columns: place values, and digits after the point
-    powers: list[tuple[int, int, int, str]] = []  # an exponent: (its mantissa's column, its exponent's, places, sign)
+    powers: list[tuple[int, int, int, int]] = []  # (a decimal's column, -1, 0, 0), or an exponent's: (its
+    # mantissa's column, its exponent's, the mantissa's digits after the point, where its sign is or -1)
 
     def column(start: int, end: int) -> int:
         digits = [i for i in range(start, end) if shape[i] == "0"]
@@ -80,13 +82,13 @@ def fields(lines: np.ndarray, shape: str, spans: tuple[tuple[int, int], ...]) ->
         exponent = EXPONENT.fullmatch(shape, start, end)
         if DECIMAL.fullmatch(shape, start, end) and digits <= MAX_DIGITS:
             out.append(None)
-            powers.append((column(start, end), -1, 0, ""))
+            powers.append((column(start, end), -1, 0, 0))
         elif exponent and digits <= MAX_DIGITS:
             out.append(None)
             mantissa = column(*exponent.span(1))
             places[mantissa], dot = 0, shape.find(".", *exponent.span(1))
             powers.append((mantissa, column(*exponent.span(3)),
-                           exponent.end(1) - dot - 1 if dot >= 0 else 0, exponent[2]))
+                           exponent.end(1) - dot - 1 if dot >= 0 else 0, exponent.start(2) if exponent[2] else -1))
         else:
             text = np.ascontiguousarray(lines[:, start:end]).view(f"S{end - start}").ravel()
             out.append(np.array([float(x) for x in text.tolist()]))
@@ -98,8 +100,12 @@ def fields(lines: np.ndarray, shape: str, spans: tuple[tuple[int, int], ...]) ->
         for i, value in enumerate(out):
             if value is None:
                 at, power, point, sign = next(found)
-                out[i] = scaled(wholes[:, at], places[at]) if power < 0 else \
-                    scaled(wholes[:, at], point - (-1 if sign == "-" else 1) * wholes[:, power].astype(np.int64))
+                if power < 0:
+                    out[i] = scaled(wholes[:, at], places[at])
+                    continue
+                exponent = wholes[:, power].astype(np.int64)  # its sign each line's own (the template has '+')
+                out[i] = scaled(wholes[:, at], point - np.where(lines[:, sign] == ord("-"), -exponent, exponent)
+                                if sign >= 0 else point - exponent)
     return out  # type: ignore[return-value]
 
 
@@ -133,6 +139,7 @@ def classify(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, shapes: 
         width = key // (len(shapes.leads) + 1)
         lines = np.lib.stride_tricks.sliding_window_view(data, width)[starts[rows]]  # [line byte]
         templates = np.where(lines - np.uint8(49) < 9, np.uint8(48), lines)  # digits 1-9 as 0
+        templates[templates == ord("-")] = ord("+")  # and signs alike
         same = templates.view(np.dtype((np.void, width))).ravel()
         cuts = [0] + (np.flatnonzero(same[1:] != same[:-1]) + 1).tolist() + [len(rows)]
         for a, b in zip(cuts[:-1], cuts[1:]):

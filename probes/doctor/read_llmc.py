@@ -48,15 +48,16 @@ LR = re.compile(rf"^\| learning rate \(LR\)\s+\| {NUMBER}")
 MAX_STEPS = re.compile(r"^\| max_steps\s+\| (\d+)")
 NANOGPT = re.compile(rf"iter \d+: loss {NUMBER}, time|step \d+: train loss {NUMBER}, val loss {NUMBER}")
 
-# the step lines read by column: whole lines as CU_STEP, C_STEP and MAIN match them once stripped
-CU, C, TRL, TEL = 1, 2, 3, 4
+# the lines read by column: whole lines as CU_STEP, C_STEP, VAL and MAIN match them once stripped
+CU, C, TRL, TEL, VALUE = 1, 2, 3, 4, 5
 SHAPES = Shapes({
     CU: (re.compile(CU_STEP.pattern[1:].replace(r"(\d+)", r"(\d{1,15})") + ".*"), (1, 2, 3, 4, 5, 6)),
     C: (re.compile(C_STEP.pattern[1:].replace(r"(\d+)", r"(\d{1,15})") + r"\s*"), (1, 2, 3)),
     TRL: (re.compile(rf"s:(\d{{1,15}}) trl:{NUMBER} lr:{NUMBER} norm:{NUMBER}\s*"), (1, 2, 3, 4)),
     TEL: (re.compile(rf"s:(\d{{1,15}}) tel:{NUMBER}\s*"), (1, 2)),
-}, b"s")
-# what each kind's columns are, in our names (after the step)
+    VALUE: (re.compile(rf"val loss {NUMBER}\s*"), (1,)),
+}, b"sv")
+# what each kind's columns are, in our names (after the step; a val loss line has no step)
 COLUMNS = {CU: (None, "train_loss", "grad_norm", "lr", "step_time_ms"), C: ("train_loss", "step_time_ms"),
            TRL: ("train_loss", "lr", "grad_norm"), TEL: ("val_loss",)}
 PRINTED, MAINS = "printed", "main.log"  # the two kinds of lines, read apart
@@ -120,41 +121,50 @@ class LlmcLog:
 
     def piece(self, number: int, piece: str) -> None:
         """A piece of whole lines from line `number`, as line() would take each: runs of step lines
-        of one kind by column, the others one at a time."""
+        of one kind by column (a val loss just before its step's line joining that line's
+        record), the others one at a time."""
         data = np.frombuffer(piece.encode("utf-8", "surrogatepass"), dtype=np.uint8)
         starts, ends = line_ends(data)
         kinds, values = classify(data, starts, ends - starts, SHAPES)
-        change = np.flatnonzero(np.diff(kinds.astype(np.int16), prepend=-1, append=-1)) if len(kinds) else []
+        vals = paired_evals(kinds, values)  # step line -> the val loss just before it (kinds there now -1)
+        rows = np.flatnonzero(kinds >= 0)
+        change = np.flatnonzero(np.diff(kinds[rows].astype(np.int16), prepend=-1, append=-1)) if len(rows) else []
         for a, b in zip(change[:-1].tolist(), change[1:].tolist()):  # runs of one kind of line
-            kind = int(kinds[a])
+            kind = int(kinds[rows[a]])
             if kind:
-                self.block(number + a, kind, values[a:b])
+                self.block(number, kind, rows[a:b], values, vals)
                 continue
-            for at in range(a, b):
+            for at in rows[a:b].tolist():
                 raw = data[starts[at]:ends[at] + 1].tobytes().decode("utf-8", "surrogatepass")
                 for n, kept in self.text.lines(number + at, raw):
                     self.line(n, kept)
 
-    def block(self, number: int, kind: int, values: np.ndarray) -> None:
-        """Consecutive step lines of one kind, from line `number` ([line field] values). Each
-        stretch of steps in order is one block; its first line, where a new segment or a val loss
-        may begin, is taken as line() takes it, and so is a CU line's total steps (each line
-        sets it: the last one's stays)."""
+    def block(self, number: int, kind: int, rows: np.ndarray, values: np.ndarray, vals: dict[int, float]) -> None:
+        """Step lines of one kind (`rows` of the piece from line `number`: [line field] values,
+        `vals` the val losses paired with some). Each stretch of steps in order is one block; its
+        first line, where a new segment or a pending val loss may begin, is taken as line() takes
+        it, and so is a CU line's total steps (each line sets it: the last one's stays)."""
         family = MAINS if kind in (TRL, TEL) else PRINTED
-        runs, names, n = self.runs[family], COLUMNS[kind], len(values)
-        self.counts[family] += n
+        runs, names, values = self.runs[family], COLUMNS[kind], values[rows]
+        has_val = np.isin(rows, np.fromiter(vals, dtype=np.int64, count=len(vals)))
+        self.counts[family] += len(rows) + int(has_val.sum())
         steps = values[:, 0].astype(np.int64) - (1 if kind == CU else 0)
-        cuts = [0] + (np.flatnonzero(steps[1:] <= steps[:-1]) + 1).tolist() + [n]
+        cuts = [0] + (np.flatnonzero(steps[1:] <= steps[:-1]) + 1).tolist() + [len(rows)]
         for a, b in zip(cuts[:-1], cuts[1:]):
             if kind == CU:
                 runs.fact("train", "steps", int(values[a, 1]))
-            if self.pending_val is not None and family == PRINTED:
-                runs.step(number + a, int(steps[a]), {"val_loss": self.pending_val})
-                self.pending_val = None
-            runs.step(number + a, int(steps[a]), row_values(names, values[a, 1:]))
+            row = int(rows[a])
+            val = vals.get(row, self.pending_val if family == PRINTED else None)
+            if val is not None:  # on its own line (main.log's tel) or on the step's (as line() takes a pending one)
+                runs.step(number + row - (row in vals and kind == TRL), int(steps[a]), {"val_loss": val})
+                self.pending_val = None if family == PRINTED else self.pending_val
+            runs.step(number + int(rows[a]), int(steps[a]), row_values(names, values[a, 1:]))
             if b - a > 1:
                 columns = {name: values[a + 1:b, j + 1] for j, name in enumerate(names) if name}
-                runs.steps_read(np.arange(number + a + 1, number + b), Rows(steps[a + 1:b], columns), {})
+                held = {i - a - 1: {"step": int(steps[i]), "val_loss": vals[int(rows[i])],
+                                    **row_values(names, values[i, 1:])}
+                        for i in (np.flatnonzero(has_val[a + 1:b]) + a + 1).tolist()}
+                runs.steps_read(number + rows[a + 1:b], Rows(steps[a + 1:b], columns, held), {})
                 if kind == CU:
                     runs.fact("train", "steps", int(values[b - 1, 1]))
 
@@ -190,6 +200,22 @@ class LlmcLog:
         if self.counts["nanoGPT"]:
             kinds["nanoGPT"] = self.counts["nanoGPT"]
         return kinds
+
+
+def paired_evals(kinds: np.ndarray, values: np.ndarray) -> dict[int, float]:
+    """{row: val loss} for each val loss line just before a step line it belongs to (a printed
+    `val loss X` before a CU or C line, `s:N tel:X` before `s:N trl:...` of its step): those eval
+    lines' kinds set to -1 (read with their step line); the others' to 0 (read one at a time)."""
+    out: dict[int, float] = {}
+    for eval_kind, step_kinds in ((VALUE, (CU, C)), (TEL, (TRL,))):
+        at = np.flatnonzero(kinds == eval_kind)
+        nxt = np.minimum(at + 1, len(kinds) - 1)
+        paired = (at + 1 < len(kinds)) & np.isin(kinds[nxt], step_kinds)
+        if eval_kind == TEL:
+            paired &= values[nxt, 0] == values[at, 0]
+        kinds[at] = np.where(paired, -1, 0 if eval_kind == VALUE else kinds[at])
+        out.update(zip((at[paired] + 1).tolist(), values[at[paired], 0 if eval_kind == VALUE else 1].tolist()))
+    return out
 
 
 def row_values(names: tuple[str | None, ...], values: np.ndarray) -> dict[str, float]:
