@@ -27,6 +27,9 @@ EXPONENT = re.compile(r"(0+(?:\.0*)?)e([-+]?)(0{1,2})")  # C's %e: mantissa and 
 MAX_DIGITS = 15  # below 2**53: the integer and its quotient by a power of ten are exact
 POW10 = np.array([float(10**i) for i in range(23)])  # 10**22 is the largest power of ten a double holds exactly
 LONGEST = 256  # bytes; a longer line is left to the reader's own reading
+TEMPLATE = np.arange(256, dtype=np.uint8)  # a byte's place in a template: every digit 0, every sign +
+TEMPLATE[ord("1"):ord("9") + 1] = ord("0")
+TEMPLATE[ord("-")] = ord("+")
 
 
 @dataclass
@@ -100,8 +103,8 @@ def fields(lines: np.ndarray, shape: str, spans: tuple[tuple[int, int], ...]) ->
         for i, value in enumerate(out):
             if value is None:
                 at, power, point, sign = next(found)
-                if power < 0:
-                    out[i] = scaled(wholes[:, at], places[at])
+                if power < 0:  # an integer over an exact power of ten: one correctly rounded division
+                    out[i] = wholes[:, at] / POW10[places[at]] if places[at] else wholes[:, at]
                     continue
                 exponent = wholes[:, power].astype(np.int64)  # its sign each line's own (the template has '+')
                 out[i] = scaled(wholes[:, at], point - np.where(lines[:, sign] == ord("-"), -exponent, exponent)
@@ -138,8 +141,7 @@ def classify(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, shapes: 
         rows = np.flatnonzero(group == key)
         width = key // (len(shapes.leads) + 1)
         lines = np.lib.stride_tricks.sliding_window_view(data, width)[starts[rows]]  # [line byte]
-        templates = np.where(lines - np.uint8(49) < 9, np.uint8(48), lines)  # digits 1-9 as 0
-        templates[templates == ord("-")] = ord("+")  # and signs alike
+        templates = np.take(TEMPLATE, lines)  # digits as 0, "-" as "+"
         same = templates.view(np.dtype((np.void, width))).ravel()
         cuts = [0] + (np.flatnonzero(same[1:] != same[:-1]) + 1).tolist() + [len(rows)]
         for a, b in zip(cuts[:-1], cuts[1:]):
