@@ -6,11 +6,12 @@ A piece's lines are grouped by their first byte and length; within a group, cons
 whose digits and signs sit in the same places share one template (the line with every digit 0 and
 every '-' a '+': llm.c's z-scores change sign from line to line), matched once against the
 reader's whole-line patterns (a template matches exactly when its lines do: the patterns treat
-every digit alike, and '+' and '-' alike, as `[-+]`) and read by column: a decimal field of up to 15 digits as an
-integer over a power of ten, and `1.50e-04` as its mantissa over (or times) a power of ten, each
-one correctly rounded division or product of exact numbers, so the same float as float() gives;
-`nan`, `inf` and longer fields by float(). Lines that match no pattern are the reader's to read
-one at a time, as it always did.
+every digit alike, and '+' and '-' alike, as `[-+]`) and read by column: a decimal field of up to
+15 digits as an integer over a power of ten, and `1.50e-04` as its mantissa over (or times) a
+power of ten (the exponent's sign read from each line), each one correctly rounded division or
+product of exact numbers, so the same float as float() gives; `nan`, `inf`, signed and longer
+fields by float(). Lines that match no pattern are the reader's to read one at a time, as it
+always did.
 """
 
 from __future__ import annotations
@@ -127,7 +128,8 @@ def line_ends(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(([0], ends[:-1] + 1)).astype(np.int64), ends
 
 
-def classify(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, shapes: Shapes) -> tuple[np.ndarray, np.ndarray]:
+def classify(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+             shapes: Shapes) -> tuple[np.ndarray, np.ndarray]:
     """Each line's kind (0: not read here) and the values of the groups its pattern reads
     ([line field], NaN past them)."""
     n = len(starts)

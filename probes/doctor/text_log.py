@@ -78,7 +78,8 @@ def text_encoding(path: Path, what: str = "a printed log") -> str:
 def not_text(head: bytes) -> float:
     """The share of `head`'s characters that are no text: bytes that are not UTF-8 (read as U+FFFD)
     and control characters other than tabs, line breaks, backspace and ANSI colours' ESC."""
-    text = codecs.getincrementaldecoder("utf-8")("replace").decode(head, final=False)  # a character cut at the end is no fault
+    # final=False: a character cut by the 4 KB's end is no fault
+    text = codecs.getincrementaldecoder("utf-8")("replace").decode(head, final=False)
     if not text:
         return 0.0
     bad = sum(1 for c in text if c == "\ufffd" or (c < " " and c not in "\t\n\r\f\v\b\x1b") or c == "\x7f")
