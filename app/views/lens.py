@@ -9,6 +9,7 @@ from app import charts, data
 from app.views import tuned
 from app.views.common import Selection, has_attention, page, show
 from app.views.lens_cells import NOT_FINITE, lens_cells, with_nan
+
 MEASURES = ["top-1 probability", "KL to final (nats)", "rank of the true next token"]
 
 
@@ -37,6 +38,12 @@ def render(sel: Selection) -> None:
     kl = pd.DataFrame({"layer": result["layers"], "KL(final || layer)": result["kl_to_final"],
                        "run": f"{sel.run.label} / {sel.snapshot.name}"})
     show(charts.per_layer_line(kl, "KL(final || layer)", "run", "KL to the final layer, per layer"), stretch=True)
+    from probes.attention_source import hooked  # torch: imported once a model is loaded, not with the page
+    if not hooked(snap.model):  # nanochat's GPT: its lens reads its blocks through its own parts
+        st.info(f"The tuned lens and direct logit attribution read hook points on a model's heads and MLPs, "
+                f"which {type(snap.model).__name__} ({snap.config.architecture}) has none of: the lens above reads "
+                "its residual stream after each block, decoded through its own final norm and unembedding.")
+        return
     tuned.render_tuned(sel, result, measure, rank_top)
     _attribution(sel, snap)
 
