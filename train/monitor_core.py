@@ -278,8 +278,13 @@ class Monitor:
                 loss = number("train_loss", loss)
             if self.first_nonfinite_step is None and isinstance(loss, float) and not math.isfinite(loss):
                 self.first_nonfinite_step = step
+                if self.doctor is not None and self.doctor.every:  # a record now: the doctor says it now
+                    self.record(step, **scalars)
+                    self.flush()
             return
         self.record(step, **scalars)
+        if self.doctor is not None and "train_loss" in scalars and self.doctor.alarm(self._pending):
+            self.flush()  # the step's last call (nanoGPT logs its eval first): diagnosed now, not a record later
 
     def record(self, step: int, **scalars: Any) -> None:
         """`log` at any step: the numbers make (or join) a record even between log steps (a
@@ -354,8 +359,11 @@ class Monitor:
         self._last_written = (step, time.perf_counter())
         if self.save_every and step % self.save_every == 0:
             self.save(step)
-        if self.doctor is not None and self.doctor.due(step):
-            self.doctor.check()
+        if self.doctor is not None:  # a failing signal is diagnosed at once; warnings keep the cadence
+            alarm, due = self.doctor.alarm(record), self.doctor.due(step)
+            self.doctor.note(record)
+            if due or alarm:
+                self.doctor.check(failing_only=not due)
         return record
 
     def _with_internals(self, record: dict[str, Any]) -> dict[str, Any]:
