@@ -51,7 +51,8 @@ class Monitor:
                  save_every: int = 0, tokenizer: Any = None, diagnose_every: int = 0,
                  steps: int | None = None, start_step: int = 0, tokens_per_step: int | None = None,
                  resume: bool = False, run_info: dict[str, Any] | None = None, report: bool = True,
-                 autocast: Any = nullcontext, lock: bool = True, trainer: str | None = None):
+                 autocast: Any = nullcontext, lock: bool = True, trainer: str | None = None,
+                 model_args: dict[str, Any] | None = None):
         log_every, eval_every, save_every, diagnose_every, start_step = (
             setting(name, value, low=1 if name == "log_every" else 0) for name, value in
             (("log_every", log_every), ("eval_every", eval_every), ("save_every", save_every),
@@ -71,14 +72,14 @@ class Monitor:
         # its train.py; HFCallback says "hf"; any other loop gets plain words
         self.trainer = trainer or ("nanogpt" if self.kind == "nanogpt" else "unknown")
         self.config = twin_config(self.model)
-        if save_every and self.config is None:
-            raise ValueError(f"Monitor: save_every={save_every} needs a model the store can save as a snapshot "
-                             f"(ours, nanoGPT, HF GPT-2), not a {type(self.model).__name__}: pass save_every=0 "
-                             "and save it your own way")
         self.eval_tokens = self._check_eval_tokens(eval_tokens)
         self.plan, self.tapped_model = None, None  # a model the store cannot rebuild: read by the tap
         if self.config is None and self.eval_tokens is not None:
             self._plan_tap(autocast)
+        self.any_saver = None  # its snapshots: the weights, its layout and what the probes read of it
+        if save_every and self.config is None:
+            from train.monitor_save import AnySaver
+            self.any_saver = AnySaver(self.model, self.eval_tokens, tokenizer, model_args, self.tapped_model)
         self.resume, self.report_at_close, self.autocast = resume, report, autocast
         self.doctor = None
         if diagnose_every or report:
@@ -365,16 +366,18 @@ class Monitor:
         return internal_stats(hooked_twin(self.model, self.config), self.eval_tokens, self.autocast)
 
     def save(self, step: int) -> Path:
-        """A snapshot of the model (as ours) at `step` in the run directory."""
+        """A snapshot of the model at `step` in the run directory: ours (of ours, nanoGPT's, HF GPT-2),
+        else a snapshot of any model (`train.monitor_save`)."""
         from models.store.run import snapshot_name
         from models.store.snapshot import save_snapshot
-        twin = hooked_twin(self.model, self.config)
-        if twin is None:
-            raise ValueError(f"Monitor: cannot save a {type(self.model).__name__} as a snapshot "
-                             "(ours, nanoGPT and HF GPT-2 models can be saved)")
         tokens = step * self.tokens_per_step if self.tokens_per_step else 0
-        return save_snapshot(self.out_dir / snapshot_name(step), twin, self.tokenizer, step=step,
-                             tokens_seen=tokens)
+        if self.config is None:
+            if self.any_saver is None:
+                raise ValueError(f"Monitor: cannot save this {type(self.model).__name__}: give the Monitor "
+                                 "save_every=N and eval_tokens= to save snapshots of it")
+            return self.any_saver.save(self.out_dir / snapshot_name(step), step, tokens)
+        return save_snapshot(self.out_dir / snapshot_name(step), hooked_twin(self.model, self.config),
+                             self.tokenizer, step=step, tokens_seen=tokens)
 
     @property
     def records(self) -> list[dict[str, Any]]:
