@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from models.tap import eval_pass, logits_of
+from models.tap_inputs import forward_inputs
 
 __all__ = ["Layout", "FUNCTION_NORMS", "UNEMBED_NAMES", "find_layout", "first_tensor", "layout_of", "main_blocks",
            "unembedding"]
@@ -171,7 +172,7 @@ def find_layout(model: nn.Module, ids: torch.Tensor) -> Layout:
     handles = _watch(model, blocks, unembed[1] if unembed else None, seen)
     try:
         with eval_pass(model):
-            vocab = logits_of(model(ids)).shape[-1]
+            vocab = logits_of(model(ids, **forward_inputs(model, ids))).shape[-1]
     finally:
         for handle in handles:
             handle.remove()

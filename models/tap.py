@@ -15,9 +15,10 @@ for the one below `nn.MultiheadAttention`):
 - an explicit softmax over the keys (`torch.softmax`, `F.softmax`, `Tensor.softmax`, so
   `nn.Softmax` too) with dim -1 over `[batch head q k]` (or `[batch*head q k]`, heads folded
   batch-major into the batch), or over `[batch q k]` from one module per head, where q and k are
-  the ids' length. Per-head calls made by sibling modules under one caller
-  (`blocks.0.att.heads.0`, `.1`, ... called by `blocks.0.att`) are stacked in call order into one
-  layer named by the caller.
+  the ids' length, and whose output is 0 on every key after its query (a causal mask: a
+  router's softmax over as many experts as there are ids is not attention, and is not read).
+  Per-head calls made by sibling modules under one caller (`blocks.0.att.heads.0`, `.1`, ...
+  called by `blocks.0.att`) are stacked in call order into one layer named by the caller.
 - `nn.MultiheadAttention` (its `F.multi_head_attention_forward` runs as one call under the mode,
   so its own SDPA or softmax over [batch*head q k] is swapped for a reader during that call).
 
@@ -42,8 +43,8 @@ Public API:
 - `logits_of(output)`: the logits in a tensor, `.logits`, a dict's "logits" or a tuple's first item;
 - `eval_pass(model)`: the context manager the pass runs in (eval mode and no_grad, each module's
   mode put back after);
-- `context_of(model)`: the context its config names (`max_position_embeddings`, `n_ctx`,
-  `n_positions`, `block_size`, `sequence_len`, `context_length`, `max_seq_len`), else None.
+The forward is called as `model(ids, **forward_inputs(model, ids))` (`models.tap_inputs`: an
+`attention_mask` of ones where the forward requires one; any other required argument refused).
 """
 
 from __future__ import annotations
@@ -57,18 +58,16 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from models.tap_inputs import forward_inputs
 from models.tap_rebuild import TapError, check_output, sdpa_arguments, sdpa_scores, softmax_scores
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AttentionCall", "TapResult", "TapError", "StopTap", "tap_forward", "logits_of", "context_of"]
+__all__ = ["AttentionCall", "TapResult", "TapError", "StopTap", "tap_forward", "logits_of"]
 
 SDPA = F.scaled_dot_product_attention
 MHA = F.multi_head_attention_forward
 SOFTMAXES = (torch.softmax, F.softmax, torch.Tensor.softmax)
-CONTEXT_ATTRS = ("max_position_embeddings", "n_ctx", "n_positions", "block_size", "sequence_len",
-                 "context_length", "max_seq_len")
-
 
 @dataclass
 class AttentionCall:
@@ -107,16 +106,6 @@ def logits_of(output: Any) -> torch.Tensor:
         raise TapError(f"the model returned {type(output).__name__}, not logits: give a module whose output is "
                        "the logits, an object with .logits, or a tuple whose first item is the logits")
     return logits
-
-
-def context_of(model: Any) -> int | None:
-    """The model's context length from its config (`config` or `cfg`) or itself, if it names one."""
-    for holder in (getattr(model, "config", None), getattr(model, "cfg", None), model):
-        for attr in CONTEXT_ATTRS:
-            value = getattr(holder, attr, None) if holder is not None else None
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    return None
 
 
 class _Reader:
@@ -166,7 +155,7 @@ class _Reader:
             return
         if dim % x.dim() != x.dim() - 1 or tuple(x.shape[-2:]) != (self.seq_len, self.seq_len):
             return
-        if not x.dtype.is_floating_point:
+        if not x.dtype.is_floating_point or not masks_later_keys(out):
             return
         pattern = out if out.dtype in (torch.float32, torch.float64) else out.float()
         scores = softmax_scores(x)
@@ -182,6 +171,17 @@ class _Reader:
         if self.pending and (self.pending[0][0] != caller or any(m == module for _, m, _, _ in self.pending)):
             self.flush()
         self.pending.append((caller, module, pattern, scores))
+
+
+def masks_later_keys(p: torch.Tensor) -> bool:
+    """Is this softmax's output [.. q k] zero on every key after its query (NaN in a diverged
+    model)? A causal language model's attention is; a router's softmax over experts, or any other
+    softmax whose last two sizes happen to equal the ids' length, is not, and is left unread."""
+    n = p.shape[-1]
+    if n < 2:
+        return True
+    later = p[..., torch.ones(n, n, dtype=torch.bool, device=p.device).triu(1)]  # [.. later keys]
+    return bool(((later == 0) | later.isnan()).all())
 
 
 def without_dropout(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -296,7 +296,7 @@ def nothing_read(model: Any, seq_len: int) -> TapError:
         return TapError("nanochat ran its FlashAttention 3 kernel, which the tap cannot read: take its SDPA "
                         "fallback (set nanochat.flash_attention.USE_FA3 = False for the reading, or run on CPU)")
     return TapError(f"{type(model).__name__}'s forward made no attention call the tap can read (no "
-                    f"scaled_dot_product_attention, no softmax over the keys of its {seq_len} tokens): a model "
+                    f"scaled_dot_product_attention, no causally masked softmax over the keys of its {seq_len} tokens): a model "
                     "without attention, or a FlashAttention / flex / compiled kernel; switch to "
                     "attn_implementation=\"sdpa\" or \"eager\", nanochat's SDPA fallback, or the model before "
                     "torch.compile")
@@ -309,12 +309,13 @@ def tap_forward(model: torch.nn.Module, ids: torch.Tensor, reduce: Callable[[Att
     refuse_unreadable(model)
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         raise TapError(f"ids must be a [batch pos] tensor, got {getattr(ids, 'shape', type(ids).__name__)}")
+    inputs = forward_inputs(model, ids)
     reader = _Reader(reduce or (lambda call: call.pattern), *ids.shape)
     stopped = False
     with eval_pass(model), module_stack(model, reader):
         try:
             with _TapMode(reader):
-                output = model(ids)
+                output = model(ids, **inputs)
             reader.flush()
         except StopTap:
             stopped = True

@@ -1,25 +1,40 @@
-"""One attention source for the probes that read attention: the hook points of our models and of a
-TransformerBridge (`blocks.{l}.attn.hook_pattern`), or, on any other `nn.Module` mapping
-[batch pos] ids to logits, the attention tap (`models.tap`). Both hand each wanted layer's
-pattern [batch head q k] to the probe's reducer inside the forward pass and end the pass after
-the last wanted layer, so memory stays at one layer's attention.
+"""The one way a model's attention reaches a probe: an `AttentionSource`, made once per run by
+`probes.sources.source_of(model, tokens)` from what the runner was given, which checks the model
+once and knows its dims, device and sliding windows; the probe then reads patterns from it.
 
-`tap_dims` learns a tapped model's layers, heads and vocabulary from one forward pass on a short
-window of token 0, and its context from its config (`max_position_embeddings`, `n_ctx`,
-`block_size`, `sequence_len`, ...) where it names one, else from the tokens given.
+    attn = source_of(model, tokens)              # ours, a bridge, any nn.Module, or a source itself
+    attn.dims                                    # ModelDims(n_layers, n_heads, n_ctx, d_vocab)
+    for batch in attn.batches(tokens, 16):       # [batch pos] windows of at most n_ctx, on attn.device
+        attn.each_layer_pattern(batch, [0, 1], reduce)   # reduce(layer, pattern [batch head q k])
+
+Kinds (each one class): `probes.hooked_source.HookedSource` (our hook points and a
+TransformerBridge's, `blocks.{l}.attn.hook_pattern`), `probes.tapped_source.TappedSource` (any
+other module mapping [batch pos] ids to logits, through `models.tap`); a saved snapshot's
+readings (patterns recorded at save time on a fixed sample of tokens, for a model whose code is
+not at hand) is one more subclass: set `name`, `dims`, `device`, `windows` in `__init__`,
+implement `each_layer_pattern`, and override `batches` to hand back the saved sample.
+
+Windows: `windows[layer] = w` for a layer with a sliding window, where query row i sees keys
+max(0, i - w + 1) .. i, so k_i = min(i + 1, w) keys (`visible_keys`); a layer absent sees every
+earlier key (k_i = i + 1). Normalised entropy, verdicts and the app's grid judge each row
+against its k_i (DESIGN.md, "Attention entropy"). A source may add a layer's window while it
+reads (the tap counts the keys each call's mask lets a row see), always before that layer's
+pattern reaches `reduce`.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ContextManager, Iterable, Sequence
 
 import torch
 
-from models.tap import StopTap, TapError, context_of, tap_forward
+from probes.common import as_batches
 from probes.errors import ProbeInputError
 
-PROBE_LEN = 8  # tokens of the window that tap_dims reads a model's shape from
+Reduce = Callable[[int, torch.Tensor], None]  # (layer, pattern [batch head q k])
 
 
 @dataclass(frozen=True)
@@ -28,6 +43,13 @@ class ModelDims:
     n_heads: int
     n_ctx: int
     d_vocab: int
+
+
+def visible_keys(n: int, window: int | None = None, device: Any = None) -> torch.Tensor:
+    """k_i, the keys row i of a causal pattern may see, for rows 0..n-1: [n] float64,
+    min(i + 1, window) in a sliding-window layer, i + 1 otherwise."""
+    keys = torch.arange(1, n + 1, dtype=torch.float64, device=device)
+    return keys if window is None else keys.clamp_(max=window)
 
 
 def hooked(model: Any) -> bool:
@@ -41,63 +63,70 @@ def has_lens_cfg(model: Any) -> bool:
     return cfg is not None and hasattr(cfg, "n_ctx") and hasattr(cfg, "d_vocab")
 
 
-def longest_row(tokens: Any) -> int | None:
-    """The longest row of [batch pos] tokens or of a list of such batches; None if unknown."""
-    if isinstance(tokens, torch.Tensor):
-        return int(tokens.shape[-1]) if tokens.dim() else None
-    if isinstance(tokens, (list, tuple)) and tokens and all(isinstance(t, torch.Tensor) for t in tokens):
-        return max(int(t.shape[-1]) for t in tokens if t.dim())
-    return None
+def checked_device(model: Any) -> torch.device:
+    """The device of the model's parameters (the CPU for a model without any), in one walk over
+    them; weights on the meta device (built but never loaded) are refused in one line."""
+    params = list(model.parameters())
+    if any(p.is_meta for p in params):
+        raise ProbeInputError(f"{type(model).__name__}'s weights are on the meta device (built, never loaded): "
+                              "load them first (model.to_empty(device=...) then load_state_dict)")
+    return params[0].device if params else torch.device("cpu")
 
 
-def model_device(model: Any) -> torch.device:
-    """The device of the model's first parameter (the CPU for a model without any)."""
-    param = next(iter(model.parameters()), None)
-    return param.device if param is not None else torch.device("cpu")
+class AttentionSource(ABC):
+    """A model's attention as the probes read it; see the module's docstring."""
+
+    kind: str = "source"
+    name: str  # the model's class name, for the reports
+    dims: ModelDims
+    device: torch.device  # where each batch goes before `each_layer_pattern`
+    windows: dict[int, int]  # layer -> sliding window w (k_i = min(i + 1, w)); absent: causal
+    model: Any = None  # the module read, where there is one (per-head weights, the OV circuit)
+
+    @abstractmethod
+    def each_layer_pattern(self, batch: torch.Tensor, layers: Iterable[int], reduce: Reduce) -> int:
+        """One no-grad pass over `batch` [batch pos] (on `device`): `reduce(layer, pattern)` with
+        pattern [batch head q k] for each of `layers`, in order, a layer's window in `windows`
+        before its call; nothing is read past the last wanted layer. Returns how many layers
+        were reduced."""
+
+    def batches(self, tokens: Any, batch_size: int = 16) -> list[torch.Tensor]:
+        """`tokens` ([batch pos] ids or a list of such batches) as [batch pos] batches of windows of
+        at most `dims.n_ctx`, ids checked against the vocabulary; still on the CPU."""
+        if tokens is None:
+            raise ProbeInputError("no tokens: give [batch pos] token ids or text")
+        return as_batches(tokens, self.dims.n_ctx, self.dims.d_vocab, batch_size)
+
+    def reading(self) -> ContextManager[Any]:
+        """Entered around a run's passes (our models: eval mode, put back after)."""
+        return nullcontext()
+
+    def check(self, layer: int | None = None, head: int | None = None) -> None:
+        """A chosen layer / head within the model's, else one line naming the range."""
+        if layer is not None and not 0 <= layer < self.dims.n_layers:
+            raise ProbeInputError(f"layer {layer} is out of range: the model has layers 0..{self.dims.n_layers - 1}")
+        if head is not None and not 0 <= head < self.dims.n_heads:
+            raise ProbeInputError(f"head {head} is out of range: the model has heads 0..{self.dims.n_heads - 1}")
+
+    def chosen(self, layer: int | None = None, head: int | None = None) -> tuple[list[int], list[int]]:
+        """The layers and heads a report covers: the one chosen, else all (checked)."""
+        self.check(layer, head)
+        return ([*range(self.dims.n_layers)] if layer is None else [layer],
+                [*range(self.dims.n_heads)] if head is None else [head])
+
+    def describe(self) -> str:
+        d = self.dims
+        return f"{self.name}(n_layers={d.n_layers}, n_heads={d.n_heads}, n_ctx={d.n_ctx})"
 
 
-def tap_dims(model: Any, tokens: Any = None) -> ModelDims:
-    """Layers, heads (the most of any layer) and vocabulary of a tapped model from one forward on
-    a short window; the context from its config, else the tokens' longest row."""
-    context, given = context_of(model), longest_row(tokens)
-    n = min(PROBE_LEN, context or given or PROBE_LEN, given or PROBE_LEN)
-    ids = torch.zeros(1, max(n, 1), dtype=torch.long, device=model_device(model))
-    try:
-        result = tap_forward(model, ids, lambda call: None)
-    except TapError as err:
-        raise ProbeInputError(str(err)) from None
-    if len(set(result.n_heads)) > 1:
-        raise ProbeInputError(f"{type(model).__name__}'s attention layers have {result.n_heads} heads: the "
-                              "probes read models whose layers have the same number of heads")
-    return ModelDims(len(result.layers), result.n_heads[0], context or given or ids.shape[1],
-                     int(result.logits.shape[-1]))
+def stop_after(layers: Sequence[int], reduce: Reduce) -> tuple[Callable[[int, torch.Tensor], bool], list[int]]:
+    """A per-layer taker for a pass over every layer: it reduces the wanted ones and says (True)
+    when the last wanted one is done, so the pass can end there; `done[0]` counts them."""
+    wanted, last, done = set(layers), max(layers), [0]
 
-
-def each_layer_pattern(model: Any, batch: torch.Tensor, layers: Sequence[int],
-                       reduce: Callable[[int, torch.Tensor], None]) -> int:
-    """One no-grad forward of `model` on [batch pos]: `reduce(layer, pattern [batch head q k])` for
-    each of `layers`, in order, from its hook points or the tap; the pass ends after the last
-    wanted layer. Returns how many layers were reduced."""
-    wanted, last = set(layers), max(layers)
-    done = [0]
-
-    def take(layer: int, pattern: torch.Tensor) -> None:
+    def take(layer: int, pattern: torch.Tensor) -> bool:
         if layer in wanted:
             reduce(layer, pattern)
             done[0] += 1
-        if layer == last:
-            raise StopTap
-
-    if hooked(model):
-        hooks = [(f"blocks.{l}.attn.hook_pattern", lambda p, hook, l=l: take(l, p.detach())) for l in wanted]
-        try:
-            with torch.no_grad():
-                model.run_with_hooks(batch, fwd_hooks=hooks)
-        except StopTap:
-            pass
-    else:
-        try:
-            tap_forward(model, batch, lambda call: take(call.layer, call.pattern))
-        except TapError as err:
-            raise ProbeInputError(str(err)) from None
-    return done[0]
+        return layer == last
+    return take, done

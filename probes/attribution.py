@@ -32,8 +32,9 @@ import torch
 from probes.attention_source import has_lens_cfg
 from probes.args import attribution_parser as build_parser
 from probes.common import (ProbeInputError, as_batches, default_windows, eval_mode, hook_names,
-                           model_device, model_tokenizer, no_tokenizer, print_json, require_attention,
-                           run_cli, to_jsonable, tokens_or_text)
+                           model_device, model_tokenizer, no_tokenizer, print_json, run_cli,
+                           to_jsonable, tokens_or_text)
+from probes.hooked_source import HookedSource
 from probes.neighbours import resolve_token, token_piece
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ def check_decomposable(model: Any) -> None:
         raise ProbeInputError(f"{type(model).__name__} has no hook points on its heads and MLPs (ours and a "
                               "TransformerBridge's have them): direct logit attribution cannot decompose it")
     cfg = model.cfg
-    require_attention(model)
+    HookedSource(model)  # its one check: attention layers at hook points
     if getattr(cfg, "residual", True) is False:
         raise ProbeInputError("this model has no residual connections, so its output is not a sum of "
                               "head and MLP outputs: direct logit attribution needs a residual stream")

@@ -1,6 +1,6 @@
-"""What every probe shares: model dimensions (ours, a TransformerBridge, or any module through the
-attention tap), turning text into context-sized windows, the probes' CLI arguments, and the
-one-line-error-and-exit-2 convention.
+"""What every probe shares: turning text into context-sized windows, the probes' CLI arguments, and
+the one-line-error-and-exit-2 convention. The attention probes' way into a model is
+`probes.sources.source_of` (`probes.attention_source`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ import torch
 
 from models.cli import EXIT_BAD_INPUT, run_cli, to_jsonable  # noqa: F401  (re-exported for probes)
 from models.loss import block_len
-from probes.attention_source import (ModelDims, has_lens_cfg, hooked, model_device,  # noqa: F401 (re-exported)
-                                     tap_dims)
 from probes.args import add_input_arguments  # noqa: F401  (torch-free; re-exported for callers)
 from probes.errors import ProbeInputError  # noqa: F401  (re-exported for probes)
 from probes.run_text import NO_INPUT, default_text, shown, validation_split
@@ -27,32 +25,8 @@ log = logging.getLogger(__name__)
 
 
 
-def model_dims(model: Any, tokens: Any = None) -> ModelDims:
-    """Dimensions of our models or of any TransformerLens model with a `cfg`; of any other module
-    mapping ids to logits, from one forward through the attention tap (`tap_dims`: its context
-    from its config, else the longest row of `tokens`)."""
-    if not has_lens_cfg(model):
-        return tap_dims(model, tokens)
-    cfg = model.cfg
-    n_layers = getattr(cfg, "n_layers", 0) or 0
-    n_heads = getattr(cfg, "n_heads", 0) or 0
-    return ModelDims(int(n_layers), int(n_heads), int(cfg.n_ctx), int(cfg.d_vocab))
-
-
 def hook_names(model: Any) -> set[str]:
     return set(getattr(model, "hook_dict", {}))
-
-
-def require_attention(model: Any, tokens: Any = None) -> ModelDims:
-    """The model's dims, or a clear error if it has no attention heads to probe (a module the tap
-    reads no attention in is refused by `tap_dims` in one line)."""
-    dims = model_dims(model, tokens)
-    if not has_lens_cfg(model):
-        return dims
-    if dims.n_layers < 1 or dims.n_heads < 1 or not hooked(model):
-        raise ProbeInputError(f"{type(model).__name__} has no attention layers to probe "
-                              f"(an MLP-family model has no attention heads)")
-    return dims
 
 
 def per_query_head(weights: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -63,13 +37,6 @@ def per_query_head(weights: torch.Tensor, n_heads: int) -> torch.Tensor:
     if n_kv == n_heads or n_kv < 1 or n_heads % n_kv:
         return weights
     return weights.repeat_interleave(n_heads // n_kv, dim=0)  # [n_heads ...]
-
-
-def check_layer_head(dims: ModelDims, layer: int | None, head: int | None) -> None:
-    if layer is not None and not 0 <= layer < dims.n_layers:
-        raise ProbeInputError(f"layer {layer} is out of range: the model has layers 0..{dims.n_layers - 1}")
-    if head is not None and not 0 <= head < dims.n_heads:
-        raise ProbeInputError(f"head {head} is out of range: the model has heads 0..{dims.n_heads - 1}")
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
@@ -121,19 +88,28 @@ def model_tokenizer(model: Any, tokenizer: Any = None) -> Any:
     return tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
 
 
-def tokens_or_text(model: Any, tokens: Any, tokenizer: Any = None, batch_size: int = 16,
-                   n_ctx: int | None = None) -> Any:
-    """A runner's `tokens`: ids ([batch pos] or a list of batches) pass through unchanged; text
-    is encoded with the runner's tokenizer and windowed as the CLIs window `--text` (n_ctx
-    defaults to the model's context)."""
+def text_ids(model: Any, tokens: Any, tokenizer: Any = None) -> Any:
+    """A runner's `tokens`: ids ([batch pos] or a list of batches) pass through unchanged; text is
+    encoded once with the runner's tokenizer (default `model.tokenizer`): [1 pos], not windowed."""
     if not isinstance(tokens, str):
         return tokens
     tokenizer = model_tokenizer(model, tokenizer)
     if tokenizer is None:
         raise ProbeInputError(f"{type(model).__name__} has no tokenizer to encode the text with: "
                               "pass tokenizer=..., load the model from a checkpoint, or give token ids")
+    return torch.tensor(encode_text(tokenizer, tokens), dtype=torch.long).unsqueeze(0)
+
+
+def tokens_or_text(model: Any, tokens: Any, tokenizer: Any = None, batch_size: int = 16,
+                   n_ctx: int | None = None) -> Any:
+    """`text_ids`, text then windowed as the CLIs window `--text` (n_ctx defaults to the context
+    of the model's cfg)."""
+    if not isinstance(tokens, str):
+        return tokens
+    ids = text_ids(model, tokens, tokenizer)[0].tolist()
     check_batch_size(batch_size)
-    return text_batches(tokenizer, tokens, model_dims(model).n_ctx if n_ctx is None else n_ctx, batch_size)
+    n_ctx = int(require_cfg(model, "cut its text into windows").n_ctx) if n_ctx is None else n_ctx
+    return list(batches_of_windows(windows(ids, n_ctx), max(1, batch_size)))
 
 
 def as_batches(tokens: torch.Tensor | Iterable[torch.Tensor], n_ctx: int, d_vocab: int,
@@ -160,6 +136,12 @@ def as_batches(tokens: torch.Tensor | Iterable[torch.Tensor], n_ctx: int, d_voca
     if not out:
         raise ProbeInputError("no tokens: give at least one batch")
     return out
+
+
+def model_device(model: Any) -> torch.device:
+    """The device of the model's first parameter (the CPU for a model without any)."""
+    param = next(iter(model.parameters()), None)
+    return param.device if param is not None else torch.device("cpu")
 
 
 def require_cfg(model: Any, why: str) -> Any:

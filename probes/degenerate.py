@@ -37,9 +37,9 @@ from typing import Any, Iterable
 import torch
 
 from probes.args import degenerate_parser as build_parser
-from probes.common import (ProbeInputError, check_layer_head, per_query_head, print_json,
-                           require_attention, run_cli, to_jsonable, token_batches, tokens_or_text)
-from probes.entropy import PatternStats, collect_stats, describe_model, format_table
+from probes.common import ProbeInputError, per_query_head, print_json, run_cli, text_ids, to_jsonable, token_batches
+from probes.entropy import PatternStats, collect_stats, format_table
+from probes.sources import source_of
 from probes.thresholds import Thresholds
 from probes.timeline import (Timeline, attn_entropy_grid, entropy_timeline,  # noqa: F401 (re-exported)
                              stayed_from)
@@ -170,31 +170,30 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, thresholds
         layer: int | None = None, head: int | None = None, batch_size: int = 16,
         progress: bool | None = None, name: str | None = None, source: str | None = None,
         route: str = "auto", tokenizer: Any = None) -> DegenerateResult:
-    """Verdict per head of `model` (ours, a TransformerBridge, or any module mapping [batch pos] ids
-    to logits, read through the attention tap) on [batch pos] tokens.
+    """Verdict per head of `model` (ours, a TransformerBridge, any module mapping [batch pos] ids
+    to logits, read through the attention tap, or an attention source) on [batch pos] tokens.
 
     Every head of the chosen layers is measured (whole-layer collapse needs them all);
     `layer` / `head` restrict what is reported; `route` as in `probes.entropy.collect_stats`.
     `tokens` may be text, read with `tokenizer` (default `model.tokenizer`) as `--text` is.
     """
-    tokens = tokens_or_text(model, tokens, tokenizer, batch_size)
+    tokens = text_ids(model, tokens, tokenizer)
     t = thresholds or Thresholds()
-    dims = require_attention(model, tokens)
-    check_layer_head(dims, layer, head)
-    layers = list(range(dims.n_layers)) if layer is None else [layer]
-    heads = list(range(dims.n_heads)) if head is None else [head]
-    stats = collect_stats(model, tokens, layers=layers, batch_size=batch_size, progress=progress,
-                          route=route, dims=dims)
+    attn = source_of(model, tokens)
+    layers, heads = attn.chosen(layer, head)
+    stats = collect_stats(attn, tokens, layers=layers, batch_size=batch_size, progress=progress, route=route)
     if stats.multi_rows == 0:
         raise ProbeInputError("every window is one token long: a verdict needs rows with 2+ keys")
-    grids = evidence_grids(stats, head_weights_finite(model, layers, dims.n_heads))
-    all_verdicts = [[verdict(head_evidence(grids, i, h), t) for h in range(dims.n_heads)]
+    n_heads = attn.dims.n_heads
+    weights = None if attn.model is None else head_weights_finite(attn.model, layers, n_heads)
+    grids = evidence_grids(stats, weights)
+    all_verdicts = [[verdict(head_evidence(grids, i, h), t) for h in range(n_heads)]
                     for i in range(len(layers))]
     collapsed_layers = [all(v in ONE_HOT_VERDICTS and is_one_hot(head_evidence(grids, i, h), t)
                             for h, v in enumerate(row)) for i, row in enumerate(all_verdicts)]
     sinks = [s > t.sink_score for row in grids["sink_score"] for s in row]
     return DegenerateResult(
-        model=name or describe_model(model, dims), layers=layers, heads=heads,
+        model=name or attn.describe(), layers=layers, heads=heads,
         verdicts=[[row[h] for h in heads] for row in all_verdicts],
         evidence={k: [[row[h] for h in heads] for row in grid] for k, grid in grids.items()},
         collapsed_layers=collapsed_layers, sink_rate=sum(sinks) / len(sinks),
@@ -226,12 +225,12 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = args.ckpt is not None and is_run_dir(args.ckpt)
         read_text = has_input(args) or not run_dir  # a run and no input: its training timeline alone
         snap = load_from_args(args)
-        dims = require_attention(snap.model)
-        check_layer_head(dims, args.layer, args.head)
-        timeline = run_timeline(args, dims) if run_dir else None
+        attn = source_of(snap.model)
+        attn.check(args.layer, args.head)
+        timeline = run_timeline(args, attn.dims) if run_dir else None
         if read_text:  # with no input, the snapshot's own text (probes.run_text)
-            batches, source = token_batches(args, snap.tokenizer, dims.n_ctx, snap)
-            result = run(snap.model, batches, thresholds=t, layer=args.layer, head=args.head,
+            batches, source = token_batches(args, snap.tokenizer, attn.dims.n_ctx, snap)
+            result = run(attn, batches, thresholds=t, layer=args.layer, head=args.head,
                          batch_size=args.batch_size, progress=args.progress, name=str(snap.name), source=source)
             result.timeline = timeline
             output, text = result.to_dict(), result.format()

@@ -9,7 +9,8 @@ Definitions (DESIGN.md, "Probes"): for row i of a head's causal pattern p,
 `H_i = -sum_j p_ij ln(p_ij + 1e-10)` over the keys row i may see. `entropy` is the series'
 `-(p * (p + 1e-10).log()).sum(-1).mean()`: the mean over every window and *every* row, row 0
 (always one-hot, H = 0) included, in nats. `entropy_normalized` is the mean of `H_i / ln(k_i)`
-with k_i = i + 1 visible keys, over rows with at least two keys: 1 = uniform, 0 = one-hot.
+over rows with at least two keys, k_i the keys row i may see: i + 1, or min(i + 1, w) in a layer
+with a sliding window of w keys (the source's `windows`): 1 = uniform, 0 = one-hot.
 
 The runner (`probes.row_stats.collect_stats`) reduces each layer inside its hooks to per-head
 sums, from hook_q / hook_k on long windows (`probes.qk_rows`: no [batch head n n] pattern) or from
@@ -34,9 +35,8 @@ from typing import Any, Iterable
 import torch
 
 from probes.args import entropy_parser as build_parser
-from probes.attention_source import each_layer_pattern
-from probes.common import (as_batches, check_layer_head, eval_mode, model_device, print_json,
-                           require_attention, run_cli, to_jsonable, token_batches, tokens_or_text)
+from probes.common import print_json, run_cli, text_ids, to_jsonable, token_batches
+from probes.sources import source_of
 from probes.timeline import uniform_series_entropy  # noqa: F401 (re-exported)
 from probes.row_stats import EPS, SUMS, PatternStats, collect_stats, log_keys  # noqa: F401 (re-exported)
 
@@ -55,10 +55,11 @@ def series_entropy(pattern: torch.Tensor, eps: float = EPS) -> torch.Tensor:
     return attention_entropy(pattern, eps).mean(dim=(0, 2))
 
 
-def normalized_entropy(pattern: torch.Tensor, eps: float = EPS) -> torch.Tensor:
-    """H_i / ln(i + 1) for the rows with two or more keys: [... q k] -> [... q-1] (rows 1..q-1)."""
+def normalized_entropy(pattern: torch.Tensor, eps: float = EPS, window: int | None = None) -> torch.Tensor:
+    """H_i / ln(k_i) for rows 1..q-1 (k_i = i + 1 keys, min(i + 1, window) in a sliding-window
+    layer; a window of one key leaves no row with two: NaN): [... q k] -> [... q-1]."""
     ent = attention_entropy(pattern, eps)[..., 1:]
-    return ent / log_keys(pattern.shape[-2], ent.device)[1:].to(ent.dtype)
+    return ent / log_keys(pattern.shape[-2], ent.device, window)[1:].to(ent.dtype)
 
 
 # ---------------------------------------------------------------- the report
@@ -123,26 +124,25 @@ def select(grid: torch.Tensor, heads: list[int]) -> list[list[float]]:
     return grid[:, heads].tolist()
 
 
-def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, layer: int | None = None,
+def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor] | str, *, layer: int | None = None,
         head: int | None = None, per_position: bool = False, batch_size: int = 16,
         progress: bool | None = None, name: str | None = None, source: str | None = None,
         route: str = "auto", tokenizer: Any = None) -> EntropyResult:
-    """Entropy per layer and head of `model` (ours or a TransformerBridge) on [batch pos] tokens.
+    """Entropy per layer and head of `model` (ours, a TransformerBridge, any module mapping
+    [batch pos] ids to logits through the tap, or an attention source) on [batch pos] tokens.
 
     Long rows are windowed to the model's context; `layer`/`head` restrict the report (and only
     the chosen layer is hooked); `per_position` adds the mean entropy at each query position;
     `route` is how patterns are reduced (`collect_stats`: "auto", "qk" or "pattern").
     `tokens` may be text, read with `tokenizer` (default `model.tokenizer`) as `--text` is.
     """
-    tokens = tokens_or_text(model, tokens, tokenizer, batch_size)
-    dims = require_attention(model, tokens)
-    check_layer_head(dims, layer, head)
-    layers = list(range(dims.n_layers)) if layer is None else [layer]
-    heads = list(range(dims.n_heads)) if head is None else [head]
-    stats = collect_stats(model, tokens, layers=layers, batch_size=batch_size, progress=progress,
-                          evidence=False, route=route, dims=dims, fused=not per_position)  # rows exact
+    tokens = text_ids(model, tokens, tokenizer)
+    attn = source_of(model, tokens)
+    layers, heads = attn.chosen(layer, head)
+    stats = collect_stats(attn, tokens, layers=layers, batch_size=batch_size, progress=progress,
+                          evidence=False, route=route, fused=not per_position)  # rows exact
     return EntropyResult(
-        model=name or describe_model(model, dims), layers=layers, heads=heads,
+        model=name or attn.describe(), layers=layers, heads=heads,
         entropy=select(stats.mean("entropy"), heads),
         entropy_normalized=select(stats.mean("normalized"), heads),
         tokens=stats.tokens, windows=stats.windows, source=source,
@@ -155,38 +155,32 @@ def head_pattern(model: Any, tokens: torch.Tensor, layer: int, head: int) -> tup
     tokens: [1 pos] (pos <= n_ctx). Returns (pattern [q k], row entropy [q] in nats), float64
     on the CPU: what a heatmap of the head shows.
     """
-    dims = require_attention(model, tokens)
-    check_layer_head(dims, layer, head)
-    pattern = layer_patterns(model, tokens, layer, dims)[head]  # [q k]
+    attn = source_of(model, tokens)
+    attn.check(layer, head)
+    pattern = layer_patterns(attn, tokens, layer)[head]  # [q k]
     return pattern, attention_entropy(pattern)
 
 
-def layer_patterns(model: Any, tokens: torch.Tensor, layer: int, dims: Any = None) -> torch.Tensor:
+def layer_patterns(model: Any, tokens: torch.Tensor, layer: int) -> torch.Tensor:
     """Every head's attention pattern in one layer on one window: the small multiples of a layer.
 
     tokens: [1 pos] (pos <= n_ctx; a longer row is cut to its first window). Returns
     [head q k] float64 on the CPU, `head_pattern(...)[0]` for each head from one forward pass
     that stops once the layer's pattern is kept (later blocks and the unembedding are not run);
-    from the hook points of ours or a bridge, or the attention tap on any other module.
-    `dims`: the caller's `require_attention(model, tokens)` where it has them (a tapped model's
-    cost a forward pass).
+    from the hook points of ours or a bridge, the attention tap on any other module, or any
+    attention source given as `model`.
     """
-    dims = dims or require_attention(model, tokens)
-    check_layer_head(dims, layer, None)
-    (window,) = as_batches(tokens[:1], dims.n_ctx, dims.d_vocab)[:1]  # [1 pos]
+    attn = source_of(model, tokens)
+    attn.check(layer)
+    (window,) = attn.batches(tokens[:1])[:1]  # [1 pos]
     kept: dict[str, torch.Tensor] = {}
 
     def keep(layer: int, pattern: torch.Tensor) -> None:  # [batch head q k]
         kept["p"] = pattern[0].detach().double().cpu()  # [head q k]
 
-    with eval_mode(model):
-        each_layer_pattern(model, window.to(model_device(model)), [layer], keep)
+    with attn.reading():
+        attn.each_layer_pattern(window.to(attn.device), [layer], keep)
     return kept["p"]
-
-
-def describe_model(model: Any, dims: Any = None) -> str:
-    d = dims or require_attention(model)
-    return f"{type(model).__name__}(n_layers={d.n_layers}, n_heads={d.n_heads}, n_ctx={d.n_ctx})"
 
 
 # ---------------------------------------------------------------- CLI
@@ -210,10 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         from models.checkpoint import load_from_args
         snap = load_from_args(args)
-        dims = require_attention(snap.model)
-        check_layer_head(dims, args.layer, args.head)
-        batches, source = token_batches(args, snap.tokenizer, dims.n_ctx, snap)
-        result = run(snap.model, batches, layer=args.layer, head=args.head,
+        attn = source_of(snap.model)
+        attn.check(args.layer, args.head)
+        batches, source = token_batches(args, snap.tokenizer, attn.dims.n_ctx, snap)
+        result = run(attn, batches, layer=args.layer, head=args.head,
                      per_position=args.per_position, batch_size=args.batch_size,
                      progress=args.progress, name=str(snap.name), source=source)
         if args.json:

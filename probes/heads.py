@@ -45,10 +45,9 @@ import torch
 
 from probes.args import heads_parser as build_parser
 from probes.head_rows import first_position_rows, previous_token_rows  # noqa: F401  (re-exported)
-from probes.attention_source import each_layer_pattern
-from probes.common import (ProbeInputError, as_batches, eval_mode, model_device,
-                           per_query_head, print_json, progress_bar, require_attention, run_cli,
-                           to_jsonable, token_batches, tokens_or_text)
+from probes.common import (ProbeInputError, per_query_head, print_json, progress_bar, run_cli, text_ids,
+                           to_jsonable, token_batches)
+from probes.sources import source_of
 
 log = logging.getLogger(__name__)
 
@@ -198,8 +197,8 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor] | str, *, erro
         exclude_bos: bool = False, exclude_current_token: bool = False, repeat_period: int | None = None,
         copying: bool = True, batch_size: int = 16, progress: bool | None = None,
         name: str | None = None, source: str | None = None, tokenizer: Any = None) -> HeadTypesResult:
-    """Head-type scores of every layer and head of `model` (ours, a TransformerBridge, or any module
-    mapping [batch pos] ids to logits, read through the attention tap).
+    """Head-type scores of every layer and head of `model` (ours, a TransformerBridge, any module
+    mapping [batch pos] ids to logits, read through the attention tap, or an attention source).
 
     `tokens`: [batch pos] ids, a list of such batches, or text (read as `--text` is); long rows
     are windowed to the context. `repeat_period`: the tokens repeat with this period (e.g. from
@@ -208,17 +207,17 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor] | str, *, erro
     """
     if error_measure not in ERROR_MEASURES:
         raise ProbeInputError(f"error_measure must be one of {ERROR_MEASURES}, got {error_measure!r}")
-    tokens = tokens_or_text(model, tokens, tokenizer, batch_size)
-    dims = require_attention(model, tokens)
-    batches = as_batches(tokens, dims.n_ctx, dims.d_vocab, batch_size)
+    tokens = text_ids(model, tokens, tokenizer)
+    attn = source_of(model, tokens)
+    dims = attn.dims
+    batches = attn.batches(tokens, batch_size)
     score = mul_score if error_measure == "mul" else abs_score
     sums = torch.zeros(len(HEAD_TYPES), dims.n_layers, dims.n_heads, dtype=torch.float64)
     repeat_sum = torch.zeros(dims.n_layers, dims.n_heads, dtype=torch.float64)
     windows = n_tokens = 0
-    device = model_device(model)
-    with eval_mode(model):
+    with attn.reading():
         for batch in progress_bar(batches, progress, "head types"):
-            batch = batch.to(device)
+            batch = batch.to(attn.device)
             if repeat_period is not None and batch.shape[1] <= repeat_period:
                 raise ProbeInputError(f"windows of {batch.shape[1]} tokens hold no repeat of period {repeat_period}")
             detections = detection_patterns(batch)  # name -> [batch q k]
@@ -232,31 +231,31 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor] | str, *, erro
                     repeat_sum[layer] += repeat_induction_score(p, repeat_period).sum(0).double().cpu()
 
             # the pass ends once the last layer is reduced: the unembedding is not needed
-            each_layer_pattern(model, batch, range(dims.n_layers), reduce)
+            attn.each_layer_pattern(batch, range(dims.n_layers), reduce)
             windows += batch.shape[0]
             n_tokens += batch.numel()
     grids = {name_: (sums[t] / windows).tolist() for t, name_ in enumerate(HEAD_TYPES)}
-    from probes.entropy import describe_model
     return HeadTypesResult(
-        model=name or describe_model(model, dims), scores=grids, error_measure=error_measure,
+        model=name or attn.describe(), scores=grids, error_measure=error_measure,
         exclude_bos=exclude_bos, exclude_current_token=exclude_current_token, tokens=n_tokens,
         windows=windows, induction_repeat=(repeat_sum / windows).tolist() if repeat_period else None,
-        copying=model_copying_scores(model) if copying else None, repeat_length=repeat_period,
-        source=source)
+        copying=model_copying_scores(attn.model) if copying and attn.model is not None else None,
+        repeat_length=repeat_period, source=source)
 
 
 def run_repeat(model: Any, length: int | None = None, *, samples: int = 16, seed: int = 0,
                **options: Any) -> HeadTypesResult:
     """`run` on `samples` random sequences of `length` tokens from the model's vocabulary, each
     repeated twice (length defaults to half the context), with the Olsson et al. score."""
-    dims = require_attention(model)
+    attn = source_of(model)
+    dims = attn.dims
     length = dims.n_ctx // 2 if length is None else length
     if 2 * length > dims.n_ctx:
         raise ProbeInputError(f"--length {length} repeated twice is {2 * length} tokens, more than "
                               f"the model's context of {dims.n_ctx}; use at most {dims.n_ctx // 2}")
     tokens = random_repeat_tokens(dims.d_vocab, length, samples, seed)  # [samples 2*length]
     options.setdefault("source", f"{samples} random sequence(s) of {length} tokens repeated twice, seed {seed}")
-    return run(model, tokens, repeat_period=length, **options)
+    return run(attn, tokens, repeat_period=length, **options)
 
 
 def model_copying_scores(model: Any) -> list[list[float]] | None:
@@ -279,15 +278,15 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         from models.checkpoint import load_from_args
         snap = load_from_args(args)
-        dims = require_attention(snap.model)
+        attn = source_of(snap.model)
         options = dict(error_measure=args.error_measure, exclude_bos=args.exclude_bos,
                        exclude_current_token=args.exclude_current_token, batch_size=args.batch_size,
                        progress=args.progress, name=str(snap.name))
         if args.repeat:
-            result = run_repeat(snap.model, args.length, samples=args.samples or 16, seed=args.seed, **options)
+            result = run_repeat(attn, args.length, samples=args.samples or 16, seed=args.seed, **options)
         else:
-            batches, source = token_batches(args, snap.tokenizer, dims.n_ctx, snap)
-            result = run(snap.model, batches, source=source, **options)
+            batches, source = token_batches(args, snap.tokenizer, attn.dims.n_ctx, snap)
+            result = run(attn, batches, source=source, **options)
         if args.json:
             print_json(result.to_dict())
         else:

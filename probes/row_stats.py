@@ -3,7 +3,8 @@
 `collect_stats(model, tokens)` hooks each wanted layer and reduces it inside the hook, either from
 hook_pattern (`PatternStats.update`) or blockwise from hook_q / hook_k (`probes.qk_rows`), so no
 pattern outlives its layer; on a model without our hook points, each layer's pattern comes from
-the attention tap (`probes.attention_source`, `models.tap`) inside its own call. The forward pass
+the attention tap (`probes.tapped_source`, `models.tap`) or any other attention source inside its
+own call. The forward pass
 stops once the last wanted layer is reduced: nothing after it (later blocks, the unembedding) is
 needed. `probes.entropy` and
 `probes.degenerate` read the sums.
@@ -16,9 +17,10 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from probes.common import (ProbeInputError, StopForward, as_batches, check_layer_head,  # noqa: F401
-                           model_device, progress_bar, require_attention)  # StopForward re-exported
-from probes.attention_source import each_layer_pattern, hooked
+from probes.attention_source import AttentionSource, visible_keys
+from probes.common import ProbeInputError, StopForward, progress_bar  # noqa: F401 (StopForward re-exported)
+from probes.hooked_source import HookedSource
+from probes.sources import source_of
 from probes.head_rows import first_position_rows, previous_token_rows
 from probes.qk_rows import (CHUNK_ELEMENTS, QUERY_BLOCK, qk_hooks, qk_path_scale, qk_row_stats,
                             softmax_sinks)
@@ -29,9 +31,10 @@ EPS = 1e-10  # the series' eps inside the log
 SUMS = ("entropy", "normalized", "max_prob", "first", "first_all", "diag", "subdiag", "nonfinite")
 
 
-def log_keys(n: int, device: Any = None) -> torch.Tensor:
-    """ln(k_i) for rows i = 0..n-1 of a causal pattern, k_i = i + 1: [n] float64 (row 0 is 0)."""
-    return torch.arange(1, n + 1, dtype=torch.float64, device=device).log()
+def log_keys(n: int, device: Any = None, window: int | None = None) -> torch.Tensor:
+    """ln(k_i) for rows i = 0..n-1 of a causal pattern, k_i = i + 1, or min(i + 1, window) in a
+    sliding-window layer (`visible_keys`): [n] float64 (0 where a row sees one key)."""
+    return visible_keys(n, window, device).log()
 
 
 # ---------------------------------------------------------------- in-hook reduction
@@ -79,6 +82,7 @@ class PatternStats:
     pos_sum: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [head n_ctx]
     pos_count: torch.Tensor | None = None  # [n_ctx] windows that had each position
     evidence: bool = True  # also max probability, first / diagonal / sub-diagonal mass
+    sliding: dict[int, int] = field(default_factory=dict)  # layer -> sliding window (the source's windows)
     route: str = "pattern"  # how the rows were reduced: "qk" (hook_q/hook_k), "pattern" or "tap"
     fused: bool = True  # entropy-only q/k rows may come from the fused kernel (`probes.qk_rows`)
     reduced: int = 0  # layers reduced in the current forward pass
@@ -147,8 +151,9 @@ class PatternStats:
         ent = ent.to(dev, torch.float64)
         s["entropy"] += ent.sum(dim=(0, 2))
         self.pos_sum[layer][:, :n] += ent.sum(dim=0)
-        if n > 1:
-            s["normalized"] += (ent[..., 1:] / log_keys(n, dev)[1:]).sum(dim=(0, 2))
+        window = self.sliding.get(layer)
+        if n > 1 and (window is None or window > 1):  # H_i / ln(k_i): k_i within the layer's window
+            s["normalized"] += (ent[..., 1:] / log_keys(n, dev, window)[1:]).sum(dim=(0, 2))
         if not self.evidence:
             return
         first = rows["first"].to(dev, torch.float64)  # [batch head n]
@@ -163,6 +168,8 @@ class PatternStats:
         per_all = name in ("entropy", "first_all")
         count = self.rows if per_all else self.multi_rows
         grid = torch.stack([self.sums[l][name].cpu() for l in self.layers])
+        if name == "normalized":  # a window of one key leaves no row with two
+            grid[[i for i, l in enumerate(self.layers) if self.sliding.get(l, 2) < 2]] = float("nan")
         return grid / count if count else torch.full_like(grid, float("nan"))
 
     def count(self, name: str) -> torch.Tensor:
@@ -185,77 +192,83 @@ QK_MIN_CONTEXT = 128  # "auto" reduces longer windows from q and k (at 128 the t
 def collect_stats(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *,
                   layers: Sequence[int] | None = None, batch_size: int = 16,
                   progress: bool | None = None, evidence: bool = True, route: str = "auto",
-                  fused: bool = True, dims: Any = None) -> PatternStats:
-    """Run the model (in eval mode) over the tokens with reducing hooks on each wanted layer;
-    every hook is removed afterwards, also when the forward pass raises. Each forward pass stops
-    once the last wanted layer is reduced (`StopForward`).
+                  fused: bool = True) -> PatternStats:
+    """Per-head row statistics of `model` (an attention source, or anything `source_of` makes one
+    of) over the tokens, each wanted layer reduced as it is read; each forward pass stops once the
+    last wanted layer is reduced.
 
-    route "qk" reduces each layer from hook_q / hook_k (`probes.qk_rows`: no [batch head n n]
-    tensor, the model stays on its fused attention path); "pattern" from
-    hook_pattern; "auto" takes "qk" when a check on a short window shows that the model's
-    pattern is softmax(q k^T / scale + causal mask), "pattern" otherwise or for windows of at
-    most QK_MIN_CONTEXT tokens (there the model's explicit path costs little and the pattern
-    route is the faster: `benchmarks/bench_entropy.py`). `fused` lets entropy-only q/k rows come
-    from the fused attention kernel (`qk_rows.fused_row_entropy`: up to ~4e-6 per row, a head's
-    mean within ~1e-7; pass False where single rows are reported, to get the blockwise ones).
-    On a model without our hook points every layer comes from the attention tap (`collect_tapped`);
-    `dims`, the caller's `require_attention(model, tokens)` where it has them (a tapped model's
-    cost a forward pass)."""
+    At hook points (`collect_hooked`), `route` picks how: "qk" reduces each layer from hook_q /
+    hook_k (`probes.qk_rows`: no [batch head n n] tensor, the model stays on its fused attention
+    path); "pattern" from hook_pattern; "auto" takes "qk" when a check on a short window shows
+    that the model's pattern is softmax(q k^T / scale + causal mask), "pattern" otherwise, for
+    windows of at most QK_MIN_CONTEXT tokens (there the model's explicit path costs little and
+    the pattern route is the faster: `benchmarks/bench_entropy.py`) and for a model with sliding
+    windows. `fused` lets entropy-only q/k rows come from the fused attention kernel
+    (`qk_rows.fused_row_entropy`: up to ~4e-6 per row, a head's mean within ~1e-7; pass False
+    where single rows are reported, to get the blockwise ones). Any other source hands each
+    layer's pattern to `PatternStats.update` (`collect_read`)."""
     if route not in ROUTES:
         raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
-    dims = dims or require_attention(model, tokens)
-    layers = list(range(dims.n_layers)) if layers is None else list(dict.fromkeys(layers))  # once each
+    attn = source_of(model, tokens)
+    layers = list(range(attn.dims.n_layers)) if layers is None else list(dict.fromkeys(layers))  # once each
     for layer in layers:
-        check_layer_head(dims, layer, None)
-    batches = as_batches(tokens, dims.n_ctx, dims.d_vocab, batch_size)
-    longest = max(b.shape[1] for b in batches)
-    stats = PatternStats(layers, dims.n_heads, longest, evidence=evidence, fused=fused)
-    if not hooked(model):
-        if route == "qk":
-            raise ProbeInputError("the qk route reads hook_q / hook_k, which only our models and a "
-                                  "TransformerBridge have: use route=\"auto\" on other models")
-        return collect_tapped(model, batches, stats, progress)
-    if route == "auto" and longest <= QK_MIN_CONTEXT:
+        attn.check(layer)
+    batches = attn.batches(tokens, batch_size)
+    stats = PatternStats(layers, attn.dims.n_heads, max(b.shape[1] for b in batches), evidence=evidence,
+                         fused=fused, sliding=attn.windows)
+    if isinstance(attn, HookedSource):
+        return collect_hooked(attn, batches, stats, route, progress)
+    if route == "qk":
+        raise ProbeInputError("the qk route reads hook_q / hook_k, which only our models and a "
+                              "TransformerBridge have: use route=\"auto\" on other models")
+    return collect_read(attn, batches, stats, progress)
+
+
+def collect_hooked(attn: HookedSource, batches: list[torch.Tensor], stats: PatternStats, route: str,
+                   progress: bool | None) -> PatternStats:
+    """`collect_stats` at hook points, with reducing hooks on each wanted layer (removed afterwards,
+    also when the forward pass raises), in eval mode (the mode put back after)."""
+    if route == "qk" and attn.windows:
+        raise ProbeInputError(f"layers {sorted(attn.windows)} have sliding windows, which the qk route (causal "
+                              "rows over every earlier key) does not model: use the pattern route")
+    if route == "auto" and (stats.n_ctx <= QK_MIN_CONTEXT or attn.windows):
         route = "pattern"
-    device = model_device(model)
-    was_training = model.training
-    model.eval()  # dropout off; the mode is put back afterwards
-    sinks = None
-    try:
-        scale = None
-        if route != "pattern":
-            scale = qk_path_scale(model, batches[0].to(device), layers)
-            if scale is None and route == "qk":
-                raise ProbeInputError("this model's attention pattern is not softmax(q k^T / scale + causal "
-                                      "mask) of its hook_q / hook_k: use the pattern route")
-        stats.route = "pattern" if scale is None else "qk"
-        if scale is not None and fused and not evidence:  # entropy from the model's own kernel call
-            sinks = softmax_sinks(model, stats, layers, scale, stop=lambda: stop_if_reduced(stats))
-        fwd_hooks = [] if sinks is not None else stop_when_reduced(
-            pattern_hooks(stats, layers) if scale is None else qk_hooks(stats, layers, scale), stats)
-        with torch.inference_mode(), model.hooks(fwd_hooks=fwd_hooks):
-            for batch in progress_bar(batches, progress, "attention"):  # hooks removed even on errors
-                forward_until_reduced(model, batch.to(device), stats)
-                stats.add_batch(*batch.shape)
-    finally:
-        for module in sinks or ():
-            module.softmax_sink = None
-        model.train(was_training)
+    model, layers, sinks = attn.model, stats.layers, None
+    with attn.reading():
+        try:
+            scale = None
+            if route != "pattern":
+                scale = qk_path_scale(model, batches[0].to(attn.device), layers)
+                if scale is None and route == "qk":
+                    raise ProbeInputError("this model's attention pattern is not softmax(q k^T / scale + causal "
+                                          "mask) of its hook_q / hook_k: use the pattern route")
+            stats.route = "pattern" if scale is None else "qk"
+            if scale is not None and stats.fused and not stats.evidence:  # entropy from the model's own kernel
+                sinks = softmax_sinks(model, stats, layers, scale, stop=lambda: stop_if_reduced(stats))
+            fwd_hooks = [] if sinks is not None else stop_when_reduced(
+                pattern_hooks(stats, layers) if scale is None else qk_hooks(stats, layers, scale), stats)
+            with torch.inference_mode(), model.hooks(fwd_hooks=fwd_hooks):
+                for batch in progress_bar(batches, progress, "attention"):  # hooks removed even on errors
+                    forward_until_reduced(model, batch.to(attn.device), stats)
+                    stats.add_batch(*batch.shape)
+        finally:
+            for module in sinks or ():
+                module.softmax_sink = None
     return stats
 
 
-def collect_tapped(model: Any, batches: list[torch.Tensor], stats: PatternStats,
-                   progress: bool | None) -> PatternStats:
-    """`collect_stats` on a model without our hook points: each layer's pattern from the attention
-    tap (`models.tap`), reduced inside its call; the pass ends after the last wanted layer."""
-    stats.route = "tap"
-    device = model_device(model)
-    for batch in progress_bar(batches, progress, "attention"):
-        stats.reduced = 0
-        done = each_layer_pattern(model, batch.to(device), stats.layers, stats.update)
-        if done != len(stats.layers):
-            raise RuntimeError(f"{done} of {len(stats.layers)} layers were read by the tap in a forward pass")
-        stats.add_batch(*batch.shape)
+def collect_read(attn: AttentionSource, batches: list[torch.Tensor], stats: PatternStats,
+                 progress: bool | None) -> PatternStats:
+    """`collect_stats` on any other source (the tap, saved readings): each layer's pattern reduced
+    inside its call by `PatternStats.update`; the pass ends after the last wanted layer."""
+    stats.route = attn.kind
+    with attn.reading():
+        for batch in progress_bar(batches, progress, "attention"):
+            stats.reduced = 0
+            done = attn.each_layer_pattern(batch.to(attn.device), stats.layers, stats.update)
+            if done != len(stats.layers):
+                raise RuntimeError(f"{done} of {len(stats.layers)} layers were read in a forward pass")
+            stats.add_batch(*batch.shape)
     return stats
 
 

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from models.layout import Layout, first_tensor
 from models.tap import eval_pass, logits_of
+from models.tap_inputs import forward_inputs
 from probes.errors import ProbeInputError
 
 __all__ = ["check_layout", "lens_batch", "point_labels"]
@@ -54,7 +55,7 @@ def residuals(model: torch.nn.Module, layout: Layout, ids: torch.Tensor) -> tupl
     handles = [blocks[0].register_forward_pre_hook(before_first, with_kwargs=True)]
     handles += [block.register_forward_hook(after(i)) for i, block in enumerate(blocks)]
     try:
-        logits = logits_of(model(ids))
+        logits = logits_of(model(ids, **forward_inputs(model, ids)))
     finally:
         for handle in handles:
             handle.remove()
@@ -80,7 +81,7 @@ def decoded(model: torch.nn.Module, layout: Layout, ids: torch.Tensor, h: torch.
     replace = model.get_submodule(layout.unembedding).register_forward_pre_hook(
         lambda module, args: (x.to(args[0].dtype),) + tuple(args[1:]) if args else None)
     try:
-        return logits_of(model(ids))
+        return logits_of(model(ids, **forward_inputs(model, ids)))
     finally:
         replace.remove()
 

@@ -163,8 +163,10 @@ def test_cfg_fields_the_probes_read(bridge, ours):
 
 
 def test_mlp_family_has_no_attention_dims():
-    """Documented gap: the MLP LM has n_ctx and d_vocab but no n_layers/n_heads (no attention)."""
-    from probes.common import model_dims
+    """Documented gap: the MLP LM has n_ctx and d_vocab but no n_layers/n_heads (no attention), so
+    the attention probes' source refuses it in one line."""
+    from probes.common import ProbeInputError
+    from probes.sources import source_of
 
     cfg = get_preset("char_mlp_small")
     assert isinstance(cfg, MLPConfig)
@@ -172,8 +174,9 @@ def test_mlp_family_has_no_attention_dims():
     assert model.cfg.n_ctx == cfg.n_ctx and model.cfg.d_vocab == cfg.d_vocab
     assert not hasattr(model.cfg, "n_layers") and not hasattr(model.cfg, "n_heads")
     assert not any("attn" in name for name in model.hook_dict)
-    dims = model_dims(model)
-    assert (dims.n_layers, dims.n_heads, dims.n_ctx, dims.d_vocab) == (0, 0, cfg.n_ctx, cfg.d_vocab)
+    with pytest.raises(ProbeInputError, match="has no attention layers to probe") as err:
+        source_of(model)
+    assert "\n" not in str(err.value)
 
 
 def test_full_hook_names_and_shorthand_keys_work_on_both(caches):

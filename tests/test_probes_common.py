@@ -9,6 +9,7 @@ import torch
 
 from models import build_model, get_preset
 from probes import common
+from probes.sources import source_of
 
 
 class _Chars:
@@ -63,16 +64,16 @@ def test_token_batches_from_text_windows_to_context():
     assert "3 window(s)" in source
 
 
-def test_require_attention_and_layer_head_ranges():
+def test_attention_source_dims_and_layer_head_ranges():
     model = build_model(get_preset("transformer2_small"))
-    dims = common.require_attention(model)
-    assert (dims.n_layers, dims.n_heads, dims.n_ctx) == (2, 4, 16)
+    attn = source_of(model)
+    assert (attn.dims.n_layers, attn.dims.n_heads, attn.dims.n_ctx) == (2, 4, 16) and attn.windows == {}
     with pytest.raises(common.ProbeInputError, match=r"layer 2 is out of range.*0\.\.1"):
-        common.check_layer_head(dims, 2, None)
+        attn.check(2, None)
     with pytest.raises(common.ProbeInputError, match=r"head -1 is out of range"):
-        common.check_layer_head(dims, 0, -1)
+        attn.check(0, -1)
     with pytest.raises(common.ProbeInputError, match="no attention"):
-        common.require_attention(build_model(get_preset("char_mlp_small")))
+        source_of(build_model(get_preset("char_mlp_small")))
 
 
 def test_to_jsonable_turns_tensors_and_nan_into_json():

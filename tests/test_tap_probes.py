@@ -12,7 +12,8 @@ import torch.nn as nn
 from any_model_kit import BatchedGPT, ChatGPT, PerHeadGPT, SdpaGPT, hf_pair, hf_patterns, own_patterns, tokens
 from models import build_model, get_preset
 from probes import degenerate, entropy, heads
-from probes.common import ProbeInputError, model_dims
+from probes.common import ProbeInputError
+from probes.sources import source_of
 
 
 class Plain(nn.Module):
@@ -81,17 +82,20 @@ def test_probes_on_tutorial_models_equal_their_own_patterns(cls):
     ref = own_patterns(model, toks)
     got = entropy.run(model, toks)
     grids_close(got.entropy, [entropy.series_entropy(p).tolist() for p in ref])
-    assert model_dims(model) == model_dims(model, toks) and model_dims(model).n_ctx == 32
+    assert source_of(model).dims == source_of(model, toks).dims and source_of(model).dims.n_ctx == 32
     verdicts = degenerate.run(model, toks)
     assert verdicts.evidence["max_prob"] is not None and verdicts.evidence["weights_finite"][0][0] is None
     grids_close(verdicts.evidence["first_mass"], [p[..., 1:, 0].mean(dim=(0, 2)).tolist() for p in ref])
     grids_close(entropy.layer_patterns(model, toks[:1], 1), ref[1][0])
 
 
-def test_context_from_the_tokens_where_the_model_names_none():
-    model = Plain(build_model(get_preset("tiny_shakespeare_gpt_small")))
-    assert model_dims(model, tokens(1, 12)).n_ctx == 12
-    assert model_dims(model, tokens(1, 12)).n_layers == 4 and model_dims(model).d_vocab == 65
+def test_context_from_the_position_table_else_from_the_tokens():
+    plain = Plain(build_model(get_preset("tiny_shakespeare_gpt_small")))  # no config, a 16-row W_pos
+    dims = source_of(plain, tokens(1, 12)).dims
+    assert dims.n_ctx == 16 and dims.n_layers == 4 and dims.d_vocab == 65
+    rotary = ChatGPT()
+    rotary.config = None  # rotary positions, no config: nothing names a context
+    assert source_of(rotary, tokens(1, 12)).dims.n_ctx == 12
 
 
 def test_a_model_without_attention_gets_one_line():

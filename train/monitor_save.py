@@ -25,7 +25,8 @@ import torch
 
 from models.layout import Layout, find_layout
 from models.store.foreign import ForeignConfig
-from models.tap import TapError, context_of, eval_pass, tap_forward
+from models.tap import TapError, eval_pass, tap_forward
+from models.tap_inputs import context_of
 
 log = logging.getLogger("train.monitor")
 

@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from models.layout import UNEMBED_NAMES, first_tensor, main_blocks, unembedding
-from models.tap import TapError, context_of, eval_pass, logits_of, tap_forward
+from models.tap import TapError, eval_pass, logits_of, tap_forward
+from models.tap_inputs import context_of, forward_inputs
 from probes.activations import LayerStats
 from probes.entropy import series_entropy
 from probes.thresholds import SATURATION
@@ -151,7 +152,7 @@ def forward(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext) -> Readi
 
 def plain_forward(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     with eval_pass(model):
-        return logits_of(model(tokens))
+        return logits_of(model(tokens, **forward_inputs(model, tokens)))
 
 
 def stats(p: Plan, r: Readings) -> dict[str, Any]:
