@@ -33,7 +33,7 @@ from torch import nn
 from models.tap import eval_pass, logits_of
 from models.tap_inputs import forward_inputs
 
-__all__ = ["Layout", "FUNCTION_NORMS", "UNEMBED_NAMES", "find_layout", "first_tensor", "layout_of", "main_blocks",
+__all__ = ["Layout", "FUNCTION_NORMS", "UNEMBED_NAMES", "find_layout", "first_tensor", "layout_of", "main_blocks", "table",
            "unembedding"]
 
 UNEMBED_NAMES = ("lm_head", "out_head", "head", "output", "embed_out", "unembed", "W_U")
@@ -217,3 +217,15 @@ def layout_of(model: nn.Module) -> Layout:
         device = param.device if param is not None else torch.device("cpu")
         _FOUND[model] = find_layout(model, torch.zeros(1, 2, dtype=torch.long, device=device))
     return _FOUND[model]
+
+
+def table(model: nn.Module, which: str) -> torch.Tensor:
+    """A table its layout names, one row per token: "input" (the token embedding [vocab d_model]) or
+    "output" (the unembedding's weight [vocab d_model]); ValueError saying why where none was found."""
+    layout = layout_of(model)
+    part = "token_embedding" if which == "input" else "unembedding"
+    name = getattr(layout, part)
+    if not name:
+        raise ValueError(f"{type(model).__name__} has no {'input embedding' if which == 'input' else 'unembedding'} "
+                         f"table: {layout.why_missing(part)}")
+    return model.get_parameter(name) if which == "input" else model.get_submodule(name).weight

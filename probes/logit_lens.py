@@ -194,12 +194,17 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, k: int = 5
         include_mid: bool = False, tokenizer: Any = None, lens: LogitLens | None = None,
         batch_size: int = 16, progress: bool | None = None,
         source: str | None = None) -> LogitLensResult:
-    """The logit lens of `model` (ours or a TransformerBridge) on [batch pos] tokens.
+    """The logit lens of `model` (ours or a TransformerBridge; any other module through its own final
+    norm and unembedding, `probes.tail_lens`) on [batch pos] tokens.
 
     Long rows are windowed to the model's context. The model runs in eval mode (restored after).
     `lens` defaults to `LogitLens(model, include_mid)`; pass a subclass for a tuned lens.
     `tokens` may be text, read with `tokenizer` (default `model.tokenizer`) as `--text` is.
     """
+    if lens is None and not has_lens_cfg(model):  # any other module, or a snapshot of one without its code
+        from probes.tail_lens import run_any
+        return run_any(model, tokens, k=k, include_mid=include_mid, tokenizer=tokenizer, batch_size=batch_size,
+                       progress=progress, source=source)
     tokens = tokens_or_text(model, tokens, tokenizer, batch_size)
     lens = lens or LogitLens(model, include_mid)
     if not isinstance(k, int) or k < 1:
@@ -373,8 +378,9 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         from models.checkpoint import load_from_args
         snap = load_from_args(args)
-        lens = LogitLens(snap.model, args.mid)  # refuses models without a residual stream first
-        batches, source = token_batches(args, snap.tokenizer, int(snap.model.cfg.n_ctx), snap)
+        # refuses ours without a residual stream first; any other module: its own tail (probes.tail_lens)
+        lens = LogitLens(snap.model, args.mid) if has_lens_cfg(snap.model) else None
+        batches, source = token_batches(args, snap.tokenizer, int(snap.config.n_ctx), snap)
         result = run(snap.model, batches, k=args.k, tokenizer=snap.tokenizer, lens=lens,
                      batch_size=args.batch_size, progress=args.progress, source=source)
         if args.json:

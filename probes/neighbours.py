@@ -84,7 +84,19 @@ def input_table(model: Any) -> torch.Tensor:
         return embedding.weight.detach()
     if getattr(model, "W_E", None) is not None:
         return model.W_E.detach()
+    if isinstance(model, torch.nn.Module):  # any other module: the table its layout names
+        return layout_table(model, "input")
     raise ProbeInputError(f"{type(model).__name__} has no input embedding table")
+
+
+def layout_table(model: torch.nn.Module, which: str) -> torch.Tensor:
+    """A module's token embedding ("input") or unembedding ("output") rows [d_vocab d_model] where
+    its layout finds them (`models.layout`: one forward on two tokens)."""
+    from models.layout import table
+    try:
+        return table(model, which).detach()
+    except ValueError as err:
+        raise ProbeInputError(str(err)) from None
 
 
 def output_table(model: Any) -> torch.Tensor:
@@ -92,6 +104,8 @@ def output_table(model: Any) -> torch.Tensor:
     if getattr(getattr(model, "cfg", None), "family", None) == "mlp":
         raise ProbeInputError("an MLP-family model has no output embedding table (its MLP maps the "
                               "concatenated context straight to the vocabulary): use --table input")
+    if getattr(model, "cfg", None) is None and not hasattr(model, "W_U") and isinstance(model, torch.nn.Module):
+        return layout_table(model, "output")
     try:
         W_U = model.W_U  # [d_model d_vocab]
     except (AttributeError, ValueError) as err:

@@ -102,3 +102,46 @@ def lens_batch(model: torch.nn.Module, layout: Layout, ids: torch.Tensor, k: int
                 error = float((layer_logits.float() - logits.float()).abs().max())
             stats.append(layer_stats(layer_logits, final, ids, k))
     return stats, error
+
+
+def run_any(model: torch.nn.Module, tokens: Any, *, k: int = 5, include_mid: bool = False, tokenizer: Any = None,
+            batch_size: int = 16, progress: bool | None = None, source: str | None = None) -> Any:
+    """`probes.logit_lens.run` on a module without hook points of ours: any module through its own
+    tail (`lens_batch`), or a snapshot of any model without its code, from the lens it saved."""
+    from models.layout import layout_of
+    from models.tap_inputs import context_of
+    from probes.common import as_batches, model_tokenizer, progress_bar, text_ids
+    from probes.logit_lens import READOUT_TOLERANCE, LogitLensResult, log
+    from probes.logit_lens import _to_cpu as to_cpu
+    from probes.saved_source import SavedModel, saved_lens
+
+    if include_mid:
+        raise ProbeInputError(f"{type(model).__name__} has no mid-block hook points: the lens of any module reads "
+                              "each block's output only (leave out --mid)")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ProbeInputError(f"k must be a positive int, got {k!r}")
+    tokens = text_ids(model, tokens, tokenizer)
+    saved = isinstance(model, SavedModel)
+    if saved and tokens is None:
+        tokens = model.readings()["sample.tokens"]
+    n_ctx = int(model.meta["readings"]["positions"]) if saved else context_of(model) or tokens.shape[-1]
+    d_vocab = int(model.meta["model"]["d_vocab"]) if saved else None
+    if saved:
+        batches = as_batches(tokens, n_ctx, d_vocab, batch_size)
+        per_batch, readout = saved_lens(model, batches, k), float(model.meta["readings"]["lens"]["readout_error"])
+        labels = list(model.meta["readings"]["lens"]["points"])
+    else:
+        layout = layout_of(model)
+        check_layout(model, layout)
+        device = next(model.parameters()).device
+        per_batch, errors = [], []
+        for batch in progress_bar(as_batches(tokens, n_ctx, 2**62, batch_size), progress, "logit lens"):
+            stats, err = lens_batch(model, layout, batch.to(device), k)
+            per_batch.append((batch.cpu(), [to_cpu(s) for s in stats]))
+            errors.append(err)
+        readout, labels = max(errors), point_labels(len(layout.blocks))
+    result = LogitLensResult(labels, per_batch, readout, model_tokenizer(model, tokenizer), source)
+    if result.readout_error > READOUT_TOLERANCE:
+        log.warning("the lens at the last block differs from the model's logits by %.3g: this model's readout "
+                    "is not final norm + unembedding", result.readout_error)
+    return result
