@@ -315,6 +315,8 @@ class Monitor:
         if self.eval_every and step % self.eval_every == 0 or step == self.steps:
             # at the step's first call: nanoGPT logs its eval before taking the step
             record.update(self._internals())
+        if self.save_every and step % self.save_every == 0:  # the weights of this step, as its internals
+            self.save(step)
         self._pending = record
 
     def _trim_after(self, step: int) -> None:
@@ -347,8 +349,6 @@ class Monitor:
                                   "nonfinite_params": nonfinite_tensors(self.model)}
         append_metrics(self.out_dir, to_jsonable(record))
         self._last_written = (step, time.perf_counter())
-        if self.save_every and step % self.save_every == 0:
-            self.save(step)
         if self.doctor is not None and self.doctor.due(step):
             self.doctor.check()
         return record
