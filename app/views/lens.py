@@ -7,7 +7,7 @@ import streamlit as st
 
 from app import charts, data
 from app.views import tuned
-from app.views.common import Selection, has_attention, page, show
+from app.views.common import Selection, has_attention, page, reads_hook_points, saved_note, show
 from app.views.lens_cells import NOT_FINITE, lens_cells, with_nan
 MEASURES = ["top-1 probability", "KL to final (nats)", "rank of the true next token"]
 
@@ -20,10 +20,12 @@ def render(sel: Selection) -> None:
                 "this model (an MLP-family model, or one whose last MLP maps straight to the vocabulary) "
                 "has none. See Overview, Embeddings and Training dynamics instead.")
         return
+    saved_note(snap)
     measure = st.radio("colour by", MEASURES, horizontal=True, key="lens_measure")
     result = data.lens(*sel.key[:2], sel.text, 5, sel.run.preset)
     cells = lens_cells(result)
-    rank_top = snap.tokenizer.vocab_size - 1  # one rank scale for the logit and the tuned lens
+    # one rank scale for the logit and the tuned lens
+    rank_top = (snap.tokenizer.vocab_size if snap.tokenizer is not None else snap.config.d_vocab) - 1
     show(charts.lens_grid(with_nan(cells, measure), measure, "top-1 token per layer and position", rank_top))
     st.caption("Rows: the residual stream read through the unembedding after the embeddings (embed) and "
                "after each block N (N_post); the last row is the model's own prediction.")
@@ -37,6 +39,11 @@ def render(sel: Selection) -> None:
     kl = pd.DataFrame({"layer": result["layers"], "KL(final || layer)": result["kl_to_final"],
                        "run": f"{sel.run.label} / {sel.snapshot.name}"})
     show(charts.per_layer_line(kl, "KL(final || layer)", "run", "KL to the final layer, per layer"), stretch=True)
+    if not reads_hook_points(snap):
+        st.caption(f"The tuned lens and direct logit attribution read hook points (ours, a TransformerBridge): "
+                   f"a {type(snap.model).__name__ if not data.saved_only(snap) else snap.config.architecture} "
+                   "has none. The lens above runs its own final norm and unembedding.")
+        return
     tuned.render_tuned(sel, result, measure, rank_top)
     _attribution(sel, snap)
 
