@@ -12,7 +12,7 @@ repeat sample: random tokens repeated twice (`probes.heads.random_repeat_tokens`
 rows and as long as the sample. Read in one no-grad, eval-mode pass each (modes put back), in
 float32 without autocast: patterns through the attention tap (`models.tap`), the logit lens
 through the model's own final norm and unembedding (`probes.tail_lens`). A 2-layer, 4-head model
-saves about 0.8 MB of readings.
+saves 0.87 MB of readings at 64 eval positions.
 """
 
 from __future__ import annotations
