@@ -114,8 +114,11 @@ class AnySaver:
         model, t = self.model, self.tapped
         n_heads = heads[0] if heads and len(set(heads)) == 1 else int(t.get("n_heads") or 0)
         tied = bool(self.layout and self.layout.tied)
+        config = getattr(model, "config", None)  # grouped kv heads where a config names them (nanochat, HF)
+        kv = next((v for v in (getattr(config, n, None) for n in ("num_key_value_heads", "n_kv_head"))
+                   if isinstance(v, int) and v > 0), n_heads)
         return ForeignConfig(architecture=type(model).__name__, n_layers=n_attention or int(t.get("n_layers") or 0),
-                             n_heads=n_heads, n_kv_heads=n_heads, d_model=int(t.get("d_model") or 0),
+                             n_heads=n_heads, n_kv_heads=kv, d_model=int(t.get("d_model") or 0),
                              n_ctx=int(context_of(model) or t.get("n_ctx") or self.sample.shape[1]),
                              d_vocab=int(t.get("d_vocab") or 0), n_params=sum(p.numel() for p in model.parameters()),
                              unembed="tied" if tied else "separate",

@@ -30,7 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from models.store.files import CheckpointError, read_json_object, refuse_unknown_fields
+from models.store.files import CheckpointError, check_snapshot_meta, read_json_object
 from models.store.foreign import ForeignConfig
 
 __all__ = ["ANY_FORMAT", "ANY_KEYS", "ANY_VERSION", "READINGS_FILE", "any_shape", "is_any_snapshot",
@@ -54,17 +54,7 @@ def read_any_meta(directory: Path, meta: dict[str, Any] | None = None) -> dict[s
     """config.json of a snapshot of any model, checked: its keys, version, step and layout."""
     path = directory / CONFIG_FILE
     meta = read_json_object(path) if meta is None else meta
-    missing = [key for key in REQUIRED if key not in meta]
-    if missing:
-        raise CheckpointError(f"{path}: missing key(s) {missing}")
-    refuse_unknown_fields(meta, ANY_KEYS, path, "top-level")
-    if meta["format_version"] != ANY_VERSION:
-        raise CheckpointError(f"{path}: unknown format_version {meta['format_version']!r} of a snapshot of any "
-                              f"model (this version of scratchscope reads {ANY_VERSION})")
-    for key in ("step", "tokens_seen"):
-        value = meta[key]
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise CheckpointError(f"{path}: '{key}' must be a non-negative integer, got {value!r}")
+    check_snapshot_meta(meta, path, REQUIRED, ANY_KEYS, ANY_VERSION, " of a snapshot of any model")
     for key in ("layout", "readings"):
         if not isinstance(meta[key], dict):
             raise CheckpointError(f"{path}: '{key}' must be an object, got {type(meta[key]).__name__}")

@@ -22,8 +22,8 @@ from safetensors.torch import load_file, save_file
 
 from models.config import ModelConfig
 from models.interrupts import deferred_signals
-from models.store.files import (CheckpointError, current_umask, dumps_json, fsync_dir, fsync_file,
-                                read_json_object, refuse_unknown_fields, write_bytes_atomic, write_error)
+from models.store.files import (CheckpointError, check_snapshot_meta, current_umask, dumps_json, fsync_dir, fsync_file,
+                                read_json_object, write_bytes_atomic, write_error)
 from models.store.result import Snapshot
 from models.store.weights import build_and_load, parse_config, torch_load
 from models.tokenizers import Tokenizer, TokenizerError, load_tokenizer
@@ -172,17 +172,7 @@ def _read_meta(directory: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"{path}: missing; a snapshot directory needs {CONFIG_FILE}")
     meta = read_json_object(path)
-    missing = [key for key in REQUIRED_KEYS if key not in meta]
-    if missing:
-        raise CheckpointError(f"{path}: missing key(s) {missing}")
-    refuse_unknown_fields(meta, SNAPSHOT_KEYS, path, "top-level")
-    if meta["format_version"] != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: unknown format_version {meta['format_version']!r} "
-                              f"(this version of scratchscope reads {FORMAT_VERSION})")
-    for key in ("step", "tokens_seen"):
-        value = meta.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise CheckpointError(f"{path}: '{key}' must be a non-negative integer, got {value!r}")
+    check_snapshot_meta(meta, path, REQUIRED_KEYS, SNAPSHOT_KEYS, FORMAT_VERSION)
     return meta
 
 
