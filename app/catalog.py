@@ -86,14 +86,20 @@ def find(sources: list[data.Source], wanted: str | None) -> data.Source | None:
 
 
 def typed(text: str, preset: str | None) -> list[data.Source]:
-    """The sources a typed path opens: a run, a snapshot, a series .pt with a preset, or every run in
-    a folder of runs; ValueError (one line, shown in the sidebar) for anything else."""
+    """The sources a typed path opens: a run, a snapshot, a series .pt with a preset, every run in a
+    folder of runs, or a training log the run doctor reads (each one in a folder of logs); ValueError
+    (one line, shown in the sidebar) for anything else, a log the doctor cannot read included."""
     from models.store.series import SERIES_SUFFIXES  # both import torch: only when a path is typed
     from models.store.snapshot import MODEL_FILE
 
     path = Path(text).expanduser()
     if not path.exists():
         raise ValueError(f"{path} does not exist")
+    if logs.history_only(path):  # a log and nothing else: opened where the doctor reads it, refused here if not
+        refused = logs.unreadable(path)
+        if refused is not None:
+            raise ValueError(first_line(refused))
+        return [data.Source(path)]
     if is_run_dir(path) or is_snapshot_dir(path) or (path / MODEL_FILE).is_file() or (path / "ckpt.pt").is_file() \
             or logs.foreign_log(path) is not None:  # a log file, a Trainer's output, TensorBoard events:
         return [data.Source(path)]  # what the doctor reads, the app opens
@@ -110,8 +116,11 @@ def typed(text: str, preset: str | None) -> list[data.Source]:
     if runs:
         return runs
     printed = logs_in(path)  # a folder of printed logs (docs/): each one the doctor reads
+    readable = [p for p in printed if logs.unreadable(p) is None]
+    if readable:
+        return [data.Source(p) for p in readable]
     if printed:
-        return [data.Source(p) for p in printed]
+        raise ValueError(f"{path}: no log here that the run doctor reads; {first_line(logs.unreadable(printed[0]))}")
     raise ValueError(f"{path} is not a run, a snapshot, a nanoGPT, nanochat or Hugging Face checkpoint, "
                      "a .pt state dict or a training log (a *.log, *.txt or *.out printed log, "
                      "trainer_state.json, TensorBoard events): nothing to open")
@@ -172,7 +181,8 @@ def _summary(path: str, stamp: tuple, preset: str | None = None) -> dict[str, An
     latest = peek(snaps[-1]) if snaps and not info.get("model") else {}
     records = read_metrics(where_)
     losses = [r["val_loss"] for r in records if "val_loss" in r]
-    return {"model": describe(info.get("preset"), info.get("model") or latest.get("model") or {}),
+    preset = info.get("preset") if info.get("preset") != where_.name else None  # the run's name says it
+    return {"model": describe(preset, info.get("model") or latest.get("model") or {}),
             "steps": records[-1]["step"] if records else latest.get("step"), "snapshots": len(snaps),
             "last val loss": shown_loss(losses[-1]) if losses else "-",
             # what the files hold; whether that is healthy is the doctor's word (its own column)
@@ -182,15 +192,18 @@ def _summary(path: str, stamp: tuple, preset: str | None = None) -> dict[str, An
 
 
 def describe(preset: str | None, model: dict[str, Any]) -> str:
-    """`preset · transformer 4L×4H d64` from a model config (as run.json or config.json hold it); a
-    model we read but never rebuilt by what builds it and its size: `llama 2L×4H d32 · 37.8k params`."""
+    """`transformer4_rms · 4L×4H d64` from a model config (as run.json or config.json hold it), or
+    `transformer 4L×4H d64` with no preset; a model we read but never rebuilt by what builds it and its
+    size: `llama 2L×4H d32 · 37.8k params`. Short enough for the run list's column at 1280 px."""
     family = model.get("family", "?")
     shape = f"{model.get('n_layers')}L×{model.get('n_heads')}H d{model.get('d_model')}" \
         if family == "transformer" else f"window {model.get('n_ctx')}"
     if model.get("architecture"):  # a Hugging Face model through the bridge, nanochat's GPT
         size = model.get("n_params")
         return f"{model['architecture']} {shape}" + (f" · {params_text(size)}" if isinstance(size, int) else "")
-    return f"{preset} · {family} {shape}" if preset else f"{family} {shape}"
+    if not preset:
+        return f"{family} {shape}"
+    return f"{preset} · {shape}" if family == "transformer" else f"{preset} · {family} {shape}"  # L×H says transformer
 
 
 def params_text(n: int) -> str:

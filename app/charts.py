@@ -110,15 +110,21 @@ def y_scale(log: bool = False, domain: list[float] | None = None, zero: bool = F
 def lines_over_steps(data: pd.DataFrame, y: str, color: str, title: str | alt.TitleParams, log: bool = False,
                      height: int = 200, y_title: str | None = None,
                      domain: list[float] | None = None, zero: bool = False,
-                     x_domain: list[float] | None = None, width: float | None = None) -> alt.Chart:
-    """One line per `color` over steps; `y_title` names the axis (default: the column),
+                     x_domain: list[float] | None = None, width: float | None = None,
+                     dash: str | None = None) -> alt.Chart:
+    """One line per `color` (and `dash`) over steps; `y_title` names the axis (default: the column),
     `domain` fixes the y range (shared axes), `zero` starts it at 0, `x_domain` fixes the steps',
-    `width` is the px the chart is drawn at (its legend gets the columns that fit)."""
-    return alt.Chart(data, title=title).mark_line(point=len(data) < 80, clip=domain is not None).encode(
+    `width` is the px the chart is drawn at (its legend gets the columns that fit). `dash`: a second
+    column drawn as the line's dash pattern, so that 24 heads are 6 colours × 4 dashes, not a
+    10-colour palette used twice and more (its legend beside the plot)."""
+    chart = alt.Chart(data, title=title).mark_line(point=len(data) < 80, clip=domain is not None).encode(
         x=step_axis(x_domain), y=alt.Y(f"{y}:Q", scale=y_scale(log, domain, zero), title=y_title or y),
         color=alt.Color(f"{color}:N", legend=legend(legend_columns(data[color], width))),
         tooltip=tooltips(data.columns),
     ).properties(height=height)
+    if dash is not None:
+        chart = chart.encode(strokeDash=alt.StrokeDash(f"{dash}:N", legend=alt.Legend(orient="right", title=None)))
+    return chart
 
 
 def smoothed_over_steps(data: pd.DataFrame, y: str, color: str, title: str | alt.TitleParams, log: bool = False,

@@ -23,7 +23,7 @@ import streamlit as st
 from app.model_code import spec_for
 from app.tokenizer_help import no_tokenizer
 from models.store.run import is_run_dir, is_snapshot_dir, list_snapshots
-from app.logs import foreign_log, is_log_file
+from app.logs import foreign_log, history_only
 
 if TYPE_CHECKING:
     import torch
@@ -47,8 +47,8 @@ class Source:
     def label(self) -> str:
         return self.name or self.path.name
 
-    def snapshots(self) -> list[Path]:  # a lone checkpoint is its own; a log file has none
-        return list_snapshots(self.path) if self.is_run else [] if is_log_file(self.path) else [self.path]
+    def snapshots(self) -> list[Path]:  # a lone checkpoint is its own; a log (or a folder of one) has none
+        return list_snapshots(self.path) if self.is_run else [] if history_only(self.path) else [self.path]
 
 
 def _loadable(path: Path) -> bool:

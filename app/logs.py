@@ -13,6 +13,8 @@ from typing import Any
 
 import streamlit as st
 
+from models.store.nanochat_files import is_nanochat
+from models.store.peek import holds_checkpoint
 from models.store.record_check import MetricsLog
 from models.store.run import METRICS_FILE, is_run_dir, read_metrics_log
 from probes.doctor.read_tensorboard import EVENTS_PREFIX
@@ -36,6 +38,25 @@ def foreign_log(path: Path, event_levels: int = 2) -> tuple[str, Path] | None:
     """(kind, file or folder) of the other trainer's log the run doctor reads in `path` (or `path`,
     a log file), or None (a run of ours, or no log); TensorBoard events `event_levels` folders down."""
     return ("log", path) if is_log_file(path) else locate(path, event_levels)
+
+
+def history_only(path: Path) -> bool:
+    """A log file, or a folder holding another trainer's log and no checkpoint we read (llm.c's `-o`
+    folder: main.log beside its own .bin weights; TensorBoard events alone): a history, no snapshot."""
+    if is_log_file(path):
+        return True
+    return path.is_dir() and not is_run_dir(path) and foreign_log(path) is not None \
+        and not holds_checkpoint(path) and not is_nanochat(path)
+
+
+def unreadable(path: Path) -> ValueError | None:
+    """Why the run doctor cannot read the log in `path` (a binary file, a Git LFS pointer, an empty
+    log: its reader's error), or None; what it read stays cached for the Overview's curves."""
+    try:
+        history_log(path)
+    except ValueError as exc:  # ProbeInputError (one line naming the file), or a reader's own
+        return exc
+    return None
 
 
 def log_mtime(where: Path) -> float:

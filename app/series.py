@@ -104,3 +104,39 @@ def smoothed(frame_rows: list[dict], y: str, color: str, weight: float) -> list[
 def normalised(frame_rows: list[dict], y: str, by: float, to: str) -> list[dict]:
     """The rows with column `to` = `y` / `by` (entropy over that of uniform attention); None stays None."""
     return [{**r, to: None if r[y] is None else as_float(r[y]) / by} for r in frame_rows]
+
+
+def one_line_groups(frame_rows: list[dict], y: str, color: str, within: float) -> list[list[str]]:
+    """The `color` series that are drawn as one line: at every step within `within` of the group's
+    first series (a pixel of the chart's y axis), NaN where it is NaN; groups of two or more, in order."""
+    lines: dict[str, dict[Any, float]] = {}
+    for row in frame_rows:
+        value = row[y]
+        lines.setdefault(row[color], {})[row["step"]] = NAN if value is None else float(value)
+    groups: list[list[str]] = []
+    for name, line in lines.items():
+        home = next((g for g in groups if _alike(lines[g[0]], line, within)), None)
+        if home is None:
+            groups.append([name])
+        else:
+            home.append(name)
+    return [g for g in groups if len(g) > 1]
+
+
+def _alike(a: dict[Any, float], b: dict[Any, float], within: float) -> bool:
+    return a.keys() == b.keys() and all(
+        (math.isnan(a[s]) and math.isnan(b[s])) or abs(a[s] - b[s]) <= within for s in a)
+
+
+def one_line_note(frame_rows: list[dict], y: str, color: str, within: float, what: str = "layers") -> str:
+    """Which series lie on one line (the legend shows one colour where they cover each other):
+    `all 4 layers on one line, at 0`, or `block 0 post and block 2 post on one line`; "" for none."""
+    groups = one_line_groups(frame_rows, y, color, within)
+    notes = []
+    for group in groups:
+        values = [float(r[y]) for r in frame_rows if r[color] == group[0] and r[y] is not None]
+        at_zero = bool(values) and all(abs(v) <= within for v in values)
+        names = f"all {len(group)} {what}" if len(group) == len({r[color] for r in frame_rows}) else \
+            ", ".join(group[:-1]) + " and " + group[-1]
+        notes.append(f"{names} on one line" + (", at 0" if at_zero else ""))
+    return "; ".join(notes)

@@ -19,7 +19,7 @@ from pathlib import Path
 import streamlit as st
 
 from app import catalog, data, run_files, sweeps, warm
-from app.logs import is_log_file
+from app.logs import history_only
 from app.views.common import PAGES, Selection
 from app.views.live import FOLLOWS_NEWEST, newest_unless_moved, snapshot_slider_key
 
@@ -84,8 +84,8 @@ def sidebar() -> tuple[Selection | None, list[data.Source]]:
     chosen = sources[labels.index(st.sidebar.selectbox("run", labels, key="run", on_change=picked,
                                                        format_func=shown.__getitem__))]
     snaps = chosen.snapshots()
-    if not snaps and (chosen.is_run and run_files.metrics(chosen.path) or is_log_file(chosen.path)):
-        # a Monitor's run without weights, a training log: its history only
+    if not snaps and (chosen.is_run and run_files.metrics(chosen.path) or history_only(chosen.path)):
+        # a Monitor's run without weights, a training log (or llm.c's folder of one): its history only
         st.sidebar.caption("No snapshot saved: this run's history only.")
         return Selection(chosen, None, pick_text(chosen), sources), sources
     if not snaps:

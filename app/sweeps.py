@@ -16,10 +16,12 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from models.store.run import list_snapshots
 from probes import sweep as probe_sweep
 from probes.sweep_stats import SWEEP_FILE
 
-__all__ = ["CLICK", "chart", "clicked", "discover", "label_of", "list_row", "overview_row", "points", "read", "run_rows"]
+__all__ = ["CLICK", "chart", "clicked", "discover", "label_of", "list_row", "overview_row", "points", "read", "run_rows",
+           "verdict_counts"]
 
 SHAPES = {"healthy": "circle", "warning": "triangle-up", "failed": "square", "diverged": "cross"}
 CLICK = "open"  # the point selection: a click on a point opens that run
@@ -64,22 +66,33 @@ def overview_row(result: dict[str, Any]) -> dict[str, Any]:
             "status": result.get("status", "?"), "LR sensitivity": sens}
 
 
-def list_row(result: dict[str, Any]) -> dict[str, Any]:
+VERDICTS = ("failed", "warning", "healthy", "too short")  # worst first
+
+
+def verdict_counts(result: dict[str, Any]) -> str:
+    """The doctor's verdicts of a sweep's finished runs, worst first: `4 failed, 4 warning, 6 healthy`."""
+    verdicts = [r.get("verdict") for r in result["runs"] if r["status"] == "finished" and r.get("verdict")]
+    return ", ".join(f"{verdicts.count(v)} {v}" for v in VERDICTS if verdicts.count(v))
+
+
+def list_row(result: dict[str, Any], folder: Path) -> dict[str, Any]:
     """The run list's one row for a whole sweep (its runs fold under it): the columns of a run's row
-    from sweep.json alone (each run's verdict is there already: no doctor runs for them)."""
+    from sweep.json alone (each run's verdict is there already: no doctor runs for them), in words
+    short enough for the run list's columns at 1280 px: state `4/14 diverged` (`9/14 done` while it
+    runs), doctor the worst verdict's count (`4 failed`; every count is on the Sweeps section's fold)."""
     runs = result["runs"]
     finished = [r for r in runs if r["status"] == "finished"]
     diverged = sum(r.get("diverged_at") is not None for r in finished)
     finals = [r["final_val_loss"] for r in finished
               if r.get("diverged_at") is None and isinstance(r.get("final_val_loss"), (int, float))]
-    verdicts = [r.get("verdict") for r in finished if r.get("verdict")]
-    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in ("failed", "warning", "healthy", "too short")
-                       if verdicts.count(v))
+    counts = verdict_counts(result)
     steps = [r["last_step"] for r in runs if isinstance(r.get("last_step"), int)]
+    snapshots = sum(len(list_snapshots(folder / r["dir"])) for r in runs if (folder / r["dir"]).is_dir())
     return {"model": f"sweep of {result['grid']['preset']}", "steps": max(steps) if steps else None,
-            "snapshots": None, "last val loss": f"best {min(finals):.3f}" if finals else "-",
-            "state": f"sweep: {len(finished)} of {len(runs)} runs finished, {diverged} diverged",
-            "doctor": counts or "-"}
+            "snapshots": snapshots, "last val loss": f"best {min(finals):.3f}" if finals else "-",
+            "state": f"{diverged}/{len(runs)} diverged" if diverged and len(finished) == len(runs)
+                     else f"{len(finished)}/{len(runs)} done",
+            "doctor": counts.split(", ")[0] if counts else "-"}
 
 
 def run_rows(result: dict[str, Any], labels: dict[str, str]) -> list[dict[str, Any]]:

@@ -28,12 +28,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from models.tap import eval_pass, logits_of
 from models.tap_inputs import forward_inputs
 
-__all__ = ["Layout", "FUNCTION_NORMS", "UNEMBED_NAMES", "find_layout", "first_tensor", "layout_of", "main_blocks", "table",
+__all__ = ["Layout", "FUNCTION_NORMS", "UNEMBED_NAMES", "anatomy_of", "find_layout", "first_tensor", "layout_of",
+           "main_blocks",
            "unembedding"]
 
 UNEMBED_NAMES = ("lm_head", "out_head", "head", "output", "embed_out", "unembed", "W_U")
@@ -51,6 +53,7 @@ class Layout:
     final_norm: str | None = None  # a module name, "none", or one of FUNCTION_NORMS
     unembedding: str | None = None  # the unembedding module's name (a Linear: weight [vocab d_model])
     unembedding_bias: bool = False
+    d_vocab: int | None = None  # columns of the logits the forward returns (a padded table has more rows)
     tied: bool = False  # the unembedding's weight is the token embedding's
     missing: dict[str, str] = field(default_factory=dict)  # part -> why it was not found
 
@@ -176,7 +179,7 @@ def find_layout(model: nn.Module, ids: torch.Tensor) -> Layout:
     finally:
         for handle in handles:
             handle.remove()
-    n = ids.shape[-1]
+    n, layout.d_vocab = ids.shape[-1], vocab
     token = next((name for name, read in seen.embeddings if read is ids or
                   (isinstance(read, torch.Tensor) and read.shape == ids.shape and torch.equal(read, ids))), None)
     position = next((name for name, read in seen.embeddings if _is_positions(read, n)), None)
@@ -219,13 +222,19 @@ def layout_of(model: nn.Module) -> Layout:
     return _FOUND[model]
 
 
-def table(model: nn.Module, which: str) -> torch.Tensor:
-    """A table its layout names, one row per token: "input" (the token embedding [vocab d_model]) or
-    "output" (the unembedding's weight [vocab d_model]); ValueError saying why where none was found."""
+def anatomy_of(model: nn.Module) -> Any:
+    """A `models.anatomy.Anatomy` from the layout found (`layout_of`), for a model of none of the
+    layouts it names; None where a part the lens needs is missing."""
+    from models.anatomy import Anatomy, rms_norm
+    from models.tap_inputs import context_of
+
     layout = layout_of(model)
-    part = "token_embedding" if which == "input" else "unembedding"
-    name = getattr(layout, part)
-    if not name:
-        raise ValueError(f"{type(model).__name__} has no {'input embedding' if which == 'input' else 'unembedding'} "
-                         f"table: {layout.why_missing(part)}")
-    return model.get_parameter(name) if which == "input" else model.get_submodule(name).weight
+    if not (layout.token_embedding and layout.blocks and layout.unembedding and layout.final_norm):
+        return None
+    embedding = model.get_submodule(layout.token_embedding.rsplit(".", 1)[0])
+    head = model.get_submodule(layout.unembedding)
+    norms = {"none": lambda x: x, "function:rms_norm": rms_norm,
+             "function:layer_norm": lambda x: F.layer_norm(x, (x.shape[-1],))}
+    norm = norms.get(layout.final_norm) or model.get_submodule(layout.final_norm)
+    return Anatomy("found by its forward", embedding, tuple(model.get_submodule(b) for b in layout.blocks), norm,
+                   head, layout.d_vocab or head.out_features, context_of(model))

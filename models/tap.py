@@ -296,10 +296,10 @@ def nothing_read(model: Any, seq_len: int) -> TapError:
         return TapError("nanochat ran its FlashAttention 3 kernel, which the tap cannot read: take its SDPA "
                         "fallback (set nanochat.flash_attention.USE_FA3 = False for the reading, or run on CPU)")
     return TapError(f"{type(model).__name__}'s forward made no attention call the tap can read (no "
-                    f"scaled_dot_product_attention, no causally masked softmax over the keys of its {seq_len} tokens): a model "
-                    "without attention, or a FlashAttention / flex / compiled kernel; switch to "
-                    "attn_implementation=\"sdpa\" or \"eager\", nanochat's SDPA fallback, or the model before "
-                    "torch.compile")
+                    "scaled_dot_product_attention, no causally masked softmax over the keys of its "
+                    f"{seq_len} tokens): a model without attention, or a FlashAttention / flex / compiled "
+                    "kernel; switch to attn_implementation=\"sdpa\" or \"eager\", nanochat's SDPA fallback, or "
+                    "the model before torch.compile")
 
 
 def tap_forward(model: torch.nn.Module, ids: torch.Tensor, reduce: Callable[[AttentionCall], Any] | None = None,

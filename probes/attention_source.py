@@ -95,7 +95,7 @@ class AttentionSource(ABC):
 
     def batches(self, tokens: Any, batch_size: int = 16) -> list[torch.Tensor]:
         """`tokens` ([batch pos] ids or a list of such batches) as [batch pos] batches of windows of
-        at most `dims.n_ctx`, ids checked against the vocabulary; still on the CPU."""
+        at most `dims.n_ctx`, ids checked against the vocabulary (moved to `device` by the reader)."""
         if tokens is None:
             raise ProbeInputError("no tokens: give [batch pos] token ids or text")
         return as_batches(tokens, self.dims.n_ctx, self.dims.d_vocab, batch_size)

@@ -59,7 +59,8 @@ def normalized_entropy(pattern: torch.Tensor, eps: float = EPS, window: int | No
     """H_i / ln(k_i) for rows 1..q-1 (k_i = i + 1 keys, min(i + 1, window) in a sliding-window
     layer; a window of one key leaves no row with two: NaN): [... q k] -> [... q-1]."""
     ent = attention_entropy(pattern, eps)[..., 1:]
-    return ent / log_keys(pattern.shape[-2], ent.device, window)[1:].to(ent.dtype)
+    keys = log_keys(pattern.shape[-2], ent.device, window)[1:].to(ent.dtype)
+    return (ent / keys).masked_fill(keys == 0, float("nan"))
 
 
 # ---------------------------------------------------------------- the report

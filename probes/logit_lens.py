@@ -43,66 +43,21 @@ from typing import Any, Iterable
 
 import torch
 
+from models.anatomy import AnatomyError, find_anatomy
+from models.store.any_model import SavedModel
 from probes.attention_source import has_lens_cfg
+from probes.tapped_source import longest_row
 from probes.args import logit_lens_parser as build_parser
 from probes.common import (ProbeInputError, as_batches, hook_names,
                            model_device, print_json, progress_bar, run_cli, to_jsonable,
                            token_batches, tokens_or_text)
+from probes.lens_stats import FinalDistribution, LayerStats, layer_stats
 from probes.neighbours import token_piece
 
 log = logging.getLogger(__name__)
 
 READOUT_TOLERANCE = 1e-4  # the last layer must reproduce the model's logits; warn past this
 NOT_FINITE = "(NaN)"  # shown instead of a top token where a layer's distribution is not finite
-
-
-# ---------------------------------------------------------------- pure functions on logits
-
-@dataclass
-class FinalDistribution:
-    """The model's output distribution, kept as probabilities: p [batch pos d_vocab] and
-    sum p log p [batch pos], which is all KL(final || layer) needs."""
-
-    probs: torch.Tensor
-    neg_entropy: torch.Tensor
-
-    @classmethod
-    def from_logits(cls, logits: torch.Tensor) -> FinalDistribution:
-        log_probs = logits.float().log_softmax(-1)  # [batch pos d_vocab]
-        probs = log_probs.exp()
-        neg_entropy = dot(probs, log_probs)  # [batch pos]
-        return cls(probs, neg_entropy)
-
-
-def dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Sum over the last axis of a * b without a [..., d_vocab] temporary: [... v] -> [...]."""
-    return (a.unsqueeze(-2) @ b.unsqueeze(-1)).squeeze(-1).squeeze(-1)
-
-
-@dataclass
-class LayerStats:
-    kl: torch.Tensor  # [batch pos] KL(final || layer), nats
-    cross_entropy: torch.Tensor  # [batch pos-1] -log p_layer(next token)
-    rank: torch.Tensor  # [batch pos-1] tokens with a strictly higher logit than the next token
-    top_probs: torch.Tensor  # [batch pos k]
-    top_ids: torch.Tensor  # [batch pos k]
-    finite: torch.Tensor  # [batch pos] bool: the layer's logits are all finite there
-
-
-def layer_stats(logits: torch.Tensor, final: FinalDistribution, tokens: torch.Tensor, k: int) -> LayerStats:
-    """One layer's lens statistics from its logits [batch pos d_vocab] and tokens [batch pos]."""
-    logits = logits.float()
-    lse = logits.logsumexp(-1)  # [batch pos]
-    kl = final.neg_entropy - (dot(final.probs, logits) - lse)  # sum p_f log p_f - sum p_f log p_l
-    targets = tokens[:, 1:].unsqueeze(-1)  # [batch pos-1 1]
-    target_logit = logits[:, :-1].gather(-1, targets)  # [batch pos-1 1]
-    cross_entropy = lse[:, :-1] - target_logit.squeeze(-1)
-    rank = (logits[:, :-1] > target_logit).sum(-1).float()
-    finite = torch.isfinite(logits).all(-1)  # [batch pos]
-    rank[~finite[:, :-1]] = float("nan")  # NaN logits rank nothing first
-    top_logits, top_ids = logits.topk(min(k, logits.shape[-1]), dim=-1)  # [batch pos k]
-    return LayerStats(kl.clamp_min(0.0), cross_entropy, rank, (top_logits - lse.unsqueeze(-1)).exp(),
-                      top_ids, finite)
 
 
 # ---------------------------------------------------------------- the lens
@@ -130,11 +85,11 @@ class LogitLens:
     """
 
     def __init__(self, model: Any, include_mid: bool = False):
-        n_layers = int(getattr(getattr(model, "cfg", None), "n_layers", 0) or 0)
-        if not has_lens_cfg(model):  # nanochat's GPT, a tutorial's: no residual hook points at all
-            raise ProbeInputError(f"{type(model).__name__} has no hook points on its residual stream (ours and "
-                                  "a TransformerBridge's have them): the lenses cannot read it; the attention "
-                                  "probes read it through the tap")
+        self.model, self.anatomy = model, None
+        if not has_lens_cfg(model):  # nanochat's GPT, a tutorial's: no hook points, read by its anatomy
+            self._by_anatomy(model, include_mid)
+            return
+        n_layers = int(getattr(model.cfg, "n_layers", 0) or 0)
         if n_layers < 1 or "blocks.0.hook_resid_pre" not in hook_names(model):
             raise ProbeInputError(f"{type(model).__name__} has no residual stream to read (an MLP-family "
                                   f"model has no blocks): the logit lens needs a transformer")
@@ -143,11 +98,26 @@ class LogitLens:
         except (AttributeError, ValueError) as err:
             raise ProbeInputError(f"cannot decode the residual stream: {err}") from None
         self.final_norm = getattr(model, "ln_final", None)  # ours: present iff cfg.final_norm
-        self.model = model
+        self.d_vocab, self.n_ctx = int(model.cfg.d_vocab), int(model.cfg.n_ctx)
         self.points = lens_points(n_layers, include_mid)
         missing = [p.hook for p in self.points if p.hook not in hook_names(model)]
         if missing:
             raise ProbeInputError(f"{type(model).__name__} has no hook point {missing[0]}")
+
+    def _by_anatomy(self, model: Any, include_mid: bool) -> None:
+        """No hook points: the blocks' inputs and outputs read with torch hooks, decoded through
+        the model's own final norm and unembedding (`models.anatomy`)."""
+        try:
+            self.anatomy = find_anatomy(model)
+        except AnatomyError as err:
+            raise ProbeInputError(f"{type(model).__name__} has no hook points on its residual stream (ours and a "
+                                  f"TransformerBridge's have them) and {str(err).split(' has ', 1)[1]}: the lenses "
+                                  "cannot read it; the attention probes read it through the tap") from None
+        if include_mid:
+            raise ProbeInputError(f"{type(model).__name__} has no hook point between attention and MLP: the "
+                                  "lens reads its residual stream after each block (leave out --mid)")
+        self.final_norm, self.d_vocab, self.n_ctx = None, self.anatomy.d_vocab, self.anatomy.n_ctx
+        self.points = lens_points(self.anatomy.n_layers)
 
     @property
     def labels(self) -> list[str]:
@@ -155,6 +125,8 @@ class LogitLens:
 
     def decode(self, resid: torch.Tensor, layer_index: int) -> torch.Tensor:
         """Logits of a residual read at points[layer_index]: [... d_model] -> [... d_vocab]."""
+        if self.anatomy is not None:  # its own final norm, unembedding (and nanochat's softcap)
+            return self.anatomy.decode(resid)
         x = resid if self.final_norm is None else self.final_norm(resid)  # norm recomputed on x
         logits = x @ self.model.W_U  # [... d_vocab]
         b_U = getattr(self.model, "b_U", None)
@@ -176,8 +148,12 @@ def lens_batch(model: Any, lens: LogitLens, tokens: torch.Tensor,
 
     fwd_hooks = [(p.hook, keep(i)) for i, p in enumerate(lens.points)]
     with torch.inference_mode():
-        with model.hooks(fwd_hooks=fwd_hooks):
-            logits = model(tokens)  # [batch pos d_vocab]
+        if lens.anatomy is not None:
+            logits, kept = lens.anatomy.residuals(model, tokens)  # [batch pos d_vocab], per point
+            resid.update(enumerate(kept))
+        else:
+            with model.hooks(fwd_hooks=fwd_hooks):
+                logits = model(tokens)  # [batch pos d_vocab]
         final = FinalDistribution.from_logits(logits)
         last = len(lens.points) - 1
         last_logits = lens.decode(resid.pop(last), last)
@@ -194,24 +170,26 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, k: int = 5
         include_mid: bool = False, tokenizer: Any = None, lens: LogitLens | None = None,
         batch_size: int = 16, progress: bool | None = None,
         source: str | None = None) -> LogitLensResult:
-    """The logit lens of `model` (ours or a TransformerBridge; any other module through its own final
-    norm and unembedding, `probes.tail_lens`) on [batch pos] tokens.
+    """The logit lens of `model` (ours, a TransformerBridge, or any other module through its anatomy,
+    `models.anatomy`: nanochat's GPT, a tutorial's, a Llama) on [batch pos] tokens; a snapshot of any
+    model without its code reads the lens it saved (`probes.saved_source`).
 
     Long rows are windowed to the model's context. The model runs in eval mode (restored after).
     `lens` defaults to `LogitLens(model, include_mid)`; pass a subclass for a tuned lens.
     `tokens` may be text, read with `tokenizer` (default `model.tokenizer`) as `--text` is.
     """
-    if lens is None and not has_lens_cfg(model):  # any other module, or a snapshot of one without its code
-        from probes.tail_lens import run_any
-        return run_any(model, tokens, k=k, include_mid=include_mid, tokenizer=tokenizer, batch_size=batch_size,
-                       progress=progress, source=source)
+    if isinstance(model, SavedModel):  # a snapshot of any model without its code: the lens it saved
+        from probes.saved_source import saved_lens_result
+        return saved_lens_result(model, tokens, k=k, include_mid=include_mid, tokenizer=tokenizer,
+                                 batch_size=batch_size, source=source)
     tokens = tokens_or_text(model, tokens, tokenizer, batch_size)
     lens = lens or LogitLens(model, include_mid)
     if not isinstance(k, int) or k < 1:
         raise ProbeInputError(f"k must be a positive int, got {k!r}")
-    if k > int(model.cfg.d_vocab):
-        raise ProbeInputError(f"-k {k} is more than the vocabulary's {model.cfg.d_vocab} tokens")
-    batches = as_batches(tokens, int(model.cfg.n_ctx), int(model.cfg.d_vocab), batch_size)
+    if k > lens.d_vocab:
+        raise ProbeInputError(f"-k {k} is more than the vocabulary's {lens.d_vocab} tokens")
+    n_ctx = lens.n_ctx or longest_row(tokens) or 1  # a module naming no context: the rows as given
+    batches = as_batches(tokens, n_ctx, lens.d_vocab, batch_size)
     device, was_training = model_device(model), model.training
     per_batch, errors = [], []
     model.eval()
@@ -378,9 +356,10 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         from models.checkpoint import load_from_args
         snap = load_from_args(args)
-        # refuses ours without a residual stream first; any other module: its own tail (probes.tail_lens)
-        lens = LogitLens(snap.model, args.mid) if has_lens_cfg(snap.model) else None
-        batches, source = token_batches(args, snap.tokenizer, int(snap.config.n_ctx), snap)
+        # refuses models without a residual stream first; a snapshot without its code reads what it saved
+        lens = None if isinstance(snap.model, SavedModel) else LogitLens(snap.model, args.mid)
+        n_ctx = (lens.n_ctx if lens is not None else None) or int(snap.config.n_ctx)
+        batches, source = token_batches(args, snap.tokenizer, n_ctx, snap)
         result = run(snap.model, batches, k=args.k, tokenizer=snap.tokenizer, lens=lens,
                      batch_size=args.batch_size, progress=args.progress, source=source)
         if args.json:

@@ -36,6 +36,7 @@ from typing import Any, Sequence
 
 import torch
 
+from models.anatomy import AnatomyError, find_anatomy
 from probes.args import NEIGHBOUR_TABLES
 from probes.args import neighbours_parser as build_parser
 from probes.common import ProbeInputError, model_tokenizer, print_json, run_cli, to_jsonable
@@ -78,25 +79,17 @@ def chance_cosine(n_keys: int, d: int, level: float = 0.95) -> float:
 
 
 def input_table(model: Any) -> torch.Tensor:
-    """The input embedding [d_vocab d]: ours (`embedding.weight`) or a TransformerLens `W_E`."""
+    """The input embedding [d_vocab d]: ours (`embedding.weight`), a TransformerLens `W_E`, or the
+    token table of a layout `models.anatomy` knows (nanochat's `transformer.wte`, cut to its vocabulary)."""
     embedding = getattr(model, "embedding", None)
     if isinstance(embedding, torch.nn.Embedding):
         return embedding.weight.detach()
     if getattr(model, "W_E", None) is not None:
         return model.W_E.detach()
-    if isinstance(model, torch.nn.Module):  # any other module: the table its layout names
-        return layout_table(model, "input")
-    raise ProbeInputError(f"{type(model).__name__} has no input embedding table")
-
-
-def layout_table(model: torch.nn.Module, which: str) -> torch.Tensor:
-    """A module's token embedding ("input") or unembedding ("output") rows [d_vocab d_model] where
-    its layout finds them (`models.layout`: one forward on two tokens)."""
-    from models.layout import table
     try:
-        return table(model, which).detach()
-    except ValueError as err:
-        raise ProbeInputError(str(err)) from None
+        return find_anatomy(model).input_table()
+    except AnatomyError as err:
+        raise ProbeInputError(f"no input embedding table: {err}") from None
 
 
 def output_table(model: Any) -> torch.Tensor:
@@ -104,13 +97,14 @@ def output_table(model: Any) -> torch.Tensor:
     if getattr(getattr(model, "cfg", None), "family", None) == "mlp":
         raise ProbeInputError("an MLP-family model has no output embedding table (its MLP maps the "
                               "concatenated context straight to the vocabulary): use --table input")
-    if getattr(model, "cfg", None) is None and not hasattr(model, "W_U") and isinstance(model, torch.nn.Module):
-        return layout_table(model, "output")
     try:
         W_U = model.W_U  # [d_model d_vocab]
     except (AttributeError, ValueError) as err:
-        raise ProbeInputError(f"{type(model).__name__} has no unembedding matrix ({err}): "
-                              f"use --table input") from None
+        try:  # nanochat's untied lm_head, a tutorial's out_head: [d_vocab d_model] already
+            return find_anatomy(model).output_table()
+        except AnatomyError:
+            raise ProbeInputError(f"{type(model).__name__} has no unembedding matrix ({err}): "
+                                  f"use --table input") from None
     return W_U.detach().T
 
 

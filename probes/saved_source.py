@@ -7,7 +7,7 @@ where the model's code is not at hand (`models.store.any_model.SavedModel`).
   or of the saved random repeat (or their first positions: a causal pattern of the first n
   positions is the saved one's first n rows and keys). With no tokens, `batches` hands back the
   saved sample; other tokens are refused in one line saying how to give the model's code.
-- `saved_lens(model, tokens, k)`: the logit lens result saved for those rows, as
+- `saved_lens_result(model, tokens, k=...)`: the logit lens saved for those rows, as
   `probes.logit_lens.run` returns it.
 - `saved_sample(snap)`: the sample's tokens [rows pos] and one line describing it, for the CLIs
   and the app (with the code or without).
@@ -23,7 +23,7 @@ from models.store.any_model import SavedModel, code_hint
 from probes.attention_source import AttentionSource, ModelDims, Reduce, stop_after
 from probes.errors import ProbeInputError
 
-__all__ = ["SavedModel", "SavedSource", "is_saved", "refused", "saved_lens", "saved_sample"]
+__all__ = ["SavedModel", "SavedSource", "is_saved", "refused", "saved_lens", "saved_lens_result", "saved_sample"]
 
 LENS_FIELDS = ("kl", "cross_entropy", "rank", "top_probs", "top_ids", "finite")
 
@@ -108,9 +108,28 @@ class SavedSource(AttentionSource):
         return done[0]
 
 
+def saved_lens_result(model: SavedModel, tokens: Any, *, k: int = 5, include_mid: bool = False, tokenizer: Any = None,
+                      batch_size: int = 16, source: str | None = None) -> Any:
+    """`probes.logit_lens.run`'s result from the lens the snapshot saved (tokens None: its sample)."""
+    from probes.common import as_batches, model_tokenizer, text_ids
+    from probes.logit_lens import LogitLensResult
+
+    if include_mid:
+        raise ProbeInputError(f"{model.architecture}'s snapshot saved the lens after each block only (leave out --mid)")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ProbeInputError(f"k must be a positive int, got {k!r}")
+    info = model.meta["readings"]
+    tokens = text_ids(model, tokens, tokenizer)
+    tokens = model.readings()["sample.tokens"] if tokens is None else tokens
+    batches = as_batches(tokens, int(info["positions"]), int(model.meta["model"]["d_vocab"]), batch_size)
+    per_batch = saved_lens(model, batches, k)
+    return LogitLensResult(list(info["lens"]["points"]), per_batch, float(info["lens"]["readout_error"]),
+                           model_tokenizer(model, tokenizer), source)
+
+
 def saved_lens(model: SavedModel, batches: list[torch.Tensor], k: int) -> list[tuple[torch.Tensor, list[Any]]]:
     """(tokens, [LayerStats per point]) per batch from the lens saved for its rows."""
-    from probes.logit_lens import LayerStats
+    from probes.lens_stats import LayerStats
 
     readings, info = model.readings(), model.meta["readings"]
     lens = info.get("lens")

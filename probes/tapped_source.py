@@ -45,8 +45,10 @@ def longest_row(tokens: Any) -> int | None:
 
 
 def seen_window(call: AttentionCall) -> int | None:
-    """The most keys any row of the call may see, where that is fewer than its keys (a window)."""
-    seen = int((call.scores > -math.inf).sum(-1).amax())  # scores [batch head q k], -inf where masked
+    """The keys the call's last row may see (the most any row of a causal or sliding-window mask
+    sees), where that is fewer than its keys: the window."""
+    last = call.scores[..., -1, :]  # [batch head k], -inf where masked
+    seen = int((last > -math.inf).sum(-1).amax())
     return seen if 0 < seen < call.scores.shape[-1] else None
 
 

@@ -58,6 +58,9 @@ class TunedLens(LogitLens):
 
     def __init__(self, model: Any, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None):
         super().__init__(model, include_mid=False)  # refuses a model without a residual stream
+        if self.anatomy is not None:  # nanochat's GPT: the logit lens reads it through its own parts
+            raise ProbeInputError(f"{type(model).__name__} has no hook points on its residual stream: the tuned "
+                                  "lens trains on them (the logit lens reads this model through its own parts)")
         n, d = len(self.points) - 1, int(model.cfg.d_model)
         device = model_device(model)
         weight = torch.eye(d).repeat(n, 1, 1) if weight is None else weight  # [layer d_model d_model]

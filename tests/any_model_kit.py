@@ -13,6 +13,8 @@ people use (tutorial GPTs, Hugging Face Llama / Qwen2, nanochat); all CPU-fast, 
 - `MhaGPT`: blocks on `nn.MultiheadAttention` (its SDPA path, or its softmax with need_weights).
 - `ChatGPT`: nanochat's layout (c_q/c_k/c_v/c_proj, rotary, QK-norm, grouped kv heads, a sliding
   window as a boolean mask on some layers, relu², untied head, logit softcap).
+- `nanochat_gpt(n_head, n_embd)`: nanochat's own GPT, small (window pattern "SL": its short window
+  is 128 keys before the query at sequence_len 512); the test is skipped where nanochat does not import.
 - `hf_pair("llama" | "qwen2")`: the same random weights as an SDPA model and an eager one; the
   eager one's `output_attentions=True` gives the reference patterns.
 
@@ -320,12 +322,16 @@ class ChatBlock(nn.Module):
 
 
 class ChatGPT(nn.Module):
-    """nanochat's layout, in small: window pattern "SL" (short = a quarter of the context)."""
+    """nanochat's layout, in small: window pattern "SL" (short = a quarter of the context). With
+    `backout`, recent nanochat's backout: `backout_lambda` times the residual after block
+    n_layers // 2 is taken off before the final norm."""
 
     def __init__(self, n_layers: int = 2, n_heads: int = HEADS, n_kv: int = 2, d: int = D, ctx: int = CTX,
-                 vocab: int = VOCAB, softcap: float = 15.0):
+                 vocab: int = VOCAB, softcap: float = 15.0, backout: float | None = None):
         super().__init__()
         self.keep, self.patterns, self.softcap = False, [], softcap
+        if backout is not None:
+            self.backout_lambda = nn.Parameter(torch.tensor([backout]))
         self.config = type("Config", (), {"sequence_len": ctx})()
         windows = [ctx // 4 if (l % 2 == 0 and l != n_layers - 1) else None for l in range(n_layers)]
         self.transformer = nn.ModuleDict({"wte": nn.Embedding(vocab, d),
@@ -342,10 +348,24 @@ class ChatGPT(nn.Module):
         n = idx.shape[1]
         cos, sin = self.cos[:, :n], self.sin[:, :n]
         x = rms(self.transformer["wte"](idx))
-        for block in self.transformer["h"]:
+        middle = None
+        for i, block in enumerate(self.transformer["h"]):
             x = block(x, cos, sin)
+            middle = x if i == len(self.transformer["h"]) // 2 else middle
+        if hasattr(self, "backout_lambda"):
+            x = x - self.backout_lambda * middle
         logits = self.lm_head(rms(x))
         return self.softcap * torch.tanh(logits / self.softcap)
+
+
+def nanochat_gpt(n_head: int = 4, n_embd: int = 64, vocab: int = 64) -> nn.Module:
+    import pytest
+    gpt = pytest.importorskip("nanochat.gpt")
+    torch.manual_seed(0)
+    model = gpt.GPT(gpt.GPTConfig(sequence_len=512, vocab_size=vocab, n_layer=2, n_head=n_head, n_kv_head=2,
+                                  n_embd=n_embd, window_pattern="SL"))
+    model.init_weights()
+    return model
 
 
 # ---------------------------------------------------------------- Hugging Face, in memory

@@ -216,7 +216,7 @@ def nanochat_gpt():
 def test_a_nanochat_gpt_snapshot_against_nanochats_own_parts(tmp_path):
     gpt = nanochat_gpt()
     torch.manual_seed(0)
-    config = gpt.GPTConfig(sequence_len=32, vocab_size=VOCAB, n_layer=2, n_head=4, n_kv_head=2, n_embd=64,
+    config = gpt.GPTConfig(sequence_len=32, vocab_size=VOCAB, n_layer=4, n_head=4, n_kv_head=2, n_embd=64,
                            window_pattern="SL")
     model = gpt.GPT(config)
     model.init_weights()
@@ -226,18 +226,21 @@ def test_a_nanochat_gpt_snapshot_against_nanochats_own_parts(tmp_path):
     assert snap.meta["layout"]["final_norm"] == "function:rms_norm"  # nanochat's norm(): F.rms_norm, no weights
     saved, live = (torch.tensor(entropy.run(m, ids).entropy) for m in (snap.model, model))  # [layer head]
     assert torch.allclose(saved, live, rtol=1e-5, atol=0)
-    seen = []  # each block's output, then nanochat's norm, lm_head, vocabulary cut and softcap by hand
+    seen = []  # each block's output; then nanochat's readout by hand: backout, norm, lm_head, cut, softcap
     handles = [b.register_forward_hook(lambda mod, args, out: seen.append(out)) for b in model.transformer.h]
     with torch.no_grad():
         final = model(ids).log_softmax(-1)
         for h in handles:
             h.remove()
-        last = 15 * torch.tanh(model.lm_head(F.rms_norm(seen[-1], (64,)))[..., :VOCAB] / 15)
-    kl = (final.exp() * (final - last.log_softmax(-1))).sum(-1).clamp_min(0).mean()
+        read = lambda x: 15 * torch.tanh(model.lm_head(F.rms_norm(x, (64,)))[..., :VOCAB] / 15)  # noqa: E731
+        by_hand = {"0_post": read(seen[0]), "3_post": read(seen[3] - model.backout_lambda * seen[2])}
     lens = logit_lens.run(snap.model, ids)
-    assert lens.layers == ["embed", "0_post", "1_post"]
-    assert math.isclose(lens.kl_to_final[-1], float(kl), rel_tol=1e-4, abs_tol=1e-6)
-    rows = model.transformer.wte.weight.detach()  # padded to 64 rows
+    assert lens.layers == ["embed", "0_post", "1_post", "2_post", "3_post"]
+    for point, logits in by_hand.items():
+        kl = (final.exp() * (final - logits.log_softmax(-1))).sum(-1).clamp_min(0).mean()
+        assert math.isclose(lens.kl_to_final[lens.layers.index(point)], float(kl), rel_tol=1e-4, abs_tol=1e-6)
+    assert lens.kl_to_final[-1] < 1e-6  # the lens at the last block is nanochat's own prediction
+    rows = model.transformer.wte.weight.detach()[:VOCAB]  # padded to 64 rows: the vocabulary's
     found = neighbours.run(snap.model, 5, k=3, table="input").to_dict()["neighbours"]
     cos = F.cosine_similarity(rows[5:6], rows, dim=-1)
     cos[5] = -2

@@ -100,3 +100,27 @@ def test_a_nanochat_model_file_typed_into_open_a_path_needs_no_preset(runs, monk
     at.switch_page("views/overview.py").run()
     errors = [e.value for e in at.error]
     assert len(errors) == 1 and "model_000010.pt: a nanochat checkpoint is built with nanochat's own GPT" in errors[0]
+
+
+@pytest.mark.skipif(not nanochat_importable(), reason="the nanochat package does not import")
+def test_nanochats_model_pages_open_with_its_own_tokenizer(tmp_path, monkeypatch):
+    import torch
+    from test_nanochat_tokenizer import TOKENIZER_VOCAB, write_tokenizer
+
+    pytest.importorskip("tiktoken")
+    folder = write_nanochat(tmp_path, vocab=TOKENIZER_VOCAB)
+    write_tokenizer(tmp_path)  # tmp_path/tokenizer/tokenizer.pkl, where nanochat keeps it
+    at = open_app(monkeypatch, [folder], run="d2")
+    for name in PAGES:
+        at.switch_page(f"views/{name}.py").run()
+        assert not at.exception and not at.error, (name, [e.value for e in at.exception] + [e.value for e in at.error])
+    at.switch_page("views/embeddings.py").run()
+    at.text_input(key="token").set_value(" the").run()
+    at.selectbox(key="table").set_value("input").run()
+    shown = at.dataframe[0].value
+    rows = nanochat_state(20, TOKENIZER_VOCAB)["transformer.wte.weight"][:TOKENIZER_VOCAB]
+    cos = torch.nn.functional.cosine_similarity(rows[259][None], rows, dim=-1)
+    cos[259] = -2  # " the" itself
+    assert shown["id"].tolist() == cos.topk(len(shown)).indices.tolist()
+    at.switch_page("views/lens.py").run()
+    assert any("decoded through its own final norm and unembedding" in i.value for i in at.info)

@@ -77,10 +77,14 @@ def test_each_new_chart_carries_the_logged_values(start, run):
     assert list(dead[dead["layer"] == "block 1 post"]["dead share"]) == pytest.approx(
         [r["activations"][hook]["dead"] for r in evals])
     heads = column(at, "largest attention score per head", "max attention logit")
-    assert list(heads[heads["head"] == "L2H3"]["max attention logit"]) == pytest.approx(
+    assert list(heads[(heads["layer"] == "L2") & (heads["head"] == "H3")]["max attention logit"]) == pytest.approx(
         [r["attn_logit_max"]["2"][3] for r in evals])
     spec, _ = chart(at, "largest attention score per head")
     assert spec["layer"][0]["encoding"]["y"]["scale"]["type"] == "log"
+    # 16 heads: a colour per head of a layer and a dash per layer, never one of 10 colours used twice
+    encoding = spec["layer"][0]["encoding"]
+    assert encoding["color"]["field"] == "head" and encoding["strokeDash"]["field"] == "layer"
+    assert heads["head"].nunique() <= 10 and len(heads.groupby(["layer", "head"])) == heads["layer"].nunique() * heads["head"].nunique()
     rms = column(at, "residual stream rms per layer", "residual rms")
     assert list(rms[rms["layer"] == "layer 0"]["residual rms"]) == pytest.approx([r["resid_rms"]["0"] for r in evals])
     assert not any("not logged" in c.value for c in at.caption)
@@ -165,3 +169,25 @@ def test_embeddings_say_when_the_map_or_the_neighbours_show_little(start, run):
                   [pa.ipc.open_stream(d.data.data).read_all().to_pandas() for d in c.proto.datasets]
                   if "side" in f.columns)
     assert points.loc[points["role"] != "other", "side"].notna().all()  # the chosen token and its neighbours
+
+
+def test_mlp_share_charts_name_lines_on_top_of_each_other_and_a_relus_zeros(start, tmp_path):
+    import shutil
+    shipped = Path(__file__).resolve().parent.parent / "checkpoints"
+    at = start("shakespeare_gpt", "dynamics", roots=[shipped / "shakespeare_gpt"])  # a ReLU GPT, 4 MLP layers
+    spec, frames_ = chart(at, "dead MLP units")
+    dead = next(f for f in frames_ if "dead share" in f.columns)
+    assert dead["layer"].nunique() == 4 and dead["dead share"].max() < 1 / 200  # all within a pixel of 0
+    title = next(node["title"] for node in [spec, *spec.get("layer", [])] if isinstance(node.get("title"), dict))
+    assert title["subtitle"] == "all 4 layers on one line, at 0"  # before: one colour, and no word of the others
+    spec, frames_ = chart(at, "zero ReLU outputs (sparse, not saturated)")
+    assert spec["layer"][0]["encoding"]["y"]["title"] == "share of ReLU outputs at 0"
+    assert not [c for c in at.get("vega_lite_chart") if "saturated MLP activations" in titles(json.loads(c.proto.spec))]
+    gelu = tmp_path / "mha4_gelu"  # the same records told as a GELU model's: its flat part is saturation
+    shutil.copytree(shipped / "mha4", gelu, ignore=shutil.ignore_patterns("step_*"))
+    info = json.loads((gelu / "run.json").read_text())
+    info["model"]["act_fn"] = "gelu"
+    (gelu / "run.json").write_text(json.dumps(info))
+    at = start(gelu.name, "dynamics", roots=[gelu])
+    spec, _ = chart(at, "saturated MLP activations")
+    assert spec["layer"][0]["encoding"]["y"]["title"] == "share of activations"

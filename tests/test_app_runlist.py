@@ -36,12 +36,14 @@ def test_a_sweep_is_one_row_of_the_run_list_from_its_sweep_json(monkeypatch, doc
     row = table.loc["sweep_qk_norm"]
     runs = BOOK["runs"]
     diverged = sum(r["diverged_at"] is not None for r in runs)
-    assert row["state"] == f"sweep: {len(runs)} of {len(runs)} runs finished, {diverged} diverged"
+    assert diverged and row["state"] == f"{diverged}/{len(runs)} diverged"  # every run finished
     verdicts = [r["verdict"] for r in runs]
-    for verdict in set(verdicts):
-        assert f"{verdicts.count(verdict)} {verdict}" in row["doctor"]
+    assert row["doctor"] == f"{verdicts.count('failed')} failed"  # the worst verdict's count
+    fold = next(e.label for e in at.expander if e.label.startswith("sweep_qk_norm"))
+    assert fold.endswith(")") and all(f"{verdicts.count(v)} {v}" in fold for v in set(verdicts))  # every count
     best = min(r["final_val_loss"] for r in runs if r["diverged_at"] is None)
     assert row["last val loss"] == f"best {best:.3f}"
+    assert row["snapshots"] == 0  # its runs keep their histories only (it read <NA>)
     # the sweep's runs carry their verdicts in sweep.json: the doctor read the two other runs only
     assert doctor_calls and all(SWEEP.resolve() not in p.resolve().parents for p in doctor_calls)
 

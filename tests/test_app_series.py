@@ -109,3 +109,22 @@ def test_chance_cosine_is_the_95th_percentile_of_the_nearest_random_direction():
     simulated = torch.quantile(nearest, 0.95).item()
     assert chance_cosine(n, d) == pytest.approx(simulated, abs=0.03)  # the normal tail is a little heavier
     assert chance_cosine(n, d) > simulated - 0.005
+
+
+def share_rows(lines: dict[str, list[float | None]]) -> list[dict]:
+    return [{"step": 10 * i, "layer": name, "dead share": v} for name, values in lines.items()
+            for i, v in enumerate(values)]
+
+
+@pytest.mark.parametrize("lines,note", [
+    # four layers at 0 but one at 0.0013 once: less than a pixel of a 200 px [0, 1] axis (0.005)
+    ({"block 0 post": [0, 0, 0], "block 1 post": [0.0013, 0, 0], "block 2 post": [0, 0, 0],
+      "block 3 post": [0, 0, 0]}, "all 4 layers on one line, at 0"),
+    ({"a": [0.5, 0.4], "b": [0.5, 0.4]}, "all 2 layers on one line"),
+    ({"a": [0.1, 0.2], "b": [0.3, 0.3], "c": [0.1, 0.2], "d": [0.3, 0.3], "e": [0.9, 0.9]},
+     "a and c on one line; b and d on one line"),
+    ({"a": [0.0, None], "b": [0.0, None], "c": [0.0, 0.0]}, "a and b on one line, at 0"),  # a gap is no value
+    ({"a": [0.0, 0.01], "b": [0.0, 0.0]}, ""),  # two pixels apart at the second step: two lines
+], ids=["near zero", "all, not at 0", "two pairs", "NaN alike", "apart"])
+def test_series_drawn_as_one_line_are_named(lines, note):
+    assert series.one_line_note(share_rows(lines), "dead share", "layer", 1 / 200) == note

@@ -7,14 +7,24 @@ opens the Sweep page.
 
 A link's text is cut where it reaches past the right edge of an ancestor that hides its overflow
 (the column, an ellipsis): the check measures the text's own box with a DOM Range. The run box is
-an input: its text is measured in the input's own font against the input's room."""
+an input: its text is measured in the input's own font against the input's room.
+
+Issue 44: the run list's cells are drawn whole at 1280 px (before: 'transformer 4L×4H d…', '4 failed,
+4 w…'), and the app run as the README says shows no Deploy button and prints no usage-statistics
+notice (app/.streamlit/config.toml)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
 
 import pytest
-from browser_kit import REPO, browser, serve  # noqa: F401 - fixtures
+from browser_kit import REPO, _healthy, browser, free_port, serve  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -107,3 +117,73 @@ def test_the_sweep_pages_links_are_whole_and_run_equals_sweep_opens_it(browser, 
     assert sorted(links) == NAMES
     assert page.evaluate(CUT, ['[data-testid="stMain"] ' + LINK, 0]) == []
     page.close()
+
+
+CELLS = """() => {  // the run list's cells: [column, text, drawn width, room] for each
+  const grid = document.querySelector('[data-testid="stMain"] [data-testid="stDataFrame"]');
+  const canvas = grid.querySelector('[data-testid="data-grid-canvas"]');
+  // the grid draws its cells on a canvas: its columns' drawn widths and its fonts are the props that
+  // React gave the grid (found up its fiber), and each cell's text is in its accessibility table
+  const fiber = Object.keys(canvas).find(k => k.startsWith('__reactFiber'));
+  let columns = null, theme = null;
+  for (let f = canvas[fiber]; f && !(columns && theme); f = f.return) {
+    const props = f.memoizedProps || {};
+    if (!columns && Array.isArray(props.columns) && props.columns.length && typeof props.columns[0].width === 'number')
+      columns = props.columns;
+    if (!theme && props.theme && props.theme.baseFontStyle) theme = props.theme;
+  }
+  const pen = document.createElement('canvas').getContext('2d');
+  const size = theme.baseFontStyle.split(' ').pop();
+  const out = [...grid.querySelectorAll('[data-testid^="glide-cell-"]')].map(cell => {
+    const [c] = cell.dataset.testid.split('-').slice(2).map(Number);
+    const column = columns[c], text = cell.textContent;
+    pen.font = `${['state', 'doctor'].includes(column.title) ? 700 : 400} ${size} ${theme.fontFamily}`;  // verdicts: bold
+    return [column.title, text, pen.measureText(text).width, column.width - 2 * theme.cellHorizontalPadding];
+  });
+  return [out, columns.reduce((sum, c) => sum + c.width, 0), canvas.getBoundingClientRect().width];
+}"""
+
+
+def test_the_run_lists_model_state_and_doctor_cells_are_drawn_whole_at_1280px(browser, app):  # noqa: F811
+    page = opened(browser, app, "Runs", ready='[data-testid="stMain"] [data-testid="stDataFrame"]')
+    page.evaluate("document.fonts.ready")
+    cells, drawn, room = page.evaluate(CELLS)
+    assert drawn <= room + 1  # every column in view: none pushed past the table's right edge
+    shown = [(column, text) for column, text, _, _ in cells]
+    assert ("doctor", "failed") in shown and ("state", "4/14 diverged") in shown and ("snapshots", "0") in shown
+    assert {"run", "model", "val loss", "state", "doctor"} <= {column for column, _ in shown}
+    cut = [(column, text, round(width), room) for column, text, width, room in cells if width > room]
+    assert cut == [], cut  # before: 'transformer 4L×4H d…', '4 failed, 4 w…', 'sweep: 14 of…' 
+    page.close()
+
+
+@contextmanager
+def started_as_the_readme_says(log: Path, *flags: str) -> Iterator[str]:
+    """`streamlit run app/main.py` from the repository root, with none of browser_kit's flags (its
+    `--browser.gatherUsageStats false` would hide what app/.streamlit/config.toml must)."""
+    port = free_port()
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.headless", "true",
+                                 "--server.port", str(port), "--server.address", "127.0.0.1", *flags],
+                                cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while not _healthy(url):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_no_deploy_button_and_no_usage_statistics_notice(browser, tmp_path):  # noqa: F811
+    deploy = '[data-testid="stAppDeployButton"]'
+    for flags, buttons in (((), 0), (("--client.toolbarMode", "developer"), 1)):  # the second: the check can see one
+        log = tmp_path / f"server{buttons}.log"
+        with started_as_the_readme_says(log, *flags) as url:
+            page = opened(browser, url, "Runs", ready='[data-testid="stMainMenu"]')
+            assert page.locator(deploy).count() == buttons
+            page.close()
+        assert "usage statistics" not in log.read_text()  # app/.streamlit/config.toml: gatherUsageStats = false

@@ -18,7 +18,8 @@ from models.checkpoint import save_snapshot
 from models.tokenizers import CharTokenizer
 from probes import logit_lens
 from probes.common import ProbeInputError
-from probes.logit_lens import FinalDistribution, LogitLens, layer_stats
+from probes.lens_stats import FinalDistribution, layer_stats
+from probes.logit_lens import LogitLens
 
 TEXT = "the quick brown fox jumps over the lazy dog, then the dog sleeps."
 LN2, LN3 = math.log(2), math.log(3)

@@ -1,17 +1,25 @@
-"""A user's project beside scratchscope (issue 38, item 1): `from scratchscope import Monitor` from a
-folder holding the user's own models.py, models/ package, probes.py or train.py. The script called
-train.py gets the Monitor (nanoGPT's layout); a module of the user's that takes one of our package
-names stops the import with one line naming that file and the way out, where it failed with
-"No module named 'models.cli'; 'models' is not a package" from deep inside."""
+"""A user's project beside scratchscope (issue 38, item 1; issue 44): `from scratchscope import Monitor`
+from a folder holding the user's own models.py, models/ package, probes.py, train.py or train/.
+
+- a module of the user's that takes the name of our `models`, `probes` or a `train` package stops the
+  import with one line (the whole of stderr) naming every such file at once, and the way out;
+- a train.py of the user's is no clash: their `import train` (before or after) gets their module,
+  and the Monitor, its modules loaded under `train.*`, never imports theirs;
+- a folder of data with no Python file in it (models/ of checkpoints) is no module: accepted;
+- a scratchscope.py of the user's hides the package itself: Python's own error names that file."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import scratchscope
+
+ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = "from scratchscope import Monitor\nprint('got', Monitor.__module__)\n"
 
 
@@ -19,27 +27,82 @@ def run_in(folder: Path, script: str = "script.py") -> subprocess.CompletedProce
     return subprocess.run([sys.executable, script], cwd=folder, capture_output=True, text=True, timeout=120)
 
 
-def project(tmp_path: Path, files: dict[str, str]) -> Path:
+def project(tmp_path: Path, files: dict[str, str], script: str = SCRIPT) -> Path:
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    (tmp_path / "script.py").write_text(SCRIPT)
+    (tmp_path / "script.py").write_text(script)
     return tmp_path
 
 
-@pytest.mark.parametrize("files,shown,name", [
-    ({"models.py": "class GPT: ...\n"}, "models.py", "models"),
-    ({"models/__init__.py": "", "models/gpt.py": "class GPT: ...\n"}, "models/ (a package)", "models"),
-    ({"probes.py": "def probe(): ...\n"}, "probes.py", "probes"),
-    ({"train.py": "", "models.py": "", "probes.py": ""}, "models.py", "models"),
-], ids=["models.py", "models package", "probes.py", "all three"])
-def test_a_clashing_module_is_one_line_naming_it_and_the_way_out(tmp_path, files, shown, name):
+@pytest.mark.parametrize("files,yours,renamed", [
+    ({"models.py": "class GPT: ...\n"}, "models.py in {tmp} has the name of scratchscope's own `models` package",
+     "my_models.py"),
+    ({"models/__init__.py": "", "models/gpt.py": ""}, "models/ (a package) in {tmp} has the name", "my_models/"),
+    ({"probes/gpt.py": ""}, "probes/ (a folder of Python files without __init__.py) in {tmp}", "my_probes/"),
+    ({"train/__init__.py": "", "train/data.py": ""}, "train/ (a package) in {tmp} has the name of "
+     "scratchscope's own `train` package", "my_train/"),
+    ({"train.py": "", "models.py": "", "probes.py": ""}, "models.py and probes.py in {tmp} have the names of "
+     "scratchscope's own `models` and `probes` packages", "my_models.py and my_probes.py"),
+], ids=["models.py", "models package", "probes folder of code", "train package", "models.py and probes.py"])
+def test_clashing_modules_are_one_line_naming_them_all_and_the_way_out(tmp_path, files, yours, renamed):
     done = run_in(project(tmp_path, files))
     assert done.returncode == 1
-    last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("scratchscope.NameClashError: scratchscope: your " + shown), last
-    assert str(tmp_path) in last and f"rename yours (for example to my_{name})" in last, last
-    assert "is not a package" not in done.stderr and "No module named" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr  # no traceback: the line the docs promise
+    assert lines[0].startswith("scratchscope.NameClashError: scratchscope: your " + yours.format(tmp=tmp_path)), lines
+    assert f"rename {'them' if ' and ' in renamed else 'it'} (for example to {renamed})" in lines[0], lines
+
+
+def test_the_error_is_the_projects_own_exception_to_a_caller(tmp_path):
+    script = ("try:\n    from scratchscope import Monitor\nexcept ImportError as err:\n"
+              "    print(type(err).__module__, type(err).__name__)\n")
+    done = run_in(project(tmp_path, {"models.py": ""}, script))
+    assert done.returncode == 0 and done.stdout.split() == ["scratchscope", "NameClashError"], done
+
+
+USER_TRAIN = """import os
+if not os.environ.get("MONITOR_DONE"):
+    raise SystemExit("the user's train.py was imported while the Monitor ran")
+STEPS = 10
+"""
+def monitored_script(import_first: bool) -> str:
+    """A user's loop beside their train.py: the Monitor measures internals, saves and diagnoses
+    (each of which imports more of our modules), then the user's `import train`."""
+    return (("import os\nos.environ['MONITOR_DONE'] = '1'\nimport train\nos.environ.pop('MONITOR_DONE')\n"
+             if import_first else "") + """import os, sys
+import torch
+from scratchscope import Monitor
+from models import TransformerConfig, build_model
+torch.manual_seed(0)
+model = build_model(TransformerConfig(d_vocab=11, n_ctx=8, d_model=16, n_layers=1, n_heads=2, d_head=8, d_mlp=32))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+tokens = torch.randint(0, 11, (2, 8))
+with Monitor(model, optimizer, sys.argv[1], log_every=1, eval_every=2, eval_tokens=tokens, save_every=2,
+             diagnose_every=2, report=False) as monitor:
+    for step in range(4):
+        loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.roll(-1, 1).flatten())
+        optimizer.zero_grad(); loss.backward(); optimizer.step()
+        monitor.log(step, train_loss=loss.item())
+os.environ["MONITOR_DONE"] = "1"
+import train
+print("train is the user's:", train.STEPS, train.__file__)
+import models, probes
+print("ours:", models.__file__, probes.__file__)
+""")
+
+
+@pytest.mark.parametrize("import_first", [False, True], ids=["imported after", "imported before"])
+def test_a_users_train_py_and_the_monitor_both_work_beside_data_folders(tmp_path, import_first):
+    files = {"train.py": USER_TRAIN, "models/ckpt.bin": "weights", "probes/notes.txt": ""}  # data: no clash
+    project(tmp_path, files, monitored_script(import_first))
+    done = subprocess.run([sys.executable, "script.py", str(tmp_path / "run")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    *_, train, ours = done.stdout.strip().splitlines()
+    assert train == f"train is the user's: 10 {tmp_path / 'train.py'}"
+    assert ours == f"ours: {ROOT / 'models' / '__init__.py'} {ROOT / 'probes' / '__init__.py'}"
+    assert (tmp_path / "run" / "metrics.jsonl").is_file() and any((tmp_path / "run").glob("step_*"))
 
 
 def test_a_script_called_train_py_gets_the_monitor(tmp_path):
@@ -48,13 +111,39 @@ def test_a_script_called_train_py_gets_the_monitor(tmp_path):
     assert done.returncode == 0 and done.stdout.strip() == "got train.monitor_core", done.stderr
 
 
-def test_a_train_py_beside_another_script_is_left_alone_while_not_imported(tmp_path):
-    done = run_in(project(tmp_path, {"train.py": "raise SystemExit('the user train.py was imported')\n"}))
-    assert done.returncode == 0 and done.stdout.strip() == "got train.monitor_core", done.stderr
+def test_a_users_scratchscope_py_is_named_by_pythons_own_error(tmp_path):
+    done = run_in(project(tmp_path, {"scratchscope.py": "X = 1\n"}))
+    last = done.stderr.strip().splitlines()[-1]
+    assert "cannot import name 'Monitor' from 'scratchscope'" in last and str(tmp_path / "scratchscope.py") in last
 
 
-def test_the_users_own_train_module_imported_first_is_named(tmp_path):
-    project(tmp_path, {"train.py": "STEPS = 10\n"})
-    (tmp_path / "script.py").write_text("import train\n" + SCRIPT)
-    done = run_in(tmp_path)
-    assert done.returncode == 1 and "your train.py" in done.stderr.strip().splitlines()[-1], done.stderr
+def train_imports(module: str) -> set[str]:
+    """The `train.X` modules that `module`'s source imports, at its top or inside a function."""
+    tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("train."):
+            found.add(node.module)
+        elif isinstance(node, ast.ImportFrom) and node.module == "train":
+            found.add("train")  # `from train import data` looks up whatever `train` names by then
+        elif isinstance(node, ast.Import):
+            found.update("train" for a in node.names if a.name == "train" or a.name.startswith("train."))
+    return found
+
+
+def closure(modules: tuple[str, ...]) -> set[str]:
+    needed, todo = set(), list(modules)
+    while todo:
+        module = todo.pop()
+        if module not in needed:
+            needed.add(module)
+            todo += train_imports(module) if module != "train" else []
+    return needed
+
+
+def test_every_train_module_the_monitor_imports_is_loaded_with_it():
+    """What the Monitor imports later (inside a function) must be loaded while `train` names ours, each
+    by its full name (a `from train import x` or `import train.x` looks `train` up: "train" below)."""
+    assert closure(scratchscope.NEEDS["HFCallback"]) == set(scratchscope.NEEDS["HFCallback"])
+    # train.monitor reaches train.monitor_hf only when asked for HFCallback, which loads it
+    assert closure(scratchscope.NEEDS["Monitor"]) - {"train.monitor_hf"} == set(scratchscope.NEEDS["Monitor"])

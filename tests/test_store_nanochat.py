@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import pickle
 import sys
 from pathlib import Path
 
@@ -17,17 +16,17 @@ import torch
 from models.checkpoint import CheckpointError, load_checkpoint
 
 DEPTH, HEADS, KV_HEADS, WIDTH, CONTEXT, VOCAB = 2, 4, 2, 32, 16, 100
-PADDED = 128  # nanochat pads its tables to a multiple of 64 rows
 
 
-def nanochat_state(seed: int) -> dict[str, torch.Tensor]:
+def nanochat_state(seed: int, vocab: int = VOCAB) -> dict[str, torch.Tensor]:
     """Every tensor nanochat's GPT saves, by its names and shapes: value embeddings (and their gate)
-    on the layers whose parity matches the last layer's."""
+    on the layers whose parity matches the last layer's; tables padded to a multiple of 64 rows."""
     gen = torch.Generator().manual_seed(seed)
     d_head = WIDTH // HEADS
     kv = KV_HEADS * d_head
+    padded = -(-vocab // 64) * 64
     shapes = {"resid_lambdas": (DEPTH,), "x0_lambdas": (DEPTH,), "smear_lambda": (1,), "backout_lambda": (1,),
-              "transformer.wte.weight": (PADDED, WIDTH), "lm_head.weight": (PADDED, WIDTH),
+              "transformer.wte.weight": (padded, WIDTH), "lm_head.weight": (padded, WIDTH),
               "smear_gate.weight": (1, 24)}
     for i in range(DEPTH):
         block = f"transformer.h.{i}"
@@ -37,21 +36,21 @@ def nanochat_state(seed: int) -> dict[str, torch.Tensor]:
                        f"{block}.mlp.c_proj.weight": (WIDTH, 4 * WIDTH)})
         if i % 2 == (DEPTH - 1) % 2:
             shapes[f"{block}.attn.ve_gate.weight"] = (KV_HEADS, 12)
-            shapes[f"value_embeds.{i}.weight"] = (PADDED, kv)
+            shapes[f"value_embeds.{i}.weight"] = (padded, kv)
     return {name: 0.3 * torch.randn(shape, generator=gen) for name, shape in shapes.items()}
 
 
-def write_nanochat(base: Path, steps=(10, 20), *, bf16_compiled: bool = False) -> Path:
+def write_nanochat(base: Path, steps=(10, 20), *, bf16_compiled: bool = False, vocab: int = VOCAB) -> Path:
     """``base/base_checkpoints/d2`` holding one model and meta file per step; returns the folder."""
     folder = base / "base_checkpoints" / f"d{DEPTH}"
     folder.mkdir(parents=True)
     for step in steps:
-        state = nanochat_state(step)
+        state = nanochat_state(step, vocab)
         if bf16_compiled:  # a torch.compile'd model trained in bfloat16
             state = {f"_orig_mod.{k}": v.bfloat16() for k, v in state.items()}
         torch.save(state, folder / f"model_{step:06d}.pt")
         meta = {"step": step, "val_bpb": 1.5, "user_config": {"depth": DEPTH},
-                "model_config": {"sequence_len": CONTEXT, "vocab_size": VOCAB, "n_layer": DEPTH, "n_head": HEADS,
+                "model_config": {"sequence_len": CONTEXT, "vocab_size": vocab, "n_layer": DEPTH, "n_head": HEADS,
                                  "n_kv_head": KV_HEADS, "n_embd": WIDTH, "window_pattern": "SL"}}
         (folder / f"meta_{step:06d}.json").write_text(json.dumps(meta))
     return folder
@@ -106,11 +105,28 @@ def test_a_meta_file_without_its_config_is_one_line_naming_it(tmp_path):
         load_checkpoint(folder / "model_000005.pt")
 
 
-def test_a_model_file_without_its_meta_file_is_not_taken_for_nanochat(tmp_path):
+def test_a_model_file_without_its_meta_file_names_the_missing_meta_file(tmp_path, capsys):
+    from models import info
+
     folder = write_nanochat(tmp_path, steps=(5,))
     (folder / "meta_000005.json").unlink()
-    with pytest.raises(CheckpointError, match=r"a series \.pt needs --preset"):
+    with pytest.raises(CheckpointError, match=r"model_000005\.pt: nanochat's meta file meta_000005\.json is missing"):
         load_checkpoint(folder / "model_000005.pt")
+    assert info.main(["--ckpt", str(folder / "model_000005.pt")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "meta_000005.json is missing" in error
+
+
+def test_the_file_names_step_wins_over_a_meta_file_that_disagrees(tmp_path, caplog):
+    from models.store.peek import peek
+
+    folder = write_nanochat(tmp_path, steps=(20,))
+    meta = json.loads((folder / "meta_000020.json").read_text())
+    (folder / "meta_000020.json").write_text(json.dumps({**meta, "step": 999}))
+    with caplog.at_level(logging.WARNING):
+        assert peek(folder / "model_000020.pt")["step"] == 20
+    said = [r.getMessage() for r in caplog.records if "999" in r.getMessage()]
+    assert len(said) == 1 and "model_000020.pt's name, step 20, is taken" in said[0]
 
 
 @needs_nanochat
@@ -138,20 +154,6 @@ def test_bf16_and_compiled_names_load_as_nanochat_loads_them(tmp_path):
     assert wte.dtype == torch.float32 and torch.equal(wte, written.bfloat16().float())
 
 
-@needs_nanochat
-def test_its_tokenizer_pickle_is_never_opened_by_us(tmp_path, monkeypatch):
-    class Trap:
-        def __reduce__(self):
-            return (exec, ("raise SystemExit('unpickled')",))
-
-    folder = write_nanochat(tmp_path, steps=(3,))
-    (tmp_path / "tokenizer").mkdir()
-    (tmp_path / "tokenizer" / "tokenizer.pkl").write_bytes(pickle.dumps(Trap()))
-    monkeypatch.setitem(sys.modules, "nanochat.tokenizer", None)  # its loader absent: token ids only
-    snap = load_checkpoint(folder)
-    assert snap.tokenizer is None and "tokenizer loader does not import" in snap.meta["tokenizer_hint"]
-
-
 def test_the_unembedding_probes_say_in_one_line_why_not_on_a_module_without_hook_points():
     from probes import attribution, logit_lens
     from probes.errors import ProbeInputError
@@ -165,8 +167,8 @@ def test_the_unembedding_probes_say_in_one_line_why_not_on_a_module_without_hook
             return self.table(idx)
 
     tokens = torch.tensor([[1, 2, 3]])
-    # the logit lens reads any module with blocks through its own tail (probes.tail_lens); a bigram has none
-    with pytest.raises(ProbeInputError, match=r"^the logit lens cannot read Bigram: no ModuleList or Sequential of blocks"):
+    with pytest.raises(ProbeInputError, match=r"^Bigram has no hook points on its residual stream .*nor does its forward "
+                                              r"show them: no ModuleList or Sequential of blocks .*the lenses cannot"):
         logit_lens.run(Bigram(), tokens)
     with pytest.raises(ProbeInputError, match=r"^Bigram has no hook points on its heads and MLPs"):
         attribution.run(Bigram(), tokens, position=-1)
@@ -188,3 +190,33 @@ def test_models_info_lists_the_attention_calls_the_tap_reads(tmp_path, capsys):
     assert got["n_params"] == sum(v.numel() for v in nanochat_state(4).values()) and got["step"] == 4
     assert got["attention_calls"] == {f"transformer.h.{i}.attn": {"pattern": [1, HEADS, 8, 8], "kind": "sdpa"}
                                       for i in range(DEPTH)}
+
+
+@needs_nanochat
+def test_a_truncated_model_file_is_said_to_be_truncated(tmp_path, capsys):
+    from probes import entropy
+
+    folder = write_nanochat(tmp_path, steps=(6,))
+    data = (folder / "model_000006.pt").read_bytes()
+    (folder / "model_000006.pt").write_bytes(data[: len(data) // 2])
+    assert entropy.main(["--ckpt", str(folder), "--text", "ab"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "model_000006.pt: cannot load" in error and "truncated or damaged" in error
+    assert "Errno" not in error.split("truncated")[0]
+
+
+@needs_nanochat
+def test_weights_that_do_not_fit_the_gpt_are_named_in_one_line(tmp_path):
+    folder = write_nanochat(tmp_path, steps=(8,))
+    state = nanochat_state(8)
+    del state["transformer.h.1.mlp.c_fc.weight"]
+    state["transformer.h.9.attn.c_q.weight"] = torch.zeros(WIDTH, WIDTH)
+    state["lm_head.weight"] = torch.zeros(64, WIDTH)
+    torch.save(state, folder / "model_000008.pt")
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(folder)
+    message = str(caught.value)
+    assert "\n" not in message and "Error(s) in loading" not in message
+    assert message.startswith(f"{folder / 'model_000008.pt'}: its weights do not fit the GPT its meta file describes: "
+                              "missing transformer.h.1.mlp.c_fc.weight (1); unexpected transformer.h.9.attn.c_q.weight "
+                              "(1); shape of lm_head.weight [64, 32] (the GPT's: [128, 32]) (1)"), message

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import torch.nn as nn
 import torch.nn.functional as F
 
-from any_model_kit import (BatchedGPT, ChatGPT, MhaGPT, PerHeadGPT, SdpaGPT, hf_pair, hf_patterns,
+from any_model_kit import (BatchedGPT, ChatGPT, MhaGPT, PerHeadGPT, SdpaGPT, hf_pair, hf_patterns, nanochat_gpt,
                            own_patterns, tokens)
 from models.tap import AttentionCall, StopTap, TapError, logits_of, tap_forward
 from models.tap_rebuild import check_output, sdpa_arguments, sdpa_scores
@@ -300,13 +300,8 @@ def test_logits_of_the_output_shapes_people_return():
 def test_nanochat_gpt_when_importable():
     """nanochat's own GPT (its SDPA fallback on CPU: QK-norm, GQA, sliding window mask) against the
     pattern rebuilt in this test from the q, k it hands its attention function and its window."""
-    gpt = pytest.importorskip("nanochat.gpt")
+    model = nanochat_gpt()
     fa = pytest.importorskip("nanochat.flash_attention")
-    torch.manual_seed(0)
-    cfg = gpt.GPTConfig(sequence_len=512, vocab_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=64,
-                        window_pattern="SL")
-    model = gpt.GPT(cfg)
-    model.init_weights()
     ids = tokens(1, 160, vocab=64)  # longer than the short window (128)
     seen, real = [], fa.flash_attn.flash_attn_func
 

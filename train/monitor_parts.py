@@ -187,7 +187,7 @@ def internal_stats(twin: torch.nn.Module, tokens: torch.Tensor, autocast: Any = 
     units), attn_entropy, attn_logit_max, resid_rms, logit_max. `autocast`: a context manager
     factory (the trainer's bf16 autocast)."""
     from probes import activations
-    from train import data
+    from train.data import DOCTOR_METRICS, forward_stats  # by its full name: `train` may be a user's train.py now
 
     was_training = twin.training
     twin.eval()
@@ -195,7 +195,7 @@ def internal_stats(twin: torch.nn.Module, tokens: torch.Tensor, autocast: Any = 
         tokens = tokens.to(next(twin.parameters()).device)
         with autocast():
             health = activations.run(twin, tokens, grads=False).compact()
-            stats = data.forward_stats(twin, tokens, doctor=data.DOCTOR_METRICS)
+            stats = forward_stats(twin, tokens, doctor=DOCTOR_METRICS)
     finally:
         twin.train(was_training)
     return {"activations": health, **stats}

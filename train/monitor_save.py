@@ -11,7 +11,8 @@ and as many rows (up to `MAX_ROWS`) as keep each set of patterns under `PATTERN_
 repeat sample: random tokens repeated twice (`probes.heads.random_repeat_tokens`, seed 0), as many
 rows and as long as the sample. Read in one no-grad, eval-mode pass each (modes put back), in
 float32 without autocast: patterns through the attention tap (`models.tap`), the logit lens
-through the model's own final norm and unembedding (`probes.tail_lens`). A 2-layer, 4-head model
+through the model's own final norm and unembedding (`probes.logit_lens` on its anatomy,
+`models.anatomy`, found by its names or by its forward, `models.layout`). A 2-layer, 4-head model
 saves 0.87 MB of readings at 64 eval positions.
 """
 
@@ -78,14 +79,14 @@ class AnySaver:
 
     def readings(self, device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """The readings at this step, and what config.json says of them."""
+        from probes import logit_lens
         from probes.heads import random_repeat_tokens
-        from probes.tail_lens import lens_batch, point_labels
 
         ids = self.sample.to(device)
         rows, n = ids.shape
         vocab = self.tapped.get("d_vocab")
         out: dict[str, torch.Tensor] = {"sample.tokens": self.sample.clone()}
-        info: dict[str, Any] = {"rows": rows, "positions": n, "lens_k": LENS_K,
+        info: dict[str, Any] = {"rows": rows, "positions": n, "lens_k": min(LENS_K, vocab or LENS_K),
                                 "windows": self.tapped.get("attn_windows") or {}}
         try:
             out.update(patterns(self.model, ids, "sample"))
@@ -98,16 +99,17 @@ class AnySaver:
             info["patterns"] = f"not read: {err}"
         if self.layout is None:
             self.layout = find_layout(self.model, ids)
-        try:
-            stats, readout = lens_batch(self.model, self.layout, ids, LENS_K)
-        except ValueError as err:  # the layout lacks a part the lens needs: said in config.json
-            info["lens"] = f"not read: {err}"
+        try:  # through the model's own final norm and unembedding (models.anatomy)
+            lens = logit_lens.run(self.model, ids, k=min(LENS_K, vocab or LENS_K), batch_size=rows)
+        except ValueError as err:  # a part the lens needs is missing: said in config.json
+            info["lens"] = f"not read: {(str(err).strip().splitlines() or [''])[0]}"
         else:
+            ((_, stats),) = lens.batches  # one batch: [point] of LayerStats [batch pos ...]
             for field in ("kl", "cross_entropy", "rank", "top_probs", "top_ids", "finite"):
                 stacked = torch.stack([getattr(s, field).cpu() for s in stats])  # [point batch pos ...]
                 out[f"lens.{field}"] = stacked.to(torch.uint8 if field == "finite" else
                                                   torch.int64 if field == "top_ids" else torch.float32)
-            info["lens"] = {"points": point_labels(len(self.layout.blocks)), "readout_error": readout}
+            info["lens"] = {"points": lens.layers, "readout_error": lens.readout_error}
         return out, info
 
     def shape(self, n_attention: int, heads: list[int]) -> ForeignConfig:

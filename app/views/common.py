@@ -11,6 +11,7 @@ from typing import Any, Callable
 import streamlit as st
 
 from app import data, run_files
+from app.logs import foreign_log, history_only
 
 # (url_path, title) of each page; app/shell.py builds the navigation from views/<url_path>.py
 PAGES = [("home", "Runs"), ("overview", "Overview"), ("attention", "Attention"), ("dynamics", "Training dynamics"),
@@ -46,6 +47,11 @@ def no_weights_text(run_dir: Path) -> str:
     if run_dir.is_file():  # a training log opened by itself (nanoGPT's printed log, trainer_state.json)
         return ("This is a training log: its history only. The Overview shows the run doctor's reading of it "
                 "and its loss curves; the pages that read the model need a checkpoint.")
+    found = foreign_log(run_dir)
+    if found is not None and history_only(run_dir):  # llm.c's -o folder: main.log beside weights we do not read
+        return (f"This folder holds another trainer's log ({found[1].name}) and no checkpoint that scratchscope "
+                "reads: its history only. The Overview shows the run doctor's reading of it and its loss curves; "
+                "the pages that read the model need a checkpoint.")
     info = run_files.run_info(run_dir)  # {} for a damaged run.json: then the general advice
     command = info.get("command") if isinstance(info.get("command"), str) else ""
     if info.get("source") == "monitor":
@@ -140,12 +146,6 @@ def saved_note(snap: Any) -> None:
             f"step {snap.step} on row 0 of its saved sample ({readings.get('positions')} of its eval tokens), "
             f"not the sidebar's text. To read any text, start the app with `-- --model-code "
             f"path/to/your_file.py:{name}` (the app then runs that code).")
-
-
-def reads_hook_points(snap: Any) -> bool:
-    """Ours or a TransformerBridge: the probes that need hook points (attribution, tuned lens) read it."""
-    cfg = getattr(snap.model, "cfg", None)
-    return cfg is not None and hasattr(cfg, "n_ctx")
 
 
 def has_attention(snap: Any) -> bool:

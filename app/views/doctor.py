@@ -39,7 +39,8 @@ def section(sel: Selection, between: Callable[[], None] | None = None) -> None:
         diagnosis = run_files.diagnosis(sel.run.path)
     except Exception as exc:  # noqa: BLE001 - unusable metrics: one line here, the page goes on
         st.error(f"The run doctor could not read this run: {first_line(exc)}")
-        between()
+        if logs.foreign_log(sel.run.path) is None:  # another trainer's log: its curves come from the same read
+            between()
         return
     verdict(diagnosis)
     between()

@@ -9,6 +9,7 @@ import streamlit as st
 
 from app import axes, charts, run_files, series
 from app.legends import PAGE_PX
+from app.logs import history_only
 from app.views import doctor, live, signals
 from app.views.common import Selection, page, scroll_to, show
 from probes.timeline import uniform_series_entropy
@@ -18,6 +19,10 @@ from probes.update_report import GROUPS
 @page("Training dynamics", "When did each head collapse or diverge, and which parameters barely move?",
       needs_model=False)
 def render(sel: Selection) -> None:
+    if history_only(sel.run.path):
+        st.info("This is another trainer's training log: the Overview shows its loss curves and the run "
+                "doctor's reading of it; the signals here (entropy per head, g/w/u) are a run directory's.")
+        return
     if not sel.run.is_run:
         st.info("A lone snapshot has no training history: open a run directory.")
         return
@@ -39,7 +44,8 @@ def body(sel: Selection, follow: bool = False) -> None:
     marks = doctor.marks(sel.run)
     entropy_over_steps(records, marks, run_files.trained_context(sel.run.path))
     updates_over_steps(sel, marks)
-    signals.section(records, marks)
+    model = run_files.run_info(sel.run.path).get("model")
+    signals.section(records, marks, model.get("act_fn") if isinstance(model, dict) else None)
 
 
 def entropy_rows(records: list[dict]) -> tuple[list[dict], list[tuple[int, int]]]:

@@ -26,6 +26,26 @@ STATE_COLOURS = {"healthy": "#2ca02c", "diverged": "#d62728", "training now": "#
                  "failed": "#d62728", "warning": "#f58518", "unreadable": "#d62728", "too short": "#7f7f7f"}
 
 
+# widths in px: at 1280 px with the sidebar open the table has ~818 px, and every cell of the shipped
+# runs is drawn whole (tests/test_browser_runlist.py); the run column sizes itself to the names
+TABLE_COLUMNS = {
+    "model": st.column_config.TextColumn(width=224, help="preset · layers×heads and width (the preset is left "
+                                                         "out where the run is named after it)"),
+    "steps": st.column_config.NumberColumn(format="%d", width=55, help="last logged step (else the latest "
+                                                                       "checkpoint's)"),
+    "snapshots": st.column_config.NumberColumn(format="%d", width=78),
+    "last val loss": st.column_config.TextColumn("val loss", width=82, help="the last val loss logged; a sweep's "
+                                                                             "row: the best final one of its runs"),
+    "state": st.column_config.TextColumn(
+        width=108, help="what the files hold: logged; diverged: a NaN/inf loss or a 'diverged' record; training "
+                        "now: metrics written in the last 2 minutes under a lock; a sweep's row: how many of its "
+                        "runs diverged (how many are done, while it runs)"),
+    "doctor": st.column_config.TextColumn(
+        width=84, help="the run doctor's verdict (probes.diagnose), the one word on a run's health: see the "
+                       "Overview; a sweep's row: how many of its runs got the worst verdict (every count is "
+                       "under Sweeps)")}
+
+
 def render(sources: list[data.Source]) -> None:
     st.title("Runs")
     st.caption("Which run do you want to look at? Pick one below or in the sidebar; "
@@ -86,7 +106,8 @@ def sweep_list(folders: list[Path], folded: dict[Path, dict[str, str]]) -> None:
         if label not in results:
             continue
         runs = folded.get(folder.resolve(), {})
-        with st.expander(f"{label}: its {len(results[label]['runs'])} runs"):
+        counts = sweeps.verdict_counts(results[label])
+        with st.expander(f"{label}: its {len(results[label]['runs'])} runs" + (f" ({counts})" if counts else "")):
             st.dataframe(pd.DataFrame(sweeps.run_rows(results[label], runs)), hide_index=True, width="stretch",
                          column_config=sweep_view.RUN_COLUMNS)
             sweep_view.links(results[label], runs)
@@ -107,23 +128,13 @@ def table(sources: list[data.Source], folders: list[Path]) -> None:
     for column in ("steps", "snapshots"):
         rows[column] = whole_numbers(rows[column])
     st.dataframe(rows.style.map(colour, subset=["state", "doctor"]), hide_index=True, width="stretch",
-                 column_config={"run": st.column_config.TextColumn(width="medium"),  # the verdict stays in view
-                                "model": st.column_config.TextColumn(width="medium"),
-                                "steps": st.column_config.NumberColumn(
-                                    format="%d", help="last logged step (else the latest checkpoint's)"),
-                                "snapshots": st.column_config.NumberColumn(format="%d"),
-                                "state": st.column_config.TextColumn(
-                                    help="what the files hold: logged; diverged: a NaN/inf loss or a 'diverged' record; "
-                                         "training now: metrics written in the last 2 minutes under a lock"),
-                                "doctor": st.column_config.TextColumn(
-                                    help="the run doctor's verdict (probes.diagnose), the one word on a "
-                                         "run's health: see the Overview")})
+                 column_config=TABLE_COLUMNS)
 
 
 def sweep_row(folder: Path, folders: list[Path]) -> dict:
     label = sweeps.label_of(folder, folders)
     try:
-        return {"run": label, **sweeps.list_row(sweeps.read(folder))}
+        return {"run": label, **sweeps.list_row(sweeps.read(folder), folder)}
     except Exception as exc:  # noqa: BLE001 - one row says so; the Sweep page says why
         return {"run": label, "model": "-", "state": f"unreadable: {first_line(exc)}", "doctor": "-"}
 
@@ -137,7 +148,9 @@ def whole_numbers(column: pd.Series) -> pd.Series:
 
 
 def colour(value: object) -> str:
+    """A state or verdict in its colour: `failed`, `unreadable: ...`, and a sweep's `4 failed`, `4/14 diverged`."""
     key = str(value).split(":")[0]
+    key = key if key in STATE_COLOURS else key.split(" ")[-1]
     return f"color: {STATE_COLOURS[key]}; font-weight: bold" if key in STATE_COLOURS else ""
 
 

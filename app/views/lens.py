@@ -7,8 +7,9 @@ import streamlit as st
 
 from app import charts, data
 from app.views import tuned
-from app.views.common import Selection, has_attention, page, reads_hook_points, saved_note, show
+from app.views.common import Selection, has_attention, page, saved_note, show
 from app.views.lens_cells import NOT_FINITE, lens_cells, with_nan
+
 MEASURES = ["top-1 probability", "KL to final (nats)", "rank of the true next token"]
 
 
@@ -39,13 +40,21 @@ def render(sel: Selection) -> None:
     kl = pd.DataFrame({"layer": result["layers"], "KL(final || layer)": result["kl_to_final"],
                        "run": f"{sel.run.label} / {sel.snapshot.name}"})
     show(charts.per_layer_line(kl, "KL(final || layer)", "run", "KL to the final layer, per layer"), stretch=True)
-    if not reads_hook_points(snap):
-        st.caption(f"The tuned lens and direct logit attribution read hook points (ours, a TransformerBridge): "
-                   f"a {type(snap.model).__name__ if not data.saved_only(snap) else snap.config.architecture} "
-                   "has none. The lens above runs its own final norm and unembedding.")
+    from probes.attention_source import hooked  # torch: imported once a model is loaded, not with the page
+    if not hooked(snap.model):  # nanochat's GPT: its lens reads its blocks through its own parts
+        st.info(f"The tuned lens and direct logit attribution read hook points on a model's heads and MLPs, "
+                f"which {model_name(snap)} has none of: the lens above reads "
+                "its residual stream after each block, decoded through its own final norm and unembedding.")
         return
     tuned.render_tuned(sel, result, measure, rank_top)
     _attribution(sel, snap)
+
+
+def model_name(snap) -> str:
+    """`GPT (nanochat)`, or a snapshot of any model's class without its code: `PerHeadGPT`."""
+    if data.saved_only(snap):
+        return snap.config.architecture
+    return f"{type(snap.model).__name__} ({snap.config.architecture})"
 
 
 def _attribution(sel: Selection, snap: object) -> None:  # issue 21: the attribution view

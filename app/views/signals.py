@@ -22,7 +22,8 @@ HALF_PX, THIRD_PX = (PAGE_PX - 16) / 2, (PAGE_PX - 32) / 3  # a chart in st.colu
 NOT_LOGGED = "not logged by this run (it was trained before training logged it)"
 
 
-def section(records: list[dict[str, Any]], marks: pd.DataFrame) -> None:
+def section(records: list[dict[str, Any]], marks: pd.DataFrame, act_fn: str | None = None) -> None:
+    """`act_fn`: the model's non-linearity (run.json's), which says what a "saturated" share is."""
     st.subheader("Training signals")
     mode, weight = curve_controls("signals")
     left, right = st.columns(2)
@@ -30,7 +31,7 @@ def section(records: list[dict[str, Any]], marks: pd.DataFrame) -> None:
     draw = lambda chart, where: show(charts.with_findings(chart, marks), where, stretch=True)  # noqa: E731
     optimiser(records, weight, mode, draw, left, right, steps)
     throughput(records, weight, mode, draw, left, right, steps)
-    mlp_health(records, draw, left, right, steps)
+    mlp_health(records, draw, left, right, steps, act_fn)
     growth(records, draw, steps)
 
 
@@ -72,27 +73,41 @@ def throughput(records, weight, mode, draw, left, right, steps) -> None:
                "tokens per second = tokens trained between two records / (step time × steps between).")
 
 
-def mlp_health(records, draw, left, right, steps) -> None:
+SHARE_HEIGHT = 200  # px of a share chart's [0, 1] axis: series closer than 1 / SHARE_HEIGHT lie on one line
+
+
+def mlp_health(records, draw, left, right, steps, act_fn: str | None = None) -> None:
+    """Dead units and saturated activations per MLP layer. A ReLU's "saturated" share is its outputs at
+    exactly 0, which is sparsity, not saturation (a unit at 0 on some inputs still learns on others:
+    the run doctor reads it so, and the training console's line says so): its chart is named for it."""
     if not series.logged(records, "activations"):
         st.caption(f"Dead and saturated MLP units: {NOT_LOGGED}")
         return
+    relu = act_fn == "relu"
+    titles = {"dead": ("dead MLP units", "share of units"),
+              "saturated": ("zero ReLU outputs (sparse, not saturated)", "share of ReLU outputs at 0") if relu
+              else ("saturated MLP activations", "share of activations")}
     for where, field in ((left, "dead"), (right, "saturated")):
         rows = [{"step": r["step"], "layer": series.layer_name(r["layer"]), f"{field} share": r["value"]}
                 for r in series.per_layer(records, "activations", field)]
-        what = "units" if field == "dead" else "activations"
-        draw(charts.lines_over_steps(pd.DataFrame(rows), f"{field} share", "layer", f"{field} MLP {what}",
-                                     domain=[0, 1], y_title=f"share of {what}", x_domain=steps,
-                                     width=HALF_PX), where)
+        title, y_title = titles[field]
+        note = series.one_line_note(rows, f"{field} share", "layer", 1 / SHARE_HEIGHT)  # one colour for many
+        draw(charts.lines_over_steps(pd.DataFrame(rows), f"{field} share", "layer", charts.titled(title, note),
+                                     domain=[0, 1], y_title=y_title, x_domain=steps, width=HALF_PX,
+                                     height=SHARE_HEIGHT), where)
+    flat = ("zero ReLU outputs = the share of this ReLU layer's outputs that are exactly 0 (sparse, not "
+            "saturated: those units still learn on the inputs where they fire)" if relu else
+            "saturated = the share of activations in the flat part of the non-linearity (|tanh| > 0.97, "
+            "GELU input below -3, ReLU output 0)")
     st.caption("Per MLP layer, on the first validation batch at each eval (`probes.activations`): dead = the "
-               "share of units never active over the batch; saturated = the share of activations in the flat "
-               "part of the non-linearity (|tanh| > 0.97, GELU input below -3, ReLU output 0). In the legend, "
-               "'block N post' is block N's MLP hidden layer (its hook_post), 'post_1' the second hidden layer "
-               "of a deeper MLP.")
+               f"share of units never active over the batch; {flat}. In the legend, 'block N post' is block "
+               "N's MLP hidden layer (its hook_post), 'post_1' the second hidden layer of a deeper MLP; lines "
+               "that cover each other are named under the chart's title.")
 
 
 def growth(records, draw, steps) -> None:
     """The run doctor's logit-growth inputs: max attention logit per head, residual rms, max |logit|."""
-    heads = [{"step": r["step"], "head": f"L{r['layer']}H{r['head']}", "max attention logit": r["value"]}
+    heads = [{"step": r["step"], "layer": f"L{r['layer']}", "head": f"H{r['head']}", "max attention logit": r["value"]}
              for r in series.per_layer(records, "attn_logit_max")]
     positive = [r for r in heads if r["max attention logit"] > 0]  # a log axis has no room for <= 0
     rms = [{"step": r["step"], "layer": f"layer {r['layer']}", "residual rms": r["value"]}
@@ -102,7 +117,7 @@ def growth(records, draw, steps) -> None:
     if positive:
         draw(charts.lines_over_steps(pd.DataFrame(positive), "max attention logit", "head",
                                      "largest attention score per head", log=True, x_domain=steps,
-                                     width=THIRD_PX), left)
+                                     width=THIRD_PX, dash="layer"), left)  # colour: head; dash: layer
         if len(positive) < len(heads):
             left.caption(f"{len(heads) - len(positive)} values at or below 0 are left off the log axis.")
     else:

@@ -41,7 +41,7 @@ def code_hint(meta: dict[str, Any]) -> str:
 class SavedModel(nn.Module):
     """The weights of a model whose code is not at hand, under its own names, with its layout: no
     forward. `W_E` [vocab d_model] and `W_U` [d_model vocab] are its token embedding and its
-    unembedding as the layout names them (the neighbour tables)."""
+    unembedding as the layout names them, cut to the logits' vocabulary (the neighbour tables)."""
 
     def __init__(self, state: dict[str, torch.Tensor], buffers: list[str], layout: Layout,
                  meta: dict[str, Any], path: Path):
@@ -85,16 +85,17 @@ class SavedModel(nn.Module):
         return name
 
     @property
+    def d_vocab(self) -> int:
+        """Columns of the logits (a table padded past the vocabulary, as nanochat's, has more rows)."""
+        return int(self.meta["model"]["d_vocab"])
+
+    @property
     def W_E(self) -> torch.Tensor:  # [vocab d_model]
-        return self.get_parameter(self._named("token_embedding"))
+        return self.get_parameter(self._named("token_embedding"))[: self.d_vocab]
 
     @property
     def W_U(self) -> torch.Tensor:  # [d_model vocab]
-        return self.get_submodule(self._named("unembedding")).weight.T
-
-    @property
-    def b_U(self) -> torch.Tensor | None:
-        return getattr(self.get_submodule(self._named("unembedding")), "bias", None)
+        return self.get_submodule(self._named("unembedding")).weight[: self.d_vocab].T
 
 
 # --------------------------------------------------------------------------- save

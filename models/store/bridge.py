@@ -19,6 +19,7 @@ import torch
 
 from models.store.files import CheckpointError
 from models.store.foreign import BRIDGE_SOURCE, ForeignConfig, hf_shape
+from models.store.hf_weights import check_float_weights
 from models.store.result import Snapshot
 from models.tokenizer_base import Tokenizer, TokenizerError, UnknownTokenError, as_id_list
 
@@ -66,19 +67,37 @@ def _transformers(directory: Path) -> Any:
 
 def _hf_model(transformers: Any, directory: Path) -> Any:
     """The model in float32 from the directory's own files (a missing file is an error, never a
-    download)."""
-    bars = transformers.utils.logging.is_progress_bar_enabled()
+    download). transformers' own report (its LOAD REPORT table, its progress bar) is silenced: its
+    loading info is read here, and a weight the config has no place for, or a place the weights do
+    not fill (left randomly initialised by transformers), is refused in one line naming them."""
+    check_float_weights(directory)  # transformers would cast int32 weights without a word
+    bars, level = transformers.utils.logging.is_progress_bar_enabled(), transformers.utils.logging.get_verbosity()
     transformers.utils.logging.disable_progress_bar()  # "Loading weights" on every CLI run
+    transformers.utils.logging.set_verbosity_error()
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(directory), local_files_only=True, dtype=torch.float32)
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(
+            str(directory), local_files_only=True, dtype=torch.float32, output_loading_info=True)
     except Exception as exc:  # noqa: BLE001 - missing weights, an unknown model_type, a bad file
         raise CheckpointError(f"{directory}: transformers cannot load it as a causal LM: "
                               f"{_first_line(exc)}") from None
     finally:
+        transformers.utils.logging.set_verbosity(level)
         if bars:
             transformers.utils.logging.enable_progress_bar()
+    _check_loading_info(info, directory)
     return model.eval()
+
+
+def _check_loading_info(info: dict[str, Any], directory: Path) -> None:
+    said = []
+    for key, what in (("missing_keys", "weights the config expects are missing"),
+                      ("unexpected_keys", "weights the config has no place for"),
+                      ("mismatched_keys", "weights of another shape than the config's")):
+        names = sorted(str(n if isinstance(n, str) else n[0]) for n in info.get(key) or ())
+        if names:
+            said.append(f"{len(names)} {what} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})")
+    if said:
+        raise CheckpointError(f"{directory}: its config.json and its weights disagree: {'; '.join(said)}")
 
 
 def _tokenizer(transformers: Any, directory: Path, d_vocab: int) -> tuple[HFTokenizer | None, str | None]:

@@ -5,13 +5,12 @@ nanochat's own GPT): its shape in our words, for the CLIs, ``models.info`` and t
 from __future__ import annotations
 
 import dataclasses
-import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from models.store.files import CheckpointError
+from models.store.hf_weights import safetensors_header
 
 __all__ = ["BRIDGE_SOURCE", "ForeignConfig", "hf_shape", "safetensors_param_count"]
 
@@ -42,26 +41,22 @@ class ForeignConfig:
 
 
 def safetensors_param_count(path: Path) -> int | None:
-    """Elements in a .safetensors file, from its JSON header alone (8-byte length, then the
-    header): the app's parameter count without reading the weights. None where unreadable."""
+    """Elements in a .safetensors file, from its JSON header alone: the app's parameter count
+    without reading the weights. None where unreadable."""
     try:
-        with open(path, "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            if length > 100 * 2**20:  # a header is kilobytes; this is not one
-                return None
-            header = json.loads(f.read(length))
-    except (OSError, struct.error, ValueError):
+        header = safetensors_header(path)
+    except CheckpointError:
         return None
     total = 0
-    for name, entry in header.items():
-        if name == "__metadata__" or not isinstance(entry, dict):
-            continue
+    for entry in header.values():
         count = 1
         for size in entry.get("shape", []):
             count *= int(size)
         total += count
     return total
 
+
+CAUSAL = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")  # causal-LM classes (and Gemma 3's text+image)
 
 # the names architectures use for one quantity, first found wins
 _NAMES = {"n_layers": ("num_hidden_layers", "n_layer", "num_layers"),
@@ -71,10 +66,25 @@ _NAMES = {"n_layers": ("num_hidden_layers", "n_layer", "num_layers"),
           "d_vocab": ("vocab_size",)}
 
 
+def check_causal(data: dict[str, Any], source: Path) -> None:
+    """A causal (decoder-only) language model's config: a seq2seq model or an encoder (BertModel:
+    transformers would load it as BertLMHeadModel, attending both ways) is refused in one line."""
+    kind = data.get("model_type")
+    if data.get("is_encoder_decoder") is True:
+        raise CheckpointError(f"{source}: model_type {kind!r} is a seq2seq (encoder-decoder) model; the probes "
+                              "read causal (decoder-only) language models")
+    names = data.get("architectures")
+    if isinstance(names, list) and names and not any(isinstance(n, str) and n.endswith(CAUSAL) for n in names):
+        raise CheckpointError(f"{source}: architectures {names} (model_type {kind!r}) is not a causal language "
+                              f"model (a class ending in {' or '.join(CAUSAL)}); the probes read causal "
+                              "(decoder-only) language models")
+
+
 def hf_shape(data: dict[str, Any], directory: Path) -> ForeignConfig:
     """The shape a Hugging Face config.json (`data`, in `directory`) describes, weights unread
     (the parameter count is the safetensors header's)."""
     source = directory / "config.json"
+    check_causal(data, source)
     text = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
     found: dict[str, int] = {}
     for ours, names in _NAMES.items():

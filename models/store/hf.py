@@ -25,7 +25,7 @@ from models.store.snapshot import read_safetensors
 from models.store.weights import build_and_load, torch_load
 from models.tokenizers import TokenizerError
 
-__all__ = ["HF_WEIGHTS", "hf_config", "is_hf_config", "load_hf_gpt2"]
+__all__ = ["HF_WEIGHTS", "hf_config", "is_hf_config", "load_hf_gpt2", "refuse_untyped"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +35,24 @@ ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_
                "gelu": "gelu", "relu": "relu", "tanh": "tanh"}
 
 
+HF_KEYS = ("architectures", "transformers_version", "_name_or_path", "hidden_size", "num_hidden_layers",
+           "n_embd", "n_layer", "vocab_size")  # keys of Hugging Face configs that ours never has at its top
+
+
 def is_hf_config(data: dict[str, Any]) -> bool:
     """A Hugging Face config.json (ours has a format_version instead)."""
     return "model_type" in data and "format_version" not in data
+
+
+def refuse_untyped(data: dict[str, Any], source: Path) -> None:
+    """A config.json that is Hugging Face's (its keys say so) but names no model_type: one line
+    saying that, not our snapshot's keys."""
+    if "format_version" in data or "model_type" in data:
+        return
+    if any(key in data for key in HF_KEYS):
+        raise CheckpointError(f"{source}: a Hugging Face config without model_type (transformers reads the "
+                              "architecture from it; save_pretrained writes it): add \"model_type\" (e.g. "
+                              "\"llama\") to config.json")
 
 
 def load_hf_gpt2(directory: Path, data: dict[str, Any], device: str | torch.device = "cpu") -> Snapshot:

@@ -23,8 +23,8 @@ import torch
 from models.store.any_files import is_any_snapshot
 from models.store.any_model import ANY_SOURCE, load_any_snapshot
 from models.store.files import CheckpointError, read_json_object
-from models.store.hf import is_hf_config, load_hf_gpt2
-from models.store.nanochat_files import is_nanochat
+from models.store.hf import is_hf_config, load_hf_gpt2, refuse_untyped
+from models.store.nanochat_files import is_nanochat, meta_file
 from models.store.nanogpt import is_nanogpt, load_nanogpt, why_not_nanogpt
 from models.store.result import Snapshot
 from models.store.run import SNAPSHOT_CONFIG, is_run_dir, latest_snapshot, read_run_json
@@ -70,6 +70,7 @@ def _load_directory(path: Path, preset: str | None, config: Any, device: Any, to
                     model_code: str | None = None) -> Snapshot:
     if (path / SNAPSHOT_CONFIG).is_file():
         data = read_json_object(path / SNAPSHOT_CONFIG)
+        refuse_untyped(data, path / SNAPSHOT_CONFIG)
         trained = data.get("train_config")
         recorded = trained.get("preset") if isinstance(trained, dict) else None
         _fixed(preset, config, "Hugging Face directory" if is_hf_config(data) else "snapshot", path, recorded)
@@ -130,6 +131,10 @@ def _load_pt(path: Path, preset: str | None, config: Any, device: Any, tokenizer
     if isinstance(loaded, dict) and "model_args" in loaded:  # nanoGPT's, with a part missing
         raise CheckpointError(f"{path}: not a whole nanoGPT checkpoint ({why_not_nanogpt(loaded)}): "
                               f"{_what_it_holds(loaded)}")
+    if preset is None and config is None and meta_file(path) is not None:  # named as nanochat names its models
+        raise CheckpointError(f"{path}: nanochat's meta file {meta_file(path).name} is missing beside it (nanochat's "
+                              "save_checkpoint writes both; its model_config says how to build the GPT); a series "
+                              ".pt of that name needs --preset or --config")
     if preset is None and config is None:
         raise CheckpointError(f"{path}: a series .pt needs --preset or --config, and it is not a "
                               f"nanoGPT checkpoint ({why_not_nanogpt(loaded)}): {_what_it_holds(loaded)}")

@@ -7,8 +7,8 @@ A folder ``dN`` reads as a run whose snapshots are its model files (:mod:`.run` 
 so ``--ckpt dN`` means its latest step. A load reads top to bottom: the meta file's
 ``model_config`` and ``step``, the weights with ``torch.load(weights_only=True)`` (bfloat16 made
 float32 on the CPU, ``torch.compile``'s ``_orig_mod.`` prefix dropped, as nanochat's own loader
-does), the model built as nanochat builds it, then its tokenizer through nanochat's own loader
-when that imports (we never unpickle anything ourselves), else token ids only, said once.
+does), the model built as nanochat builds it, then its tokenizer read from the plain data of its
+``tokenizer.pkl`` (:mod:`.nanochat_tokenizer`: never unpickled), else token ids only, said once.
 """
 
 from __future__ import annotations
@@ -17,18 +17,19 @@ import contextlib
 import io
 import logging
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from models.store.files import CheckpointError, read_json_object
 from models.store.foreign import ForeignConfig
 from models.store.nanochat_files import meta_file, nanochat_shape
+from models.store.nanochat_tokenizer import NanochatTokenizer, TokenizerFileError, load_encoding
 from models.store.result import Snapshot
 from models.store.weights import torch_load
-from models.tokenizer_base import Tokenizer, TokenizerError, UnknownTokenError, as_id_list
+from models.tokenizer_base import Tokenizer
 
-__all__ = ["INSTALL", "NanochatTokenizer", "load_nanochat"]
+__all__ = ["INSTALL", "load_nanochat"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,29 +93,43 @@ def _build(gpt: Any, kwargs: dict[str, Any], state: dict[str, torch.Tensor], dev
         model.init_weights()
     if said.getvalue().strip():
         logger.debug("nanochat: %s", said.getvalue().strip())
+    check_names(model.state_dict(), state, path)
     try:
         model.load_state_dict(state, strict=True, assign=True)
-    except RuntimeError as exc:
-        raise CheckpointError(f"{path}: its weights do not fit the GPT its meta file describes: "
-                              f"{str(exc).strip().splitlines()[0]}") from None
+    except RuntimeError as exc:  # names and shapes fit: a dtype, say
+        raise CheckpointError(f"{path}: its weights do not load into nanochat's GPT: "
+                              f"{' '.join(str(exc).split())[:300]}") from None
     return model.eval()
 
 
+def check_names(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor], path: Path) -> None:
+    """The file's tensors are the GPT's, by name and shape: else one line naming the difference."""
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    shapes = [f"{k} {list(state[k].shape)} (the GPT's: {list(v.shape)})" for k, v in expected.items()
+              if k in state and state[k].shape != v.shape]
+    said = [f"{what} {', '.join(names[:4])}{', ...' if len(names) > 4 else ''} ({len(names)})"
+            for what, names in (("missing", missing), ("unexpected", unexpected), ("shape of", shapes)) if names]
+    if said:
+        raise CheckpointError(f"{path}: its weights do not fit the GPT its meta file describes: {'; '.join(said)}")
+
+
 def _tokenizer(path: Path, d_vocab: int) -> tuple[Tokenizer | None, str | None]:
-    """nanochat's tokenizer from ``<base>/tokenizer`` (base = the folder holding
-    base_checkpoints/), through nanochat's own loader, or None and one line (said once)."""
+    """nanochat's tokenizer from ``<base>/tokenizer`` (base = the folder holding base_checkpoints/),
+    read by :mod:`.nanochat_tokenizer` (never unpickled), or None and one line (said once)."""
     folder = path.resolve().parent.parent.parent / "tokenizer"
+    file = folder / "tokenizer.pkl"
     hint = None
-    if not (folder / "tokenizer.pkl").is_file():
+    if not file.is_file():
         hint = f"no nanochat tokenizer at {folder} (nanochat's tok_train writes it there)"
     else:
         try:
-            from nanochat.tokenizer import RustBPETokenizer
-        except ImportError as exc:
-            hint = (f"nanochat's tokenizer loader does not import here ({exc}); install its requirements "
-                    "(rustbpe, tiktoken)")
+            tokenizer = NanochatTokenizer(load_encoding(file), folder)
+        except ImportError:
+            hint = f"{file} needs the tiktoken package to encode text (pip install tiktoken)"
+        except TokenizerFileError as exc:
+            hint = str(exc)
         else:
-            tokenizer = NanochatTokenizer(RustBPETokenizer.from_directory(str(folder)), folder)
             if tokenizer.vocab_size != d_vocab:
                 raise CheckpointError(f"{folder}: nanochat's tokenizer has {tokenizer.vocab_size} tokens but "
                                       f"the model's vocabulary is {d_vocab}: they do not belong together")
@@ -123,43 +138,3 @@ def _tokenizer(path: Path, d_vocab: int) -> tuple[Tokenizer | None, str | None]:
         _SAID.add(str(folder))
         logger.warning("%s: loaded with token ids only; %s", path, hint)
     return None, hint
-
-
-class NanochatTokenizer(Tokenizer):
-    """nanochat's RustBPETokenizer (tiktoken inside) in our interface: ordinary text, no BOS."""
-
-    kind = "nanochat"
-    files = ("tokenizer.pkl",)
-
-    def __init__(self, backend: Any, folder: Path) -> None:
-        self.backend = backend
-        self.folder = folder
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.backend.encode(text))
-
-    def decode(self, ids: Sequence[int]) -> str:
-        ids = as_id_list(ids)
-        self._check_ids(ids)
-        return self.backend.decode(ids)
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.backend.get_vocab_size())
-
-    def id_to_piece(self, i: int) -> str:
-        self._check_ids([i])
-        return self.backend.id_to_token(int(i))
-
-    def piece_to_id(self, piece: str) -> int:
-        ids = self.backend.encode(piece)
-        if len(ids) != 1:
-            raise UnknownTokenError(f"{piece!r} is not one token of this vocabulary")
-        return int(ids[0])
-
-    def save(self, directory: str | Path) -> list[Path]:
-        raise TokenizerError("nanochat's tokenizer is saved by nanochat (RustBPETokenizer.save)")
-
-    @classmethod
-    def load(cls, directory: str | Path) -> NanochatTokenizer:
-        raise TokenizerError("nanochat's tokenizer is loaded with the checkpoint (models.store.nanochat)")

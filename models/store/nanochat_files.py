@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -12,7 +13,10 @@ from models.store.foreign import ForeignConfig
 
 __all__ = ["is_nanochat", "meta_file", "nanochat_shape"]
 
+logger = logging.getLogger(__name__)
+
 _MODEL_RE = re.compile(r"^model_(\d+)\.pt$")
+_SAID: set[str] = set()  # meta files whose step disagrees with their model file's name, said once
 
 
 def meta_file(path: Path) -> Path | None:
@@ -28,7 +32,7 @@ def is_nanochat(path: Path) -> bool:
 
 
 def nanochat_shape(path: Path, n_params: int | None = None) -> tuple[ForeignConfig, int | None]:
-    """(the shape, the step) the meta file of model file `path` records; torch-free."""
+    """(the shape the meta file of model file `path` records, the step its name says); torch-free."""
     meta_path = meta_file(path)
     meta = read_json_object(meta_path)
     kwargs = meta.get("model_config")
@@ -41,9 +45,13 @@ def nanochat_shape(path: Path, n_params: int | None = None) -> tuple[ForeignConf
             raise CheckpointError(f"{meta_path}: model_config[{name!r}] must be a positive integer, got {value!r}")
         ints[name] = value
     kv = kwargs.get("n_kv_head", ints["n_head"])
-    step = meta.get("step")
+    step = int(_MODEL_RE.match(path.name).group(1))  # the file's name: what nanochat loads by
+    if meta.get("step") not in (None, step) and str(meta_path) not in _SAID:
+        _SAID.add(str(meta_path))
+        logger.warning("%s: its meta file says step %r; %s's name, step %d, is taken", meta_path,
+                       meta.get("step"), path.name, step)
     shape = ForeignConfig(architecture="nanochat", n_layers=ints["n_layer"], n_heads=ints["n_head"],
                           n_kv_heads=kv if isinstance(kv, int) and kv > 0 else ints["n_head"],
                           d_model=ints["n_embd"], n_ctx=ints["sequence_len"], d_vocab=ints["vocab_size"],
                           n_params=n_params)
-    return shape, step if isinstance(step, int) and not isinstance(step, bool) else None
+    return shape, step

@@ -58,9 +58,10 @@ def peek(path: str | Path, preset: str | None = None) -> dict[str, Any]:
 
 
 def _config_json(directory: Path) -> dict[str, Any]:
-    from models.store.hf import hf_config, is_hf_config
+    from models.store.hf import hf_config, is_hf_config, refuse_untyped
 
     data = read_json_object(directory / SNAPSHOT_CONFIG)
+    refuse_untyped(data, directory / SNAPSHOT_CONFIG)
     if is_hf_config(data) and data.get("model_type") != "gpt2":  # read through TransformerBridge
         from models.store.foreign import hf_shape
 

@@ -9,6 +9,7 @@ strict ``load_state_dict`` that names the first offending tensor;
 
 from __future__ import annotations
 
+import errno
 import logging
 import pickle
 import re
@@ -170,8 +171,15 @@ def torch_load(path: Path, device: str | torch.device = "cpu") -> Any:
     except Exception as exc:  # noqa: BLE001 - untrusted file: every failure becomes one message
         why = (" (only tensors and plain containers are accepted; pickled objects are refused)"
                if isinstance(exc, pickle.UnpicklingError) else "")
-        raise CheckpointError(f"{path}: cannot load with torch.load(weights_only=True): "
-                              f"{_torch_error_summary(exc)}{why}") from None
+        summary = _torch_error_summary(exc)
+        if _cut_short(exc):  # "[Errno 22] Invalid argument" said nothing of the file
+            summary = f"the file is truncated or damaged: not a whole archive as torch.save writes one ({summary})"
+        raise CheckpointError(f"{path}: cannot load with torch.load(weights_only=True): {summary}{why}") from None
+
+
+def _cut_short(exc: BaseException) -> bool:
+    """torch.load's errors on a zip archive cut short: an invalid seek (EINVAL) or no central directory."""
+    return (isinstance(exc, OSError) and exc.errno == errno.EINVAL) or "central directory" in str(exc)
 
 
 def _torch_error_summary(exc: BaseException) -> str:

@@ -1,0 +1,100 @@
+"""Hugging Face directories that are not what they say (issue 44's audit, in our own words): each
+is one line from `python -m models.info --ckpt DIR` with exit 2, naming the file and what is wrong,
+and nothing of transformers' own (its LOAD REPORT table) printed before it."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from hf_dir_kit import save_hf_dir
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> Path:
+    return save_hf_dir(tmp_path_factory.mktemp("hf") / "llama", "llama", tokenizer=False)
+
+
+def variant(llama: Path, where: Path, *, config=None, weights=None) -> Path:
+    """A copy of the llama directory with its config.json and/or weights rewritten."""
+    shutil.copytree(llama, where)
+    if config is not None:
+        data = json.loads((where / "config.json").read_text())
+        (where / "config.json").write_text(json.dumps(config(data)))
+    if weights is not None:
+        from safetensors.torch import load_file, save_file
+
+        save_file(weights(load_file(where / "model.safetensors")), where / "model.safetensors")
+    return where
+
+
+def without(data: dict, key: str) -> dict:
+    return {k: v for k, v in data.items() if k != key}
+
+
+def save_other(where: Path, kind: str) -> Path:
+    """A tiny BertModel (an encoder) or T5 (encoder-decoder) saved by save_pretrained."""
+    torch.manual_seed(0)
+    if kind == "bert":
+        config = transformers.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                         intermediate_size=32, max_position_embeddings=32)
+        transformers.BertModel(config).save_pretrained(where)
+    else:
+        config = transformers.T5Config(vocab_size=64, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
+        transformers.T5ForConditionalGeneration(config).save_pretrained(where)
+    return where
+
+
+def cases(llama: Path, root: Path) -> dict[str, tuple[Path, str]]:
+    """name -> (directory, what its one line must say)."""
+    index = root / "index"
+    shutil.copytree(llama, index)
+    (index / "model.safetensors").unlink()
+    (index / "model.safetensors.index.json").write_text("{garbage")
+    return {
+        "no model_type": (variant(llama, root / "untyped", config=lambda d: without(d, "model_type")),
+                          r"config\.json: a Hugging Face config without model_type"),
+        "BertModel": (save_other(root / "bert", "bert"), r"config\.json: architectures \['BertModel'\].*not a causal"),
+        "T5": (save_other(root / "t5", "t5"), r"config\.json: model_type 't5' is a seq2seq \(encoder-decoder\) model"),
+        "int32 weights": (variant(llama, root / "int32", weights=lambda s: {k: v.to(torch.int32) for k, v in s.items()}),
+                          r"model\.safetensors: 21 of 21 tensors are not floating point \(.* \(I32\)"),
+        "config says 3 layers": (variant(llama, root / "three", config=lambda d: {**d, "num_hidden_layers": 3}),
+                                 r"disagree: 9 weights the config expects are missing \(model\.layers\.2\."),
+        "config says 1 layer": (variant(llama, root / "one", config=lambda d: {**d, "num_hidden_layers": 1}),
+                                r"disagree: 9 weights the config has no place for \(model\.layers\.1\."),
+        "a q_proj deleted": (variant(llama, root / "noq", weights=lambda s: without(
+            s, "model.layers.0.self_attn.q_proj.weight")), r"missing \(model\.layers\.0\.self_attn\.q_proj\.weight\)"),
+        "garbage index": (index, r"model\.safetensors\.index\.json: not valid JSON"),
+    }
+
+
+def test_each_bad_directory_is_one_line_and_exit_2(llama, tmp_path, capfd):
+    from models import info
+
+    table = cases(llama, tmp_path)
+    capfd.readouterr()  # save_pretrained's own progress bars
+    for name, (directory, said) in table.items():
+        assert info.main(["--ckpt", str(directory)]) == 2, name
+        out, err = capfd.readouterr()
+        lines = [line for line in (out + err).splitlines() if line.strip()]
+        assert len(lines) == 1 and "LOAD REPORT" not in err, (name, lines[:3])
+        assert lines[0].startswith(f"error: {directory}") and re.search(said, lines[0]), (name, lines[0])
+
+
+def test_the_same_errors_in_python_are_the_projects_own(llama, tmp_path):
+    from models.checkpoint import CheckpointError, load_checkpoint
+    from models.store.peek import peek
+
+    three = variant(llama, tmp_path / "three", config=lambda d: {**d, "num_hidden_layers": 3})
+    with pytest.raises(CheckpointError, match="weights the config expects are missing"):
+        load_checkpoint(three)
+    with pytest.raises(CheckpointError, match="seq2seq"):  # the app's run list reads the shape alone
+        peek(save_other(tmp_path / "t5", "t5"))
+    assert load_checkpoint(llama).config.n_layers == 2  # the untouched directory still loads
