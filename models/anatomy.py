@@ -143,8 +143,8 @@ def find_anatomy(model: Any) -> Anatomy:
             return found
     known = (f"{type(model).__name__} has none of the layouts whose token table, blocks, final norm and "
              f"unembedding are known here ({KNOWN})")
-    if not isinstance(model, torch.nn.Module):
-        raise AnatomyError(known)
+    if not isinstance(model, torch.nn.Module) or hasattr(getattr(model, "cfg", None), "n_ctx"):
+        raise AnatomyError(known)  # ours and a bridge: their hook points and W_U say what they have
     from models.layout import anatomy_of, layout_of  # any other module: the parts its own forward shows
     try:
         found = anatomy_of(model)
