@@ -7,9 +7,14 @@
     python benchmarks/bench_model.py --device cuda --presets gpt2_124m --gpt2-ctx 1024 --batches 8 --compile
                                                              # a GPU: tokens per second of a training step
 
-The plain module is written here, nanoGPT-style: one `c_attn` Linear for q, k and v,
+The plain module (tests/plain_gpt.py) is nanoGPT-style: one `c_attn` Linear for q, k and v,
 `scaled_dot_product_attention`, `nn.LayerNorm`, a `Sequential` MLP, no hook points, no checks.
-It copies our weights (same numbers in, same logits out: checked before timing). Both run in one
+It copies our weights (same numbers in, same logits out: checked before timing).
+
+First, per preset, the ops each pass runs (counted, not timed: no noise), ours / plain (goal
+<= 1.05x): every aten op the profiler records, and the ops that compute (a kernel launch each on a
+GPU), for a forward with gradients off, with them on, and a training step's forward + backward.
+Then the timings: both run in one
 process, interleaved round-robin after a warm-up, so load from other processes hits both alike.
 Printed: median ms per call for each, and ours / plain (goal <= 1.05x, forward and
 forward+backward) and each one's tokens per second (batch * ctx / median seconds; on CUDA every
@@ -29,82 +34,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
 
 from models import build_model, get_preset  # noqa: E402
-
-
-class PlainBlock(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        d, bias = cfg.d_model, cfg.attn_bias
-        self.n_heads, self.scale = cfg.n_heads, cfg.d_head ** -0.5
-        self.ln_1 = nn.LayerNorm(d, eps=cfg.norm_eps)
-        self.c_attn = nn.Linear(d, 3 * cfg.d_attn, bias=bias)
-        self.c_proj = nn.Linear(cfg.d_attn, d, bias=cfg.has_out_bias)
-        self.ln_2 = nn.LayerNorm(d, eps=cfg.norm_eps)
-        act = nn.GELU() if cfg.act_fn == "gelu" else nn.ReLU()
-        self.mlp = nn.Sequential(nn.Linear(d, cfg.d_mlp, bias=cfg.mlp_bias), act,
-                                 nn.Linear(cfg.d_mlp, d, bias=cfg.mlp_bias))
-
-    def forward(self, x):  # [batch pos d_model]
-        b, p, d = x.shape
-        q, k, v = self.c_attn(self.ln_1(x)).split(self.c_proj.in_features, dim=2)
-        q, k, v = (t.view(b, p, self.n_heads, -1).transpose(1, 2) for t in (q, k, v))
-        z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
-        x = x + self.c_proj(z.transpose(1, 2).reshape(b, p, -1))
-        return x + self.mlp(self.ln_2(x))
-
-
-class PlainGPT(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        self.wte = nn.Embedding(cfg.d_vocab, cfg.d_model)
-        self.wpe = nn.Parameter(torch.zeros(cfg.n_ctx, cfg.d_model))
-        self.blocks = nn.ModuleList(PlainBlock(cfg) for _ in range(cfg.n_layers))
-        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=cfg.unembed_bias)
-        if cfg.unembed == "tied":
-            self.lm_head.weight = self.wte.weight
-
-    def forward(self, tokens):  # [batch pos] -> [batch pos d_vocab]
-        x = self.wte(tokens) + self.wpe[: tokens.shape[1]]
-        for block in self.blocks:
-            x = block(x)
-        return self.lm_head(self.ln_f(x))
-
-
-@torch.no_grad()
-def copy_weights(ours, plain: PlainGPT) -> None:
-    """Our parameters into the plain module (the same function, so the same logits)."""
-    cfg = ours.cfg
-    plain.wte.weight.copy_(ours.embedding.weight)
-    plain.wpe.copy_(ours.W_pos)
-    for mine, theirs in zip(ours.blocks, plain.blocks):
-        att = mine.attention
-        for which, part in zip("QKV", theirs.c_attn.weight.split(cfg.d_attn)):
-            part.copy_(torch.cat([getattr(h, f"W_{which}") for h in att.heads], dim=1).T)
-        if cfg.attn_bias:
-            for which, part in zip("QKV", theirs.c_attn.bias.split(cfg.d_attn)):
-                part.copy_(torch.cat([getattr(h, f"b_{which}") for h in att.heads]))
-        theirs.c_proj.weight.copy_(att.W_O.T)
-        if cfg.has_out_bias:
-            theirs.c_proj.bias.copy_(att.b_O)
-        for ln, ln_ours in ((theirs.ln_1, mine.ln1), (theirs.ln_2, mine.ln2)):
-            ln.weight.copy_(ln_ours.gamma)
-            ln.bias.copy_(ln_ours.beta)
-        for layer, layer_ours in zip(theirs.mlp[::2], mine.mlp.net[::2]):
-            layer.weight.copy_(layer_ours.weight)
-            if layer.bias is not None:
-                layer.bias.copy_(layer_ours.bias)
-    plain.ln_f.weight.copy_(ours.ln_final.gamma)
-    plain.ln_f.bias.copy_(ours.ln_final.beta)
-    if cfg.unembed == "separate":
-        plain.lm_head.weight.copy_(ours.W_out.T)
-    if cfg.unembed_bias:
-        plain.lm_head.bias.copy_(ours.b_out)
+from plain_gpt import PlainGPT, copy_weights, op_counts  # noqa: E402
 
 
 def build_pair(preset: str, n_ctx: int | None):
@@ -174,6 +110,19 @@ def check_same_function(preset: str, ours, plain, tokens: torch.Tensor) -> None:
         raise SystemExit(f"{preset}: the two models do not compute one function (max |diff| {gap:.2e})")
 
 
+def op_rows(preset: str, n_ctx: int | None) -> list[str]:
+    """Ours / plain in ops per pass (`plain_gpt.op_counts`): a forward with gradients off, with
+    them on, and a training step's forward + backward."""
+    cfg, ours, plain = build_pair(preset, n_ctx)
+    tokens = torch.randint(0, cfg.d_vocab, (1, cfg.n_ctx))
+    rows = []
+    for what, grad, backward in (("forward", False, False), ("fwd, grad", True, False), ("fwd+bwd", True, True)):
+        mine, theirs = (op_counts(m.train(grad), tokens, grad, backward) for m in (ours, plain))
+        rows.append(f"{preset:<22}{what:<11}" + "".join(f"{mine[k]:>8}{theirs[k]:>8}{mine[k] / theirs[k]:>8.3f}x"
+                                                        for k in ("profiler", "kernels")))
+    return rows
+
+
 def bench(preset: str, n_ctx: int | None, batch: int, compiled: bool, args) -> None:
     cfg, ours, plain = build_pair(preset, n_ctx)
     device = torch.device(args.device)
@@ -217,6 +166,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--device {args.device}: this torch sees no CUDA device")
     torch.set_num_threads(args.threads)
     no_compile = compile_problem() if args.compile else None
+    print("ops per pass, ours (nothing hooked) vs plain (goal <= 1.05x): every aten op the profiler records, "
+          "and the ops that compute (a kernel launch each on a GPU)")
+    print(f"{'preset':<22}{'pass':<11}{'profiler: ours':>16}{'plain':>8}{'ratio':>9}{'kernels: ours':>16}{'plain':>8}{'ratio':>9}")
+    for preset in args.presets:
+        for line in op_rows(preset, args.gpt2_ctx if preset.startswith("gpt2") else None):
+            print(line, flush=True)
     print(f"device={args.device}, threads={args.threads}, {args.clock} clock; median ms per call, ours "
           "(nothing hooked) vs plain nanoGPT-style, and tokens per second")
     if no_compile:

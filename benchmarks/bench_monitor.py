@@ -15,9 +15,11 @@ untimed run of each, so drift hits both alike; medians compared (and each pair's
 wall-clock time and of this process's CPU time (on a shared machine the CPU time is what the
 Monitor adds; other processes' load moves the wall clock). Goal: at most 1.03x. Opening and
 closing the Monitor (run.json, the lock, the diagnosis printed at the end) happen once per run
-and are timed apart. On the CPU, what the Monitor does at a log step and at an eval step is also
-timed alone and spread over its interval: the overhead the runs should show, read without the
-noise of whole runs.
+and are timed apart. What the Monitor does at a log step and at an eval step is also timed alone
+(CPU time; on CUDA wall time between synchronizes) and spread over its interval: the overhead the
+runs should show, read without the noise of whole runs. Last, the host syncs it adds per record
+step and per eval step (goal <= 2 and <= 3): counted on the CPU by tests/sync_count.py (what
+would sync on a GPU), on CUDA by torch.cuda.set_sync_debug_mode.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -118,53 +122,118 @@ def alternate(start, x, y, val, device: str, repeats: int) -> dict[str, list[Tim
     return times
 
 
-def cpu_median(fn, repeats: int) -> float:
-    """Median CPU seconds of fn() over `repeats` calls."""
+def median_seconds(fn, repeats: int, device: str = "cpu") -> float:
+    """Median seconds of fn() over `repeats` calls: this process's CPU time on the CPU; on CUDA
+    wall time between two `torch.cuda.synchronize()`, so the kernels fn queued are counted."""
+    import torch
+
+    cuda = device == "cuda"
+    clock = time.perf_counter if cuda else time.process_time
     times = []
     for _ in range(repeats):
-        t0 = time.process_time()
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = clock()
         fn()
-        times.append(time.process_time() - t0)
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(clock() - t0)
     return statistics.median(times)
 
 
-def step_costs(model, optimizer, loss_of, eval_internals, repeats: int, eval_words: str = "") -> list[str]:
-    """What the Monitor does at a log step (grad norm + g/w/u) and at an eval step (`eval_internals()`),
-    each timed alone (CPU time, median) against a training step of `model` (`loss_of()` its loss),
-    spread over its interval: the overhead the side-by-side runs should show."""
-    from probes.updates import gwu_table, snapshot_params
-    from train.monitor_parts import grad_norm
+def step_costs(model, optimizer, loss_of, eval_internals, repeats: int, eval_words: str = "",
+               device: str = "cpu") -> list[str]:
+    """What the Monitor does at a log step (grad norm + g/w/u, read on the host) and at an eval
+    step (`eval_internals()`, a HostCopy, read), each timed alone (`median_seconds`) against a
+    training step of `model` (`loss_of()` its loss), spread over its interval: the overhead the
+    side-by-side runs should show."""
+    from probes.updates import snapshot_params
+    from train.monitor_parts import grad_squares, update_readings
 
     def train_step() -> None:
         loss_of().backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)  # the grads stay for the measurements below
 
+    def log_step() -> None:
+        before, squares = snapshot_params(model), grad_squares(model)
+        update_readings(model, before, squares, 1e-3).get()
+
     train_step()
-    step_s = cpu_median(train_step, repeats)
-    before = snapshot_params(model)
-    log_s = cpu_median(lambda: (snapshot_params(model), grad_norm(model), gwu_table(model, before, 1e-3)), repeats)
-    eval_s = cpu_median(eval_internals, repeats)
+    step_s = median_seconds(train_step, repeats, device)
+    log_s = median_seconds(log_step, repeats, device)
+    eval_s = median_seconds(lambda: eval_internals().get(), repeats, device)
     expected = 1 + (log_s / 10 + eval_s / 100) / step_s
-    return [f"alone, CPU ms: a training step {step_s * 1e3:.1f}; a log step's grad norm + g/w/u "
+    clock = "wall ms, synchronized" if device == "cuda" else "CPU ms"
+    return [f"alone, {clock}: a training step {step_s * 1e3:.1f}; a log step's grad norm + g/w/u "
             f"{log_s * 1e3:.2f} (/10 steps: {log_s / 10 / step_s:.2%} of a step); an eval step's "
             f"internals{eval_words} {eval_s * 1e3:.1f} (/100 steps: {eval_s / 100 / step_s:.2%})",
             f"expected monitored / bare from these   {expected:.3f}x"]
 
 
-def component_costs(start, x, y, val, repeats: int) -> list[str]:
+def component_costs(start, x, y, val, repeats: int, device: str = "cpu") -> list[str]:
     """step_costs of nanoGPT's GPT, its internals read through our hooked twin (as the Monitor does)."""
     import torch
     import torch.nn.functional as F
 
-    from models.store.live import hooked_twin, twin_config
-    from train.monitor_parts import internal_stats
+    from models.store.live import twin_config
+    from train.monitor_parts import EvalReadings
 
     model = copy.deepcopy(start)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
-    config = twin_config(model)
+    internals = EvalReadings(model, twin_config(model), val, None, nullcontext)
     return step_costs(model, optimizer, lambda: F.cross_entropy(model(x[0]).flatten(0, 1), y[0].flatten()),
-                      lambda: internal_stats(hooked_twin(model, config), val), repeats)
+                      internals.measure, repeats, device=device)
+
+
+def host_syncs(start, x, y, val, device: str, loss_of=None) -> list[str]:
+    """Host syncs the Monitor adds per record step and per eval step: a monitored run of 8 steps
+    (a record every 2, internals every 4) against the same bare run, step by step. On the CPU
+    they are counted by tests/sync_count.py (what would sync on a GPU); on CUDA by
+    `torch.cuda.set_sync_debug_mode("warn")`, one warning per synchronizing call."""
+    import torch
+    import torch.nn.functional as F
+
+    from train.monitor import Monitor
+
+    loss_of = loss_of or (lambda model, xs, ys: F.cross_entropy(model(xs).flatten(0, 1), ys.flatten()))
+
+    def per_step(monitored: bool, out: Path) -> list[int]:
+        from sync_count import syncs_per_step
+        model = copy.deepcopy(start)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        monitor = Monitor(model, optimizer, out, log_every=2, eval_every=4, eval_tokens=val,
+                          report=False) if monitored else None
+        batches = list(zip(x[:8], y[:8]))
+        return syncs_per_step(model, optimizer, batches, lambda batch: loss_of(model, *batch), monitor,
+                              lambda: counting(device))[:-1]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        extra = [m - b for b, m in zip(per_step(False, Path(tmp) / "bare"), per_step(True, Path(tmp) / "monitored"))]
+    records = [n for step, n in enumerate(extra) if step % 2 == 0 and step % 4]
+    evals = [n for step, n in enumerate(extra) if step % 4 == 0]
+    how = "torch.cuda.set_sync_debug_mode" if device == "cuda" else "tests/sync_count.py"
+    return [f"host syncs the Monitor adds ({how}): per record step {max(records)}, per eval step {max(evals)}, "
+            f"other steps {max(n for step, n in enumerate(extra) if step % 2)} (goal <= 2, <= 3, 0)"]
+
+
+@contextmanager
+def counting(device: str):
+    """Yields a function giving the host syncs made inside the block so far."""
+    if device != "cuda":
+        from sync_count import host_syncs
+        with host_syncs() as count:
+            yield count
+        return
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield lambda: sum("synchroniz" in str(w.message) for w in caught)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
 
 
 def report(times: dict[str, list[Timing]], steps: int, args: argparse.Namespace) -> list[str]:
@@ -209,9 +278,8 @@ def main(argv: list[str] | None = None) -> None:
     start = initial_model(vocab, args.device)
     for line in report(alternate(start, x, y, val, args.device, args.repeats), args.steps, args):
         print(line, flush=True)
-    if args.device == "cpu":
-        for line in component_costs(start, x, y, val, repeats=20):
-            print(line)
+    for line in component_costs(start, x, y, val, 20, args.device) + host_syncs(start, x, y, val, args.device):
+        print(line)
 
 
 if __name__ == "__main__":

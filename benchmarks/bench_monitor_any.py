@@ -35,7 +35,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_monitor import BATCH, BLOCK, D_MODEL, GOAL, HEADS, LAYERS, char_batches, step_costs  # noqa: E402
+sys.path.insert(0, str(REPO / "tests"))
+
+from bench_monitor import BATCH, BLOCK, D_MODEL, GOAL, HEADS, LAYERS, char_batches, host_syncs, step_costs  # noqa: E402
 
 Timing = tuple[float, float, float]  # (loop wall s, loop CPU s, opening + closing the Monitor wall s)
 
@@ -95,7 +97,7 @@ def component_costs(start, x, y, val, repeats: int) -> list[str]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     tapped = plan(model)
     return step_costs(model, optimizer, lambda: model(x[0], y[0])[1], lambda: measure(tapped, val), repeats,
-                      " through the tap")
+                      " through the tap")  # the Monitor checks the tap's reading once, at its first forward
 
 
 def report(times: dict[str, list[Timing]], steps: int, repeats: int, save_every: int) -> list[str]:
@@ -162,7 +164,8 @@ def main(argv: list[str] | None = None) -> None:
     for line in report(times, args.steps, args.repeats, args.save_every):
         print(line, flush=True)
     print(save_cost(start, val, args.save_every, statistics.median(t[0] for t in times["bare"]) / args.steps))
-    for line in component_costs(start, x, y, val, repeats=20):
+    for line in component_costs(start, x, y, val, repeats=20) + host_syncs(
+            start, x, y, val, "cpu", loss_of=lambda model, xs, ys: model(xs, ys)[1]):
         print(line)
 
 

@@ -17,14 +17,20 @@ from torch import nn
 from transformer_lens.hook_points import HookPoint
 
 from models.config import TransformerConfig
-from models.hooks import fire, is_hooked
+from models.hooks import fire, is_hooked, passthrough
 from models.layers import affine, make_norm
 from models.packed_heads import KINDS, HeadView, pack_state_dict, packed_source, unpack_state_dict
 
 ATTN_IMPLS = ("auto", "explicit", "fused")
-FINITE = object()  # `qkv_weights`' guard when every q/k weight is finite: nothing to add
+FINITE = object()  # `qkv_weights`' guard when the model guards all layers at once: nothing to add per layer
 # (output, logsumexp) of causal attention in one fused call; private, so looked up, not assumed
 FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def guard_per_call(W: torch.Tensor) -> bool:
+    """Whether the weight guard must be computed afresh at this call: gradients on (the weights
+    change at every step) or torch.compile tracing (nothing cached in a graph)."""
+    return (torch.is_grad_enabled() and W.requires_grad) or torch.compiler.is_compiling()
 
 
 def attention_scale(cfg: TransformerConfig) -> float:
@@ -44,6 +50,7 @@ class Attention(nn.Module):
         self.impl = "auto"
         self.use_attn_result = False  # set True to fill hook_result [batch pos head d_model]
         self._guard_cache: tuple | None = None  # (key, weight_guard) while the weights are unchanged
+        self._qk_views: tuple | None = None  # (storage key, views) for `qk_weights`
         # set by probes (`probes.qk_rows.softmax_sinks`): called as sink(q, k, lse, weighted_k) with
         # each row's softmax statistics from this layer's own attention call (None, None if none)
         self.softmax_sink = None
@@ -85,22 +92,24 @@ class Attention(nn.Module):
         """q, k and v in one matmul, as a plain module's `c_attn`: [batch pos 3 head d_head]."""
         return affine(x, W, b).unflatten(-1, (3, self.cfg.n_heads, self.cfg.d_head))
 
-    def qkv_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """W_QKV, b_QKV (or None) and their `weight_guard`. With gradients on the guard is
-        recomputed at every call; without (probes, sampling) it is kept (FINITE when it is all
-        zeros) while the parameters sit at unchanged versions (an optimizer step or
-        `load_state_dict` moves a version; `.to()` / `.half()` clear it in `_apply`)."""
+    def qkv_weights(self, model_guard: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """W_QKV, b_QKV (or None) and their `weight_guard`: FINITE with `model_guard` (the model
+        guards every layer's weights at once, on its logits: `Transformer.logits_guard`).
+        With gradients on the guard is recomputed at every call; without (probes, sampling) it is
+        kept while the parameters sit at unchanged versions (an optimizer step or
+        `load_state_dict` moves a version; `.to()` / `.half()` clear it in `_apply`). It stays a
+        tensor added to z: checking that it is all zeros would read it on the host (a GPU sync)."""
         params = self._parameters
         W, b = params["W_QKV"], params.get("b_QKV")
-        if (torch.is_grad_enabled() and W.requires_grad) or torch.compiler.is_compiling():
+        if model_guard:
+            return W, b, FINITE
+        if guard_per_call(W):
             return W, b, self.weight_guard(W, b)
         # ids are safe in the key: the cache keeps those parameters alive
         key = (id(W), W._version, id(b), None if b is None else b._version)
         if self._guard_cache is None or self._guard_cache[0] != key:
             with torch.no_grad():
-                guard = self.weight_guard(W, b)
-                # finite weights (the usual case): nothing to add per forward, checked once here
-                self._guard_cache = (key, (W, b), FINITE if not bool(guard.isnan().any()) else guard)
+                self._guard_cache = (key, (W, b), self.weight_guard(W, b))
         return W, b, self._guard_cache[2]
 
     def weight_guard(self, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -117,8 +126,21 @@ class Attention(nn.Module):
         return total.mul_(0).view(1, cfg.n_heads, 1, 1)
 
     def _apply(self, fn, recurse=True):
-        self._guard_cache = None  # .to() / .half() may swap parameter data in place of the object
+        self._guard_cache = self._qk_views = None  # .to() / .half() may swap parameter data in place of the object
         return super()._apply(fn, recurse)
+
+    def qk_weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The q and k columns of W_QKV [d_model 2*d_attn] and of b_QKV [2*d_attn] (or None):
+        what `weight_guard` checks. Detached views, kept while the parameters' storage is (an
+        optimizer writes into it; `.to()` or a new parameter moves it, and the views with it)."""
+        params = self._parameters
+        W, b = params["W_QKV"], params.get("b_QKV")
+        key = (W.data_ptr(), None if b is None else b.data_ptr())
+        if self._qk_views is None or self._qk_views[0] != key:
+            width = 2 * self.cfg.d_attn
+            W, b = W.detach(), None if b is None else b.detach()
+            self._qk_views = (key, (W.narrow(1, 0, width), None if b is None else b.narrow(0, 0, width)))
+        return self._qk_views[1]
 
     def use_fused(self) -> bool:
         if self.impl == "explicit":
@@ -129,27 +151,29 @@ class Attention(nn.Module):
             raise RuntimeError("attention impl 'fused' cannot feed hooks on scores or pattern")
         return not hooked
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [batch pos d_model]
-        W, b, guard = self.qkv_weights()
+    def forward(self, x: torch.Tensor, plain: bool = False) -> torch.Tensor:
+        # x: [batch pos d_model]. plain: the model found nothing hooked (`models.hooks.unobserved`)
+        # and guards every layer's q/k weights at once: no hook point to ask, no guard per layer
+        W, b, guard = self.qkv_weights(model_guard=plain)
         q, k, v = self.project_qkv(x, W, b).unbind(dim=2)  # each [batch pos head d_head]
         m = self._modules  # not self.hook_q: nn.Module.__getattr__ costs ~1 us a lookup
+        see = passthrough if plain else fire
         qk_normed = "q_norm" in m
         if qk_normed:  # hook_q / hook_k then see the q and k that make the scores
-            q, k = m["q_norm"](q), m["k_norm"](k)
+            q, k = m["q_norm"](q, plain), m["k_norm"](k, plain)
         # hooks, or norm gains, may make q or k non-finite where no q/k weight is: guard on q, k
-        qk_touched = is_hooked(m["hook_q"]) or is_hooked(m["hook_k"]) or qk_normed
+        qk_touched = qk_normed or not plain and (is_hooked(m["hook_q"]) or is_hooked(m["hook_k"]))
         if qk_touched:
-            q, k = fire(m["hook_q"], q), fire(m["hook_k"], k)
-        v = fire(m["hook_v"], v)
-        if self.use_fused():
+            q, k = see(m["hook_q"], q), see(m["hook_k"], k)
+        v = see(m["hook_v"], v)
+        if (self.impl != "explicit") if plain else self.use_fused():
             # a hook on q or k may write non-finite values that no weight shows: check those
             z = self.fused(q, k, v, None if qk_touched else guard)
         else:
             z = self.explicit(q, k, v)
             if self.softmax_sink is not None:
                 self.softmax_sink(q, k, None, None)
-        z = fire(m["hook_z"], z)  # [batch pos head d_head]
+        z = see(m["hook_z"], z)  # [batch pos head d_head]
         return self.output(z)
 
     def explicit(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

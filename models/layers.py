@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from transformer_lens.hook_points import HookPoint
 
-from models.hooks import fire, is_hooked
+from models.hooks import fire, is_hooked, passthrough
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh,
@@ -30,9 +30,11 @@ class RMSNorm(nn.Module):
         self.hook_scale = HookPoint()  # [batch pos 1]
         self.hook_normalized = HookPoint()  # [batch pos d], before gamma as in TransformerLens
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rms = fire(self.hook_scale, torch.sqrt(torch.mean(x ** 2, dim=-1, keepdim=True) + self.eps))
-        return self.gamma * fire(self.hook_normalized, x / rms)
+    def forward(self, x: torch.Tensor, plain: bool = False) -> torch.Tensor:
+        # plain: the model found nothing hooked (`models.hooks.unobserved`): no hook point to ask
+        see = passthrough if plain else fire
+        rms = see(self.hook_scale, torch.sqrt(torch.mean(x ** 2, dim=-1, keepdim=True) + self.eps))
+        return self.gamma * see(self.hook_normalized, x / rms)
 
 
 class LayerNorm(nn.Module):
@@ -48,9 +50,9 @@ class LayerNorm(nn.Module):
         self.hook_scale = HookPoint()  # [batch pos 1]
         self.hook_normalized = HookPoint()  # [batch pos d]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, plain: bool = False) -> torch.Tensor:
         m = self._modules
-        if not (is_hooked(m["hook_scale"]) or is_hooked(m["hook_normalized"])):
+        if plain or not (is_hooked(m["hook_scale"]) or is_hooked(m["hook_normalized"])):
             # nobody looks inside: PyTorch's one fused kernel (the same function to ~1e-7)
             return torch.nn.functional.layer_norm(x, self.normalized_shape, self.gamma, self.beta, self.eps)
         x = x - x.mean(dim=-1, keepdim=True)
@@ -117,13 +119,13 @@ class MLP(nn.Module):
     def hook_name(kind: str, layer: int) -> str:
         return f"hook_{kind}" if layer == 0 else f"hook_{kind}_{layer}"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, plain: bool = False) -> torch.Tensor:
         # (Linear, activation) pairs then the output Linear, in order; iterating skips
         # Sequential's slow indexing
-        layers, hooks = iter(self.net._modules.values()), self._modules
+        layers, hooks, see = iter(self.net._modules.values()), self._modules, passthrough if plain else fire
         for pre, post in self._layer_hooks:
-            x = fire(hooks[pre], next(layers)(x))
-            x = fire(hooks[post], next(layers)(x))
+            x = see(hooks[pre], next(layers)(x))
+            x = see(hooks[post], next(layers)(x))
         return next(layers)(x)
 
     @property

@@ -99,8 +99,7 @@ def sdpa_scores(a: SdpaArgs) -> torch.Tensor:
 def hide_minimum(scores: torch.Tensor) -> torch.Tensor:
     """An additive mask of the dtype's minimum (Hugging Face's) read as -inf: the key is hidden."""
     floor = torch.finfo(scores.dtype).min / 2
-    low = scores <= floor
-    return scores.masked_fill(low, float("-inf")) if bool(low.any()) else scores
+    return scores.masked_fill(scores <= floor, float("-inf"))  # no host read of whether any key is hidden
 
 
 def softmax_scores(x: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ that flag is set to False (then adding or removing a hook recompiles).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -21,10 +22,10 @@ from torch import nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from models.attention import ATTN_IMPLS, Attention
+from models.attention import ATTN_IMPLS, Attention, guard_per_call
 from models.cache import BlockTLNames, TLWeights
 from models.config import TransformerConfig
-from models.hooks import fire, rename_hooks_to_tl
+from models.hooks import fire, passthrough, rename_hooks_to_tl, unobserved
 from models.layers import MLP, affine, make_norm, norm_attr, shrink_
 from models.packed_heads import named_rows
 from models.validation import check_tokens, vocabulary_error
@@ -53,24 +54,25 @@ class Block(BlockTLNames, nn.Module):
         self.hook_mlp_out = HookPoint()  # [batch pos d_model], d_vocab when unembed="mlp"
         self.hook_resid_post = HookPoint()  # [batch pos d_model], d_vocab when unembed="mlp"
 
-    def norm(self, index: int, x: torch.Tensor, placement: str) -> torch.Tensor:
+    def norm(self, index: int, x: torch.Tensor, placement: str, plain: bool = False) -> torch.Tensor:
         if self.cfg.norm == "none" or self.cfg.norm_placement != placement:
             return x
-        return self._modules[self._norm_names[index]](x)
+        return self._modules[self._norm_names[index]](x, plain)
 
     def dropout(self, x: torch.Tensor) -> torch.Tensor:
         return dropout(x, self.cfg.dropout, self.training)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [batch pos d_model]; submodules read from _modules (nn.Module.__getattr__ costs ~1 us)
-        m, residual = self._modules, self.cfg.residual
-        x = fire(m["hook_resid_pre"], x)
-        attn_out = fire(m["hook_attn_out"], self.dropout(m["attention"](self.norm(1, x, "pre"))))
+    def forward(self, x: torch.Tensor, plain: bool = False) -> torch.Tensor:
+        # x: [batch pos d_model]; submodules read from _modules (nn.Module.__getattr__ costs ~1 us).
+        # plain: the model found nothing hooked (`models.hooks.unobserved`): no hook point to ask
+        m, residual, see = self._modules, self.cfg.residual, passthrough if plain else fire
+        x = see(m["hook_resid_pre"], x)
+        attn_out = see(m["hook_attn_out"], self.dropout(m["attention"](self.norm(1, x, "pre", plain), plain)))
         x = x + attn_out if residual else attn_out
-        x = fire(m["hook_resid_mid"], self.norm(1, x, "post"))
-        mlp_out = fire(m["hook_mlp_out"], self.dropout(m["mlp"](self.norm(2, x, "pre"))))
+        x = see(m["hook_resid_mid"], self.norm(1, x, "post", plain))
+        mlp_out = see(m["hook_mlp_out"], self.dropout(m["mlp"](self.norm(2, x, "pre", plain), plain)))
         x = x + mlp_out if residual else mlp_out
-        return fire(m["hook_resid_post"], self.norm(2, x, "post"))
+        return see(m["hook_resid_post"], self.norm(2, x, "post", plain))
 
 
 class Transformer(TLWeights, HookedRootModule):
@@ -91,6 +93,7 @@ class Transformer(TLWeights, HookedRootModule):
             self.b_out = nn.Parameter(torch.zeros(cfg.d_vocab))
         self.hook_embed = HookPoint()  # [batch pos d_model]
         self.hook_pos_embed = HookPoint()  # [batch pos d_model]
+        self._logits_guard: tuple | None = None  # (weights' key, guard) for forwards without gradients
         init_weights(self)
         self.register_load_state_dict_pre_hook(_rename_series_attnnet_keys)
         self.setup()
@@ -131,7 +134,8 @@ class Transformer(TLWeights, HookedRootModule):
         for block in self.blocks:
             block.attention.use_attn_result = on
 
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+    def embed(self, tokens: torch.Tensor, plain: bool = False) -> torch.Tensor:
+        see = passthrough if plain else fire
         try:
             x = self.embedding(tokens)  # [batch pos d_model]
         except IndexError:  # an id outside the vocabulary (CPU; on CUDA a device-side assert)
@@ -139,14 +143,14 @@ class Transformer(TLWeights, HookedRootModule):
             if error is None:
                 raise
             raise error from None
-        x = fire(self.hook_embed, x)
+        x = see(self.hook_embed, x)
         if self.cfg.pos_embed == "learned":
-            x = x + fire(self.hook_pos_embed, self.W_pos[: tokens.shape[1]].expand_as(x))
+            x = x + see(self.hook_pos_embed, self.W_pos[: tokens.shape[1]].expand_as(x))
         return dropout(x, self.cfg.dropout, self.training)
 
-    def unembed(self, x: torch.Tensor) -> torch.Tensor:
+    def unembed(self, x: torch.Tensor, plain: bool = False) -> torch.Tensor:
         if self.cfg.final_norm:
-            x = self.ln_final(x)
+            x = self.ln_final(x, plain)
         if self.cfg.unembed == "mlp":
             return x  # the last MLP already produced [batch pos d_vocab]
         if self.cfg.unembed == "tied":  # the embedding [d_vocab d_model] is linear's own layout
@@ -156,10 +160,48 @@ class Transformer(TLWeights, HookedRootModule):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         # ids outside the vocabulary: the embedding lookup raises, `embed` names the id
         tokens = check_tokens(tokens, self.cfg.d_vocab, self.cfg.n_ctx, check_range=False)  # [batch pos]
-        x = self.embed(tokens)
+        # one decision per forward: with nothing hooked, no layer asks its hook points, and the
+        # q/k weights of every layer are guarded at once, on the logits (no one sees between)
+        plain = unobserved(self)
+        x = self.embed(tokens, plain)
         for block in self.blocks:
-            x = block(x)
-        return self.unembed(x)  # [batch pos d_vocab]
+            x = block(x, plain)
+        logits = self.unembed(x, plain)  # [batch pos d_vocab]
+        return logits + self.logits_guard() if plain and self.blocks else logits
+
+    def logits_guard(self) -> torch.Tensor:
+        """`qk_weights_guard`: computed afresh with gradients on (the weights change every step),
+        else kept while every layer's q/k weights sit in the same memory at the same version."""
+        if guard_per_call(self.blocks[0].attention.W_QKV):
+            return qk_weights_guard(self)
+        key = tuple((w.data_ptr(), w._version) for block in self.blocks for w in block.attention.qk_weights()
+                    if w is not None)
+        if self._logits_guard is None or self._logits_guard[0] != key:
+            self._logits_guard = (key, qk_weights_guard(self))
+        return self._logits_guard[1]
+
+
+@functools.lru_cache(maxsize=16)
+def constant_row(value: float, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[n] filled with `value`, made once per (value, size, dtype, device): read every step."""
+    return torch.full((n,), value, dtype=dtype, device=device)
+
+
+@torch.no_grad()
+def qk_weights_guard(model: Transformer) -> torch.Tensor:
+    """[] 0, or NaN when a q/k weight or bias of any layer is NaN or inf: a diverged head, which
+    SDPA may hide (`Attention.weight_guard` is one layer's, per head). Each layer's q/k column
+    sums plus its q/k biases come from one matmul (a row of ones times W, plus b) into a row of
+    a buffer, whose dot with zeros is 0, or NaN where a sum is inf or NaN (0 * inf): a launch per
+    layer and two in all, where the guard per layer took four to six each. (In fp16 a column sum
+    past 65504 would read as inf: d_model weights of mean |w| > 85, no healthy model's.)"""
+    layers = [block.attention.qk_weights() for block in model.blocks]  # [(W [d_model 2*d_attn], b [2*d_attn] | None)]
+    W = layers[0][0]
+    ones = constant_row(1.0, W.shape[0], W.dtype, W.device).view(1, -1)  # [1 d_model]
+    sums = torch.empty(len(layers), 1, W.shape[1], dtype=W.dtype, device=W.device)  # [layer 1 2*d_attn]
+    for (W, b), row in zip(layers, sums.unbind()):
+        torch.mm(ones, W, out=row) if b is None else torch.addmm(b, ones, W, out=row)
+    return torch.dot(sums.view(-1), constant_row(0.0, sums.numel(), W.dtype, W.device))
 
 
 def init_weights(model: Transformer) -> None:

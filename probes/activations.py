@@ -46,6 +46,7 @@ GELU_FLAT = -3.0  # |GELU'(x)| < 0.012 below this input
 SILU_FLAT = -6.0  # |SiLU'(x)| < 0.0123 below: sigmoid(x) (1 + x (1 - sigmoid(x))) at -6
 HIST_BINS = 40
 SAMPLE_CAP = 200_000  # values kept per layer for the histograms
+BATCH_SIZE = 16  # windows per forward
 POST_HOOK = re.compile(r"(^|\.)mlp\.hook_post(_\d+)?$")
 
 
@@ -88,56 +89,84 @@ def histogram(values: torch.Tensor, bins: int = HIST_BINS) -> dict[str, list[flo
 
 @dataclass
 class Moments:
-    """Count, sum and sum of squares in float64, plus a capped sample for a histogram."""
+    """Count, sum and sum of squares in float64 (tensors on the values' device, read only when
+    summarised: no host sync per batch), plus a capped sample for a histogram (`keep`)."""
 
     n: int = 0
-    total: float = 0.0
-    total_sq: float = 0.0
+    total: torch.Tensor | float = 0.0
+    total_sq: torch.Tensor | float = 0.0
     sample: list[torch.Tensor] = field(default_factory=list)
+    keep: bool = True
 
     def add(self, values: torch.Tensor) -> None:
         v = values.detach().double()
         self.n += v.numel()
-        self.total += float(v.sum())
-        self.total_sq += float(v.pow(2).sum())
-        _keep_sample(self.sample, values)
+        self.total = self.total + v.sum()  # float64 adds, as Python's floats would make them
+        self.total_sq = self.total_sq + v.pow(2).sum()
+        if self.keep:
+            _keep_sample(self.sample, values)
 
-    def mean_std(self) -> tuple[float, float]:
-        mean = self.total / self.n
-        return mean, max(self.total_sq / self.n - mean ** 2, 0.0) ** 0.5
+
+def mean_std(n: int, total: float, total_sq: float) -> tuple[float, float]:
+    mean = total / n
+    return mean, max(total_sq / n - mean ** 2, 0.0) ** 0.5
 
 
 @dataclass
 class LayerStats:
-    """Running sums over batches for one hidden layer (memory: one [d_hidden] mask + samples)."""
+    """Running sums over batches for one hidden layer (memory: one [d_hidden] mask + samples),
+    kept on the activations' device. `readings()` are its numbers still there; `summarize` ends
+    them on the host; `summary()` does both (one host sync), with the histograms."""
 
     act_fn: str
     saturation: float
     ever_active: torch.Tensor | None = None  # [d_hidden] bool
-    saturated: int = 0
-    nonfinite: int = 0  # NaN/inf activations: a diverged layer, whose units are not "dead"
+    saturated: torch.Tensor | int = 0  # int64 count
+    nonfinite: torch.Tensor | int = 0  # NaN/inf activations: a diverged layer, whose units are not "dead"
     values: Moments = field(default_factory=Moments)
     grad: Moments = field(default_factory=Moments)  # the loss gradient at the activations
+    samples: bool = True  # keep samples for the histograms (a host copy per batch)
+
+    def __post_init__(self):
+        self.values.keep = self.grad.keep = self.samples
 
     def update(self, pre: torch.Tensor, post: torch.Tensor) -> None:  # [batch pos d_hidden] each
         active = active_mask(pre, post, self.act_fn, self.saturation).flatten(0, -2).any(0)
         self.ever_active = active if self.ever_active is None else self.ever_active | active
-        self.saturated += int(saturated_mask(pre, post, self.act_fn, self.saturation).sum())
-        self.nonfinite += int((~torch.isfinite(post)).sum())
+        self.saturated = self.saturated + saturated_mask(pre, post, self.act_fn, self.saturation).sum()
+        self.nonfinite = self.nonfinite + (~torch.isfinite(post)).sum()
         self.values.add(post)
 
-    def summary(self, bins: int = HIST_BINS) -> dict[str, Any]:
-        mean, std = self.values.mean_std()
-        broken = self.nonfinite > 0  # then "dead" and "saturated" would be artefacts of NaN
-        out = {"act_fn": self.act_fn, "units": int(self.ever_active.numel()),
-               "dead_fraction": None if broken else float((~self.ever_active).float().mean()),
-               "saturated_fraction": None if broken else self.saturated / self.values.n,
-               "nonfinite_fraction": self.nonfinite / self.values.n, "mean": mean, "std": std,
-               "hist": histogram(torch.cat(self.values.sample), bins)}
+    def readings(self) -> dict[str, torch.Tensor]:
+        """The numbers `summarize` needs, on the device (0-d each)."""
+        out = {"dead": (~self.ever_active).float().mean(), "saturated": self.saturated,
+               "nonfinite": self.nonfinite, "total": self.values.total, "total_sq": self.values.total_sq}
         if self.grad.n:
-            grad_mean, grad_std = self.grad.mean_std()
-            out.update({"grad_mean": grad_mean, "grad_std": grad_std,
-                        "grad_hist": histogram(torch.cat(self.grad.sample), bins)})
+            out.update({"grad_total": self.grad.total, "grad_total_sq": self.grad.total_sq})
+        return {k: torch.as_tensor(v, device=self.ever_active.device) for k, v in out.items()}
+
+    def summarize(self, host: dict[str, float]) -> dict[str, Any]:
+        """The summary's numbers from `readings()` read on the host (no histograms)."""
+        n = self.values.n
+        mean, std = mean_std(n, host["total"], host["total_sq"])
+        broken = host["nonfinite"] > 0  # then "dead" and "saturated" would be artefacts of NaN
+        out = {"act_fn": self.act_fn, "units": int(self.ever_active.numel()),
+               "dead_fraction": None if broken else host["dead"],
+               "saturated_fraction": None if broken else host["saturated"] / n,
+               "nonfinite_fraction": host["nonfinite"] / n, "mean": mean, "std": std}
+        if self.grad.n:
+            grad_mean, grad_std = mean_std(self.grad.n, host["grad_total"], host["grad_total_sq"])
+            out.update({"grad_mean": grad_mean, "grad_std": grad_std})
+        return out
+
+    def summary(self, bins: int = HIST_BINS) -> dict[str, Any]:
+        readings = self.readings()
+        values = torch.stack([t.double() for t in readings.values()]).tolist()  # one sync
+        out = self.summarize(dict(zip(readings, values)))
+        grad = {k: out.pop(k) for k in ("grad_mean", "grad_std") if k in out}
+        out["hist"] = histogram(torch.cat(self.values.sample), bins)
+        if grad:
+            out.update({**grad, "grad_hist": histogram(torch.cat(self.grad.sample), bins)})
         return out
 
 
@@ -169,10 +198,8 @@ class ActivationsResult:
         return {"layers": self.layers, **({} if self.source is None else {"source": self.source})}
 
     def compact(self) -> dict[str, dict[str, float]]:
-        """What training logs at eval steps: {layer: {dead, saturated, mean, std}}."""
-        return {layer["name"]: {"dead": layer["dead_fraction"], "saturated": layer["saturated_fraction"],
-                                "nonfinite": layer["nonfinite_fraction"],
-                                "mean": layer["mean"], "std": layer["std"]} for layer in self.layers}
+        """What training logs at eval steps: {layer: {dead, saturated, nonfinite, mean, std}}."""
+        return {layer["name"]: compact_row(layer) for layer in self.layers}
 
     def warnings(self) -> list[str]:
         return [f"{layer['name']}: {layer['nonfinite_fraction']:.0%} of activations are NaN or inf"
@@ -190,12 +217,18 @@ class ActivationsResult:
         return "\n".join(lines + self.warnings())
 
 
+def compact_row(layer: dict[str, Any]) -> dict[str, float | None]:
+    """One layer's summary as training logs it: {dead, saturated, nonfinite, mean, std}."""
+    return {"dead": layer["dead_fraction"], "saturated": layer["saturated_fraction"],
+            "nonfinite": layer["nonfinite_fraction"], "mean": layer["mean"], "std": layer["std"]}
+
+
 def _pct(value: float | None) -> str:
     return "nan" if value is None else f"{value:.1%}"
 
 
 def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, grads: bool = True,
-        saturation: float = SATURATION, batch_size: int = 16, bins: int = HIST_BINS,
+        saturation: float = SATURATION, batch_size: int = BATCH_SIZE, bins: int = HIST_BINS,
         tokenizer: Any = None) -> ActivationsResult:
     """Activation health of every MLP hidden layer over `tokens` [batch pos].
 
@@ -206,23 +239,32 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, grads: boo
     """
     tokens = tokens_or_text(model, tokens, tokenizer, batch_size,
                             n_ctx=2 * int(require_cfg(model, "find its MLP hook points").n_ctx))
+    stats = layer_stats(model, lm_windows(model, tokens, batch_size, targets=grads), grads=grads, saturation=saturation)
+    return ActivationsResult([{"name": name, **s.summary(bins)} for name, s in stats.items()])
+
+
+def layer_stats(model: Any, batches: Iterable[torch.Tensor], *, grads: bool = True,
+                saturation: float = SATURATION, samples: bool = True) -> dict[str, LayerStats]:
+    """`run`'s sums over `batches` (the windows `lm_windows` cuts, [batch pos] each), per MLP
+    hidden layer, on the model's device with nothing read on the host; `samples=False` keeps no
+    sample for the histograms (`summarize`, not `summary`, reads them then)."""
     names = mlp_layers(model)
     if not names:
         raise ProbeInputError(f"{type(model).__name__} has no MLP hidden layers with hook_post to probe")
     if not 0 < saturation < 1:
         raise ProbeInputError(f"saturation must be in (0, 1), got {saturation}")
     act_fn = _act_fn(model)
-    stats = {name: LayerStats(act_fn, saturation) for name in names}
+    stats = {name: LayerStats(act_fn, saturation, samples=samples) for name in names}
     pres: dict[str, torch.Tensor] = {}
     device = model_device(model)
     saved_grads = {p: p.grad for p in model.parameters()}
     try:
-        for batch in lm_windows(model, tokens, batch_size, targets=grads):
-            _one_batch(model, batch.to(device), stats, pres, grads)
+        for batch in batches:
+            _one_batch(model, batch if batch.device == device else batch.to(device), stats, pres, grads)
     finally:
         for p, g in saved_grads.items():
             p.grad = g
-    return ActivationsResult([{"name": name, **s.summary(bins)} for name, s in stats.items()])
+    return stats
 
 
 def _one_batch(model: Any, batch: torch.Tensor, stats: dict[str, LayerStats],

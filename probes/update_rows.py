@@ -92,8 +92,15 @@ def _qkv_thirds(tensor: torch.Tensor, dim: int, heads: int) -> tuple[torch.Tenso
 
 
 def snapshot_params(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Detached clones of every trainable parameter: take one just before `optimizer.step()`."""
-    return {name: p.detach().clone() for name, p in named_trainable(model).items()}
+    """Detached copies of every trainable parameter: take one just before `optimizer.step()`.
+    Laid out as `clone()` lays them out, filled by one fused copy (a launch per tensor would be
+    one per parameter on a GPU)."""
+    rows = named_trainable(model)
+    sources = [t.detach() for t in rows.values()]
+    copies = [torch.empty_like(t) for t in sources]
+    if copies:
+        torch._foreach_copy_(copies, sources)
+    return dict(zip(rows, copies))
 
 
 def packed_name(name: str) -> str:

@@ -74,19 +74,69 @@ def rms_many(tensors: list[torch.Tensor]) -> list[float]:
     float64 tensors stay float64 (exact to ~1e-15); float32 accumulates in float32 (~1e-6
     relative, plenty for a ratio shown to two digits); half precision is upcast to float32.
     """
-    out = [0.0] * len(tensors)
+    groups = norm_groups(tensors)
+    return rms_from_norms([t.numel() for t in tensors], groups, [norms.tolist() for _, norms in groups])  # a sync per group
+
+
+def norm_groups(tensors: list[torch.Tensor]) -> list[tuple[list[int], torch.Tensor]]:
+    """Each non-empty tensor's 2-norm on its device, fused per (device, dtype): per group the
+    tensors' indices and their norms [k] in float64 (nothing read on the host yet)."""
     groups: dict[tuple, list[int]] = {}
     for i, t in enumerate(tensors):
         if t.numel():
             groups.setdefault((t.device, t.dtype), []).append(i)
+    out = []
     for (_, dtype), index in groups.items():
         group = [tensors[i].detach() for i in index]
         if dtype in (torch.float16, torch.bfloat16):
             group = [t.float() for t in group]
-        norms = torch.stack(torch._foreach_norm(group)).double().tolist()  # one sync per group
-        for i, norm in zip(index, norms):
-            out[i] = norm / math.sqrt(tensors[i].numel())
+        out.append((index, torch.stack(torch._foreach_norm(group)).double()))  # [k]
     return out
+
+
+def rms_from_norms(numels: list[int], groups: list[tuple[list[int], Any]], norms: list[list[float]]) -> list[float]:
+    """rms = norm / sqrt(numel) of each tensor (`numels`: their sizes), from `norm_groups`' norms
+    read on the host (0.0 for an empty tensor)."""
+    out = [0.0] * len(numels)
+    for (index, _), group_norms in zip(groups, norms):
+        for i, norm in zip(index, group_norms):
+            out[i] = norm / math.sqrt(numels[i])
+    return out
+
+
+class GwuReadings:
+    """What `gwu_table` measures, still on the device: the 2-norms of each row's weights after the
+    step, its update, its weights before and its gradient (`norms`: per kind, `norm_groups`).
+    `table(host)` finishes the table from those norms read on the host (`host` mirrors `norms`),
+    so a caller can bring them over with its other numbers in one transfer (the Monitor does)."""
+
+    def __init__(self, model: nn.Module, before: Mapping[str, torch.Tensor], lr: float | Mapping[str, float]):
+        params = {name: p for name, p in named_trainable(model).items() if name in before}
+        grads = named_trainable(model, grads=True)
+        self.names, self.lr = list(params), lr
+        # a head's row is a strided view of its layer's packed q/k/v: contiguous copies reduce in
+        # the same order as a snapshot's tensors do (`gwu_from_snapshots` agrees to the last bit)
+        after = [params[n].detach().contiguous() for n in self.names]
+        deltas = torch._foreach_sub(after, [before[n].to(a.device) for n, a in zip(self.names, after)])
+        self.with_grad = [n for n in self.names if grads.get(n) is not None]
+        gradients = [grads[n].contiguous() for n in self.with_grad]
+        tensors = {"w": after, "d": deltas, "w0": [before[n] for n in self.names], "g": gradients}
+        self.norms = {kind: norm_groups(ts) for kind, ts in tensors.items()}
+        self._numels = {kind: [t.numel() for t in ts] for kind, ts in tensors.items()}  # not the tensors: memory
+
+    def table(self, host: Mapping[str, list[tuple[list[int], list[float]]]]) -> Table:
+        """{name: {"g", "w", "u", "u_nominal"}} in module order, from `norms` read on the host."""
+        rms = {kind: rms_from_norms(numels, self.norms[kind], [norms for _, norms in host[kind]])
+               for kind, numels in self._numels.items()}
+        g = dict(zip(self.with_grad, rms["g"]))
+        table: Table = {}
+        lr = self.lr
+        for name, w_i, d_i, w0_i in zip(self.names, rms["w"], rms["d"], rms["w0"]):
+            g_i = g.get(name)
+            lr_i = lr if not isinstance(lr, Mapping) else lr.get(name, lr.get(packed_name(name), 0.0))
+            table[name] = {"g": g_i, "w": w_i, "u": _ratio_from(w0_i, d_i, w_i),
+                           "u_nominal": None if g_i is None else _ratio_from(w0_i, lr_i * g_i, w_i)}
+        return table
 
 
 def gwu_table(model: nn.Module, before: Mapping[str, torch.Tensor], lr: float | Mapping[str, float]) -> Table:
@@ -101,23 +151,9 @@ def gwu_table(model: nn.Module, before: Mapping[str, torch.Tensor], lr: float | 
     all zeros before the step (a bias at init) has no u: its new weight is the update itself, so
     the ratio would read 1 whatever the step size (`_ratio_from`).
     """
-    params = {name: p for name, p in named_trainable(model).items() if name in before}
-    grads = named_trainable(model, grads=True)
-    names = list(params)
-    # a head's row is a strided view of its layer's packed q/k/v: contiguous copies reduce in
-    # the same order as a snapshot's tensors do (`gwu_from_snapshots` agrees to the last bit)
-    after = [params[n].detach().contiguous() for n in names]
-    deltas = torch._foreach_sub(after, [before[n].to(a.device) for n, a in zip(names, after)])
-    with_grad = [n for n in names if grads.get(n) is not None]
-    w, d, w0 = rms_many(after), rms_many(deltas), rms_many([before[n] for n in names])
-    g = dict(zip(with_grad, rms_many([grads[n].contiguous() for n in with_grad])))
-    table: Table = {}
-    for name, w_i, d_i, w0_i in zip(names, w, d, w0):
-        g_i = g.get(name)
-        lr_i = lr if not isinstance(lr, Mapping) else lr.get(name, lr.get(packed_name(name), 0.0))
-        table[name] = {"g": g_i, "w": w_i, "u": _ratio_from(w0_i, d_i, w_i),
-                       "u_nominal": None if g_i is None else _ratio_from(w0_i, lr_i * g_i, w_i)}
-    return table
+    readings = GwuReadings(model, before, lr)
+    return readings.table({kind: [(index, norms.tolist()) for index, norms in groups]  # a sync per group
+                           for kind, groups in readings.norms.items()})
 
 
 def _ratio_from(w_before: float, num: float, w_after: float) -> float | None:

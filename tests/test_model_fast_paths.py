@@ -51,28 +51,35 @@ def test_training_gradients_reach_every_head(name):
 
 
 def test_weight_guard_cache_follows_every_way_weights_change():
-    """Without grad the weight guard is reused; an in-place write, load_state_dict, a swapped
-    parameter and a dtype change each give the same logits as a freshly built model."""
+    """Without grad the weight guard is reused: the model's one guard on its logits while nothing
+    is hooked, each layer's own under a hook; an in-place write, load_state_dict, a swapped
+    parameter and a dtype change each give the same logits as a freshly built model, both ways."""
     model = build()
     tokens = tokens_for(model)
     attn, head = model.blocks[0].attention, model.blocks[0].attention.heads[1]
+    hooked = [("blocks.0.hook_resid_pre", lambda x, hook: None)]
     with torch.no_grad():
         model(tokens)
-        first = attn._guard_cache[2]
+        first = model._logits_guard[1]
         model(tokens)
-        assert attn._guard_cache[2] is first  # unchanged weights: reused, not rebuilt
+        assert model._logits_guard[1] is first  # unchanged weights: reused, not rebuilt
+        model.run_with_hooks(tokens, fwd_hooks=hooked)
+        first = attn._guard_cache[2]
+        model.run_with_hooks(tokens, fwd_hooks=hooked)
+        assert attn._guard_cache[2] is first
 
         def check():
             fresh = build()
             fresh.load_state_dict(model.state_dict())
             fresh.to(next(model.parameters()).dtype)
-            fresh.blocks[0].attention._guard_cache = None
             assert torch.equal(model(tokens), fresh(tokens))
+            assert torch.equal(model.run_with_hooks(tokens, fwd_hooks=hooked), fresh.run_with_hooks(tokens, fwd_hooks=hooked))
 
         head.W_V.mul_(2.0)  # in place through the head's view, as an optimizer step
         check()
         head.W_K[0, 0] = float("nan")  # the guard must see it: a cached all-zero guard would not
         assert torch.isnan(model(tokens)).any()
+        assert torch.isnan(model.run_with_hooks(tokens, fwd_hooks=hooked)).any()
         head.W_K[0, 0] = 0.0
         check()
         state = model.state_dict()

@@ -26,6 +26,7 @@ from models.loss import block_len, lm_loss
 from models.bpe import BPEVocabError
 from models.tokenizers import BPETokenizer, CharTokenizer, Tokenizer
 from probes.entropy import series_entropy
+from train.host_copy import HostCopy
 
 log = logging.getLogger(__name__)
 MAX_DATA_BYTES = 2 * 2**30
@@ -158,14 +159,20 @@ def eval_batch_stats(model: Any, block: torch.Tensor, doctor: bool = True) -> di
 
 def forward_stats(model: Any, inputs: torch.Tensor, doctor: bool = True) -> dict[str, Any]:
     """`eval_batch_stats` on `inputs` [batch pos] themselves (the Monitor's eval tokens)."""
+    return HostCopy(forward_readings(model, inputs, doctor), finish_forward_stats).get()
+
+
+def forward_readings(model: Any, inputs: torch.Tensor, doctor: bool = True) -> dict[str, Any]:
+    """`forward_stats` still on the device: {"attn_entropy": {layer: [head] tensor}, ...,
+    "logit_max": 0-d tensor}; `finish_forward_stats` ends it once read on the host."""
     if not isinstance(model.cfg, TransformerConfig):
-        return {"logit_max": float(model(inputs).abs().amax().float())} if doctor else {}
-    entropy: dict[str, list[float]] = {}
+        return {"logit_max": model(inputs).abs().amax().float()} if doctor else {}
+    entropy: dict[str, torch.Tensor] = {}
     score_max: dict[str, torch.Tensor] = {}
     rms: dict[str, torch.Tensor] = {}
 
     def on_pattern(pattern: torch.Tensor, hook: Any) -> None:  # pattern [batch head q k]
-        entropy[_layer(hook)] = [round(float(h), 6) for h in series_entropy(pattern.float())]
+        entropy[_layer(hook)] = series_entropy(pattern.float())  # [head]
 
     def on_scores(scores: torch.Tensor, hook: Any) -> None:  # [batch head q k], -inf where masked
         score_max[_layer(hook)] = scores.amax(dim=(0, 2, 3)).float()  # [head]; max is exact in bf16
@@ -180,10 +187,15 @@ def forward_stats(model: Any, inputs: torch.Tensor, doctor: bool = True) -> dict
     logits = model.run_with_hooks(inputs, fwd_hooks=hooks)  # [batch pos d_vocab]
     if not doctor:
         return {"attn_entropy": entropy}
-    return {"attn_entropy": entropy,
-            "attn_logit_max": {layer: m.tolist() for layer, m in score_max.items()},
-            "resid_rms": {layer: float(r) for layer, r in rms.items()},
-            "logit_max": float(logits.abs().amax().float())}
+    return {"attn_entropy": entropy, "attn_logit_max": score_max, "resid_rms": rms,
+            "logit_max": logits.abs().amax().float()}
+
+
+def finish_forward_stats(stats: dict[str, Any]) -> dict[str, Any]:
+    """`forward_readings` read on the host: each entropy rounded to 6 digits, as the series logged it."""
+    if "attn_entropy" in stats:
+        stats["attn_entropy"] = {layer: [round(h, 6) for h in heads] for layer, heads in stats["attn_entropy"].items()}
+    return stats
 
 
 @torch.no_grad()

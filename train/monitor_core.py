@@ -22,9 +22,9 @@ from models.store.result import nonfinite_tensors
 from models.store.run import (METRICS_FILE, append_metrics, list_snapshots, read_metrics, read_run_json,
                               trim_metrics, write_run_json)
 from train.guard import RunLock
-from train.monitor_parts import (autocast_factory, check_model, check_tokens, divergence_reason, first_optimizer,
-                                 grad_norm, group_lrs, internal_stats, monitored_run_json, number, refuse_owned,
-                                 resume_mismatch, setting, step_number)
+from train.monitor_parts import (EvalReadings, autocast_factory, check_model, check_tokens, divergence_reason,
+                                 first_optimizer, grad_squares, group_lrs, monitored_run_json, number, refuse_owned,
+                                 resume_mismatch, setting, step_number, update_readings)
 
 log = logging.getLogger("train.monitor")
 
@@ -76,6 +76,8 @@ class Monitor:
         self.plan, self.tapped_model = None, None  # a model the store cannot rebuild: read by the tap
         if self.config is None and self.eval_tokens is not None:
             self._plan_tap(autocast)
+        self._eval = (None if self.eval_tokens is None else
+                      EvalReadings(self.model, self.config, self.eval_tokens, self.plan, autocast))
         self.any_saver = None  # its snapshots: the weights, its layout and what the probes read of it
         if save_every and self.config is None:
             from train.monitor_save import AnySaver
@@ -94,6 +96,7 @@ class Monitor:
         self._pending: dict[str, Any] | None = None
         self._last_written: tuple[int, float] | None = None  # (step, time) for step_time_ms
         self._said_no_internals = False
+        self._pending_internals: Any = None  # the pending record's internals, coming from the device
         self.first_nonfinite_step: int | None = None  # the first step whose train_loss was NaN/inf
         self._handles: list[Any] = []
         self._lock: RunLock | None = None
@@ -223,15 +226,16 @@ class Monitor:
             for old in sorted(self._captures)[:-2]:  # never logged: keep memory bounded
                 del self._captures[old]
             self._captures[self._next_step] = {"before": snapshot_params(self.model),
-                                               "grad_norm": grad_norm(self.model), "lr": self._step_lr,
+                                               "grad_squares": grad_squares(self.model), "lr": self._step_lr,
                                                "lr_groups": group_lrs(optimizer),
                                                "lrs": lr_by_name(self.model, optimizer)}
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         capture = self._captures.get(self._next_step)
         if capture is not None and "before" in capture:
-            from probes.updates import gwu_table
-            capture["gwu"] = gwu_table(self.model, capture.pop("before"), capture.pop("lrs"))
+            # measured on the device; read on the host when the record is written
+            capture["update"] = update_readings(self.model, capture.pop("before"), capture.pop("grad_squares"),
+                                                capture.pop("lrs"))
         self._next_step += 1
         self._steps_since_log += 1
 
@@ -313,8 +317,9 @@ class Monitor:
             tokens = step * self.tokens_per_step
             record["tokens"] = tokens if tokens <= 2**63 - 1 else float(tokens)
         if self.eval_every and step % self.eval_every == 0 or step == self.steps:
-            # at the step's first call: nanoGPT logs its eval before taking the step
-            record.update(self._internals())
+            # at the step's first call: nanoGPT logs its eval before taking the step; measured now,
+            # read when the record is written, after the keys made so far (`_with_internals`)
+            self._pending_internals = (list(record), self._internals())
         if self.save_every and step % self.save_every == 0:  # the weights of this step, as its internals
             self.save(step)
         self._pending = record
@@ -328,9 +333,10 @@ class Monitor:
         record, self._pending = self._pending, None
         if record is None:
             return None
+        record = self._with_internals(record)
         step = record["step"]
         capture = self._captures.get(step)
-        measured = {"grad_norm": capture["grad_norm"], "gwu": capture["gwu"]} if capture and "gwu" in capture else {}
+        measured = capture["update"].get() if capture and "update" in capture else {}
         lr = capture["lr"] if measured else self._step_lr if self._step_lr is not None else self.optimizer.param_groups[0].get("lr")
         lrs = capture["lr_groups"] if measured else group_lrs(self.optimizer)
         record = {"step": step, "lr": lr, **({"lr_groups": lrs} if lrs else {}), **measured,
@@ -353,17 +359,27 @@ class Monitor:
             self.doctor.check()
         return record
 
-    def _internals(self) -> dict[str, Any]:
+    def _with_internals(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The pending record with its eval step's internals read (one wait for their transfer),
+        placed where they were measured: after the step and tokens, before the values given."""
+        pending, self._pending_internals = self._pending_internals, None
+        if pending is None:
+            return record
+        head, internals = pending
+        internals = internals.get() if internals is not None else {}
+        first = {k: record[k] for k in head if k in record}
+        return {**first, **internals, **{k: v for k, v in record.items() if k not in first}}  # given values win
+
+    def _internals(self) -> Any:
+        """The model's internals on the eval tokens, measured now on the device: a HostCopy (read
+        when the record is written), or None without eval tokens."""
         if self.eval_tokens is None:
             if not self._said_no_internals:
                 self._said_no_internals = True
                 log.info("monitor: no eval_tokens given: attention entropy, attention logits, residual "
                          "rms, |logit| and dead units are not measured")
-            return {}
-        if self.plan is not None:
-            from train.monitor_tap import measure
-            return measure(self.plan, self.eval_tokens, self.autocast)
-        return internal_stats(hooked_twin(self.model, self.config), self.eval_tokens, self.autocast)
+            return None
+        return self._eval.measure()
 
     def save(self, step: int) -> Path:
         """A snapshot of the model at `step` in the run directory: ours (of ours, nanoGPT's, HF GPT-2),

@@ -7,13 +7,17 @@ import math
 import numbers
 from contextlib import nullcontext
 from datetime import datetime, timezone
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-__all__ = ["INT64_MAX", "OWNED", "autocast_factory", "check_model", "check_tokens", "describe_model", "divergence_reason", "first_optimizer",
-           "grad_norm", "group_lrs", "hyperparameters", "internal_stats", "monitored_run_json", "number",
-           "param_groups_json", "refuse_owned", "resume_mismatch", "setting", "short", "step_number"]
+from train.host_copy import HostCopy
+
+__all__ = ["EvalReadings", "INT64_MAX", "OWNED", "activation_windows", "autocast_factory", "check_model", "check_tokens", "describe_model",
+           "divergence_reason", "first_optimizer", "grad_norm", "grad_squares", "group_lrs", "hyperparameters",
+           "internal_stats", "monitored_run_json", "norm_from_squares", "number", "param_groups_json", "refuse_owned",
+           "resume_mismatch", "setting", "short", "step_number", "update_readings"]
 
 
 def first_optimizer(optimizer: Any) -> torch.optim.Optimizer:
@@ -159,14 +163,39 @@ def resume_mismatch(old: dict[str, Any], new: dict[str, Any]) -> str | None:
 
 def grad_norm(model: torch.nn.Module) -> float | None:
     """The 2-norm of every gradient together, as the optimizer sees it (after any clipping)."""
+    squares = grad_squares(model)
+    return None if squares is None else norm_from_squares([float(s) for s in squares])
+
+
+def grad_squares(model: torch.nn.Module) -> list[torch.Tensor] | None:
+    """`grad_norm` still on the device: per (device, dtype) of the gradients, the sum of their
+    squared norms (float64, fused), or None without gradients; `norm_from_squares` ends it."""
     grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
     if not grads:
         return None
     by_kind: dict[tuple, list[torch.Tensor]] = {}
     for g in grads:
         by_kind.setdefault((g.device, g.dtype), []).append(g.float() if g.dtype in (torch.float16, torch.bfloat16) else g)
-    squares = [torch.stack(torch._foreach_norm(group)).double().square().sum().item() for group in by_kind.values()]
+    return [torch.stack(torch._foreach_norm(group)).double().square().sum() for group in by_kind.values()]
+
+
+def norm_from_squares(squares: list[float]) -> float:
     return math.sqrt(sum(squares))
+
+
+def update_readings(model: torch.nn.Module, before: dict[str, torch.Tensor], squares: list[torch.Tensor] | None,
+                    lrs: Any) -> HostCopy:
+    """A step's grad norm (`grad_squares`, taken before the step) and g/w/u table
+    (`probes.updates.GwuReadings` of the update just made from `before`), measured on the device
+    and sent to the host in one transfer, started here: `.get()` is {"grad_norm", "gwu"}."""
+    from probes.updates import GwuReadings
+    gwu = GwuReadings(model, before, lrs)
+
+    def finish(values: dict[str, Any]) -> dict[str, Any]:
+        squares = values["grad"]
+        return {"grad_norm": None if squares is None else norm_from_squares(squares), "gwu": gwu.table(values["gwu"])}
+
+    return HostCopy({"grad": squares, "gwu": gwu.norms}, finish)
 
 
 def divergence_reason(record: dict[str, Any]) -> str | None:
@@ -180,25 +209,71 @@ def divergence_reason(record: dict[str, Any]) -> str | None:
     return None
 
 
+def activation_windows(config: Any, tokens: torch.Tensor) -> list[torch.Tensor]:
+    """The eval tokens [batch pos] in the windows `probes.activations.run` reads (its batches of
+    `BATCH_SIZE`), cut once: cutting checks the ids on the host."""
+    from probes.activations import BATCH_SIZE
+    from probes.common import lm_windows
+    return lm_windows(SimpleNamespace(cfg=config), tokens, BATCH_SIZE, targets=False)  # it reads only .cfg
+
+
 @torch.no_grad()
-def internal_stats(twin: torch.nn.Module, tokens: torch.Tensor, autocast: Any = nullcontext) -> dict[str, Any]:
+def internal_stats(twin: torch.nn.Module, tokens: torch.Tensor, windows: list[torch.Tensor],
+                   autocast: Any = nullcontext) -> HostCopy:
     """The doctor's internal signals on `tokens` [batch pos], measured on our hooked `twin` in eval
-    mode (`train.data.forward_stats`, `probes.activations`): activations (dead and saturated
-    units), attn_entropy, attn_logit_max, resid_rms, logit_max. `autocast`: a context manager
-    factory (the trainer's bf16 autocast)."""
+    mode (`train.data.forward_readings`; `probes.activations` on `windows`, `activation_windows`
+    of the tokens): activations (dead and saturated units), attn_entropy, attn_logit_max,
+    resid_rms, logit_max. All of it stays on the device and comes over in one transfer, started
+    here: `.get()` is the record's internals. `autocast`: a context manager factory (the trainer's
+    bf16 autocast)."""
     from probes import activations
-    from train.data import DOCTOR_METRICS, forward_stats  # by its full name: `train` may be a user's train.py now
+    from train.data import DOCTOR_METRICS, finish_forward_stats, forward_readings  # by its full name: `train` may be a user's train.py now
 
     was_training = twin.training
     twin.eval()
     try:
-        tokens = tokens.to(next(twin.parameters()).device)
         with autocast():
-            health = activations.run(twin, tokens, grads=False).compact()
-            stats = forward_stats(twin, tokens, doctor=DOCTOR_METRICS)
+            stats = activations.layer_stats(twin, windows, grads=False, samples=False)
+            forward = forward_readings(twin, tokens, doctor=DOCTOR_METRICS)
     finally:
         twin.train(was_training)
-    return {"activations": health, **stats}
+
+    def finish(values: dict[str, Any]) -> dict[str, Any]:
+        values["activations"] = {name: activations.compact_row(stats[name].summarize(host))
+                                 for name, host in values["activations"].items()}
+        return finish_forward_stats(values)
+
+    return HostCopy({"activations": {name: s.readings() for name, s in stats.items()}, **forward}, finish)
+
+
+class EvalReadings:
+    """What the Monitor measures at each eval step on its eval tokens [batch pos], set up once: the
+    tokens (and, for our hooked twin, their activation windows, cut here where the ids were just
+    checked on the host) moved to the model's device once, and the twin kept while it shares the
+    model's weights (`models.store.live.hooked_twin`). `plan`: the tap's, for a model the store
+    cannot rebuild (`train.monitor_tap`)."""
+
+    def __init__(self, model: torch.nn.Module, config: Any, tokens: torch.Tensor, plan: Any, autocast: Any):
+        self.model, self.config, self.plan, self.autocast = model, config, plan, autocast
+        self.tokens = tokens
+        self.windows = activation_windows(config, tokens) if config is not None else None
+        self._on: tuple | None = None  # (device, tokens, windows) there
+        self._twin: torch.nn.Module | None = None
+
+    def measure(self) -> HostCopy:
+        """One eval step's internals, measured on the device: `.get()` is the record's part."""
+        if self.plan is not None:
+            from train.monitor_tap import measure
+            return measure(self.plan, self._inputs(next(self.model.parameters()).device)[0], self.autocast)
+        from models.store.live import hooked_twin
+        self._twin = hooked_twin(self.model, self.config, cached=self._twin)
+        return internal_stats(self._twin, *self._inputs(next(self._twin.parameters()).device), self.autocast)
+
+    def _inputs(self, device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        if self._on is None or self._on[0] != device:
+            windows = None if self.windows is None else [w.to(device) for w in self.windows]
+            self._on = (device, self.tokens.to(device), windows)
+        return self._on[1], self._on[2]
 
 
 def describe_model(model: torch.nn.Module, kind: str) -> dict[str, Any]:

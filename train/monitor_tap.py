@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -30,9 +30,10 @@ from torch import nn
 from models.layout import UNEMBED_NAMES, first_tensor, main_blocks, unembedding
 from models.tap import TapError, eval_pass, logits_of, tap_forward
 from models.tap_inputs import context_of, forward_inputs
-from probes.activations import LayerStats
+from probes.activations import LayerStats, compact_row
 from probes.entropy import series_entropy
 from probes.thresholds import SATURATION
+from train.host_copy import HostCopy
 
 log = logging.getLogger("train.monitor")
 
@@ -60,6 +61,7 @@ class Plan:
     silu: bool = False  # SiLU modules, left unmeasured
     resid: bool = True  # one block per attention layer (records must fit run.json's n_layers)
     tap_error: str | None = None  # why the tap read nothing, once known
+    trusted: Any = None  # the tap's checked first pass (`dims`): later passes read their calls the same way
 
 
 def plan(model: nn.Module) -> Plan:
@@ -71,28 +73,32 @@ def plan(model: nn.Module) -> Plan:
 
 
 class Readings:
-    """What the hooks and the tap read during the one forward."""
+    """What the hooks and the tap read during the one forward, left on the device (the record's
+    numbers come over in one transfer, `stats`); `windows` (a host read per layer) only when
+    asked, for run.json."""
 
-    def __init__(self, p: Plan):
+    def __init__(self, p: Plan, windows: bool = False):
         self.rms: dict[str, torch.Tensor] = {}
         self.logit_max: torch.Tensor | None = None
         self.vocab: int | None = None
-        self.acts = {name: LayerStats(act, SATURATION) for name, _, act in p.activations}
+        self.acts = {name: LayerStats(act, SATURATION, samples=False) for name, _, act in p.activations}
         self.d_model: int | None = None
-        self.entropy: dict[str, list[float]] = {}
+        self.entropy: dict[str, torch.Tensor] = {}
         self.score_max: dict[str, torch.Tensor] = {}
         self.heads: list[int] = []
+        self.find_windows = windows
         self.windows: dict[str, int] = {}
 
     def attention(self, call: Any) -> None:
         pattern, scores = call.pattern, call.scores  # [batch head q k] each, -inf where masked
         layer = str(call.layer)
-        self.entropy[layer] = [round(h, 6) for h in series_entropy(pattern.float()).tolist()]  # one sync
+        self.entropy[layer] = series_entropy(pattern.float())  # [head]
         self.score_max[layer] = scores.amax(dim=(0, 2, 3)).float()  # [head]
         self.heads.append(call.n_heads)
-        seen = int((scores > -math.inf).sum(-1).amax())  # the most keys any query row sees
-        if seen < scores.shape[-1]:
-            self.windows[layer] = seen
+        if self.find_windows:
+            seen = int((scores > -math.inf).sum(-1).amax())  # the most keys any query row sees
+            if seen < scores.shape[-1]:
+                self.windows[layer] = seen
 
 
 def hooks(p: Plan, r: Readings) -> list[Any]:
@@ -118,18 +124,23 @@ def hooks(p: Plan, r: Readings) -> list[Any]:
     return handles
 
 
-def forward(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext) -> Readings:
+def forward(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext, first: bool = False) -> Readings:
     """One no-grad eval forward of the model on tokens [batch pos], read by the tap and the hooks;
     the modules' modes are put back after. Where the tap reads nothing, a plain forward (once
-    said)."""
-    r = Readings(p)
+    said). `first`: the forward that plans the run (`dims`): the tap checks there what it reads
+    (which softmaxes are attention, its rebuilt SDPA attention against the output) and finds
+    sliding windows; later forwards trust it (no host read)."""
+    r = Readings(p, windows=first)
     handles = hooks(p, r)
     logits = None
     try:
         with autocast():
             if p.tap_error is None:
                 try:
-                    logits = tap_forward(p.model, tokens, r.attention).logits
+                    result = tap_forward(p.model, tokens, r.attention, trust=None if first else p.trusted)
+                    logits = result.logits
+                    if first:  # what later passes trust: its checks read values on the host
+                        p.trusted = replace(result, layers=[], logits=None)
                 except TapError as err:
                     p.tap_error = str(err)
                     log.info("monitor: attention entropy and attention logits are not measured: %s", err)
@@ -139,7 +150,7 @@ def forward(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext) -> Readi
         for handle in handles:
             handle.remove()
     if logits is None:  # the tap read nothing: the plain forward from now on
-        return forward(p, tokens, autocast)
+        return forward(p, tokens, autocast, first)
     r.vocab = logits.shape[-1]
     # the unembedding's output, if it is the logits (nanochat pads them: its named lm_head may be wider)
     named = p.unembed is not None and p.unembed[0].rsplit(".", 1)[-1] in UNEMBED_NAMES
@@ -155,28 +166,35 @@ def plain_forward(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
         return logits_of(model(tokens, **forward_inputs(model, tokens)))
 
 
-def stats(p: Plan, r: Readings) -> dict[str, Any]:
-    """The record's internals, in the keys our models' records use."""
-    out: dict[str, Any] = {}
+def stats(p: Plan, r: Readings) -> HostCopy:
+    """The record's internals, in the keys our models' records use: their transfer started, read
+    with `.get()`."""
+    tree: dict[str, Any] = {}
     if r.entropy:
-        out["attn_entropy"] = r.entropy
-        out["attn_logit_max"] = {layer: m.tolist() for layer, m in r.score_max.items()}
+        tree["attn_entropy"] = r.entropy
+        tree["attn_logit_max"] = r.score_max
     if r.rms and p.resid:
-        out["resid_rms"] = {layer: float(v) for layer, v in r.rms.items()}
-    out["logit_max"] = float(r.logit_max)
-    health = {name: s.summary(bins=1) for name, s in r.acts.items() if s.ever_active is not None}
-    if health:
-        out["activations"] = {name: {"dead": h["dead_fraction"], "saturated": h["saturated_fraction"],
-                                     "nonfinite": h["nonfinite_fraction"], "mean": h["mean"], "std": h["std"]}
-                              for name, h in health.items()}
-    return out
+        tree["resid_rms"] = r.rms
+    tree["logit_max"] = r.logit_max
+    acts = {name: s for name, s in r.acts.items() if s.ever_active is not None}
+    if acts:
+        tree["activations"] = {name: s.readings() for name, s in acts.items()}
+
+    def finish(out: dict[str, Any]) -> dict[str, Any]:
+        if "attn_entropy" in out:
+            out["attn_entropy"] = {layer: [round(h, 6) for h in heads] for layer, heads in out["attn_entropy"].items()}
+        if "activations" in out:
+            out["activations"] = {name: compact_row(acts[name].summarize(host)) for name, host in out["activations"].items()}
+        return out
+
+    return HostCopy(tree, finish)
 
 
 @torch.no_grad()
-def measure(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext) -> dict[str, Any]:
-    """One eval step's internals of the planned model on tokens [batch pos]."""
-    device = next(p.model.parameters()).device
-    return stats(p, forward(p, tokens.to(device), autocast))
+def measure(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext) -> HostCopy:
+    """One eval step's internals of the planned model on tokens [batch pos] (on its device),
+    measured there and sent to the host in one transfer: `.get()` is the record's internals."""
+    return stats(p, forward(p, tokens, autocast))
 
 
 @torch.no_grad()
@@ -184,7 +202,7 @@ def dims(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext) -> dict[str
     """run.json's `model` from one forward on tokens: layers, heads, width, context (the eval rows'
     length: the entropy rules' uniform baseline), vocabulary, the activation, sliding windows seen."""
     device = next(p.model.parameters()).device
-    r = forward(p, tokens.to(device), autocast)
+    r = forward(p, tokens.to(device), autocast, first=True)
     acts = sorted({a for _, _, a in p.activations} | ({"silu"} if p.silu else set()))
     model = p.model
     # a record's per-layer fields must fit n_layers and n_heads (models.store.record_check)

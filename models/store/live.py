@@ -88,13 +88,25 @@ def _source_state(model: torch.nn.Module, kind: str) -> dict[str, torch.Tensor]:
     return state
 
 
-def hooked_twin(model: torch.nn.Module, config: Any = None) -> torch.nn.Module | None:
+def shares_memory(twin: torch.nn.Module, model: torch.nn.Module) -> bool:
+    """Whether every parameter and buffer of `twin` lies in the storage of one of `model`'s."""
+    held = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+    return all(t.untyped_storage().data_ptr() in held for t in (*twin.parameters(), *twin.buffers()))
+
+
+def hooked_twin(model: torch.nn.Module, config: Any = None, cached: torch.nn.Module | None = None,
+                ) -> torch.nn.Module | None:
     """Our hooked model over `model`'s current weights (itself when it is ours), in eval mode;
-    None for a model the store does not read. `config`: `twin_config(model)`, when known."""
+    None for a model the store does not read. `config`: `twin_config(model)`, when known.
+    `cached`: a twin this gave for `model` before, given back as it is while every one of its
+    tensors still sits in the memory of one of `model`'s (views of them: an optimizer's in-place
+    step is seen; `.to()` or a new parameter is not, and a new twin is built then)."""
     model = unwrap(model)
     kind = model_kind(model)
     if kind in ("ours", "other"):
         return model if kind == "ours" else None
+    if cached is not None and shares_memory(cached, model):
+        return cached.eval()
     config = config or twin_config(model)
     state = _source_state(model, kind)
     try:
