@@ -382,15 +382,13 @@ class Monitor:
         return self._eval.measure()
 
     def save(self, step: int) -> Path:
-        """A snapshot of the model at `step` in the run directory: ours (of ours, nanoGPT's, HF GPT-2),
-        else a snapshot of any model (`train.monitor_save`)."""
+        """A snapshot at `step` in the run directory: ours, else of any model (`train.monitor_save`)."""
         from models.store.run import snapshot_name
         from models.store.snapshot import save_snapshot
         tokens = step * self.tokens_per_step if self.tokens_per_step else 0
         if self.config is None:
-            if self.any_saver is None:
-                raise ValueError(f"Monitor: cannot save this {type(self.model).__name__}: give the Monitor "
-                                 "save_every=N and eval_tokens= to save snapshots of it")
+            if self.any_saver is None:  # made with save_every and eval_tokens
+                raise ValueError(f"Monitor: give save_every=N and eval_tokens= to save a {type(self.model).__name__}")
             return self.any_saver.save(self.out_dir / snapshot_name(step), step, tokens)
         return save_snapshot(self.out_dir / snapshot_name(step), hooked_twin(self.model, self.config),
                              self.tokenizer, step=step, tokens_seen=tokens)
