@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
+from app.model_code import spec_for
 from app.tokenizer_help import no_tokenizer
 from models.store.run import is_run_dir, is_snapshot_dir, list_snapshots
 from app.logs import foreign_log, history_only
@@ -91,7 +92,7 @@ def load(path: str, modified: float, preset: str | None = None) -> Any:
     # OpenMP's spin-waits made the Overview's 160-token sample take 22 s instead of 1 s (as
     # tests/conftest.py); SCRATCHSCOPE_TORCH_THREADS=N gives a GPT-2-sized model more
     torch.set_num_threads(torch_threads())
-    return load_checkpoint(path, preset=preset)
+    return load_checkpoint(path, preset=preset, model_code=spec_for(Path(path)))  # only on the user's word
 
 
 def torch_threads() -> int:
@@ -107,15 +108,24 @@ def snapshot(path: Path, preset: str | None = None) -> Any:
 
 
 def encode(snap: Any, text: str) -> torch.Tensor:
-    """[1 pos] ids of `text` cut to the model's context (the app shows one window)."""
+    """[1 pos] ids of `text` cut to the model's context (the app shows one window); for a snapshot of
+    any model without its code, the first row of the sample it saved (`saved_only` says so)."""
     import torch
 
+    if saved_only(snap):
+        from probes.saved_source import saved_sample
+        return saved_sample(snap)[0][:1]
     if not text:
         raise ValueError("the text is empty: type some text in the sidebar")
     if snap.tokenizer is None:
         raise no_tokenizer(snap)
     ids = snap.tokenizer.encode(text)
     return torch.tensor([ids[: snap.config.n_ctx]])
+
+
+def saved_only(snap: Any) -> bool:
+    """A snapshot of any model opened without its code: its pages read the sample it saved."""
+    return type(snap.model).__name__ == "SavedModel"
 
 
 def pieces(snap: Any, ids: list[int]) -> list[str]:

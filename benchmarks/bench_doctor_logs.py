@@ -2,12 +2,16 @@
 at two lengths in one run, to show time and memory stay flat per byte read.
 
     python benchmarks/bench_doctor_logs.py                    # 500,000 and 1,000,000 Trainer entries,
-                                                              # 1,000,000 and 2,000,000 nanoGPT lines
+                                                              # 1,000,000 and 2,000,000 nanoGPT lines,
+                                                              # 300,000 and 1,000,000 llm.c lines (printed, main.log)
     python benchmarks/bench_doctor_logs.py --scale 0.1        # a tenth of that (a quick look)
+    python benchmarks/bench_doctor_logs.py --only llmc        # one kind of file: trainer, nanogpt or llmc
 
 Files: a `trainer_state.json` as transformers' TrainerState.save_to_json writes it (indent 2,
-sorted keys; ~103 bytes an entry) and a nanoGPT `train.log` of its train.py's lines (an eval line
-every 250 iterations), both written to a temporary folder and deleted after. Each measurement runs
+sorted keys; ~103 bytes an entry), a nanoGPT `train.log` of its train.py's lines (an eval line
+every 250 iterations), llm.c's printed log of train_gpt2.cu's lines (a set-up table, a val loss
+every 250 steps) and its logger's `main.log` (`s:N trl:X lr:Y norm:Z`, a `tel` every 250), each
+written to a temporary folder and deleted after. Each measurement runs
 in a fresh subprocess; its peak memory is ru_maxrss minus that of a subprocess which only imported
 the same modules. Baselines, each in its own subprocess:
 - "read": the file's bytes read (f.read in 1 MiB pieces), the floor of any reader;
@@ -77,6 +81,31 @@ def write_nanogpt_log(path: Path, lines: int) -> None:
             f.write(f"iter {it}: loss {loss:.4f}, time {12.5 + (it % 5) / 10:.2f}ms, mfu 5.00%\n")
 
 
+def write_llmc_log(path: Path, lines: int) -> None:
+    """train_gpt2.cu's stdout: its set-up table, then `step k/N | loss ...` lines."""
+    with path.open("w", encoding="utf-8") as f:
+        f.write("+-----------------------+----------------------------------------------------+\n"
+                f"| max_steps             | {lines:<50} |\n| vocab_size V          | {50257:<50} |\n"
+                "+-----------------------+----------------------------------------------------+\n")
+        for step in range(lines):
+            loss = 3.0 + 8.0 * math.exp(-step / (lines / 4))
+            if step % 250 == 0:
+                f.write(f"val loss {loss + 0.02:f}\n")
+            f.write(f"step {step + 1:4d}/{lines} | loss {loss:7.6f} ({(step % 7) / 3 - 1:+.2f}z)| norm "
+                    f"{1.0 + (step % 5) / 10:6.4f} ({(step % 3) / 2 - 0.5:+.2f}z)| lr {6e-4 * (1 - step / lines):.2e} | "
+                    f"{120.0 + (step % 9):.2f} ms | 40.1% bf16 MFU | 163741 tok/s\n")
+
+
+def write_main_log(path: Path, lines: int) -> None:
+    """llmc/logger.h's main.log: `s:N tel:X` every 250 steps, `s:N trl:X lr:Y norm:Z` every step."""
+    with path.open("w", encoding="utf-8") as f:
+        for step in range(lines):
+            loss = 3.0 + 8.0 * math.exp(-step / (lines / 4))
+            if step % 250 == 0:
+                f.write(f"s:{step} tel:{loss + 0.02:.4f}\n")
+            f.write(f"s:{step} trl:{loss:.4f} lr:{6e-4 * (1 - step / lines):.6f} norm:{1.0 + (step % 5) / 10:.2f}\n")
+
+
 def measure(kind: str, path: Path) -> dict:
     code = CHILD.format(repo=str(REPO))
     done = subprocess.run([sys.executable, "-c", code, kind, str(path)], capture_output=True, text=True, check=True)
@@ -99,9 +128,11 @@ def row(name: str, path: Path, parse: str, base_rss: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=1.0, help="file lengths times this")
+    parser.add_argument("--only", choices=("trainer", "nanogpt", "llmc"), help="measure one kind of file only")
     args = parser.parse_args()
-    entries = [int(n * args.scale) for n in (500_000, 1_000_000)]
-    lines = [int(n * args.scale) for n in (1_000_000, 2_000_000)]
+    entries = [int(n * args.scale) for n in (500_000, 1_000_000)] if args.only in (None, "trainer") else []
+    lines = [int(n * args.scale) for n in (1_000_000, 2_000_000)] if args.only in (None, "nanogpt") else []
+    llmc = [int(n * args.scale) for n in (300_000, 1_000_000)] if args.only in (None, "llmc") else []
     base_rss = measure("read", Path(__file__))["rss_mb"]  # the interpreter and the doctor's imports
     print(f"python {sys.version.split()[0]}; memory is peak RSS above {base_rss:.0f} MB (imports alone)")
     with tempfile.TemporaryDirectory() as tmp:
@@ -116,6 +147,14 @@ def main() -> None:
             write_nanogpt_log(path, n)
             row(f"nanoGPT log, {n:,} iter lines", path, "parse-log", base_rss)
             path.unlink()
+        for n in llmc:
+            for name, write in (("train.log", write_llmc_log), ("main.log", write_main_log)):
+                path = Path(tmp) / f"llmc{n}" / name
+                path.parent.mkdir(exist_ok=True)
+                write(path, n)
+                row(f"llm.c {'printed log' if name == 'train.log' else 'main.log'}, {n:,} steps", path, "parse-log",
+                    base_rss)
+                path.unlink()
 
 
 if __name__ == "__main__":

@@ -133,15 +133,29 @@ def logits_of(output: Any) -> torch.Tensor:
 
 
 def find_anatomy(model: Any) -> Anatomy:
-    """The anatomy of `model` by the first layout of LAYOUTS whose modules it has; AnatomyError
-    (one line) where it has none."""
+    """The anatomy of `model` by the first layout of LAYOUTS whose modules it has, else by the parts one
+    forward of it shows (`models.layout`: any names, a Llama's too); AnatomyError (one line) where
+    neither finds them."""
     modules = dict(model.named_modules()) if isinstance(model, torch.nn.Module) else {}
     for layout in LAYOUTS:
         found = _match(model, modules, layout)
         if found is not None:
             return found
-    raise AnatomyError(f"{type(model).__name__} has none of the layouts whose token table, blocks, final norm "
-                       f"and unembedding are known here ({KNOWN})")
+    known = (f"{type(model).__name__} has none of the layouts whose token table, blocks, final norm and "
+             f"unembedding are known here ({KNOWN})")
+    if not isinstance(model, torch.nn.Module) or hasattr(getattr(model, "cfg", None), "n_ctx"):
+        raise AnatomyError(known)  # ours and a bridge: their hook points and W_U say what they have
+    from models.layout import anatomy_of, layout_of  # any other module: the parts its own forward shows
+    try:
+        found = anatomy_of(model)
+    except Exception as err:  # noqa: BLE001 - the model's own forward: said in one line
+        raise AnatomyError(f"{known}, and its forward on two tokens failed ({type(err).__name__}: "
+                           f"{(str(err).strip().splitlines() or [''])[0]})") from None
+    if found is None:
+        layout = layout_of(model)
+        part = next(p for p in ("blocks", "unembedding", "final_norm", "token_embedding") if not getattr(layout, p))
+        raise AnatomyError(f"{known}, nor does its forward show them: {layout.why_missing(part)}")
+    return found
 
 
 def _match(model: Any, modules: dict[str, torch.nn.Module], layout: Layout) -> Anatomy | None:

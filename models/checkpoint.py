@@ -65,11 +65,11 @@ def _check_device_index(name: str, device: torch.device) -> None:
 
 
 def load_from_args(args: argparse.Namespace) -> Snapshot:
-    """The Snapshot named by parsed --ckpt/--preset/--config/--device."""
+    """The Snapshot named by parsed --ckpt/--preset/--config/--tokenizer/--model-code/--device."""
     try:
         device = resolve_device(getattr(args, "device", "auto"))
     except ValueError as exc:
         raise CheckpointError(str(exc)) from None
     return load_checkpoint(args.ckpt, preset=getattr(args, "preset", None),
                            config=getattr(args, "config", None), device=device,
-                           tokenizer=getattr(args, "tokenizer", None))
+                           tokenizer=getattr(args, "tokenizer", None), model_code=getattr(args, "model_code", None))

@@ -131,7 +131,8 @@ FRACTION = number_type(float, low=0, high=1)
 
 def add_ckpt_arguments(parser: argparse.ArgumentParser, *, required: bool = True,
                        preset_help: str | None = None) -> None:
-    """Add --ckpt, --preset, --config and --device, the way every probe CLI takes a model."""
+    """Add --ckpt, --preset, --config, --tokenizer, --model-code and --device, the way every probe
+    CLI takes a model."""
     parser.add_argument("--ckpt", required=required, metavar="PATH", type=path_text,
                         help="snapshot directory, run directory (its latest snapshot), nanoGPT "
                              "ckpt.pt or folder of them, Hugging Face causal-LM directory (GPT-2, "
@@ -146,6 +147,10 @@ def add_ckpt_arguments(parser: argparse.ArgumentParser, *, required: bool = True
     parser.add_argument("--tokenizer", metavar="PATH", type=path_text,
                         help="for a nanoGPT checkpoint: its meta.pkl, or a directory with GPT-2's "
                              "tokenizer.json (or vocab.json and merges.txt)")
+    parser.add_argument("--model-code", metavar="FILE.py:NAME",
+                        help="for a snapshot of a model of your own (the Monitor's save_every): rebuild it "
+                             "from your code, NAME(**model_args) in FILE.py (or module:NAME), to read any "
+                             "text; runs that code, so give only your own (without it: the saved sample)")
     parser.add_argument("--device", default="auto",
                         help="torch device: auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
 

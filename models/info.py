@@ -34,6 +34,7 @@ from models.checkpoint import load_from_args, save_snapshot
 from models.cli import run_cli
 from models.parsers import CHAR_ALPHABET, DEFAULT_SEQ_LEN, SHAKESPEARE_CHARS  # noqa: F401  (re-exported)
 from models.parsers import info_parser as build_parser
+from models.store.any_model import SavedModel
 from models.tokenizers import CharTokenizer
 
 
@@ -93,6 +94,9 @@ def describe(model: torch.nn.Module, name: str, *, hooks: bool = True, seq_len: 
         info["dummy_input_shape"] = list(tokens.shape)
         if hasattr(model, "run_with_cache"):
             info["hooks"] = hook_shapes(model, tokens)
+        elif isinstance(model, SavedModel):  # a snapshot of any model without its code: its layout
+            del info["dummy_input_shape"]
+            info["layout"] = model.layout.to_dict()
         else:  # nanochat's GPT: no hook points at all, the attention calls the tap reads instead
             info["attention_calls"] = attention_calls(model, tokens)
     return info
@@ -112,6 +116,11 @@ def format_text(info: dict[str, Any]) -> str:
                      f"{info['dummy_input_shape']} dummy input):")
         width = max((len(k) for k in calls), default=0)
         lines += [f"  {name:<{width}}  {call['pattern']}  {call['kind']}" for name, call in calls.items()]
+    if "layout" in info:
+        lines.append("layout (saved with the snapshot; its code is not needed to read it):")
+        layout = info["layout"]
+        for part in ("token_embedding", "position_embedding", "blocks", "final_norm", "unembedding"):
+            lines.append(f"  {part:<18}  {layout.get(part) or 'not found: ' + layout['missing'].get(part, '')}")
     if "hooks" in info:
         lines.append(f"hooks (shapes on a {info['dummy_input_shape']} dummy input):")
         width = max(len(k) for k in info["hooks"])

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from models.parsers import sample_parser as build_parser
+from models.tap import logits_of
 
 
 @torch.no_grad()
@@ -53,7 +54,8 @@ def generate(model: Any, tokens: torch.Tensor, max_new_tokens: int, *, temperatu
     model.eval()
     try:
         for _ in range(max_new_tokens):
-            logits = model(out[:, -cfg.n_ctx:])[0, -1, :vocab_size].float().cpu()  # [vocab]
+            # a tutorial's (logits, loss) or Hugging Face's .logits too
+            logits = logits_of(model(out[:, -cfg.n_ctx:]))[0, -1, :vocab_size].float().cpu()  # [vocab]
             out = torch.cat([out, _pick(logits, temperature, top_k, greedy, gen).to(device).view(1, 1)], 1)
     finally:
         model.train(was_training)

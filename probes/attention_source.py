@@ -82,6 +82,9 @@ class AttentionSource(ABC):
     device: torch.device  # where each batch goes before `each_layer_pattern`
     windows: dict[int, int]  # layer -> sliding window w (k_i = min(i + 1, w)); absent: causal
     model: Any = None  # the module read, where there is one (per-head weights, the OV circuit)
+    # (tokens [samples 2*length], length): the random repeat a saved source holds, which
+    # `probes.heads.run_repeat` reads instead of drawing new tokens (None: draw them)
+    fixed_repeat: tuple[torch.Tensor, int] | None = None
 
     @abstractmethod
     def each_layer_pattern(self, batch: torch.Tensor, layers: Iterable[int], reduce: Reduce) -> int:

@@ -230,11 +230,18 @@ def read_text_file(path: Path) -> str:
 def token_batches(args: argparse.Namespace, tokenizer: Any, n_ctx: int,
                   snap: Any = None) -> tuple[list[torch.Tensor], str]:
     """The [batch pos] batches a CLI run should see, and a description of where they came from.
-    With no --text, --text-file or --data: windows of `snap`'s own text (`default_windows`)."""
+    With no --text, --text-file or --data: windows of `snap`'s own text (`default_windows`), or
+    the sample a snapshot of any model saved (any other text needs its code: `--model-code`)."""
     check_batch_size(args.batch_size)
+    given = args.data is not None or args.text_file is not None or args.text is not None
+    from probes.saved_source import SavedModel, is_saved, refused, saved_sample
+    if is_saved(snap) and not given:
+        sample, source = saved_sample(snap)
+        return list(torch.split(sample, max(1, args.batch_size))), source
+    if is_saved(snap) and isinstance(snap.model, SavedModel):  # no code: the saved sample only
+        raise refused(snap.model)
     if tokenizer is None and snap is not None:
         no_tokenizer(snap)
-    given = args.data is not None or args.text_file is not None or args.text is not None
     if given and args.data is None and args.samples is not None:
         log.warning("--samples applies to --data only; ignored for --text / --text-file")
     if args.samples is None:

@@ -249,11 +249,17 @@ def run_repeat(model: Any, length: int | None = None, *, samples: int = 16, seed
     repeated twice (length defaults to half the context), with the Olsson et al. score."""
     attn = source_of(model)
     dims = attn.dims
+    if attn.fixed_repeat is not None:  # a saved snapshot's own repeat: its length and samples
+        tokens, saved = attn.fixed_repeat
+        if length not in (None, saved):
+            raise ProbeInputError(f"--length {length}: the snapshot saved a repeat of length {saved} only")
+        length, samples, seed = saved, tokens.shape[0], 0
     length = dims.n_ctx // 2 if length is None else length
     if 2 * length > dims.n_ctx:
         raise ProbeInputError(f"--length {length} repeated twice is {2 * length} tokens, more than "
                               f"the model's context of {dims.n_ctx}; use at most {dims.n_ctx // 2}")
-    tokens = random_repeat_tokens(dims.d_vocab, length, samples, seed)  # [samples 2*length]
+    if attn.fixed_repeat is None:
+        tokens = random_repeat_tokens(dims.d_vocab, length, samples, seed)  # [samples 2*length]
     options.setdefault("source", f"{samples} random sequence(s) of {length} tokens repeated twice, seed {seed}")
     return run(attn, tokens, repeat_period=length, **options)
 

@@ -44,6 +44,7 @@ from typing import Any, Iterable
 import torch
 
 from models.anatomy import AnatomyError, find_anatomy
+from models.store.any_model import SavedModel
 from probes.attention_source import has_lens_cfg
 from probes.tapped_source import longest_row
 from probes.args import logit_lens_parser as build_parser
@@ -169,13 +170,18 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, k: int = 5
         include_mid: bool = False, tokenizer: Any = None, lens: LogitLens | None = None,
         batch_size: int = 16, progress: bool | None = None,
         source: str | None = None) -> LogitLensResult:
-    """The logit lens of `model` (ours, a TransformerBridge, or a layout `models.anatomy` knows:
-    nanochat's GPT, a tutorial's) on [batch pos] tokens.
+    """The logit lens of `model` (ours, a TransformerBridge, or any other module through its anatomy,
+    `models.anatomy`: nanochat's GPT, a tutorial's, a Llama) on [batch pos] tokens; a snapshot of any
+    model without its code reads the lens it saved (`probes.saved_source`).
 
     Long rows are windowed to the model's context. The model runs in eval mode (restored after).
     `lens` defaults to `LogitLens(model, include_mid)`; pass a subclass for a tuned lens.
     `tokens` may be text, read with `tokenizer` (default `model.tokenizer`) as `--text` is.
     """
+    if isinstance(model, SavedModel):  # a snapshot of any model without its code: the lens it saved
+        from probes.saved_source import saved_lens_result
+        return saved_lens_result(model, tokens, k=k, include_mid=include_mid, tokenizer=tokenizer,
+                                 batch_size=batch_size, source=source)
     tokens = tokens_or_text(model, tokens, tokenizer, batch_size)
     lens = lens or LogitLens(model, include_mid)
     if not isinstance(k, int) or k < 1:
@@ -350,8 +356,10 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         from models.checkpoint import load_from_args
         snap = load_from_args(args)
-        lens = LogitLens(snap.model, args.mid)  # refuses models without a residual stream first
-        batches, source = token_batches(args, snap.tokenizer, lens.n_ctx or int(snap.config.n_ctx), snap)
+        # refuses models without a residual stream first; a snapshot without its code reads what it saved
+        lens = None if isinstance(snap.model, SavedModel) else LogitLens(snap.model, args.mid)
+        n_ctx = (lens.n_ctx if lens is not None else None) or int(snap.config.n_ctx)
+        batches, source = token_batches(args, snap.tokenizer, n_ctx, snap)
         result = run(snap.model, batches, k=args.k, tokenizer=snap.tokenizer, lens=lens,
                      batch_size=args.batch_size, progress=args.progress, source=source)
         if args.json:

@@ -10,15 +10,19 @@ from typing import Any
 
 import torch
 
+from models.store.any_model import SavedModel
 from probes.attention_source import AttentionSource, has_lens_cfg
 from probes.errors import ProbeInputError
 from probes.hooked_source import HookedSource
+from probes.saved_source import SavedSource
 from probes.tapped_source import TappedSource
 
 
 def source_of(model: Any, tokens: Any = None) -> AttentionSource:
     if isinstance(model, AttentionSource):
         return model
+    if isinstance(model, SavedModel):  # a snapshot of any model, without its code: what it saved
+        return SavedSource(model)
     if has_lens_cfg(model):
         return HookedSource(model)
     if isinstance(model, torch.nn.Module):

@@ -7,6 +7,8 @@ people use (tutorial GPTs, Hugging Face Llama / Qwen2, nanochat); all CPU-fast, 
   out_head): the tutorial-book layout.
 - `BatchedGPT`: one packed `qkv`, `F.softmax` over `[batch head q k]` (proj, ffwd, ln1,
   token_embedding_table): the video-tutorial layout.
+- `SplitGPT`: separate `query`, `key`, `value` Linears, `F.softmax` over `[batch head q k]`, a tied
+  unembedding (`wte`, `wpe`, `h`, `ln_f`, `lm_head`).
 - `SdpaGPT`: packed `qkv` and `F.scaled_dot_product_attention(is_causal=True)`.
 - `MhaGPT`: blocks on `nn.MultiheadAttention` (its SDPA path, or its softmax with need_weights).
 - `ChatGPT`: nanochat's layout (c_q/c_k/c_v/c_proj, rotary, QK-norm, grouped kv heads, a sliding
@@ -171,6 +173,59 @@ class BatchedGPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))
         loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         return logits, loss  # the tutorial's (logits, loss) tuple
+
+
+class SplitAttention(nn.Module):
+    """Batched heads from separate `query`, `key`, `value` Linears, `F.softmax` over [batch head q k]."""
+
+    def __init__(self, d: int, n_heads: int, sink: list):
+        super().__init__()
+        self.n_heads, self.sink = n_heads, sink
+        self.query, self.key, self.value = (nn.Linear(d, d, bias=False) for _ in range(3))
+        self.out = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = (f(x).view(b, n, self.n_heads, -1).transpose(1, 2) for f in (self.query, self.key, self.value))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(k.shape[-1])  # [batch head q k]
+        att = F.softmax(att.masked_fill(causal_hidden(n, x.device), float("-inf")), dim=-1)
+        self.sink.append(att.detach())
+        return self.out((att @ v).transpose(1, 2).reshape(b, n, d))
+
+
+class SplitBlock(nn.Module):
+    def __init__(self, d: int, n_heads: int, sink: list):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = SplitAttention(d, n_heads, sink)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class SplitGPT(nn.Module):
+    """Separate query / key / value Linears, batched softmax; a tied unembedding; (logits, loss)."""
+
+    def __init__(self, n_layers: int = 2, n_heads: int = HEADS, d: int = D, ctx: int = CTX, vocab: int = VOCAB):
+        super().__init__()
+        self.patterns: list[torch.Tensor] = []  # [batch head q k] per layer, from its own softmax
+        self.context_length = ctx
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
+        self.h = nn.ModuleList(SplitBlock(d, n_heads, self.patterns) for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        self.patterns.clear()
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.h:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return logits, loss
 
 
 class SdpaGPT(BatchedGPT):

@@ -169,15 +169,22 @@ def test_a_generated_log_reads_as_line_by_line(tmp_path, monkeypatch, caplog, se
     path = write_log(tmp_path / "train.log", seed)
     monkeypatch.setattr(thinning, "CAP", [50, 200, 20_000][seed % 3])
     monkeypatch.setattr(text_log, "CHUNK", [1 << 12, 1 << 14, 1 << 20][seed % 3])
+    want, got = both_ways(reference, fast, path, caplog)
+    records, source, facts, long_numbers = want
+    assert same(got[0], records) and got[1] == source and got[2] == facts and got[3] == len(long_numbers)
+
+
+def both_ways(reference, fast, path: Path, caplog) -> tuple:
+    """(what reference(path) gives, what fast(path) gives), each saying the same warnings
+    (truncated, overlong, skipped lines; earlier runs)."""
     with caplog.at_level(logging.WARNING):
         want = reference(path)
     said = [r.getMessage() for r in caplog.records]
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         got = fast(path)
-    records, source, facts, long_numbers = want
-    assert same(got[0], records) and got[1] == source and got[2] == facts and got[3] == len(long_numbers)
-    assert [r.getMessage() for r in caplog.records] == said  # the same warnings: truncated, overlong, skipped
+    assert [r.getMessage() for r in caplog.records] == said
+    return want, got
 
 
 def test_a_diverged_run_of_nan_lines_reads_as_line_by_line(tmp_path, monkeypatch):

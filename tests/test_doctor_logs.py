@@ -144,7 +144,7 @@ def test_the_log_beside_ckpt_pt_is_found_by_itself(tmp_path, capsys):
 
 @pytest.mark.parametrize("text, problem", [
     ("compiling the model... (takes a ~minute)\nnumber of parameters: 0.10M\n", "no nanoGPT 'iter N"),
-    ("", "no nanoGPT 'iter N"),
+    ("", "an empty file: nothing was logged to it"),
     ("iter 0: loss 4.18", "no nanoGPT 'iter N"),  # its only line cut mid-print
 ])
 def test_a_log_without_iter_or_step_lines_is_one_line_exit_2(tmp_path, capsys, text, problem):

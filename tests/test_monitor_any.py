@@ -1,6 +1,7 @@
 """The Monitor on models the store cannot rebuild as ours: each param group's learning rate
 logged (an optimizer with no defaults, as nanochat's MuonAdamW), a zero-initialised weight not
-called frozen, save_every refused when the Monitor is made."""
+called frozen, save_every without eval_tokens refused when the Monitor is made (snapshots of
+such models: tests/test_any_snapshot.py)."""
 
 from __future__ import annotations
 
@@ -117,9 +118,9 @@ def test_a_parameter_that_never_moves_is_still_frozen(tmp_path):
     assert found and found[0].evidence["frozen"] == 1 and "out_head.bias" in found[0].where
 
 
-def test_save_every_on_a_model_the_store_cannot_rebuild_is_refused_when_made(tmp_path):
-    model = ZeroOut()
-    with pytest.raises(ValueError, match=r"save_every=5 .* not a ZeroOut") as refused:
+def test_save_every_without_eval_tokens_on_a_model_the_store_cannot_rebuild_is_refused_when_made(tmp_path):
+    model = ZeroOut()  # its snapshot keeps what the probes read on a sample of the eval tokens
+    with pytest.raises(ValueError, match=r"save_every on a ZeroOut needs eval_tokens=") as refused:
         Monitor(model, two_rate_optimizer(model), tmp_path / "run", save_every=5, report=False)
     assert "\n" not in str(refused.value)
     assert not (tmp_path / "run" / "run.json").exists()

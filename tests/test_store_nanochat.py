@@ -167,7 +167,8 @@ def test_the_unembedding_probes_say_in_one_line_why_not_on_a_module_without_hook
             return self.table(idx)
 
     tokens = torch.tensor([[1, 2, 3]])
-    with pytest.raises(ProbeInputError, match=r"^Bigram has no hook points on its residual stream .*the lenses cannot"):
+    with pytest.raises(ProbeInputError, match=r"^Bigram has no hook points on its residual stream .*nor does its forward "
+                                              r"show them: no ModuleList or Sequential of blocks .*the lenses cannot"):
         logit_lens.run(Bigram(), tokens)
     with pytest.raises(ProbeInputError, match=r"^Bigram has no hook points on its heads and MLPs"):
         attribution.run(Bigram(), tokens, position=-1)

@@ -166,6 +166,11 @@ def run_steps(state: TrainState) -> None:
                     record["grad_norm"] = grad_norm
                     record = write_record(state, record, eval_now, first_bad=int(first_bad),
                                           rescue=plan.record if plan else None)
+                    if state.doctor is not None:  # a blow-up said now (a divergence stops the run: on_divergence)
+                        alarm = "diverged" not in record and state.doctor.alarm(record) and not state.doctor.due(state.step)
+                        state.doctor.note(record)
+                        if alarm:
+                            state.doctor.check(failing_only=True)
                 loss_sum.zero_()
                 n = 0
                 if plan is not None and state.guard.act(plan)["action"] == "rewind":  # all ranks alike

@@ -52,7 +52,8 @@ class Monitor:
                  save_every: int = 0, tokenizer: Any = None, diagnose_every: int = 0,
                  steps: int | None = None, start_step: int = 0, tokens_per_step: int | None = None,
                  resume: bool = False, run_info: dict[str, Any] | None = None, report: bool = True,
-                 autocast: Any = nullcontext, lock: bool = True, trainer: str | None = None, guard: Any = False):
+                 autocast: Any = nullcontext, lock: bool = True, trainer: str | None = None,
+                 model_args: dict[str, Any] | None = None, guard: Any = False):
         log_every, eval_every, save_every, diagnose_every, start_step = (
             setting(name, value, low=1 if name == "log_every" else 0) for name, value in
             (("log_every", log_every), ("eval_every", eval_every), ("save_every", save_every),
@@ -72,16 +73,16 @@ class Monitor:
         # its train.py; HFCallback says "hf"; any other loop gets plain words
         self.trainer = trainer or ("nanogpt" if self.kind == "nanogpt" else "unknown")
         self.config = twin_config(self.model)
-        if save_every and self.config is None:
-            raise ValueError(f"Monitor: save_every={save_every} needs a model the store can save as a snapshot "
-                             f"(ours, nanoGPT, HF GPT-2), not a {type(self.model).__name__}: pass save_every=0 "
-                             "and save it your own way")
         self.eval_tokens = self._check_eval_tokens(eval_tokens)
         self.plan, self.tapped_model = None, None  # a model the store cannot rebuild: read by the tap
         if self.config is None and self.eval_tokens is not None:
             self._plan_tap(autocast)
         self._eval = (None if self.eval_tokens is None else
                       EvalReadings(self.model, self.config, self.eval_tokens, self.plan, autocast))
+        self.any_saver = None  # its snapshots: the weights, its layout and what the probes read of it
+        if save_every and self.config is None:
+            from train.monitor_save import AnySaver
+            self.any_saver = AnySaver(self.model, self.eval_tokens, tokenizer, model_args, self.tapped_model)
         self.resume, self.report_at_close, self.autocast, self.guard = resume, report, autocast, guard_settings(guard)
         self.doctor = None
         if diagnose_every or report:
@@ -281,8 +282,13 @@ class Monitor:
                 loss = number("train_loss", loss)
             if self.first_nonfinite_step is None and isinstance(loss, float) and not math.isfinite(loss):
                 self.first_nonfinite_step = step
+                if self.doctor is not None and self.doctor.every:  # a record now: the doctor says it now
+                    self.record(step, **scalars)
+                    self.flush()
             return
         self.record(step, **scalars)
+        if self.doctor is not None and "train_loss" in scalars and self.doctor.alarm(self._pending):
+            self.flush()  # the step's last call (nanoGPT logs its eval first): diagnosed now, not a record later
 
     def record(self, step: int, **scalars: Any) -> None:
         """`log` at any step: the numbers make (or join) a record even between log steps (a
@@ -322,6 +328,8 @@ class Monitor:
             # at the step's first call: nanoGPT logs its eval before taking the step; measured now,
             # read when the record is written, after the keys made so far (`_with_internals`)
             self._pending_internals = (list(record), self._internals())
+        if self.save_every and step % self.save_every == 0:  # the weights of this step, as its internals
+            self.save(step)
         self._pending = record
 
     def _trim_after(self, step: int) -> None:
@@ -355,10 +363,11 @@ class Monitor:
                                   "nonfinite_params": nonfinite_tensors(self.model)}
         append_metrics(self.out_dir, to_jsonable(record))
         self._last_written = (step, time.perf_counter())
-        if self.save_every and step % self.save_every == 0:
-            self.save(step)
-        if self.doctor is not None and self.doctor.due(step):
-            self.doctor.check()
+        if self.doctor is not None:  # a failing signal is diagnosed at once; warnings keep the cadence
+            alarm, due = self.doctor.alarm(record), self.doctor.due(step)
+            self.doctor.note(record)
+            if due or alarm:
+                self.doctor.check(failing_only=not due)
         return record
 
     def _with_internals(self, record: dict[str, Any]) -> dict[str, Any]:
@@ -384,16 +393,16 @@ class Monitor:
         return self._eval.measure()
 
     def save(self, step: int) -> Path:
-        """A snapshot of the model (as ours) at `step` in the run directory."""
+        """A snapshot at `step` in the run directory: ours, else of any model (`train.monitor_save`)."""
         from models.store.run import snapshot_name
         from models.store.snapshot import save_snapshot
-        twin = hooked_twin(self.model, self.config)
-        if twin is None:
-            raise ValueError(f"Monitor: cannot save a {type(self.model).__name__} as a snapshot "
-                             "(ours, nanoGPT and HF GPT-2 models can be saved)")
         tokens = step * self.tokens_per_step if self.tokens_per_step else 0
-        return save_snapshot(self.out_dir / snapshot_name(step), twin, self.tokenizer, step=step,
-                             tokens_seen=tokens)
+        if self.config is None:
+            if self.any_saver is None:  # made with save_every and eval_tokens
+                raise ValueError(f"Monitor: give save_every=N and eval_tokens= to save a {type(self.model).__name__}")
+            return self.any_saver.save(self.out_dir / snapshot_name(step), step, tokens)
+        return save_snapshot(self.out_dir / snapshot_name(step), hooked_twin(self.model, self.config),
+                             self.tokenizer, step=step, tokens_seen=tokens)
 
     @property
     def records(self) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from train.host_copy import HostCopy
+from train.optimizer_kinds import optimizer_kinds
 
 __all__ = ["EvalReadings", "INT64_MAX", "OWNED", "activation_windows", "autocast_factory", "check_model", "check_tokens", "describe_model",
            "divergence_reason", "first_optimizer", "grad_norm", "grad_squares", "group_lrs", "hyperparameters",
@@ -320,7 +321,8 @@ def monitored_run_json(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     """run.json of a monitored loop: `model_json` (our config where we have one, else what a tapped
     forward saw: the doctor's entropy rules read n_ctx), the monitor's `schedule` (steps, log_every,
     eval_every), the optimizer and its hyperparameters: its defaults, or param group 0's where it
-    has none (nanochat's MuonAdamW); with several groups, each group's under `param_groups`."""
+    has none (nanochat's MuonAdamW); with several groups, each group's under `param_groups`; which
+    kind of optimizer updates each parameter where they differ, or Muon's (`train.optimizer_kinds`)."""
     hyper = hyperparameters(optimizer.defaults or optimizer.param_groups[0])
     several = len(optimizer.param_groups) > 1
     return {"preset": None, "source": "monitor", "trainer": trainer, "model": model_json,
@@ -328,6 +330,7 @@ def monitored_run_json(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             "train": {**schedule, "optimizer": type(optimizer).__name__.lower(), **hyper,
                       **({"param_groups": param_groups_json(model, optimizer)}
                          if several or not optimizer.defaults else {})},
+            **optimizer_kinds(model, optimizer),
             "eval_tokens": None if eval_tokens is None else list(eval_tokens.shape),
             "torch": torch.__version__,
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from models.layout import UNEMBED_NAMES, first_tensor, main_blocks, unembedding
 from models.tap import TapError, eval_pass, logits_of, tap_forward
 from models.tap_inputs import context_of, forward_inputs
 from probes.activations import LayerStats, compact_row
@@ -49,7 +50,6 @@ def act_fn_of(module: nn.Module) -> str | None:
     kind = next((a for t, a in ACTIVATIONS.items() if type(module) is t), None)
     name = type(module).__name__
     return kind or next((a for a, names in HF_ACTIVATIONS.items() if name in names), None)
-UNEMBED_NAMES = ("lm_head", "out_head", "head", "output", "embed_out", "unembed", "W_U")
 
 
 @dataclass
@@ -64,47 +64,12 @@ class Plan:
     trusted: Any = None  # the tap's checked first pass (`dims`): later passes read their calls the same way
 
 
-def main_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The children of the ModuleList / Sequential holding the most parameters whose children are
-    all one class with children of their own (the blocks, not an MLP's Linear-act-Linear)."""
-    best, best_size = [], 0
-    for name, module in model.named_modules():
-        if not isinstance(module, (nn.ModuleList, nn.Sequential)) or not len(module):
-            continue
-        kids = list(module.named_children())
-        if len({type(k) for _, k in kids}) != 1 or not list(kids[0][1].children()):
-            continue
-        size = sum(p.numel() for p in module.parameters())
-        if size > best_size:
-            best, best_size = [(f"{name}.{k}" if name else k, m) for k, m in kids], size
-    return best
-
-
-def unembedding(model: nn.Module) -> tuple[str, nn.Module] | None:
-    """The module whose output is the logits before any cap: by its usual names, else the last Linear."""
-    named = list(model.named_modules())
-    for name, module in named:
-        if name.rsplit(".", 1)[-1] in UNEMBED_NAMES and isinstance(module, nn.Linear):
-            return name, module
-    linears = [(n, m) for n, m in named if isinstance(m, nn.Linear)]
-    return linears[-1] if linears else None
-
-
 def plan(model: nn.Module) -> Plan:
     # a SiLU gate (Llama's SwiGLU) passes gradient below zero and multiplies a signed up-projection:
     # "never positive" is not dead there, so only relu / gelu / tanh units are counted
     acts = [(n, m, a) for n, m in model.named_modules() if (a := act_fn_of(m)) and a != "silu"]
     return Plan(model, main_blocks(model), unembedding(model), acts,
                 silu=any(act_fn_of(m) == "silu" for m in model.modules()))
-
-
-def first_tensor(output: Any) -> torch.Tensor | None:
-    """A block's output: a tensor, or the first item of a tuple (Hugging Face's older layers)."""
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    return None
 
 
 class Readings:

@@ -96,12 +96,13 @@ def doctor_warning(monitor: Monitor, run: GuardedRun) -> tuple[int, str] | None:
 
 
 def stop(monitor: Monitor, step: int, rescue: dict[str, Any]) -> None:
-    """Write the records, save the restored state as a snapshot where the store can save the model
-    (never over one on disk), say why and what to change, print the diagnosis, end the script."""
+    """Write the records, save the restored state as a snapshot where the Monitor saves snapshots
+    (ours, or any model with save_every and eval_tokens; never over one on disk), say why and what
+    to change, print the diagnosis, end the script."""
     monitor.flush()
     saved = None
     restored = rescue.get("restored_step")
-    if restored is not None and monitor.config is not None:
+    if restored is not None and (monitor.config is not None or monitor.any_saver is not None):
         from models.store.run import snapshot_name
         path = monitor.out_dir / snapshot_name(restored)
         saved = path if path.exists() else monitor.save(restored)

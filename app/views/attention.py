@@ -8,7 +8,7 @@ from typing import Any
 import streamlit as st
 
 from app import charts, charts_attention, data
-from app.views.common import Selection, has_attention, page, show
+from app.views.common import Selection, has_attention, page, saved_note, show
 
 FEW_ROWS = 16  # below this the attention-sink score is not meaningful (uniform rows score high)
 
@@ -20,6 +20,7 @@ def render(sel: Selection) -> None:
         st.info("Not applicable: this model has no attention heads (an MLP-family model). See Overview, "
                 "Embeddings and Training dynamics instead.")
         return
+    saved_note(snap)
     result = data.attention(*sel.key[:2], sel.text, sel.run.preset)
     if result["rows"] < FEW_ROWS:
         st.warning(f"Only {result['rows']} positions: the sink score (mass on the first position) is not "

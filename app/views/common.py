@@ -55,7 +55,8 @@ def no_weights_text(run_dir: Path) -> str:
     info = run_files.run_info(run_dir)  # {} for a damaged run.json: then the general advice
     command = info.get("command") if isinstance(info.get("command"), str) else ""
     if info.get("source") == "monitor":
-        return HISTORY_ONLY + "give the Monitor `save_every=N` (and `tokenizer=`) and train again."
+        return HISTORY_ONLY + ("give the Monitor `save_every=N` (and `tokenizer=`; `eval_tokens=` too for a model "
+                               "of your own) and train again.")
     if command.startswith("python -m train"):
         return HISTORY_ONLY + ("`python -m train` saves one at the end even with `--save-every 0`, so this "
                                "run's were removed (the shipped sweep keeps its runs' histories only, to stay "
@@ -134,6 +135,17 @@ SCROLL = """<script>(() => {  // bring the heading into view while the charts ab
 def scroll_to(heading: str) -> None:
     """Scroll the page to the heading starting with `heading` (a link that names what lies below the top)."""
     st.html(SCROLL % json.dumps(heading), unsafe_allow_javascript=True)
+
+
+def saved_note(snap: Any) -> None:
+    """One line above a page drawn from what a snapshot of any model saved (no code to run it)."""
+    if not data.saved_only(snap):
+        return
+    name, readings = snap.config.architecture, snap.meta.get("readings") or {}
+    st.info(f"This snapshot of a {name} was saved without its code: the page shows what was read from it at "
+            f"step {snap.step} on row 0 of its saved sample ({readings.get('positions')} of its eval tokens), "
+            f"not the sidebar's text. To read any text, start the app with `-- --model-code "
+            f"path/to/your_file.py:{name}` (the app then runs that code).")
 
 
 def has_attention(snap: Any) -> bool:

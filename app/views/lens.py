@@ -7,7 +7,7 @@ import streamlit as st
 
 from app import charts, data
 from app.views import tuned
-from app.views.common import Selection, has_attention, page, show
+from app.views.common import Selection, has_attention, page, saved_note, show
 from app.views.lens_cells import NOT_FINITE, lens_cells, with_nan
 
 MEASURES = ["top-1 probability", "KL to final (nats)", "rank of the true next token"]
@@ -21,10 +21,12 @@ def render(sel: Selection) -> None:
                 "this model (an MLP-family model, or one whose last MLP maps straight to the vocabulary) "
                 "has none. See Overview, Embeddings and Training dynamics instead.")
         return
+    saved_note(snap)
     measure = st.radio("colour by", MEASURES, horizontal=True, key="lens_measure")
     result = data.lens(*sel.key[:2], sel.text, 5, sel.run.preset)
     cells = lens_cells(result)
-    rank_top = snap.tokenizer.vocab_size - 1  # one rank scale for the logit and the tuned lens
+    # one rank scale for the logit and the tuned lens
+    rank_top = (snap.tokenizer.vocab_size if snap.tokenizer is not None else snap.config.d_vocab) - 1
     show(charts.lens_grid(with_nan(cells, measure), measure, "top-1 token per layer and position", rank_top))
     st.caption("Rows: the residual stream read through the unembedding after the embeddings (embed) and "
                "after each block N (N_post); the last row is the model's own prediction.")
@@ -41,11 +43,18 @@ def render(sel: Selection) -> None:
     from probes.attention_source import hooked  # torch: imported once a model is loaded, not with the page
     if not hooked(snap.model):  # nanochat's GPT: its lens reads its blocks through its own parts
         st.info(f"The tuned lens and direct logit attribution read hook points on a model's heads and MLPs, "
-                f"which {type(snap.model).__name__} ({snap.config.architecture}) has none of: the lens above reads "
+                f"which {model_name(snap)} has none of: the lens above reads "
                 "its residual stream after each block, decoded through its own final norm and unembedding.")
         return
     tuned.render_tuned(sel, result, measure, rank_top)
     _attribution(sel, snap)
+
+
+def model_name(snap) -> str:
+    """`GPT (nanochat)`, or a snapshot of any model's class without its code: `PerHeadGPT`."""
+    if data.saved_only(snap):
+        return snap.config.architecture
+    return f"{type(snap.model).__name__} ({snap.config.architecture})"
 
 
 def _attribution(sel: Selection, snap: object) -> None:  # issue 21: the attribution view

@@ -8,7 +8,7 @@ from app import axes, charts, data, logs, run_files, series, warm
 from app.rescue_marks import with_rescues
 from app.views import doctor, live
 from app.views.controls import curve_controls, smoothed_frame
-from app.views.common import Selection, first_line, no_weights_text, page, show
+from app.views.common import Selection, first_line, no_weights_text, page, saved_note, show
 
 
 @page("Overview", "What is this model, how did training go, and what does it write?", needs_model=False)
@@ -24,6 +24,9 @@ def render(sel: Selection) -> None:
     snap = data.snapshot(sel.snapshot, sel.run.preset)
     with facts:
         model_facts(snap)
+    if data.saved_only(snap):  # no code to run: nothing to write with
+        saved_note(snap)
+        return
     samples(sel, snap.config)
 
 

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["CheckpointError", "current_umask", "dumps_json", "fsync_dir", "fsync_file", "read_json_object",
+__all__ = ["CheckpointError", "check_snapshot_meta", "current_umask", "dumps_json", "fsync_dir", "fsync_file", "read_json_object",
            "refuse_unknown_fields", "write_bytes_atomic", "write_error", "writing"]
 
 
@@ -136,6 +136,23 @@ def refuse_unknown_fields(data: dict[str, Any], known: Any, source: Path, what: 
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise CheckpointError(f"{source}: unknown {what} field(s) {unknown}; known: {', '.join(known)}")
+
+
+def check_snapshot_meta(meta: dict[str, Any], path: Path, required: Any, known: Any, version: int,
+                        what: str = "") -> None:
+    """A snapshot's config.json (parsed from `path`): its `required` keys, no key outside `known`,
+    `format_version` equal to `version`, step and tokens seen non-negative integers (or null)."""
+    missing = [key for key in required if key not in meta]
+    if missing:
+        raise CheckpointError(f"{path}: missing key(s) {missing}")
+    refuse_unknown_fields(meta, known, path, "top-level")
+    if meta["format_version"] != version:
+        raise CheckpointError(f"{path}: unknown format_version {meta['format_version']!r}{what} "
+                              f"(this version of scratchscope reads {version})")
+    for key in ("step", "tokens_seen"):
+        value = meta.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise CheckpointError(f"{path}: '{key}' must be a non-negative integer, got {value!r}")
 
 
 def read_json_object(path: Path) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """``load_checkpoint``: what ``--ckpt`` names, detected and handed to its format's module.
 
-- a directory with ``config.json``: our snapshot (``format_version``) or a Hugging Face GPT-2
-  directory (``model_type``) — :mod:`.snapshot`, :mod:`.hf`;
+- a directory with ``config.json``: our snapshot (``format_version``), a snapshot of any model
+  (``"format": "any-model"``, the Monitor's save_every on a model of the user's own) or a Hugging
+  Face GPT-2 directory (``model_type``) — :mod:`.snapshot`, :mod:`.any_model`, :mod:`.hf`;
 - a run directory (its latest snapshot): ours, a folder of numbered nanoGPT checkpoints, or
   nanochat's ``dN`` folder of ``model_NNNNNN.pt`` — :mod:`.run`; a nanoGPT out_dir holding one
   ``ckpt.pt``: that file;
@@ -19,6 +20,8 @@ from typing import Any
 
 import torch
 
+from models.store.any_files import is_any_snapshot
+from models.store.any_model import ANY_SOURCE, load_any_snapshot
 from models.store.files import CheckpointError, read_json_object
 from models.store.hf import is_hf_config, load_hf_gpt2, refuse_untyped
 from models.store.nanochat_files import is_nanochat, meta_file
@@ -35,15 +38,25 @@ NANOGPT_FILE = "ckpt.pt"  # what nanoGPT's train.py writes into its out_dir
 
 
 def load_checkpoint(path: str | Path, *, preset: str | None = None, config: str | Path | None = None,
-                    device: str | torch.device = "cpu", tokenizer: str | Path | None = None) -> Snapshot:
+                    device: str | torch.device = "cpu", tokenizer: str | Path | None = None,
+                    model_code: str | None = None) -> Snapshot:
     """The checkpoint at `path` in any format we read (see the module doc). `preset` / `config`
     describe a series ``.pt`` (the other formats carry their own); `tokenizer` is a nanoGPT
-    ``meta.pkl`` or a directory of GPT-2 tokenizer files for a nanoGPT checkpoint."""
+    ``meta.pkl`` or a directory of GPT-2 tokenizer files for a nanoGPT checkpoint; `model_code`
+    ("mygpt.py:GPT", the user's word) rebuilds a snapshot of any model from the user's code."""
     if not str(path).strip():  # Path("") is the current directory: never read it by accident
         raise CheckpointError("the checkpoint path is empty: give a snapshot or run directory, or a checkpoint file")
     path = Path(path)
+    snap = _load(path, preset, config, device, tokenizer, model_code)
+    if model_code and snap.meta.get("source") != ANY_SOURCE:
+        raise CheckpointError(f"--model-code {model_code}: {path} is not a snapshot of any model (the Monitor's "
+                              "save_every on a model of your own): it carries what builds it; leave --model-code out")
+    return snap
+
+
+def _load(path: Path, preset: str | None, config: Any, device: Any, tokenizer: Any, model_code: str | None) -> Snapshot:
     if path.is_dir():
-        return _load_directory(path, preset, config, device, tokenizer)
+        return _load_directory(path, preset, config, device, tokenizer, model_code)
     if path.is_file() and path.suffix in SERIES_SUFFIXES:
         return _load_pt(path, preset, config, device, tokenizer)
     if not path.exists():
@@ -53,13 +66,16 @@ def load_checkpoint(path: str | Path, *, preset: str | None = None, config: str 
                           "ckpt.pt, nanochat's model_NNNNNN.pt or a series .pt state dict")
 
 
-def _load_directory(path: Path, preset: str | None, config: Any, device: Any, tokenizer: Any) -> Snapshot:
+def _load_directory(path: Path, preset: str | None, config: Any, device: Any, tokenizer: Any,
+                    model_code: str | None = None) -> Snapshot:
     if (path / SNAPSHOT_CONFIG).is_file():
         data = read_json_object(path / SNAPSHOT_CONFIG)
         refuse_untyped(data, path / SNAPSHOT_CONFIG)
         trained = data.get("train_config")
         recorded = trained.get("preset") if isinstance(trained, dict) else None
         _fixed(preset, config, "Hugging Face directory" if is_hf_config(data) else "snapshot", path, recorded)
+        if is_any_snapshot(data):
+            return load_any_snapshot(path, data, device, model_code)
         if not is_hf_config(data):
             return load_snapshot(path, device)
         if data.get("model_type") == "gpt2":  # rebuilt as ours
@@ -75,7 +91,9 @@ def _load_directory(path: Path, preset: str | None, config: Any, device: Any, to
         latest = latest_snapshot(path)
         if latest.is_file():  # a folder of nanoGPT checkpoints: its highest step
             return _load_pt(latest, None, None, device, tokenizer)
-        return load_snapshot(latest, device)
+        if (latest / SNAPSHOT_CONFIG).is_file():  # ours, or a snapshot of any model
+            return _load_directory(latest, None, None, device, tokenizer, model_code)
+        return load_snapshot(latest, device)  # says what it lacks
     if (path / NANOGPT_FILE).is_file():
         return _load_pt(path / NANOGPT_FILE, preset, config, device, tokenizer)
     models = sorted((p.name for p in path.iterdir()

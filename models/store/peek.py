@@ -27,7 +27,8 @@ __all__ = ["FORMATS", "holds_checkpoint", "peek"]
 
 NANOGPT_FILE = "ckpt.pt"
 FORMATS = {"snapshot": "snapshot", "hf": "Hugging Face GPT-2", "nanogpt": "nanoGPT checkpoint",
-           "series": "series state dict", "bridge": "Hugging Face model", "nanochat": "nanochat checkpoint"}
+           "series": "series state dict", "bridge": "Hugging Face model", "nanochat": "nanochat checkpoint",
+           "any": "snapshot of any model"}
 
 
 def holds_checkpoint(path: Path) -> bool:
@@ -69,8 +70,12 @@ def _config_json(directory: Path) -> dict[str, Any]:
         return {"format": FORMATS["hf"], "model": hf_config(data, directory / SNAPSHOT_CONFIG).to_dict(),
                 "step": None}
     from models.config import config_from_dict
+    from models.store.any_files import any_shape, is_any_snapshot
 
     step, model = data.get("step"), data.get("model")
+    if is_any_snapshot(data):  # the Monitor's snapshot of a model of the user's own
+        return {"format": FORMATS["any"], "model": any_shape(data, directory / SNAPSHOT_CONFIG).to_dict(),
+                "step": step if isinstance(step, int) and not isinstance(step, bool) else None}
     if not isinstance(model, dict):
         raise CheckpointError(f"{directory / SNAPSHOT_CONFIG}: no 'model' config")
     return {"format": FORMATS["snapshot"], "model": config_from_dict(model).to_dict(),

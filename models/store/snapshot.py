@@ -22,8 +22,8 @@ from safetensors.torch import load_file, save_file
 
 from models.config import ModelConfig
 from models.interrupts import deferred_signals
-from models.store.files import (CheckpointError, current_umask, dumps_json, fsync_dir, fsync_file,
-                                read_json_object, refuse_unknown_fields, write_bytes_atomic, write_error)
+from models.store.files import (CheckpointError, check_snapshot_meta, current_umask, dumps_json, fsync_dir, fsync_file,
+                                read_json_object, write_bytes_atomic, write_error)
 from models.store.result import Snapshot
 from models.store.weights import build_and_load, parse_config, torch_load
 from models.tokenizers import Tokenizer, TokenizerError, load_tokenizer
@@ -44,7 +44,7 @@ SNAPSHOT_KEYS = REQUIRED_KEYS + ("train_config", "created")  # everything save_s
 # --------------------------------------------------------------------------- save
 
 
-def _state_dict_for_saving(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def state_dict_for_saving(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Contiguous CPU tensors, each storage saved once: tied or view-sharing tensors are cloned."""
     out: dict[str, torch.Tensor] = {}
     seen: set[tuple[str, int]] = set()
@@ -60,7 +60,7 @@ def _state_dict_for_saving(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -68,12 +68,16 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> str:
+    """A safetensors file, readable by all as any file the umask allows, fsynced; its sha256."""
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    os.chmod(path, 0o666 & ~current_umask())  # safetensors creates 0600 whatever the umask
+    fsync_file(path)
+    return sha256_of(path)
+
+
 def _write_snapshot_files(tmp: Path, model, tokenizer, meta: dict[str, Any], optimizer) -> None:
-    model_path = tmp / MODEL_FILE
-    save_file(_state_dict_for_saving(model), str(model_path), metadata={"format": "pt"})
-    os.chmod(model_path, 0o666 & ~current_umask())  # safetensors creates 0600 whatever the umask
-    fsync_file(model_path)
-    meta["tensors_sha256"] = _sha256(model_path)
+    meta["tensors_sha256"] = write_tensors(tmp / MODEL_FILE, state_dict_for_saving(model))
     if tokenizer is not None:
         tokenizer.save(tmp)  # atomic and fsynced by the tokenizer
     if optimizer is not None:
@@ -109,6 +113,14 @@ def save_snapshot(directory: str | Path, model, tokenizer: Tokenizer | None, *, 
             "step": step, "tokens_seen": tokens_seen, "train_config": train_config,
             "tensors_sha256": None,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    return write_directory(target, lambda tmp: _write_snapshot_files(tmp, model, tokenizer, meta, optimizer),
+                           snapshot_bytes(model, optimizer))
+
+
+def write_directory(target: Path, fill: Any, needed: int) -> Path:
+    """Write a snapshot directory atomically: `fill(tmp)` writes its files into ``.<name>.tmp-<pid>``
+    beside the target, which is then renamed into place (`save_snapshot` says how). `needed`: about
+    the bytes it takes, for the no-space message."""
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     aside = target.parent / f".{target.name}.old-{os.getpid()}"
     with deferred_signals():  # Ctrl-C / SIGTERM wait until the snapshot is in place (or abandoned)
@@ -116,11 +128,11 @@ def save_snapshot(directory: str | Path, model, tokenizer: Tokenizer | None, *, 
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
-            _write_snapshot_files(tmp, model, tokenizer, meta, optimizer)
+            fill(tmp)
             _swap_into_place(tmp, target, aside)
         except (OSError, RuntimeError, SafetensorError) as exc:  # read-only, disk full, quota, I/O error
             shutil.rmtree(tmp, ignore_errors=True)  # before measuring what is free
-            why = write_error(exc, target.parent, snapshot_bytes(model, optimizer))  # names the run, not tmp
+            why = write_error(exc, target.parent, needed)  # names the run, not tmp
             raise CheckpointError(f"{why}: snapshot {target.name} not saved; any earlier snapshot is intact") from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -160,17 +172,7 @@ def _read_meta(directory: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"{path}: missing; a snapshot directory needs {CONFIG_FILE}")
     meta = read_json_object(path)
-    missing = [key for key in REQUIRED_KEYS if key not in meta]
-    if missing:
-        raise CheckpointError(f"{path}: missing key(s) {missing}")
-    refuse_unknown_fields(meta, SNAPSHOT_KEYS, path, "top-level")
-    if meta["format_version"] != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: unknown format_version {meta['format_version']!r} "
-                              f"(this version of scratchscope reads {FORMAT_VERSION})")
-    for key in ("step", "tokens_seen"):
-        value = meta.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise CheckpointError(f"{path}: '{key}' must be a non-negative integer, got {value!r}")
+    check_snapshot_meta(meta, path, REQUIRED_KEYS, SNAPSHOT_KEYS, FORMAT_VERSION)
     return meta
 
 
@@ -184,17 +186,23 @@ def load_snapshot(directory: str | Path, device: str | torch.device = "cpu") -> 
     meta = _read_meta(directory)
     config = parse_config(meta["model"], directory / CONFIG_FILE)
     weights = directory / MODEL_FILE
-    if not weights.is_file():
-        raise CheckpointError(f"{weights}: missing; the snapshot has no weights")
-    state = read_safetensors(weights)
-    digest = _sha256(weights)
-    if digest != meta["tensors_sha256"]:
-        raise CheckpointError(f"{weights}: sha256 mismatch: file hashes to {digest[:16]}..., "
-                              f"{CONFIG_FILE} records {str(meta['tensors_sha256'])[:16]}... "
-                              "(the file was modified or corrupted)")
-    tokenizer = _load_snapshot_tokenizer(directory, meta["tokenizer"], config)
+    state = read_checked(weights, meta["tensors_sha256"], "the snapshot has no weights")
+    tokenizer = load_snapshot_tokenizer(directory, meta["tokenizer"], config)
     model = build_and_load(config, state, weights, exact_names=True, described_by=directory / CONFIG_FILE)
     return Snapshot(model.to(device).eval(), tokenizer, config, meta, directory)
+
+
+def read_checked(path: Path, recorded: Any, lacking: str) -> dict[str, torch.Tensor]:
+    """A safetensors file of a snapshot whose sha256 config.json records (`recorded`); `lacking`
+    says what a missing file means."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing; {lacking}")
+    state = read_safetensors(path)
+    digest = sha256_of(path)
+    if digest != recorded:
+        raise CheckpointError(f"{path}: sha256 mismatch: file hashes to {digest[:16]}..., "
+                              f"{CONFIG_FILE} records {str(recorded)[:16]}... (the file was modified or corrupted)")
+    return state
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -205,7 +213,7 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path}: truncated or corrupt safetensors file ({exc})") from None
 
 
-def _load_snapshot_tokenizer(directory: Path, info: Any, config: ModelConfig) -> Tokenizer | None:
+def load_snapshot_tokenizer(directory: Path, info: Any, config: ModelConfig) -> Tokenizer | None:
     if info is None:
         return None
     source = directory / CONFIG_FILE

@@ -43,17 +43,19 @@ class Diagnosis:
     skipped_records: int = 0  # malformed records left out of the history (each warned about)
     points: int = 0  # records that logged a loss
     trainer: str = flags.OURS  # whose words the advice uses (probes.doctor.flags)
+    learned: str = ""  # with fewer points than the rules need: what says the run learns ("the val loss fell 59x ...")
 
     def to_dict(self) -> dict[str, Any]:
         return {"run": self.run, "source": self.source, "verdict": self.verdict, "first_step": self.first_step,
                 "last_step": self.last_step, "upto": self.upto, "skipped_records": self.skipped_records,
-                "points": self.points,
+                "points": self.points, **({"learned": self.learned} if self.learned else {}),
                 "findings": [f.to_dict() for f in self.findings], "not_checked": self.not_checked}
 
     def skipped_text(self) -> str:
-        """'; 2 malformed records skipped' (the warnings name their lines), or nothing."""
+        """'; 2 malformed records skipped' ('lines' of a printed log; the warnings name them), or nothing."""
         n = self.skipped_records
-        return f"; {n} malformed record{'s' if n > 1 else ''} skipped" if n else ""
+        what = "line" if self.trainer in ("nanogpt", "llmc") and self.source != "metrics.jsonl" else "record"
+        return f"; {n} malformed {what}{'s' if n > 1 else ''} skipped" if n else ""
 
     def above_info(self) -> list[Finding]:
         return [f for f in self.findings if f.severity != "info"]
@@ -78,6 +80,9 @@ class Diagnosis:
         if self.verdict == TOO_SHORT:
             lines.append(f"  too short to judge: {self.points} logged loss{'es' if self.points != 1 else ''} "
                          "(the rules below need more)")
+        elif self.learned and not self.above_info():
+            lines.append(f"  {self.points} logged loss{'es' if self.points != 1 else ''}, few, but {self.learned}: "
+                         "it learns")
         elif not self.findings:
             lines.append("  no findings: every rule that could look found the run healthy")
         for i, f in enumerate(self.findings, 1):
@@ -130,9 +135,11 @@ def diagnose_history(history: RunHistory, thresholds: DoctorThresholds | None = 
     findings.sort(key=rank_key)
     worst = max((SEVERITIES.index(f.severity) for f in findings), default=0)
     points = sum(1 for r in history.records if "train_loss" in r or "val_loss" in r)
-    verdict = TOO_SHORT if worst == 0 and points < t.min_points else VERDICTS[SEVERITIES[worst]]
+    # few points are too short to judge unless what they say is plain: a loss that fell tenfold
+    fell = rules_level.learned(history, t) if points < t.min_points else ""
+    verdict = TOO_SHORT if worst == 0 and points < t.min_points and not fell else VERDICTS[SEVERITIES[worst]]
     return Diagnosis(str(history.path), verdict, findings, history.first_step, history.last_step, history.upto,
-                     not_checked, history.source, history.skipped, points, history.trainer)
+                     not_checked, history.source, history.skipped, points, history.trainer, learned=fell)
 
 
 def run(run_dir: str | Path | None, step: int | None = None, thresholds: DoctorThresholds | None = None,

@@ -35,6 +35,8 @@ class Log:
     loss_kind: str = "cross_entropy"  # or "preference", "policy", "regression" (LOSS_KINDS)
     loss_kind_why: str = ""  # what in the log says so ("it logs rewards/chosen")
     skipped: int = 0  # damaged or unreadable records left out (each file's warning says which)
+    formats: dict[str, int] = field(default_factory=dict)  # a printed log's step lines of each trainer's
+    # format, the one read first ({"llm.c": 40, "nanoGPT": 40}: probes.doctor.sources says it mixes them)
 
 
 # What a loss that is not a next-token cross-entropy is judged by (probes.doctor.rules_loss):

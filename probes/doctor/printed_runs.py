@@ -61,6 +61,8 @@ class PrintedRuns:
     start_line: int = 1  # where the run read begins
     long_numbers: list[int] = field(default_factory=list)  # lines skipped for a step number too long
     keep: tuple[str, ...] = ()  # keys whose value from a `better` line is not overwritten at its step
+    lines: int = 0  # step lines of the reader's own format read (a reader counts them)
+    others: int = 0  # step lines of another trainer's format, left out (a reader counts them)
 
     def setup(self, number: int) -> None:
         """Line `number` is part of a run's set-up: after step lines it opens a new segment."""

@@ -24,6 +24,7 @@ from pathlib import Path
 from models.store.run import checkpoint_files
 from probes.doctor.log_file import Log
 from probes.doctor.printed_runs import NUMBER, PrintedRuns, step_number
+from probes.doctor.read_llmc import is_llmc_line, read_llmc_log
 from probes.doctor.nanogpt_block import read_piece
 from probes.doctor.text_log import TextLog
 from probes.errors import ProbeInputError
@@ -69,6 +70,9 @@ def read_nanogpt_log(path: Path, encoding: str | None = None) -> Log:
     for number, piece in text.pieces():
         read_piece(number, piece, runs, text, read_line)
     text.warn()
+    formats = {"nanoGPT": runs.lines, **({"llm.c": runs.others} if runs.others else {})}
+    if runs.first_step is None and runs.others:  # llm.c's lines past the head that told the format
+        return read_llmc_log(path, encoding)
     if runs.first_step is None:
         raise ProbeInputError(f"{path}: no nanoGPT 'iter N: loss X, ...' or 'step N: train loss X, "
                               "val loss Y' lines, nor llm.c's 'step N/M | loss X | ...' or 's:N trl:X' "
@@ -81,15 +85,18 @@ def read_nanogpt_log(path: Path, encoding: str | None = None) -> Log:
     if isinstance(per_step, int) and per_step > 0:
         for r in records:
             r["tokens"] = per_step * r["step"]
-    return Log(path, source, records, facts["model"], facts["train"], "nanogpt", skipped=len(runs.long_numbers))
+    return Log(path, source, records, facts["model"], facts["train"], "nanogpt",
+               skipped=len(runs.long_numbers) + text.overlong, formats=formats)
 
 
 def read_line(number: int, line: str, runs: PrintedRuns) -> None:
     """One printed line into `runs`: a step's losses (the eval line's train loss, a mean over
     eval_iters batches, is the better one), or a set-up fact."""
     if "iter " in line and (match := ITER.search(line)):
+        runs.lines += 1
         runs.step(number, step_number(match[1]), {"train_loss": float(match[2]), "step_time_ms": float(match[3])})
     elif "step " in line and (match := EVAL.search(line)):
+        runs.lines += 1
         runs.step(number, step_number(match[1]), {"train_loss": float(match[2]), "val_loss": float(match[3])},
                   better=True)
     elif match := TOKENS.search(line):
@@ -113,6 +120,8 @@ def read_line(number: int, line: str, runs: PrintedRuns) -> None:
         value = config_number(match[2])
         if value is not None:
             runs.fact(where, name, value)
+    elif line.startswith(("step ", "s:")) and is_llmc_line(line):  # llm.c's: counted, not read
+        runs.others += 1
 
 
 def config_number(text: str) -> int | float | None:

@@ -14,6 +14,7 @@ from probes.doctor.finding import (MAKEMORE_ACTIVATIONS, MAKEMORE_UPDATES, SERIE
 from probes.doctor.run_history import RunHistory, as_float
 from probes.doctor.signals import first_nonfinite, later_half_medians, layer_values, ten_fold, update_report
 from probes.doctor.thresholds import DoctorThresholds
+from probes.doctor.update_scale import optimizer_evidence
 from probes.timeline import entropy_timeline, stayed_from
 from probes.update_report import TARGET_BAND, UpdateReport
 
@@ -195,6 +196,9 @@ def update_ratios(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     window = reports[len(reports) // 2:]  # the later half: past the first steps' transients
     medians = later_half_medians(reports)
     findings = [f for f in (ratio_high(reports, medians, t), ratio_low(reports, window, medians, t)) if f]
+    for f in findings:  # say whose scale each group was judged on, where it is not makemore's alone
+        f.evidence.update(optimizer_evidence(h.info, [n for g in f.where for n in reports[-1].groups.get(g, {})
+                                                        .get("parameters", [])]))
     gap = slow_qk(h, reports, window, t)
     return findings + ([gap] if gap else [])
 

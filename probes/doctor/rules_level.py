@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import math
 
-from probes.doctor.finding import MAKEMORE_INIT, Finding, rule
+from probes.doctor.finding import MAKEMORE_INIT, Finding, NotChecked, rule
 from probes.doctor.rules_loss import ended, finite_series, loss_key, not_nats
 from probes.doctor.run_history import RunHistory
 from probes.doctor.signals import skipped_steps
 from probes.doctor.thresholds import DoctorThresholds
 
-__all__ = ["skipped", "uniform_loss"]
+__all__ = ["learned", "skipped", "uniform_key", "uniform_loss"]
 
 MIXED_PRECISION = "PyTorch AMP: GradScaler skips optimizer.step() when the scaled gradients hold inf or NaN"
 
@@ -28,7 +28,7 @@ def uniform_loss(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
         raise h.not_logged("vocab size", "no d_vocab in run.json or a snapshot's config.json")
     if h.loss_kind != "cross_entropy":
         raise not_nats(h, "so not against ln(vocab)")
-    key = loss_key(h, t.min_points)
+    key = uniform_key(h, t)
     series = finite_series(h, key)
     uniform = math.log(d_vocab)
     best_step, best = min(series[1:], key=lambda sv: sv[1])
@@ -51,6 +51,33 @@ def uniform_loss(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
             f"(the learning rate is {h.lr_now():g})" if math.isfinite(h.lr_now()) else
             "check that the loss is computed on the next tokens and that optimizer.step() updates the weights",
         reference=MAKEMORE_INIT, page="overview")]
+
+
+def uniform_key(h: RunHistory, t: DoctorThresholds) -> str:
+    """The loss to judge: loss_key's, or with fewer points than it needs, one logged at two steps
+    `uniform_min_steps` apart at least (a loss still at ln(vocab) that late is stuck at any count)."""
+    try:
+        return loss_key(h, t.min_points)
+    except NotChecked:
+        for key in ("val_loss", "train_loss"):
+            series = finite_series(h, key)
+            if len(series) >= 2 and series[-1][0] - series[0][0] >= t.uniform_min_steps:
+                return key
+        raise NotChecked(f"not enough data: fewer than {t.min_points} logged losses, "
+                         f"and none {t.uniform_min_steps} steps after the first") from None
+
+
+def learned(h: RunHistory, t: DoctorThresholds) -> str:
+    """'the val loss fell 59x (0.47 -> 0.008)' when a loss fell `learned_fold` from its first value
+    to its last (learning, however few the points); '' otherwise, or for a policy loss."""
+    if h.loss_kind == "policy":
+        return ""
+    for key in ("val_loss", "train_loss"):
+        series = finite_series(h, key)
+        if len(series) >= 2 and series[-1][1] > 0 and series[0][1] >= t.learned_fold * series[-1][1]:
+            first, last = series[0][1], series[-1][1]
+            return f"the {key.replace('_', ' ')} fell {first / last:.0f}x ({first:.3g} -> {last:.3g})"
+    return ""
 
 
 @rule("skipped_steps")

@@ -12,6 +12,7 @@ from typing import Any
 from probes.doctor.rescues import rewound
 from probes.doctor.run_history import RunHistory, as_float, is_finite
 from probes.doctor.thresholds import DoctorThresholds
+from probes.doctor.update_scale import adjusted_table
 from probes.timeline import uniform_series_entropy
 from probes.update_report import UpdateReport
 
@@ -42,13 +43,14 @@ def max_value(raw: Any) -> float:
 
 
 def update_report(h: RunHistory, record: dict[str, Any]) -> UpdateReport | None:
-    """The record's g/w/u table as an UpdateReport (built once per record: several rules read it)."""
+    """The record's g/w/u table as an UpdateReport (built once per record: several rules read it),
+    each parameter's u on makemore's scale for its own optimizer (probes.doctor.update_scale)."""
     table = record.get("gwu")
     if not isinstance(table, dict) or not table:
         return None
     key = ("gwu", record["step"])
     if key not in h.cache:
-        h.cache[key] = UpdateReport.from_table(table, step=record["step"])
+        h.cache[key] = UpdateReport.from_table(adjusted_table(h.info, table), step=record["step"])
     return h.cache[key]
 
 

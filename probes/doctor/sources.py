@@ -132,18 +132,37 @@ def locate(folder: Path, event_depth: int = SUBFOLDER_DEPTH) -> tuple[str, Path]
 
 
 def printed(path: Path, tags: Tags) -> Log:
-    """A printed log: llm.c's when it holds llm.c's step lines, else nanoGPT's."""
+    """A printed log: llm.c's when it holds llm.c's step lines, else nanoGPT's; one that mixes the
+    two is read as the one it holds more step lines of, and its source says so (`mixed`)."""
     if user_tags(tags):
         raise ProbeInputError(f"{path}: --tag maps the names of a TensorBoard log or trainer_state.json, "
                               "not the lines of a nanoGPT log or an llm.c log")
     check_regular_file(path)
     check_not_lfs_pointer(path)
+    if path.stat().st_size == 0:
+        raise ProbeInputError(f"{path}: an empty file: nothing was logged to it (yet)")
     encoding = text_encoding(path)
     if encoding not in ("utf-8", "utf-8-sig"):
         log.info("%s: read as %s", path, encoding.upper())
-    if is_llmc_text(head_lines(path, LLMC_HEAD, encoding)):
-        return read_llmc_log(path, encoding)
-    return read_nanogpt_log(path, encoding)
+    llmc = is_llmc_text(head_lines(path, LLMC_HEAD, encoding))
+    found = (read_llmc_log if llmc else read_nanogpt_log)(path, encoding)
+    own, other = (sum(v for k, v in found.formats.items() if k.startswith("llm.c")), found.formats.get("nanoGPT", 0)) \
+        if llmc else (found.formats.get("nanoGPT", 0), found.formats.get("llm.c", 0))
+    if other > own:  # the other trainer's lines are the most: read those
+        found = (read_nanogpt_log if llmc else read_llmc_log)(path, encoding)
+    return mixed(found)
+
+
+def mixed(found: Log) -> Log:
+    """A log whose step lines come in more than one format says which it read, and what it left out."""
+    if len(found.formats) < 2:
+        return found
+    (read, n), *others = found.formats.items()
+    left = ", ".join(f"{m:,} {kind}" for kind, m in others) + " lines left out"
+    why = "the most" if n > max(m for _, m in others) else "as many as the others: the format of its first lines"
+    log.warning("%s: mixes formats: read its %s %s step lines (%s); %s", found.path, f"{n:,}", read, why, left)
+    found.source += f" (it mixes formats: {n:,} {read} step lines read, {left})"
+    return found
 
 
 READERS = {"trainer": read_trainer_state, "nanogpt": printed, "tensorboard": read_tensorboard}

@@ -3,8 +3,8 @@ whatever the file's length (a 2,000,000-line log is read in 1 MiB pieces, never 
 
 The encoding is told from the file's start: UTF-8 (with or without its BOM), UTF-16 with its BOM
 (PowerShell's `tee` and `>` write UTF-16 LE) or without one when every other byte is NUL, UTF-32
-by its BOM. A file that is none of these (a NUL byte in its first line: a binary file named .log)
-is refused by name, never echoed. A line longer than MAX_LINE characters (no print of a trainer
+by its BOM. A file that is none of these (a NUL byte in its first line, or a tenth of its first
+4 KB that is not UTF-8 text: a binary file named .log) is refused by name, never echoed. A line longer than MAX_LINE characters (no print of a trainer
 is) is skipped unread, so a file with no line breaks cannot fill the memory. Excerpts shown in a
 warning keep printable characters only.
 """
@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 CHUNK = 1 << 18  # characters read at a time (a piece a reader takes in numpy: its temporaries stay a few MB)
 MAX_LINE = 1 << 16  # characters: a longer "line" is no trainer's print
 SNIFF = 4096  # bytes read to tell the encoding
+NOT_TEXT = 0.1  # share of a file's first characters that are not text past which it is a binary file
+# (random bytes: ~50%; a Latin-1 log's accented letters or a terminal's colour codes: a few percent)
 BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
 KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
@@ -66,7 +68,22 @@ def text_encoding(path: Path, what: str = "a printed log") -> str:
     if nul >= 0 and (newline < 0 or nul < newline):  # junk after whole lines is a crash's padding: read on
         raise ProbeInputError(f"{path}: a binary file, not {what} (a NUL byte in its first line, "
                               "and no UTF-16/UTF-32 byte-order mark)")
+    share = not_text(head)
+    if share > NOT_TEXT:
+        raise ProbeInputError(f"{path}: a binary file, not {what} ({share:.0%} of its first {len(head):,} bytes "
+                              "are neither UTF-8 text nor line breaks or tabs)")
     return "utf-8"
+
+
+def not_text(head: bytes) -> float:
+    """The share of `head`'s characters that are no text: bytes that are not UTF-8 (read as U+FFFD)
+    and control characters other than tabs, line breaks, backspace and ANSI colours' ESC."""
+    # final=False: a character cut by the 4 KB's end is no fault
+    text = codecs.getincrementaldecoder("utf-8")("replace").decode(head, final=False)
+    if not text:
+        return 0.0
+    bad = sum(1 for c in text if c == "\ufffd" or (c < " " and c not in "\t\n\r\f\v\b\x1b") or c == "\x7f")
+    return bad / len(text)
 
 
 def excerpt(text: str, n: int = 60) -> str:
@@ -85,26 +102,26 @@ class TextLog:
 
     def pieces(self) -> Iterator[tuple[int, str]]:
         """(number of its first line, text of whole lines each ending in a line break); a line
-        with no break for MAX_LINE characters is dropped unread (counted), so is the last line
-        when it has no break (kept in `tail`)."""
-        number, tail = 1, ""
+        with no break for MAX_LINE characters is dropped unread (counted) and the reading goes on
+        after its end; so is the last line when it has no break (kept in `tail`)."""
+        number, tail, skipping = 1, "", False
         try:
             with self.path.open("r", encoding=self.encoding, errors="replace") as f:
                 while chunk := f.read(CHUNK):
+                    if skipping:  # inside an overlong line: read on to its end
+                        end = chunk.find("\n")
+                        if end < 0:
+                            continue
+                        chunk, skipping = chunk[end + 1:], False
                     text = tail + chunk
                     cut = text.rfind("\n") + 1
                     tail = text[cut:]
                     if cut:
                         yield number, text[:cut]
                         number += text.count("\n", 0, cut)
-                    if len(tail) > MAX_LINE:  # no line break for MAX_LINE characters: drop what is read
+                    if len(tail) > MAX_LINE:  # no line break for MAX_LINE characters: drop it
                         self.overlong += 1
-                        tail = ""
-                        number += 1
-                        for chunk in iter(lambda: f.read(CHUNK), ""):
-                            if "\n" in chunk:
-                                tail = chunk.split("\n", 1)[1]
-                                break
+                        tail, number, skipping = "", number + 1, True
         except OSError as err:
             raise ProbeInputError(f"{self.path}: cannot read ({err.strerror})") from None
         self.tail = tail

@@ -58,7 +58,12 @@ class DoctorThresholds:
     not collapse as a classifier's loss and its typical norm fall by orders of magnitude.
     min_points=7 logged losses: with fewer, the overfitting, plateau and spike rules have nothing to
     compare (a plateau needs five evals, a spike a median of three before it): a run that short,
-    with nothing above info, is "too short" to judge rather than healthy.
+    with nothing above info, is "too short" to judge rather than healthy, unless what it logged
+    says enough at any count: learned_fold=10: a loss that fell tenfold from its first value is
+    learning (6 evals of a memorising run, 0.47 -> 0.008; an eval loss 15.4 -> 0.30);
+    uniform_min_steps=100: two losses at ln(vocab) this many steps apart are stuck (any rate that
+    trains moves a model off uniform within tens of steps: its unigram statistics alone are worth
+    ~3 nats at GPT-2's 50257 tokens), so uniform_loss judges them.
     rise_fraction=0.5, plateau_relative=0.001, not_learning_fraction=0.02 (of the loss's first
     value): loss_rise, plateau_nats and not_learning_nats without the nats, for a loss that is not
     a next-token cross-entropy (a DPO loss from ln 2, a regression's error in the thousands); the
@@ -99,6 +104,8 @@ class DoctorThresholds:
     not_learning_nats: float = 0.1
     grad_spike: float = 10.0
     min_points: int = 7
+    learned_fold: float = 10.0
+    uniform_min_steps: int = 100
     rise_fraction: float = 0.5
     plateau_relative: float = 0.001
     not_learning_fraction: float = 0.02
