@@ -22,6 +22,7 @@ from models.store.result import nonfinite_tensors
 from models.store.run import (METRICS_FILE, append_metrics, list_snapshots, read_metrics, read_run_json,
                               trim_metrics, write_run_json)
 from train.guard import RunLock
+from train.rescue_monitor import guard_settings, hook_guard, monitor_log
 from train.monitor_parts import (EvalReadings, autocast_factory, check_model, check_tokens, divergence_reason,
                                  first_optimizer, grad_squares, group_lrs, monitored_run_json, number, refuse_owned,
                                  resume_mismatch, setting, step_number, update_readings)
@@ -52,7 +53,7 @@ class Monitor:
                  steps: int | None = None, start_step: int = 0, tokens_per_step: int | None = None,
                  resume: bool = False, run_info: dict[str, Any] | None = None, report: bool = True,
                  autocast: Any = nullcontext, lock: bool = True, trainer: str | None = None,
-                 model_args: dict[str, Any] | None = None):
+                 model_args: dict[str, Any] | None = None, guard: Any = False):
         log_every, eval_every, save_every, diagnose_every, start_step = (
             setting(name, value, low=1 if name == "log_every" else 0) for name, value in
             (("log_every", log_every), ("eval_every", eval_every), ("save_every", save_every),
@@ -82,7 +83,7 @@ class Monitor:
         if save_every and self.config is None:
             from train.monitor_save import AnySaver
             self.any_saver = AnySaver(self.model, self.eval_tokens, tokenizer, model_args, self.tapped_model)
-        self.resume, self.report_at_close, self.autocast = resume, report, autocast
+        self.resume, self.report_at_close, self.autocast, self.guard = resume, report, autocast, guard_settings(guard)
         self.doctor = None
         if diagnose_every or report:
             from train.doctor import LiveDoctor
@@ -165,7 +166,7 @@ class Monitor:
                     write_run_json(self.out_dir, to_jsonable({**old, "model": new["model"]}))
             if run_info is not None or not old:
                 write_run_json(self.out_dir, to_jsonable(run_info if run_info is not None else self._run_json()))
-            self._handles = [self.optimizer.register_step_pre_hook(self._before_step),
+            self._handles = [*hook_guard(self), self.optimizer.register_step_pre_hook(self._before_step),  # guard first
                              self.optimizer.register_step_post_hook(self._after_step)]
         except BaseException:
             if self._lock is not None:
@@ -272,6 +273,8 @@ class Monitor:
         a val_loss always makes a record: evaluations are rare, and each one counts."""
         step, scalars = self._checked(step, scalars)
         self._follow(step)
+        if self.guard is not None and monitor_log(self, step, scalars):
+            return  # trouble: the step's record holds the guard's rescue (train.rescue_monitor)
         pending = self._pending
         if not self.due(step) and "val_loss" not in scalars and (pending is None or step != pending["step"]):
             loss = scalars.get("train_loss")

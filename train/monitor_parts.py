@@ -39,7 +39,7 @@ def first_optimizer(optimizer: Any) -> torch.optim.Optimizer:
 
 # names the Monitor writes itself, in shapes every reader checks (models.store.record_check): a
 # value logged under one would make the record unreadable, and its step's loss lost with it
-OWNED = ("gwu", "activations", "attn_entropy", "attn_logit_max", "resid_rms", "diverged", "lr_groups")
+OWNED = ("gwu", "activations", "attn_entropy", "attn_logit_max", "resid_rms", "diverged", "lr_groups", "rescue")
 INT64_MAX = 2**63 - 1  # the readers' integer columns (the app's run list) are 64-bit
 
 
@@ -200,7 +200,11 @@ def update_readings(model: torch.nn.Module, before: dict[str, torch.Tensor], squ
 
 
 def divergence_reason(record: dict[str, Any]) -> str | None:
-    """Why a record shows a diverged run (a non-finite train loss or attention entropy), or None."""
+    """Why a record shows a diverged run (a non-finite train loss or attention entropy), or None;
+    None for a step the guard rewound (the run went on from an earlier state)."""
+    from probes.doctor.rescues import rewound
+    if rewound(record):
+        return None
     loss = record.get("train_loss")
     if isinstance(loss, float) and not math.isfinite(loss):
         return f"the train loss is {loss}"
