@@ -15,7 +15,7 @@ import torch
 from train.host_copy import HostCopy
 from train.optimizer_kinds import optimizer_kinds
 
-__all__ = ["EvalReadings", "INT64_MAX", "OWNED", "activation_windows", "autocast_factory", "check_model", "check_tokens", "describe_model",
+__all__ = ["EvalReadings", "INT64_MAX", "OWNED", "activation_windows", "autocast_factory", "check_eval_tokens", "check_model", "check_tokens", "describe_model",
            "divergence_reason", "first_optimizer", "grad_norm", "grad_squares", "group_lrs", "hyperparameters",
            "internal_stats", "monitored_run_json", "norm_from_squares", "number", "param_groups_json", "refuse_owned",
            "resume_mismatch", "setting", "short", "step_number", "update_readings"]
@@ -144,6 +144,23 @@ def check_tokens(tokens: Any) -> torch.Tensor:
         what = "on the meta device" if tokens.is_meta else f"of shape {list(tokens.shape)}"
         raise ValueError(f"Monitor: eval_tokens must be token ids [batch pos] with at least one token, got a tensor {what}")
     return tokens.long()
+
+
+def check_eval_tokens(tokens: Any, config: Any) -> torch.Tensor | None:
+    """eval_tokens checked (`check_tokens`) and, for a model the store rebuilds as ours (`config`),
+    against its context and vocabulary; None stays None (no internals measured)."""
+    if tokens is None:
+        return None
+    tokens = check_tokens(tokens)
+    if config is not None:
+        window = config.family == "mlp"  # the MLP family slides its n_ctx window along
+        if tokens.shape[1] < config.n_ctx if window else tokens.shape[1] > config.n_ctx:
+            raise ValueError(f"Monitor: eval_tokens has {tokens.shape[1]} positions, "
+                             f"{'fewer' if window else 'more'} than the model's context of {config.n_ctx}")
+        low, high = (int(v) for v in tokens.aminmax())
+        if low < 0 or high >= config.d_vocab:
+            raise ValueError(f"Monitor: eval_tokens holds ids outside [0, {config.d_vocab}) (min {low}, max {high})")
+    return tokens
 
 
 def resume_mismatch(old: dict[str, Any], new: dict[str, Any]) -> str | None:
