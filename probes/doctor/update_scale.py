@@ -22,6 +22,25 @@ an order (centred on 10^-2.5). torch.optim.Muon with adjust_lr_fn='match_rms_ada
 step to 0.2 * lr, AdamW's size: judged as AdamW. Lion (Chen et al. 2023) steps by lr * sign(.),
 u = lr / w exactly, at rates 3-10x below AdamW's: the same band as Adam.
 
+The Adam half of a Muon optimizer (nanochat's MuonAdamW, Keller Jordan's MuonWithAuxAdam,
+modded-nanogpt) trains what Muon cannot, each role at its own rate by design, two to three orders
+above an AdamW rate for matrices: embedding tables at 0.2 (nanochat, times sqrt(768 / d)) to 0.6
+(modded-nanogpt; the MuonWithAuxAdam docstring's example), the unembedding at 0.004 (nanochat,
+likewise scaled) to 0.22 (that docstring; 0.008 in modded-nanogpt's 2024 records), scalar gains
+at 0.005 (nanochat's resid lambdas) to 0.5 (its x0 lambdas; 0.04 in modded-nanogpt). Their u does
+not say the rate: Adam's step is bounded near lr whatever the gradient (Kingma & Ba 2015, 2.1), and
+these weights are free in scale (nanochat normalises the embedding; a gain; an unembedding grown
+from zero, whose u is about 1/t while Adam builds it), so a faster rate grows them and u stays:
+nanochat's default run and the same at 30 times its rates both read log10 u about -1.3 on the
+embedding. The step itself does say it: rms(step) = u * w is lr * |m| / sqrt(v) per element, and
+with noise-dominated gradients |m| / sqrt(v) has rms sqrt((1 - b1) / (1 + b1)) (m averages about
+(1 + b1) / (1 - b1) steps of noise), 1/3 at these optimizers' b1 = 0.8. So a parameter of those
+roles (embeddings, unembedding, scalars and norms), updated by Adam in a run where Muon updates
+others, is judged as Muon's are: log10 u - log10(AUX_ADAM_LR[role] / (3 * w)) - 3, AUX_ADAM_LR the
+geometric middle of the role's published rates (a warning once the step is 30 times that of a
+healthy run). Adam on a plain run (one rate for all) keeps makemore's band: there u is what that
+rate does to the matrices.
+
 The kinds come from run.json (`optimizer_kinds`, `muon_shapes`: written by train.monitor.Monitor,
 `train.optimizer_kinds`), else from its `train.optimizer` for the whole run; a run without either
 (older runs, foreign logs) is judged on makemore's band as before.
@@ -32,12 +51,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["MUON_LR", "adjusted_table", "kinds_of", "optimizer_evidence"]
+from probes.update_report import parameter_group
+
+__all__ = ["AUX_ADAM_LR", "MUON_LR", "adjusted_table", "kinds_of", "optimizer_evidence"]
 
 REFERENCE = -3.0  # makemore's healthy log10 u: the centre of probes.update_report.TARGET_BAND
 MUON_LR = math.sqrt(1e-3 * 0.05)  # the geometric middle of Muon's published rates (~0.007)
 SHIFT = {"adafactor": 0.5}  # orders above makemore's band where an optimizer's healthy u sits
 SAME_AS_ADAM = ("sgd", "adam", "adamw", "lion", "muon_rms")
+# the middle of the published Adam rates of each role a Muon optimizer leaves to Adam (docstring)
+AUX_ADAM_LR = {"embeddings": math.sqrt(0.2 * 0.6), "unembedding": math.sqrt(0.004 * 0.22),
+               "scalars": math.sqrt(0.005 * 0.5), "norms": math.sqrt(0.005 * 0.5)}
+ADAM_NOISE = math.sqrt((1 - 0.8) / (1 + 0.8))  # rms of |m| / sqrt(v) on noise at b1 = 0.8: 1/3
 
 
 def kinds_of(info: dict[str, Any]) -> tuple[dict[str, str], dict[str, list[int]], str | None]:
@@ -53,19 +78,36 @@ def kinds_of(info: dict[str, Any]) -> tuple[dict[str, str], dict[str, list[int]]
     return (kinds if isinstance(kinds, dict) else {}, shapes if isinstance(shapes, dict) else {}, whole)
 
 
-def offset(kind: str | None, shape: Any, w: Any) -> float | None:
+def offset(kind: str | None, shape: Any, w: Any, role: str | None = None) -> float | None:
     """Orders of magnitude by which a healthy u of this optimizer sits above makemore's -3 for this
     parameter (0 for SGD and the Adam family); None where it cannot be told (a Muon parameter
-    without its shape or weight)."""
+    without its shape or weight). `role`: the parameter's group where Adam updates it beside a
+    Muon (its step judged against the role's published rate), else None."""
     if kind in SHIFT:
         return SHIFT[kind]
-    if kind != "muon":
-        return 0.0
-    if not (isinstance(shape, list) and len(shape) == 2 and all(isinstance(x, int) and x > 0 for x in shape)):
-        return None
+    if kind == "muon":
+        if not (isinstance(shape, list) and len(shape) == 2 and all(isinstance(x, int) and x > 0 for x in shape)):
+            return None
+        return healthy_step_orders(MUON_LR / math.sqrt(shape[1]), w)
+    if role in AUX_ADAM_LR:
+        return healthy_step_orders(AUX_ADAM_LR[role] * ADAM_NOISE, w)
+    return 0.0
+
+
+def healthy_step_orders(step: float, w: Any) -> float | None:
+    """Orders above makemore's -3 of the u that a healthy step of rms `step` makes on weights of
+    rms w; None without a usable w."""
     if not (isinstance(w, (int, float)) and math.isfinite(w) and w > 0):
         return None
-    return math.log10(MUON_LR / (math.sqrt(shape[1]) * w)) - REFERENCE
+    return math.log10(step / w) - REFERENCE
+
+
+def aux_adam_role(kinds: dict[str, str], name: str, kind: str | None) -> str | None:
+    """The role (the parameter's group) of a parameter Adam updates in a run where Muon updates
+    others; None otherwise."""
+    if kind not in ("adam", "adamw") or "muon" not in kinds.values():
+        return None
+    return parameter_group(name)
 
 
 def adjusted_table(info: dict[str, Any], table: dict[str, Any]) -> dict[str, Any]:
@@ -79,7 +121,8 @@ def adjusted_table(info: dict[str, Any], table: dict[str, Any]) -> dict[str, Any
     for name, row in table.items():
         kind = kinds.get(name, whole)
         u = row.get("u") if isinstance(row, dict) else None
-        moved = offset(kind, shapes.get(name), row.get("w")) if isinstance(u, (int, float)) else None
+        moved = offset(kind, shapes.get(name), row.get("w"), aux_adam_role(kinds, name, kind)) \
+            if isinstance(u, (int, float)) else None
         out[name] = row if not moved else {**row, "u": u / 10 ** moved}
     return out
 
