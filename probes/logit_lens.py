@@ -45,6 +45,7 @@ import torch
 
 from models.anatomy import AnatomyError, find_anatomy
 from models.store.any_model import SavedModel
+from models.tokenizers import token_piece
 from probes.attention_source import has_lens_cfg
 from probes.tapped_source import longest_row
 from probes.args import logit_lens_parser as build_parser
@@ -52,7 +53,6 @@ from probes.common import (ProbeInputError, as_batches, hook_names,
                            model_device, print_json, progress_bar, run_cli, to_jsonable,
                            token_batches, tokens_or_text)
 from probes.lens_stats import FinalDistribution, LayerStats, layer_stats
-from probes.neighbours import token_piece
 
 log = logging.getLogger(__name__)
 
