@@ -192,7 +192,7 @@ def encode(snap: Any, text: str) -> torch.Tensor:
     import torch
 
     if saved_only(snap):
-        from probes.saved_source import saved_sample
+        from probes.common import saved_sample
         return saved_sample(snap)[0][:1]
     if not text:
         raise ValueError("the text is empty: type some text in the sidebar")

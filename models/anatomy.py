@@ -24,6 +24,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from models.layout import layout_of
 from models.tap_inputs import context_of
 
 __all__ = ["Anatomy", "AnatomyError", "find_anatomy"]
@@ -145,7 +146,6 @@ def find_anatomy(model: Any) -> Anatomy:
              f"unembedding are known here ({KNOWN})")
     if not isinstance(model, torch.nn.Module) or hasattr(getattr(model, "cfg", None), "n_ctx"):
         raise AnatomyError(known)  # ours and a bridge: their hook points and W_U say what they have
-    from models.layout import anatomy_of, layout_of  # any other module: the parts its own forward shows
     try:
         found = anatomy_of(model)
     except Exception as err:  # noqa: BLE001 - the model's own forward: said in one line
@@ -179,3 +179,18 @@ def _match(model: Any, modules: dict[str, torch.nn.Module], layout: Layout) -> A
     lam = getattr(model, "backout_lambda", None)
     backout = (len(blocks) // 2, lam.detach()) if nanochat and isinstance(lam, torch.Tensor) else None
     return Anatomy(layout.name, embedding, tuple(blocks), norm, head, d_vocab, context_of(model), softcap, backout)
+
+
+def anatomy_of(model: torch.nn.Module) -> Anatomy | None:
+    """The anatomy from the layout its forward shows (`models.layout.layout_of`), for a model of
+    none of LAYOUTS; None where a part the lens needs is missing."""
+    layout = layout_of(model)
+    if not (layout.token_embedding and layout.blocks and layout.unembedding and layout.final_norm):
+        return None
+    embedding = model.get_submodule(layout.token_embedding.rsplit(".", 1)[0])
+    head = model.get_submodule(layout.unembedding)
+    norms = {"none": lambda x: x, "function:rms_norm": rms_norm,
+             "function:layer_norm": lambda x: F.layer_norm(x, (x.shape[-1],))}
+    norm = norms.get(layout.final_norm) or model.get_submodule(layout.final_norm)
+    return Anatomy("found by its forward", embedding, tuple(model.get_submodule(b) for b in layout.blocks), norm,
+                   head, layout.d_vocab or head.out_features, context_of(model))

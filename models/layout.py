@@ -28,13 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from models.tap import eval_pass, logits_of
 from models.tap_inputs import forward_inputs
 
-__all__ = ["Layout", "FUNCTION_NORMS", "UNEMBED_NAMES", "anatomy_of", "find_layout", "first_tensor", "layout_of",
+__all__ = ["Layout", "FUNCTION_NORMS", "UNEMBED_NAMES", "find_layout", "first_tensor", "layout_of",
            "main_blocks",
            "unembedding"]
 
@@ -220,21 +219,3 @@ def layout_of(model: nn.Module) -> Layout:
         device = param.device if param is not None else torch.device("cpu")
         _FOUND[model] = find_layout(model, torch.zeros(1, 2, dtype=torch.long, device=device))
     return _FOUND[model]
-
-
-def anatomy_of(model: nn.Module) -> Any:
-    """A `models.anatomy.Anatomy` from the layout found (`layout_of`), for a model of none of the
-    layouts it names; None where a part the lens needs is missing."""
-    from models.anatomy import Anatomy, rms_norm
-    from models.tap_inputs import context_of
-
-    layout = layout_of(model)
-    if not (layout.token_embedding and layout.blocks and layout.unembedding and layout.final_norm):
-        return None
-    embedding = model.get_submodule(layout.token_embedding.rsplit(".", 1)[0])
-    head = model.get_submodule(layout.unembedding)
-    norms = {"none": lambda x: x, "function:rms_norm": rms_norm,
-             "function:layer_norm": lambda x: F.layer_norm(x, (x.shape[-1],))}
-    norm = norms.get(layout.final_norm) or model.get_submodule(layout.final_norm)
-    return Anatomy("found by its forward", embedding, tuple(model.get_submodule(b) for b in layout.blocks), norm,
-                   head, layout.d_vocab or head.out_features, context_of(model))

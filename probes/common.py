@@ -17,6 +17,7 @@ import torch
 
 from models.cli import EXIT_BAD_INPUT, run_cli, to_jsonable  # noqa: F401  (re-exported for probes)
 from models.loss import block_len
+from models.store.any_model import SavedModel, code_hint
 from probes.args import add_input_arguments  # noqa: F401  (torch-free; re-exported for callers)
 from probes.errors import ProbeInputError  # noqa: F401  (re-exported for probes)
 from probes.run_text import NO_INPUT, default_text, shown, validation_split
@@ -234,7 +235,6 @@ def token_batches(args: argparse.Namespace, tokenizer: Any, n_ctx: int,
     the sample a snapshot of any model saved (any other text needs its code: `--model-code`)."""
     check_batch_size(args.batch_size)
     given = args.data is not None or args.text_file is not None or args.text is not None
-    from probes.saved_source import SavedModel, is_saved, refused, saved_sample
     if is_saved(snap) and not given:
         sample, source = saved_sample(snap)
         return list(torch.split(sample, max(1, args.batch_size))), source
@@ -310,3 +310,25 @@ def eval_mode(model: Any) -> Iterator[None]:
 class StopForward(Exception):
     """Raised from a hook once every wanted layer is reduced: the rest of the forward pass (later
     blocks, the unembedding, a large share at GPT-2's vocabulary) would be thrown away."""
+
+
+# ---------------------------------------------------------------- a snapshot of any model's saved sample
+
+def is_saved(snap: Any) -> bool:
+    """A snapshot of any model (loaded with its code or without)."""
+    return (getattr(snap, "meta", None) or {}).get("format") == "any-model"
+
+
+def saved_sample(snap: Any) -> tuple[torch.Tensor, str]:
+    """The saved sample's tokens [rows pos] and where they came from, in words."""
+    from models.store.any_files import read_readings
+
+    tokens = torch.from_numpy(read_readings(snap.path, snap.meta)["sample.tokens"].copy())
+    return tokens, (f"the sample saved at step {snap.meta.get('step')}: {tokens.shape[0]} row(s) of "
+                    f"{tokens.shape[1]} eval tokens")
+
+
+def refused(model: SavedModel) -> ProbeInputError:
+    return ProbeInputError(f"{model.path.parent.name}/{model.path.name} holds a {model.architecture}'s readings on "
+                           f"its saved sample only, not its code: leave the text out to read that sample, or "
+                           f"{code_hint(model.meta)} on any text")

@@ -145,7 +145,7 @@ def snapshot_ids(snap: Any, text: str = PAGE_TEXT) -> tuple[torch.Tensor, str | 
     """([1 pos] ids, the text they encode) a page reads first on a loaded snapshot: `text` cut to its
     context, or for a snapshot of any model without its code row 0 of its saved sample (text None)."""
     if type(snap.model).__name__ == "SavedModel":
-        from probes.saved_source import saved_sample
+        from probes.common import saved_sample
         return saved_sample(snap)[0][:1], None
     if snap.tokenizer is None:
         raise ValueError(f"{snap.name} has no tokenizer: its pages read no text")

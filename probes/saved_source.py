@@ -9,8 +9,8 @@ where the model's code is not at hand (`models.store.any_model.SavedModel`).
   saved sample; other tokens are refused in one line saying how to give the model's code.
 - `saved_lens_result(model, tokens, k=...)`: the logit lens saved for those rows, as
   `probes.logit_lens.run` returns it.
-- `saved_sample(snap)`: the sample's tokens [rows pos] and one line describing it, for the CLIs
-  and the app (with the code or without).
+(`probes.common` has `saved_sample(snap)`, the sample's tokens and one line describing it, and
+`refused(model)`, the one line for other text, which the CLIs use before any source is made.)
 """
 
 from __future__ import annotations
@@ -19,33 +19,14 @@ from typing import Any, Iterable
 
 import torch
 
-from models.store.any_model import SavedModel, code_hint
+from models.store.any_model import SavedModel
 from probes.attention_source import AttentionSource, ModelDims, Reduce, stop_after
+from probes.common import refused
 from probes.errors import ProbeInputError
 
-__all__ = ["SavedModel", "SavedSource", "is_saved", "refused", "saved_lens", "saved_lens_result", "saved_sample"]
+__all__ = ["SavedSource", "saved_lens", "saved_lens_result"]
 
 LENS_FIELDS = ("kl", "cross_entropy", "rank", "top_probs", "top_ids", "finite")
-
-
-def is_saved(snap: Any) -> bool:
-    """A snapshot of any model (loaded with its code or without)."""
-    return (getattr(snap, "meta", None) or {}).get("format") == "any-model"
-
-
-def saved_sample(snap: Any) -> tuple[torch.Tensor, str]:
-    """The saved sample's tokens [rows pos] and where they came from, in words."""
-    from models.store.any_files import read_readings
-
-    tokens = torch.from_numpy(read_readings(snap.path, snap.meta)["sample.tokens"].copy())
-    return tokens, (f"the sample saved at step {snap.meta.get('step')}: {tokens.shape[0]} row(s) of "
-                    f"{tokens.shape[1]} eval tokens")
-
-
-def refused(model: SavedModel) -> ProbeInputError:
-    return ProbeInputError(f"{model.path.parent.name}/{model.path.name} holds a {model.architecture}'s readings on "
-                           f"its saved sample only, not its code: leave the text out to read that sample, or "
-                           f"{code_hint(model.meta)} on any text")
 
 
 def rows_of(saved: torch.Tensor, batch: torch.Tensor) -> list[int] | None:
@@ -112,7 +93,7 @@ def saved_lens_result(model: SavedModel, tokens: Any, *, k: int = 5, include_mid
                       batch_size: int = 16, source: str | None = None) -> Any:
     """`probes.logit_lens.run`'s result from the lens the snapshot saved (tokens None: its sample)."""
     from probes.common import as_batches, model_tokenizer, text_ids
-    from probes.logit_lens import LogitLensResult
+    from probes.lens_result import LogitLensResult
 
     if include_mid:
         raise ProbeInputError(f"{model.architecture}'s snapshot saved the lens after each block only (leave out --mid)")

@@ -77,6 +77,7 @@ RUN = [("name", True, _str, "a run name"), ("lr", True, lambda v: _finite(v) and
        ("best_val_loss", False, _optional(_number), "a number or null"),
        ("verdict", False, _optional(_str), "a verdict or null"),
        ("diverged_by", False, _optional(_str), "a word or null"),
+       ("rescues", False, _optional(_int), "an integer or null"),
        ("error", False, _optional(_str), "a line of text or null"),
        ("findings", False, _str_list, "a list of finding codes")]
 RANGE = [("lo", True, _finite, "a number"), ("hi", True, _finite, "a number"),

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from models.store.run import read_metrics, read_run_json
 from probes.doctor.diagnosis import run as diagnose
+from probes.doctor.rescues import rewound, stopped
 
 __all__ = ["LOSS_KEYS", "SWEEP_FILE", "first_nonfinite_step", "is_finite", "lr_sensitivity",
            "run_finished", "run_outcome", "stable_range", "unstable", "variant_summary"]
@@ -71,8 +72,10 @@ def stable_range(rates: Sequence[float], diverged: Sequence[bool]) -> dict[str, 
 
 def first_nonfinite_step(records: Sequence[dict[str, Any]]) -> int | None:
     """The step of the first record the trainer marked diverged or whose train or val loss is
-    NaN/inf (written as null)."""
+    NaN/inf (written as null); a step the guard rewound is not one (the run went on)."""
     for r in records:
+        if rewound(r):
+            continue
         if r.get("diverged") or any(k in r and not is_finite(r[k]) for k in LOSS_KEYS):
             return r["step"]
     return None
@@ -81,8 +84,8 @@ def first_nonfinite_step(records: Sequence[dict[str, Any]]) -> int | None:
 def run_outcome(run_dir: str | Path) -> dict[str, Any]:
     """What a sweep records of one run: planned and last step, the val loss at init, at the end
     (None when the last record has no finite one: a diverged run) and at its best, where it
-    diverged (the first non-finite record, else the doctor's divergence finding) and the doctor's
-    verdict and findings' codes."""
+    diverged (the first non-finite record, else the doctor's divergence finding; where the guard
+    stopped it), the guard's rescues when it had any, and the doctor's verdict and findings' codes."""
     records = read_metrics(run_dir)
     info = read_run_json(run_dir) or {}
     val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
@@ -94,7 +97,13 @@ def run_outcome(run_dir: str | Path) -> dict[str, Any]:
         "final_val_loss": last.get("val_loss") if is_finite(last.get("val_loss")) else None,
         "best_val_loss": min(finite) if finite else None,
         "keep_going": "--keep-going" in (info.get("argv") or [])}
+    rescues = sum(1 for r in records if rewound(r))
+    if rescues:  # a guarded run (--guard) that needed its guard
+        out["rescues"] = rescues
     out.update(doctor_outcome(run_dir, first_nonfinite_step(records)))
+    stop = next((r["step"] for r in records if stopped(r)), None)
+    if stop is not None:  # the guard gave up on it: a divergence, however it showed
+        out.update(diverged_by="guard", diverged_at=stop if out["diverged_at"] is None else out["diverged_at"])
     return out
 
 
@@ -112,11 +121,12 @@ def doctor_outcome(run_dir: str | Path, nonfinite: int | None) -> dict[str, Any]
 
 
 def run_finished(outcome: dict[str, Any]) -> bool:
-    """A run whose metrics reach its last step, or that diverged and stopped there (no --keep-going)."""
+    """A run whose metrics reach its last step, or that diverged and stopped there (no --keep-going),
+    or that the guard stopped."""
     steps, last = outcome.get("steps"), outcome.get("last_step")
     if isinstance(steps, int) and isinstance(last, int) and last >= steps:
         return True
-    return outcome.get("diverged_by") == "nonfinite" and not outcome.get("keep_going")
+    return outcome.get("diverged_by") in ("nonfinite", "guard") and not outcome.get("keep_going")
 
 
 # ------------------------------------------------------------------ one variant

@@ -39,7 +39,8 @@ from probes import logit_lens
 from probes.args import tuned_lens_parser as build_parser
 from probes.common import (ProbeInputError, encode_text, model_device, no_tokenizer, print_json,
                            read_text_file, run_cli, sample_windows, to_jsonable)
-from probes.logit_lens import LogitLens, LogitLensResult
+from probes.lens_result import LogitLensResult
+from probes.logit_lens import LogitLens
 from probes.run_text import DefaultText, default_text, shown, val_fraction, validation_split
 from probes.tuned_lens_file import (check_fits, lens_paths, model_record, read_lens, save_lens,
                                     sha256_bytes)

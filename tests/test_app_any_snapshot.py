@@ -17,7 +17,7 @@ from browser_kit import browser, serve  # noqa: F401 - fixtures
 from models.store import load_checkpoint
 from models.tokenizers import CharTokenizer
 from probes import degenerate
-from probes.saved_source import saved_sample
+from probes.common import saved_sample
 from train.monitor import Monitor
 
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun."

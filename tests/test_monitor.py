@@ -344,3 +344,17 @@ def test_hf_callback_in_a_trainer_records_its_logs_updates_and_internals(tmp_pat
     result = diagnose.run(tmp_path / "run")
     assert (result.first_step, result.last_step) == (2, 8)
     assert not {"attn_logit_growth", "update_ratio_high", "grad_spike"} & set(result.not_checked)
+
+
+@pytest.mark.parametrize("report", [False, True])
+def test_a_context_manager_reports_at_its_end_only_where_report_says(tmp_path, monkeypatch, report):
+    from train.doctor import LiveDoctor
+    reports = []
+    monkeypatch.setattr(LiveDoctor, "report", lambda self: reports.append(self) or None)
+    model = nanogpt()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Monitor(model, optimizer, tmp_path / "run", report=report) as monitor:
+        backward(model, optimizer, seed=0)
+        optimizer.step()
+        monitor.log(0, train_loss=1.0)
+    assert len(reports) == int(report)  # report=False used to print the report all the same

@@ -127,6 +127,11 @@ def build_parser() -> Parser:
     p.add_argument("--keep-going", action="store_true",
                    help="train on after the loss or an entropy turns NaN/inf (default: save a "
                         "snapshot of that moment and stop with exit code 3)")
+    p.add_argument("--guard", nargs="?", const="act", choices=("act", "watch"), metavar="watch",
+                   help="keep snapshots of the model and optimizer in memory; on a NaN or a loss spike, "
+                        "rewind to the last one before the trouble, cap the learning rate and train on "
+                        "(two rescues, then a stop with exit code 3 naming the fix); --guard watch only "
+                        "logs what it would do (docs/guard.md)")
     p.add_argument("--diagnose-every", type=NON_NEGATIVE_INT, default=0, metavar="N",
                    help="run the run doctor (probes.diagnose) every N steps and print each new "
                         "finding once; 0 = only when training stops")

@@ -40,6 +40,7 @@ from train.doctor import LiveDoctor
 from models.loss import lm_loss_and_z
 from train.data import block_len, lm_loss, predictions_per_block, sample_blocks
 from train.monitor_save import write_first_view
+from train.rescue_loop import attach, judge_steps, stop_run
 from train.records import (console_line, open_monitor, run_description, to_json_line, trim_metrics,
                            write_record)
 from train.start import (lock_run_dir, prepare_run_dir, recipe, restore, setup,  # noqa: F401
@@ -143,6 +144,7 @@ def run_steps(state: TrainState) -> None:
     loss_sum, n, t0, last = torch.zeros((), device=state.device), 0, time.perf_counter(), tc["steps"]
     first_bad = torch.full((), -1, dtype=torch.long, device=state.device)  # step of the first NaN loss
     state.z_sum = torch.zeros((), device=state.device)  # --z-loss: its term, summed like the loss
+    seen: list[torch.Tensor] = []  # --guard: each step's loss since the last record, on the device
     with progress(state) as bar:
         while state.step < last and not state.stop_requested():
             log_now = is_due(state.step + 1, tc["log_every"], last)
@@ -151,8 +153,10 @@ def run_steps(state: TrainState) -> None:
             state.step, state.tokens, n = state.step + 1, state.tokens + per_step, n + 1
             first_bad = torch.where((first_bad < 0) & ~torch.isfinite(loss), state.step, first_bad)
             loss_sum += loss.float()
+            seen += [loss.detach()] if state.guard is not None else []
             bar.update(1)
             if log_now or eval_now:
+                plan, seen = judge_steps(state, seen), []  # the guard (train.rescue_loop): None if calm
                 mean_loss = float(loss_sum) / n  # syncs the device
                 record = {"step": state.step, "tokens": state.tokens, "lr": lr_at(state.step - 1, tc),
                           "train_loss": dist.mean(mean_loss),
@@ -162,7 +166,8 @@ def run_steps(state: TrainState) -> None:
                     state.z_sum.zero_()
                 if dist.is_main:
                     record["grad_norm"] = grad_norm
-                    record = write_record(state, record, eval_now, first_bad=int(first_bad))
+                    record = write_record(state, record, eval_now, first_bad=int(first_bad),
+                                          rescue=plan.record if plan else None)
                     if state.doctor is not None:  # a blow-up said now (a divergence stops the run: on_divergence)
                         alarm = "diverged" not in record and state.doctor.alarm(record) and not state.doctor.due(state.step)
                         state.doctor.note(record)
@@ -170,6 +175,13 @@ def run_steps(state: TrainState) -> None:
                             state.doctor.check(failing_only=True)
                 loss_sum.zero_()
                 n = 0
+                if plan is not None and state.guard.act(plan)["action"] == "rewind":  # all ranks alike
+                    first_bad.fill_(-1)  # the run goes on from a finite state
+                    if dist.is_main:
+                        state.monitor.first_nonfinite_step = None
+                elif plan is not None and plan.record["action"] == "stop":
+                    stop_run(state, plan, per_step)
+                    break
                 if dist.mean(float("diverged" in record)) > 0 and on_divergence(state, record):
                     break
             if state.doctor is not None and state.doctor.due(state.step):
@@ -237,10 +249,13 @@ def train(args: argparse.Namespace) -> int:
         state.bf16 = state.tc["dtype"] == "bf16"
         state.make_val_blocks()
         wrap_model(state)
+        state.guard = attach(state)  # --guard: hooked on the optimizer before the Monitor is
         if dist.is_main:
             state.doctor = LiveDoctor(args.out, args.diagnose_every)
         with state.signals():  # a signal from here on only stops the loop: the last step is saved
             open_run(state)
+            if state.guard is not None:
+                state.guard.keep(state.step)  # the state training starts from: the first to go back to
             run_steps(state)
             save(state)
             dump_rank_state(state)
@@ -278,6 +293,8 @@ def open_run(state: TrainState) -> None:
 
 def outcome(state: TrainState) -> int:
     """The exit code of a training that ran its loop, and its last line."""
+    if state.guard is not None and state.guard.stopped and state.guard.settings.mode == "act":
+        return EXIT_DIVERGED  # the guard said why and what to change (train.rescue_loop.stop_run)
     if state.diverged_at is not None and not state.args.keep_going:
         record = next((r for r in reversed(read_metrics(state.args.out)) if r.get("diverged")), {})
         log.error("training diverged at step %d: %s. Saved %s; lower --lr, add a norm "

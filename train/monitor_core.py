@@ -17,14 +17,14 @@ import torch
 
 from models.cli import to_jsonable
 from models.store.live import hooked_twin, model_kind, twin_config, unwrap
-from models.store.files import writing
 from models.store.result import nonfinite_tensors
-from models.store.run import (METRICS_FILE, append_metrics, list_snapshots, read_metrics, read_run_json,
-                              trim_metrics, write_run_json)
+from models.store.run import append_metrics, read_metrics, trim_metrics
 from train.guard import RunLock
-from train.monitor_parts import (EvalReadings, autocast_factory, check_model, check_tokens, divergence_reason,
+from train.monitor_open import open_run
+from train.rescue_monitor import guard_settings, hook_guard, monitor_log
+from train.monitor_parts import (EvalReadings, autocast_factory, check_eval_tokens, check_model, divergence_reason,
                                  first_optimizer, grad_squares, group_lrs, monitored_run_json, number, refuse_owned,
-                                 resume_mismatch, setting, step_number, update_readings)
+                                 setting, step_number, update_readings)
 
 log = logging.getLogger("train.monitor")
 
@@ -52,7 +52,7 @@ class Monitor:
                  steps: int | None = None, start_step: int = 0, tokens_per_step: int | None = None,
                  resume: bool = False, run_info: dict[str, Any] | None = None, report: bool = True,
                  autocast: Any = nullcontext, lock: bool = True, trainer: str | None = None,
-                 model_args: dict[str, Any] | None = None):
+                 model_args: dict[str, Any] | None = None, guard: Any = False):
         log_every, eval_every, save_every, diagnose_every, start_step = (
             setting(name, value, low=1 if name == "log_every" else 0) for name, value in
             (("log_every", log_every), ("eval_every", eval_every), ("save_every", save_every),
@@ -72,7 +72,7 @@ class Monitor:
         # its train.py; HFCallback says "hf"; any other loop gets plain words
         self.trainer = trainer or ("nanogpt" if self.kind == "nanogpt" else "unknown")
         self.config = twin_config(self.model)
-        self.eval_tokens = self._check_eval_tokens(eval_tokens)
+        self.eval_tokens = check_eval_tokens(eval_tokens, self.config)
         self.plan, self.tapped_model = None, None  # a model the store cannot rebuild: read by the tap
         if self.config is None and self.eval_tokens is not None:
             self._plan_tap(autocast)
@@ -82,7 +82,7 @@ class Monitor:
         if save_every and self.config is None:
             from train.monitor_save import AnySaver
             self.any_saver = AnySaver(self.model, self.eval_tokens, tokenizer, model_args, self.tapped_model)
-        self.resume, self.report_at_close, self.autocast = resume, report, autocast
+        self.resume, self.report_at_close, self.autocast, self.guard = resume, report, autocast, guard_settings(guard)
         self.doctor = None
         if diagnose_every or report:
             from train.doctor import LiveDoctor
@@ -106,20 +106,6 @@ class Monitor:
 
     # ------------------------------------------------------------------ set-up and close
 
-    def _check_eval_tokens(self, tokens: torch.Tensor | None) -> torch.Tensor | None:
-        if tokens is None:
-            return None
-        tokens = check_tokens(tokens)
-        if self.config is not None:
-            window = self.config.family == "mlp"  # the MLP family slides its n_ctx window along
-            if tokens.shape[1] < self.config.n_ctx if window else tokens.shape[1] > self.config.n_ctx:
-                raise ValueError(f"Monitor: eval_tokens has {tokens.shape[1]} positions, "
-                                 f"{'fewer' if window else 'more'} than the model's context of {self.config.n_ctx}")
-            if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.d_vocab):
-                raise ValueError(f"Monitor: eval_tokens holds ids outside [0, {self.config.d_vocab}) "
-                                 f"(min {int(tokens.min())}, max {int(tokens.max())})")
-        return tokens
-
     def _plan_tap(self, autocast: Any) -> None:
         """The blocks, unembedding and activations of a model we never rebuilt, and what run.json
         says of it, from one forward on the eval tokens (a failing forward is refused here)."""
@@ -133,39 +119,10 @@ class Monitor:
                              f"{list(self.eval_tokens.shape)}: {first}") from None
 
     def _open(self, run_info: dict[str, Any] | None, lock: bool) -> None:
-        """Lock the run directory (unless the caller holds its lock, as our trainer does), refuse to
-        mix with an old run, write run.json, hook the optimizer.
-
-        run.json: `run_info` when given (the caller merged any older one), else the Monitor's own
-        description of the model and optimizer, kept as it is when resuming a run that has one."""
-        if self.out_dir.exists() and not self.out_dir.is_dir():
-            raise ValueError(f"Monitor: {self.out_dir} exists and is not a directory")
-        old = (self.out_dir / METRICS_FILE).is_file() or bool(list_snapshots(self.out_dir)) if self.out_dir.is_dir() else False
-        if old and not self.resume:
-            raise ValueError(f"Monitor: {self.out_dir} already holds a run (metrics.jsonl or snapshots); "
-                             "pass resume=True to continue it, or choose another directory")
-        with writing(self.out_dir):
-            self.out_dir.mkdir(parents=True, exist_ok=True)
+        """Open the run directory (`train.monitor_open.open_run`), then hook the optimizer."""
+        self._lock = open_run(self.out_dir, resume=self.resume, lock=lock, run_info=run_info, describe=self._run_json)
         try:
-            self._lock = RunLock(self.out_dir).acquire() if lock else None
-        except ValueError as busy:  # the lock speaks to `python -m train` (--out): say it our way
-            held = str(busy).split(";")[0]
-            if f"(pid {os.getpid()})" in held:  # a second Monitor on one directory in one process
-                held = held[:-1] + ", this process itself: another Monitor holds it, close that one first)"
-            raise ValueError(f"Monitor: {held}; wait for it to finish or choose another directory") from None
-        try:
-            old = read_run_json(self.out_dir) if self.resume else None
-            if run_info is None and old:  # records made now must fit the model run.json names
-                new = self._run_json()
-                why = resume_mismatch(old, new)
-                if why:
-                    raise ValueError(f"Monitor: resume=True on {self.out_dir}, but it is another model: {why}; "
-                                     "choose another directory for this model")
-                if old.get("model") is None and new["model"] is not None:  # eval_tokens given only now
-                    write_run_json(self.out_dir, to_jsonable({**old, "model": new["model"]}))
-            if run_info is not None or not old:
-                write_run_json(self.out_dir, to_jsonable(run_info if run_info is not None else self._run_json()))
-            self._handles = [self.optimizer.register_step_pre_hook(self._before_step),
+            self._handles = [*hook_guard(self), self.optimizer.register_step_pre_hook(self._before_step),  # guard first
                              self.optimizer.register_step_post_hook(self._after_step)]
         except BaseException:
             if self._lock is not None:
@@ -184,7 +141,8 @@ class Monitor:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.close(report=exc[0] is None or not issubclass(exc[0], (KeyboardInterrupt, SystemExit)))
+        interrupted = exc[0] is not None and issubclass(exc[0], (KeyboardInterrupt, SystemExit))
+        self.close(report=False if interrupted else None)  # None: as report= at construction said
 
     def _close_at_exit(self) -> None:
         if self._handles:
@@ -272,6 +230,8 @@ class Monitor:
         a val_loss always makes a record: evaluations are rare, and each one counts."""
         step, scalars = self._checked(step, scalars)
         self._follow(step)
+        if self.guard is not None and monitor_log(self, step, scalars):
+            return  # trouble: the step's record holds the guard's rescue (train.rescue_monitor)
         pending = self._pending
         if not self.due(step) and "val_loss" not in scalars and (pending is None or step != pending["step"]):
             loss = scalars.get("train_loss")

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import inspect
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 try:
     from transformers import TrainerCallback
@@ -21,6 +22,8 @@ except ImportError as err:  # pragma: no cover - the extra is installed in dev
 import torch
 
 from train.monitor_core import Monitor
+from train.rescue import GuardStop
+from train.rescue_monitor import monitor_log
 
 __all__ = ["HFCallback", "TRAINER_KEYS"]
 
@@ -31,7 +34,9 @@ TRAINER_KEYS = {"loss": "train_loss", "eval_loss": "val_loss", "learning_rate": 
 class HFCallback(TrainerCallback):
     """A `TrainerCallback` that opens a Monitor on the Trainer's model and optimizer when training
     begins and closes it (printing the doctor's diagnosis) when it ends. Keyword arguments are
-    the Monitor's (`log_every`, `eval_every`, `eval_tokens`, `diagnose_every`, `save_every`, ...)."""
+    the Monitor's (`log_every`, `eval_every`, `eval_tokens`, `diagnose_every`, `save_every`,
+    `guard`, ...); the guard judges the Trainer's logged loss (every `logging_steps`) and the
+    gradient norm, and its stop sets `should_training_stop`."""
 
     def __init__(self, out_dir: str | Path, **monitor_options: Any):
         # refused here, before the Trainer trains: an empty path (Path('') would be the working
@@ -57,7 +62,8 @@ class HFCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.monitor is not None:
-            self.monitor.log(state.global_step)  # the optimizer's step just taken is this one
+            with self._guarded(control):  # guard=True: a non-finite gradient norm at a log step is judged here
+                self.monitor.log(state.global_step)  # the optimizer's step just taken is this one
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:
@@ -66,7 +72,19 @@ class HFCallback(TrainerCallback):
                   and (isinstance(v, (int, float)) and not isinstance(v, bool)
                        or isinstance(v, torch.Tensor) and v.numel() == 1 and v.is_floating_point())}
         if self.monitor is not None and values:
-            self.monitor.record(state.global_step, **values)
+            with self._guarded(control):  # guard=True: its loss (a mean over logging_steps) is judged
+                if self.monitor.guard is None or not monitor_log(self.monitor, state.global_step, values):
+                    self.monitor.record(state.global_step, **values)
+
+    @contextmanager
+    def _guarded(self, control: Any) -> Iterator[None]:
+        """A guard's stop (train.rescue: records written, the last good state restored) ends the
+        training the Trainer's way, not with an exception through it."""
+        try:
+            yield
+        except GuardStop:
+            self.monitor = None  # closed by the stop
+            control.should_training_stop = True
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.monitor is not None:

@@ -15,7 +15,7 @@ import torch
 from train.host_copy import HostCopy
 from train.optimizer_kinds import optimizer_kinds
 
-__all__ = ["EvalReadings", "INT64_MAX", "OWNED", "activation_windows", "autocast_factory", "check_model", "check_tokens", "describe_model",
+__all__ = ["EvalReadings", "INT64_MAX", "OWNED", "activation_windows", "autocast_factory", "check_eval_tokens", "check_model", "check_tokens", "describe_model",
            "divergence_reason", "first_optimizer", "grad_norm", "grad_squares", "group_lrs", "hyperparameters",
            "internal_stats", "monitored_run_json", "norm_from_squares", "number", "param_groups_json", "refuse_owned",
            "resume_mismatch", "setting", "short", "step_number", "update_readings"]
@@ -39,7 +39,7 @@ def first_optimizer(optimizer: Any) -> torch.optim.Optimizer:
 
 # names the Monitor writes itself, in shapes every reader checks (models.store.record_check): a
 # value logged under one would make the record unreadable, and its step's loss lost with it
-OWNED = ("gwu", "activations", "attn_entropy", "attn_logit_max", "resid_rms", "diverged", "lr_groups")
+OWNED = ("gwu", "activations", "attn_entropy", "attn_logit_max", "resid_rms", "diverged", "lr_groups", "rescue")
 INT64_MAX = 2**63 - 1  # the readers' integer columns (the app's run list) are 64-bit
 
 
@@ -146,6 +146,23 @@ def check_tokens(tokens: Any) -> torch.Tensor:
     return tokens.long()
 
 
+def check_eval_tokens(tokens: Any, config: Any) -> torch.Tensor | None:
+    """eval_tokens checked (`check_tokens`) and, for a model the store rebuilds as ours (`config`),
+    against its context and vocabulary; None stays None (no internals measured)."""
+    if tokens is None:
+        return None
+    tokens = check_tokens(tokens)
+    if config is not None:
+        window = config.family == "mlp"  # the MLP family slides its n_ctx window along
+        if tokens.shape[1] < config.n_ctx if window else tokens.shape[1] > config.n_ctx:
+            raise ValueError(f"Monitor: eval_tokens has {tokens.shape[1]} positions, "
+                             f"{'fewer' if window else 'more'} than the model's context of {config.n_ctx}")
+        low, high = (int(v) for v in tokens.aminmax())
+        if low < 0 or high >= config.d_vocab:
+            raise ValueError(f"Monitor: eval_tokens holds ids outside [0, {config.d_vocab}) (min {low}, max {high})")
+    return tokens
+
+
 def resume_mismatch(old: dict[str, Any], new: dict[str, Any]) -> str | None:
     """Why run.json's model (`old`) is not the model now monitored (`new`), or None: their layers,
     heads, width, vocabulary, class or size differ (the new records would not fit the old shape)."""
@@ -200,7 +217,11 @@ def update_readings(model: torch.nn.Module, before: dict[str, torch.Tensor], squ
 
 
 def divergence_reason(record: dict[str, Any]) -> str | None:
-    """Why a record shows a diverged run (a non-finite train loss or attention entropy), or None."""
+    """Why a record shows a diverged run (a non-finite train loss or attention entropy), or None;
+    None for a step the guard rewound (the run went on from an earlier state)."""
+    from probes.doctor.rescues import rewound
+    if rewound(record):
+        return None
     loss = record.get("train_loss")
     if isinstance(loss, float) and not math.isfinite(loss):
         return f"the train loss is {loss}"

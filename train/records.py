@@ -145,10 +145,12 @@ def console_line(record: dict[str, Any], steps: int) -> str:
     return " | ".join(parts)
 
 
-def write_record(state: TrainState, record: dict[str, Any], do_eval: bool, first_bad: int = -1) -> dict[str, Any]:
+def write_record(state: TrainState, record: dict[str, Any], do_eval: bool, first_bad: int = -1,
+                 rescue: dict[str, Any] | None = None) -> dict[str, Any]:
     """Rank 0: add the val loss, then the Monitor adds the step's g/w/u (and the internals at an
     eval step), marks a divergence and appends the record to metrics.jsonl; log one line
-    (+ the g/w/u group summary, or the whole table with --gwu-table). Returns the record."""
+    (+ the g/w/u group summary, or the whole table with --gwu-table). `rescue`: what the guard
+    (--guard) is about to do, kept in the record. Returns the record."""
     if do_eval and state.val_blocks is not None:
         record.update(evaluate(state.raw_model, state.val_blocks, state.tc["batch_size"],
                                state.corpus.chars_per_token, state.autocast))
@@ -156,6 +158,8 @@ def write_record(state: TrainState, record: dict[str, Any], do_eval: bool, first
     if first_bad >= 0 and monitor.first_nonfinite_step is None:
         monitor.first_nonfinite_step = first_bad
     monitor.record(record.pop("step"), **record)
+    if rescue is not None:
+        monitor._pending["rescue"] = rescue  # a name the Monitor owns: no user value may take it
     record = monitor.flush()
     log.info("%s", console_line(record, state.tc["steps"]))
     if do_eval and record.get("gwu"):

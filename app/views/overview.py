@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import axes, charts, data, logs, run_files, series, warm
+from app.rescue_marks import with_rescues
 from app.views import doctor, live
 from app.views.controls import curve_controls, smoothed_frame
 from app.views.common import Selection, first_line, no_weights_text, page, saved_note, show
@@ -68,6 +69,7 @@ def curves(sel: Selection, follow: bool = False) -> None:
     loss = charts.smoothed_over_steps(smoothed_frame(losses, "loss", "curve", weight), "loss", "curve",
                                       charts.titled("loss", y.note), log=y.log, y_title="loss (nats per token)",
                                       x_domain=steps)
+    loss = with_rescues(loss, records)  # the guard's rescues, from the records (app.rescue_marks)
     show(charts.with_findings(loss, doctor.marks(sel.run)), left, stretch=True)
     if bpc:
         y = axes.choose_y([r["BPC"] for r in bpc], mode)

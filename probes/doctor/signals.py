@@ -9,6 +9,7 @@ import math
 import statistics
 from typing import Any
 
+from probes.doctor.rescues import rewound
 from probes.doctor.run_history import RunHistory, as_float, is_finite
 from probes.doctor.thresholds import DoctorThresholds
 from probes.doctor.update_scale import adjusted_table
@@ -125,11 +126,12 @@ def nonfinite_in(record: dict[str, Any]) -> list[str]:
 
 def first_nonfinite(h: RunHistory) -> tuple[int, list[str]] | None:
     """(step, what) of the first record holding a non-finite value, or None (found once per history).
-    A skipped step (`skipped_steps`) is not one: the loss scaler skipped it and the run went on."""
+    A skipped step (`skipped_steps`) is not one: the loss scaler skipped it and the run went on; nor
+    is a step the guard rewound (`probes.doctor.rescues`): the run went on from an earlier state."""
     if "first_nonfinite" not in h.cache:
         skipped = set(skipped_steps(h))
-        h.cache["first_nonfinite"] = next(((r["step"], bad) for r in h.records
-                                           if r["step"] not in skipped and (bad := nonfinite_in(r))), None)
+        h.cache["first_nonfinite"] = next(((r["step"], bad) for r in h.records if r["step"] not in skipped
+                                           and not rewound(r) and (bad := nonfinite_in(r))), None)
     return h.cache["first_nonfinite"]
 
 

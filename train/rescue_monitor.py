@@ -1,0 +1,124 @@
+"""The guard inside the Monitor (`Monitor(..., guard=True)`): `Monitor.log` hands each step to
+`monitor_log`, which judges it and, on trouble, writes the step's record with a `rescue` entry and
+acts; a stop writes the records, saves the last good state where the store can, prints the
+diagnosis and ends the script (`GuardStop`, exit code 3). The Hugging Face callback judges the
+Trainer's logged loss through `monitor_log` too, and turns a stop into should_training_stop.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from probes.doctor import flags
+from probes.doctor.rescues import no_qk_advice, structural_fix
+from train.rescue import EXIT_STOPPED, MODES, Guard, GuardedRun, GuardStop
+
+if TYPE_CHECKING:
+    from train.monitor_core import Monitor
+
+log = logging.getLogger("train.rescue")
+
+__all__ = ["guard_settings", "hook_guard", "monitor_log", "stop_line"]
+
+
+def guard_settings(value: Any) -> Guard | None:
+    """Monitor's `guard=`: True (the defaults), "watch", a Guard, or False / None (off); anything
+    else refused in one line (when the Monitor is made, before it writes anything)."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return Guard()
+    if isinstance(value, str) and value in MODES:
+        return Guard(mode=value)
+    if isinstance(value, Guard):
+        return value
+    raise ValueError(f"Monitor: guard must be True, False, 'watch' or a train.rescue.Guard, got {value!r}")
+
+
+def hook_guard(monitor: Monitor) -> list[Any]:
+    """The Monitor's guard (its `guard_settings`) at work on its optimizer, holding the state before
+    the first update it numbers; its hook handles, registered before the Monitor's own so that the
+    rate the Monitor records is the one the guard let through. None of either when it has none."""
+    if monitor.guard is None:
+        return []
+    monitor.guard = GuardedRun(monitor.guard, monitor.model, monitor.optimizer, monitor._next_step)
+    return monitor.guard.handles
+
+
+def monitor_log(monitor: Monitor, step: int, scalars: dict[str, Any]) -> bool:
+    """Judge `step` (the loss logged, the gradient norm the Monitor measured at its log steps); on
+    trouble make the step's record with the rescue in it and act. True when the record is made."""
+    run, pending = monitor.guard, monitor._pending
+    if run.stopped or pending is not None and pending["step"] == step and "rescue" in pending:
+        return False  # judged already (the Trainer's log line after its step): the values join the record
+    capture = monitor._captures.get(step) or {}  # the Monitor's measurement of this step's update (log steps)
+    measured = capture["update"].get()["grad_norm"] if "update" in capture else None  # read once, kept for the record
+    loss, grad = run.read(step, scalars.get("train_loss"), scalars.get("grad_norm", measured), monitor.due(step))
+    if loss is not None and "train_loss" in scalars:
+        scalars["train_loss"] = loss  # a tensor read once, here
+    why = run.judge(step, *run.everyone(loss, grad))
+    if why is None:
+        run.keep(step)
+        return False
+    plan = run.plan(step, why, doctor_warning(monitor, run))
+    # the record (and an eval step's internals) of the state in trouble, with the rate of its update (the
+    # Monitor would take the rate at the next record's flush: a capped one)
+    monitor.record(step, **{"lr": monitor._step_lr, **scalars})
+    rescue = monitor._pending["rescue"] = run.act(plan)  # a name the Monitor owns: log() may not write it
+    if rescue["action"] == "rewind":
+        monitor.first_nonfinite_step = None  # the run went on from a finite state
+    elif rescue["action"] == "stop":
+        stop(monitor, step, rescue)
+    return True
+
+
+def doctor_warning(monitor: Monitor, run: GuardedRun) -> tuple[int, str] | None:
+    """The doctor's earliest early warning from the model's internals (`probes.doctor.signals.
+    growth_signals`: attention or output logits or the residual grown ten-fold, a head's entropy
+    collapsed, update ratios too high) between the oldest snapshot held and the step the loss's
+    trouble began, read from the records written so far; None where the internals are not logged
+    (no eval_tokens) or none came in that span."""
+    began, oldest = run.watch.trouble_began(), run.held_since
+    if monitor.eval_tokens is None or oldest is None:
+        return None
+    from probes.doctor.run_history import RunHistory
+    from probes.doctor.signals import growth_signals
+    from probes.doctor.thresholds import DoctorThresholds
+    try:
+        history = RunHistory.read(monitor.out_dir)
+    except ValueError:  # nothing written yet
+        return None
+    found = [(s, what) for s, what, _ in growth_signals(history, DoctorThresholds(), before=began)
+             if oldest < s and "loss" not in what]  # the loss is the guard's own signal
+    return found[0] if found else None
+
+
+def stop(monitor: Monitor, step: int, rescue: dict[str, Any]) -> None:
+    """Write the records, save the restored state as a snapshot where the Monitor saves snapshots
+    (ours, or any model with save_every and eval_tokens; never over one on disk), say why and what
+    to change, print the diagnosis, end the script."""
+    monitor.flush()
+    saved = None
+    restored = rescue.get("restored_step")
+    if restored is not None and (monitor.config is not None or monitor.any_saver is not None):
+        from models.store.run import snapshot_name
+        path = monitor.out_dir / snapshot_name(restored)
+        saved = path if path.exists() else monitor.save(restored)
+    qk = no_qk_advice(monitor.config.to_dict() if monitor.config is not None else monitor.tapped_model or {})
+    log.error("%s", stop_line(step, rescue, monitor.guard, saved, monitor.trainer, qk))
+    monitor.close()
+    raise GuardStop(EXIT_STOPPED)
+
+
+def stop_line(step: int, rescue: dict[str, Any], run: GuardedRun, saved: Path | None, trainer: str = flags.OURS,
+              qk_norm: bool = False) -> str:
+    """The stop's one line: how often it was rescued, what the model holds now, what to change."""
+    cap = next((r["lr_cap"] for r in reversed(run.rescues) if r.get("lr_cap") is not None), None)
+    restored = rescue.get("restored_step")
+    held = ("the model holds no earlier state" if restored is None else
+            f"the model holds step {restored}'s weights" + (f" (saved {saved})" if saved else ""))
+    again = f"after {len(run.rescues) - 1} rescue(s), {rescue['trigger']} again" if len(run.rescues) > 1 \
+        else rescue["trigger"]
+    return f"guard: stopped the run at step {step}: {again}; {held}. Try: {structural_fix(cap, trainer, qk_norm, stopped=True)}"
