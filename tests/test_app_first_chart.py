@@ -18,17 +18,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from any_model_kit import BatchedGPT
 
 from models.store import load_checkpoint
-from models.tokenizers import CharTokenizer
 from probes import page_view
 from probes.first_view import PAGE_TEXT
 from test_first_view import read_back, same
-from train.monitor import Monitor
+from test_app_any_snapshot import runs  # noqa: F401 - fixture: a tutorial GPT's Monitor run
 
 REPO = Path(__file__).resolve().parent.parent
-TEXT = (REPO / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")[:20_000]
 PAGES = ("attention", "embeddings", "lens", "compare")
 
 FIRST_CHARTS = """
@@ -68,48 +65,25 @@ print(json.dumps(report, default=str))
 """
 
 
-@pytest.fixture(scope="module")
-def tutorial(tmp_path_factory) -> Path:
-    """runs/tutorial_gpt: the video tutorial's GPT (BatchedGPT), 8 AdamW steps on Tiny Shakespeare's
-    characters with the Monitor, a snapshot every 4 (snapshots of any model, opened without their code)."""
-    root = tmp_path_factory.mktemp("runs")
-    tokenizer = CharTokenizer.from_text(TEXT)
-    ids = torch.tensor(tokenizer.encode(TEXT))  # [n]
-    windows = ids[: 8 * 33].view(8, 33)  # [batch ctx+1]
-    torch.manual_seed(0)
-    model = BatchedGPT(vocab=tokenizer.vocab_size)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    with Monitor(model, optimizer, root / "tutorial_gpt", log_every=1, eval_every=4, save_every=4, report=False,
-                 eval_tokens=windows[:2, :32], tokenizer=tokenizer) as monitor:
-        for step in range(9):
-            _, loss = model(windows[:, :-1], windows[:, 1:])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            monitor.log(step, train_loss=loss.item())
-    return root
-
-
-def first_charts(tutorial: Path) -> dict:
-    plan = [["shakespeare_gpt", [[p, None] for p in PAGES]], ["tutorial_gpt", [[p, None] for p in PAGES]],
+def first_charts(runs: Path) -> dict:
+    plan = [["shakespeare_gpt", [[p, None] for p in PAGES]], ["tutorial", [[p, None] for p in PAGES]],
             ["shakespeare_gpt", [["attention", "First Citizen:\nBefore we proceed any further"]]]]
-    env = {**os.environ, "SCRATCHSCOPE_RUNS": str(tutorial), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "SCRATCHSCOPE_RUNS": str(runs), "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-c", FIRST_CHARTS, json.dumps(plan)], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_each_model_page_draws_its_first_chart_before_torch_and_from_the_probes_numbers(tutorial):
-    report = first_charts(tutorial)
-    for run in ("shakespeare_gpt", "tutorial_gpt"):
+def test_each_model_page_draws_its_first_chart_before_torch_and_from_the_probes_numbers(runs):  # noqa: F811
+    report = first_charts(runs)
+    for run in ("shakespeare_gpt", "tutorial"):
         for page in PAGES:
             seen = report[f"{run}/{page}/False"]
             assert not seen["errors"], (run, page, seen["errors"])
             assert seen["imported"] == [], (run, page, seen["imported"])
     assert report["shakespeare_gpt/attention/True"]["imported"] == ["torch", "transformer_lens"]  # the control
-    for run, path in (("shakespeare_gpt", REPO / "checkpoints" / "shakespeare_gpt"), ("tutorial_gpt",
-                                                                                     tutorial / "tutorial_gpt")):
+    for run, path in (("shakespeare_gpt", REPO / "checkpoints" / "shakespeare_gpt"), ("tutorial", runs / "tutorial")):
         snap = load_checkpoint(path)
         ids, _ = page_view.snapshot_ids(snap, PAGE_TEXT)
         grid = page_view.attention(snap.model, ids)  # the probe on the model
@@ -128,7 +102,7 @@ def test_each_model_page_draws_its_first_chart_before_torch_and_from_the_probes_
         projected = page_view.embedding_map(snap.model, "output" if opened == "output" else "input", snap.tokenizer)
         points = sorted(report[f"{run}/embeddings/False"]["rows"], key=lambda r: r["id"])
         assert [(r["x"], r["y"]) for r in points] == list(zip(projected["x"], projected["y"]))
-    snap = load_checkpoint(tutorial / "tutorial_gpt")  # a snapshot of any model, read without its code
+    snap = load_checkpoint(runs / "tutorial")  # a snapshot of any model, read without its code
     parts, info = read_back(snap.path, snap.tokenizer)
     assert type(snap.model).__name__ == "SavedModel" and info["text"] is None  # row 0 of its saved sample
     expected, skipped = page_view.first_view(snap.model, snap.tokenizer, torch.tensor([info["tokens"]]))

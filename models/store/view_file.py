@@ -7,7 +7,7 @@ from: a view of other weights is stale and never read), ``tokens`` (the [pos] id
 ``text`` (the text they encode; null for a saved sample's row), ``skipped`` (part -> why it was
 not read) and ``parts`` (the skeleton `probes.first_view.unpack` reads the arrays with). It is
 optional: a snapshot without one (or with a stale one) is read from its model. It is read only while
-the snapshot's weights hash to what config.json records (one pass over the file: ~15 ms for the
+the snapshot's weights hash to what config.json records (one pass over the file: ~25 ms for the
 7 MB shakespeare_gpt), so that a truncated or modified model.safetensors is never hidden behind
 its view: the page loads the model, and loading says what is wrong.
 """
