@@ -89,8 +89,8 @@ def typed(text: str, preset: str | None) -> list[data.Source]:
     """The sources a typed path opens: a run, a snapshot, a series .pt with a preset, every run in a
     folder of runs, or a training log the run doctor reads (each one in a folder of logs); ValueError
     (one line, shown in the sidebar) for anything else, a log the doctor cannot read included."""
-    from models.store.series import SERIES_SUFFIXES  # both import torch: only when a path is typed
-    from models.store.snapshot import MODEL_FILE
+    from models.store.front import MODEL_FILE
+    from models.store.series import SERIES_SUFFIXES  # imports torch: only when a path is typed
 
     path = Path(text).expanduser()
     if not path.exists():

@@ -3,16 +3,21 @@
 
 Models are `st.cache_resource` keyed by path and modification time (a retrained snapshot is
 reloaded); probe results are `st.cache_data` keyed by plain values. Every number comes from a
-probe (`probes.*`) or a run reader (`models.*`); this module only reshapes them for charts.
+probe (`probes.*`, shaped for the pages by `probes.page_view`) or a run reader (`models.*`); this
+module only reshapes them for charts.
 
-torch, TransformerLens (which the models' hook points need) and the probes are imported where
-they are used, not here: they take ~9 s to import on a 2-core machine, and the landing view, the
-sidebar and the Overview's curves need none of them. `app.warm` loads them in the background once
-the first page is drawn.
+A page's first chart needs no model: the probes' results for what a model page shows first (the
+sidebar's first text, the first token...) are saved beside each snapshot (`probes.first_view`),
+and a probe call asking for exactly that returns them, read with the snapshot's front (config and
+tokenizer, `models.store.front`) without torch. Anything else (another text, another head) loads
+the model. torch, TransformerLens (which our models' hook points need) and the probes are
+imported where they are used, not here: they take ~2-9 s to import on a 2-core machine. `app.warm`
+loads them in the background once the first page is drawn.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,15 +25,18 @@ from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
+from app.logs import foreign_log, history_only
 from app.model_code import spec_for
 from app.tokenizer_help import no_tokenizer
+from models.store.front import Front
 from models.store.run import is_run_dir, is_snapshot_dir, list_snapshots
-from app.logs import foreign_log, history_only
+from models.tokenizers import token_piece
+from probes.first_view import LENS_K, PAGE_K, PAGE_TOKEN, page_ids
 
 if TYPE_CHECKING:
     import torch
 
-DEFAULT_TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun."
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,77 @@ def snapshot(path: Path, preset: str | None = None) -> Any:
     return load(str(path), mtime(path), preset)
 
 
+def opening(path: Path, preset: str | None = None) -> Any:
+    """What a page reads of a snapshot before its first chart: its front (config, tokenizer, meta,
+    path, step; no torch), or for a format without one the loaded snapshot, which has them too."""
+    return front(str(path), mtime(path), preset) or snapshot(path, preset)
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def front(path: str, modified: float, preset: str | None = None) -> Front | None:
+    """The snapshot's front (`models.store.front`), None for another format or one that does not read
+    (loading the model then says why, in the page); `modified` keys the cache."""
+    from models.store.front import read_front
+
+    if preset is not None:
+        return None
+    try:
+        return read_front(path)
+    except (ValueError, OSError) as err:
+        log.info("%s: no front (%s): the model is loaded", path, err)
+        return None
+
+
+@dataclass(frozen=True)
+class View:
+    """The first view saved beside a snapshot: its parts (`probes.first_view`) and the ids they read."""
+
+    parts: dict[str, Any]
+    tokens: list[int]
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def first_view(path: str, modified: float, preset: str | None = None) -> View | None:
+    """The snapshot's saved first view, None without one (or a stale or damaged one: the pages then
+    read the model)."""
+    from models.store.view_file import read_view
+    from probes.first_view import unpack
+
+    found = front(path, modified, preset)
+    try:
+        saved = None if found is None else read_view(found.path, found.meta.get("tensors_sha256"))
+        if saved is None:
+            return None
+        arrays, info = saved
+        return View(unpack(arrays, info["parts"], found.tokenizer), list(info["tokens"]))
+    except (ValueError, OSError, KeyError, TypeError) as err:
+        log.warning("%s: its first view is not read (%s): the model is loaded", path, err)
+        return None
+
+
+def saved(path: str, modified: float, preset: str | None, part: str, text: str | None = None) -> Any:
+    """The saved first view's `part` when it answers the page's call: on `text`, when the view read that
+    text's ids (a snapshot of any model without its code reads its saved sample whatever the text);
+    None otherwise."""
+    view = first_view(path, modified, preset)
+    if view is None or part not in view.parts:
+        return None
+    snap = front(path, modified, preset)
+    if text is not None and not saved_only(snap):
+        try:
+            if snap.tokenizer is None or not text or page_ids(snap.tokenizer, snap.config.n_ctx, text) != view.tokens:
+                return None
+        except ValueError:  # a character the vocabulary lacks: the model's path says so
+            return None
+    return view.parts[part]
+
+
+def has_saved(sel: Any, *parts: str) -> bool:
+    """Whether the saved first view answers each of `parts` for the selection (`app.views.common.Selection`)."""
+    path, modified, preset = sel.key
+    return all(saved(path, modified, preset, part, sel.text) is not None for part in parts)
+
+
 def encode(snap: Any, text: str) -> torch.Tensor:
     """[1 pos] ids of `text` cut to the model's context (the app shows one window); for a snapshot of
     any model without its code, the first row of the sample it saved (`saved_only` says so)."""
@@ -119,19 +198,18 @@ def encode(snap: Any, text: str) -> torch.Tensor:
         raise ValueError("the text is empty: type some text in the sidebar")
     if snap.tokenizer is None:
         raise no_tokenizer(snap)
-    ids = snap.tokenizer.encode(text)
-    return torch.tensor([ids[: snap.config.n_ctx]])
+    return torch.tensor([page_ids(snap.tokenizer, snap.config.n_ctx, text)])
 
 
 def saved_only(snap: Any) -> bool:
     """A snapshot of any model opened without its code: its pages read the sample it saved."""
+    if isinstance(snap, Front):
+        return snap.kind == "any-model" and spec_for(snap.path) is None
     return type(snap.model).__name__ == "SavedModel"
 
 
 def pieces(snap: Any, ids: list[int]) -> list[str]:
-    from probes import neighbours
-
-    return [neighbours.token_piece(snap.tokenizer, i) or str(i) for i in ids]
+    return [token_piece(snap.tokenizer, i) or str(i) for i in ids]
 
 
 def shown(piece: str) -> str:
@@ -157,14 +235,13 @@ def real_newlines(text: str) -> str:
 
 @st.cache_data(max_entries=64, show_spinner="Measuring attention...")
 def attention(path: str, modified: float, text: str, preset: str | None = None) -> dict[str, Any]:
-    from probes import degenerate
+    found = saved(path, modified, preset, "attention", text)
+    if found is not None:
+        return found
+    from probes import page_view
 
     snap = load(path, modified, preset)
-    ids = encode(snap, text)
-    result = degenerate.run(snap.model, ids)  # its evidence carries both entropies: one pass
-    return {"verdicts": result.verdicts, "evidence": result.evidence,
-            "entropy": result.evidence["entropy"], "normalized": result.evidence["normalized_entropy"],
-            "rows": ids.shape[1], "tokens": ids[0].tolist()}
+    return page_view.attention(snap.model, encode(snap, text))
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -191,50 +268,51 @@ def layer_patterns(path: str, modified: float, text: str, layer: int, preset: st
 
 
 @st.cache_data(max_entries=64, show_spinner="Running the logit lens...")
-def lens(path: str, modified: float, text: str, k: int = 5, preset: str | None = None) -> dict[str, Any]:
-    from probes import logit_lens
+def lens(path: str, modified: float, text: str, k: int = LENS_K, preset: str | None = None) -> dict[str, Any]:
+    found = saved(path, modified, preset, "lens", text) if k == LENS_K else None
+    if found is not None:
+        return found
+    from probes import page_view
 
     snap = load(path, modified, preset)
-    ids = encode(snap, text)
-    result = logit_lens.run(snap.model, ids, k=k, tokenizer=snap.tokenizer)
-    data = result.to_dict()
-    return {key: data[key] for key in ("layers", "pieces", "kl_to_final", "kl_to_final_per_position",
-                                       "target_rank_per_position", "top_k", "cross_entropy")}
+    return page_view.lens(snap.model, encode(snap, text), k, snap.tokenizer)
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
 def nearest(path: str, modified: float, token: str, k: int, table: str,
             preset: str | None = None) -> dict[str, Any]:
-    from probes import neighbours
-
-    from probes.neighbour_baseline import mean_cosine
+    found = saved(path, modified, preset, f"nearest/{table}") if (token, k) == (PAGE_TOKEN, PAGE_K) else None
+    if found is not None:
+        return found
+    from probes import page_view
 
     snap = load(path, modified, preset)
     if snap.tokenizer is None:
         raise no_tokenizer(snap)
-    result = neighbours.run(snap.model, token, k=k, table=table, tokenizer=snap.tokenizer).to_dict()
-    result["mean_cosine"] = mean_cosine(result["neighbours"])  # what the shuffled baseline measures
-    return result
+    return page_view.nearest(snap.model, token, k, table, snap.tokenizer)
 
 
 @st.cache_data(max_entries=16, show_spinner="Shuffling the table for a baseline...")
 def neighbour_baseline(path: str, modified: float, table: str, k: int, preset: str | None = None) -> Any:
     """The table's k-nearest mean cosine against its dimension-shuffled copies (probes.neighbour_baseline)."""
-    from probes import neighbours
-    from probes.neighbour_baseline import shuffled_baseline
+    from probes.neighbour_baseline import ShuffledBaseline
 
-    queries, keys = neighbours.tables_for(load(path, modified, preset).model, table)
-    return shuffled_baseline(queries, None if table != "cross" else keys, k)
+    found = saved(path, modified, preset, f"baseline/{table}") if k == PAGE_K else None
+    if found is None:
+        from probes import page_view
+        found = page_view.baseline(load(path, modified, preset).model, table, k)
+    return ShuffledBaseline(**found)
 
 
 @st.cache_data(max_entries=16, show_spinner="Projecting the embedding table...")
 def embedding_map(path: str, modified: float, table: str, preset: str | None = None) -> dict[str, Any]:
-    from probes import projection
+    found = saved(path, modified, preset, f"map/{table}")
+    if found is not None:
+        return found
+    from probes import page_view
 
     snap = load(path, modified, preset)
-    coords, explained = projection.run(snap.model, table)
-    return {"x": coords[:, 0].tolist(), "y": coords[:, 1].tolist(), "explained": explained.tolist(),
-            "pieces": pieces(snap, list(range(coords.shape[0])))}
+    return page_view.embedding_map(snap.model, table, snap.tokenizer)
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
@@ -264,13 +342,11 @@ def tuned(path: str, modified: float, lens_modified: float, text: str, k: int = 
           preset: str | None = None) -> dict[str, Any]:
     """The tuned lens saved beside the snapshot, on the text: the logit lens's fields plus the
     translators' training record; raises ProbeInputError (one line) for a lens of another model."""
-    from probes import logit_lens, tuned_lens
+    from probes import page_view, tuned_lens
 
     snap = load(path, modified, preset)
     lens = tuned_lens.load(snap)
-    data = logit_lens.run(snap.model, encode(snap, text), k=k, tokenizer=snap.tokenizer, lens=lens).to_dict()
-    out = {key: data[key] for key in ("layers", "pieces", "kl_to_final", "kl_to_final_per_position",
-                                      "target_rank_per_position", "top_k", "cross_entropy")}
+    out = page_view.lens(snap.model, encode(snap, text), k, snap.tokenizer, tuned=lens)
     out["trained"] = {key: lens.meta.get(key) for key in ("steps", "batch_size", "seed", "data")}
     return out
 
@@ -280,15 +356,13 @@ def tuned(path: str, modified: float, lens_modified: float, text: str, k: int = 
 @st.cache_data(max_entries=64, show_spinner="Scoring head types...")
 def head_types(path: str, modified: float, text: str, preset: str | None = None) -> dict[str, Any]:
     """probes.heads on the text, plus Olsson et al.'s induction score on random repeats (seed 0)."""
-    from probes import heads
+    found = saved(path, modified, preset, "head_types", text)
+    if found is not None:
+        return found
+    from probes import page_view
+
     snap = load(path, modified, preset)
-    on_text = heads.run(snap.model, encode(snap, text))
-    repeat = heads.run_repeat(snap.model, samples=8, seed=0, copying=False)
-    scores = dict(on_text.scores)
-    scores["induction_repeat"] = repeat.induction_repeat
-    if on_text.copying is not None:
-        scores["copying"] = on_text.copying
-    return {"scores": scores, "repeat_length": repeat.repeat_length}
+    return page_view.head_types(snap.model, encode(snap, text))
 
 
 @st.cache_data(max_entries=64, show_spinner="Attributing the logit...")

@@ -22,6 +22,7 @@ from app import catalog, data, run_files, sweeps, warm
 from app.logs import history_only
 from app.views.common import PAGES, Selection
 from app.views.live import FOLLOWS_NEWEST, newest_unless_moved, snapshot_slider_key
+from probes.first_view import PAGE_TEXT
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,7 +63,7 @@ def pick_text(run: data.Source) -> str:
     if corpus is not None and st.sidebar.button("Random passage from the run's data", width="stretch"):
         st.session_state["seed"] = st.session_state.get("seed", 0) + 1
         st.session_state["text"] = run_files.random_passage(corpus, 240, st.session_state["seed"])
-    return st.sidebar.text_area("text", value=st.session_state.get("text", data.DEFAULT_TEXT), height=140,
+    return st.sidebar.text_area("text", value=st.session_state.get("text", PAGE_TEXT), height=140,
                                 key="text", label_visibility="collapsed",
                                 help="the first context window of this text is probed")
 

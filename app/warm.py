@@ -6,8 +6,9 @@ browser (its JavaScript, the chart library it fetches when the first chart arriv
 holds that lock in long stretches, so while one runs the browser waits (bench_app.py measures it):
 - `chart_stack` (pandas, Altair, the pages) runs once when the server starts (app/main.py's
   `st.App` start-up hook), while the browser is still loading Streamlit's own page;
-- `model_stack` (torch, TransformerLens through the models, the probes: ~4 s) runs after a page is
-  drawn, and `before_first_model` gives the browser a moment before a page imports it itself.
+- `model_stack` (torch, TransformerLens through our models, the probes: ~4 s) runs after a page is
+  drawn, and `before_first_model` gives the browser a moment before a page imports it itself (a
+  model page draws its first chart from the snapshot's saved first view, then loads the model).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from typing import Any, AsyncIterator, Callable
 CHART_MODULES = ("pandas", "altair", "app.charts", "app.views.home", "app.views.overview", "app.views.dynamics",
                  "app.views.attention", "app.views.embeddings", "app.views.lens", "app.views.compare",
                  "app.views.tuned")
-MODEL_MODULES = ("torch", "models.checkpoint", "models.sample", "probes.degenerate", "probes.entropy",
-                 "probes.logit_lens", "probes.neighbours", "probes.projection", "probes.updates")
+MODEL_MODULES = ("torch", "models.checkpoint", "models.transformer", "models.sample", "probes.page_view",
+                 "probes.degenerate", "probes.entropy", "probes.heads", "probes.logit_lens", "probes.neighbours",
+                 "probes.projection", "probes.updates")
 # how long the first model load waits after a page sent its charts: the browser fetches Vega (~1 MB)
 # from this server and draws (~0.6 s here); the import would slow the fetch to ~1.5 s
 BROWSER_MOMENT_S = 0.6

@@ -18,10 +18,12 @@
    histories copied under new names, each with its sweep.json entry). Goal: within 1.5x. Medians of
    --list-repeats loads, alternated.
 4. First charts (headless Chromium, a fresh server per page): each page's first chart drawn, opened
-   directly on a sweep run (history only) and on shakespeare_gpt, against a bare Streamlit page's
-   first chart. Goal: within 2x. Medians of --cold-repeats servers.
+   directly on a sweep run (history only), on shakespeare_gpt and on a tutorial GPT trained 30 steps
+   with the Monitor and save_every (made in the run), against a bare Streamlit page's first chart.
+   Goal: within 2x. Medians of --cold-repeats servers.
 
     python benchmarks/bench_app.py --only list,first   # the sections of issue 38, item 7
+    python benchmarks/bench_app.py --only first --first-pages tutorial   # the pages named so only
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", help="comma-separated sections to run: browser, pages, list, first")
     p.add_argument("--list-repeats", type=int, default=3, help="loads per run list in the run list section")
     p.add_argument("--list-runs", type=int, default=200, help="runs in the run list section's sweep")
+    p.add_argument("--first-pages", help="the first charts section: only the pages whose name contains this")
     args = p.parse_args(argv)
     only = set(args.only.split(",")) if args.only else {"browser", "pages", "list", "first"}
     if "browser" in only and not args.skip_browser:
@@ -94,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     if "first" in only and not args.skip_browser:
         from browser_timing import first_charts
 
-        first_charts(REPO, args.cold_repeats)
+        first_charts(REPO, args.cold_repeats, args.first_pages)
 
 
 def pages_section(args: argparse.Namespace) -> None:

@@ -145,14 +145,52 @@ def report(repo: Path, repeats: int) -> None:
           "bare: pages One and Two in turn, and its log-y toggle")
 
 
-# (name, address) of each page's first visit on a fresh server: a sweep run (history only) and a run with weights
+# (name, address) of each page's first visit on a fresh server: a sweep run (history only), a run with
+# weights, and a tutorial GPT trained with the Monitor (a snapshot of any model, opened without its code)
 FIRST_PAGES = [("runs (run list)", "/"), ("sweep run: Overview", "/?run=sweep_qk_norm/lr%3D1e-03%2Cqk_norm%3Dnone"),
                ("sweep run: Training dynamics", "/dynamics?run=sweep_qk_norm/lr%3D1e-03%2Cqk_norm%3Dnone"),
                ("Sweep", "/sweep?sweep=sweep_qk_norm"), ("Overview", "/?run=shakespeare_gpt"),
                ("Attention", "/attention?run=shakespeare_gpt"), ("Training dynamics", "/dynamics?run=shakespeare_gpt"),
                ("Embeddings", "/embeddings?run=shakespeare_gpt"), ("Logit lens", "/lens?run=shakespeare_gpt"),
-               ("Compare", "/compare?run=shakespeare_gpt")]
+               ("Compare", "/compare?run=shakespeare_gpt"), ("tutorial GPT: Overview", "/?run=tutorial_gpt"),
+               ("tutorial GPT: Attention", "/attention?run=tutorial_gpt"),
+               ("tutorial GPT: Embeddings", "/embeddings?run=tutorial_gpt"),
+               ("tutorial GPT: Logit lens", "/lens?run=tutorial_gpt"), ("tutorial GPT: Compare", "/compare?run=tutorial_gpt")]
 TABLE = '[data-testid="stDataFrame"]'
+TUTORIAL_STEPS, TUTORIAL_SAVE_EVERY = 30, 10
+
+
+def tutorial_run(folder: Path, repo: Path) -> Path:
+    """`folder/tutorial_gpt`: the video tutorial's GPT (tests/any_model_kit.py's BatchedGPT: its layout and
+    its (logits, loss) forward), 2 layers of 4 heads, d 32, context 64, trained TUTORIAL_STEPS AdamW steps
+    on Tiny Shakespeare's characters in a plain loop with the Monitor, a snapshot every TUTORIAL_SAVE_EVERY
+    (snapshots of any model: the app opens them without the model's code)."""
+    import torch
+    from any_model_kit import BatchedGPT
+
+    from models.tokenizers import CharTokenizer
+    from train.monitor import Monitor
+
+    text = (repo / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")
+    tokenizer = CharTokenizer.from_text(text)
+    ids = torch.tensor(tokenizer.encode(text[:200_000]))  # [n]
+    generator = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    model = BatchedGPT(n_layers=2, n_heads=4, d=32, ctx=64, vocab=tokenizer.vocab_size)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    eval_tokens = ids[-8 * 64:].view(8, 64)  # [batch ctx]
+    out = folder / "tutorial_gpt"
+    with Monitor(model, optimizer, out, log_every=5, eval_every=TUTORIAL_SAVE_EVERY, save_every=TUTORIAL_SAVE_EVERY,
+                 report=False, eval_tokens=eval_tokens, tokenizer=tokenizer) as monitor:
+        for step in range(TUTORIAL_STEPS + 1):
+            starts = torch.randint(0, len(ids) - 65, (16,), generator=generator)
+            batch = torch.stack([ids[s:s + 65] for s in starts])  # [batch ctx+1]
+            _, loss = model(batch[:, :-1], batch[:, 1:])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            monitor.log(step, train_loss=loss.item())
+    return out
 
 
 def first_drawn(browser, script: Path, cwd: Path, env: dict[str, str], path: str, table: bool = False) -> float:
@@ -172,24 +210,29 @@ def first_drawn(browser, script: Path, cwd: Path, env: dict[str, str], path: str
         return seconds
 
 
-def first_charts(repo: Path, repeats: int) -> None:
-    """Each page's first chart on its first visit to a fresh server, against a bare Streamlit page's."""
+def first_charts(repo: Path, repeats: int, only: str | None = None) -> None:
+    """Each page's first chart on its first visit to a fresh server, against a bare Streamlit page's.
+    `only`: the pages whose name contains it (all by default)."""
     import os
     import statistics
 
-    env = {**os.environ, "PYTHONPATH": str(repo)}
+    pages = [(name, path) for name, path in FIRST_PAGES if only is None or only in name]
     with chromium() as browser, tempfile.TemporaryDirectory() as folder:
         bare = bare_app(Path(folder))
-        times: dict[str, list[float]] = {"bare": [], **{name: [] for name, _ in FIRST_PAGES}}
+        runs = Path(folder) / "runs"
+        tutorial_run(runs, repo)
+        env = {**os.environ, "PYTHONPATH": str(repo), "SCRATCHSCOPE_RUNS": str(runs)}
+        times: dict[str, list[float]] = {"bare": [], **{name: [] for name, _ in pages}}
         for _ in range(repeats):  # alternated, so that a busy moment hits both
-            for name, path in FIRST_PAGES:
+            for name, path in pages:
                 times["bare"].append(first_drawn(browser, bare, Path(folder), env, "/"))
                 times[name].append(first_drawn(browser, repo / "app" / "main.py", repo, env, path, table=path == "/"))
     bare_s = statistics.median(times.pop("bare"))
     print(f"== each page's first chart on a fresh server (headless Chromium, tab opened to first chart drawn), "
           f"median of {repeats} ({os.cpu_count()} cores); bare Streamlit page: {bare_s:.2f} s")
     print(f"{'page':<34}{'address':<60}{'first chart (s)':>16}{'/bare':>8}")
-    for name, path in FIRST_PAGES:
+    for name, path in pages:
         seconds = statistics.median(times[name])
         print(f"{name:<34}{path:<60}{seconds:>16.2f}{seconds / bare_s:>7.1f}x")
-    print("goal: every page within 2x of the bare page (the run list: its table shown)")
+    print("goal: every page within 2x of the bare page (the run list: its table shown); tutorial_gpt: a "
+          f"{TUTORIAL_STEPS}-step Monitor run of a tutorial GPT with save_every={TUTORIAL_SAVE_EVERY}")

@@ -21,8 +21,9 @@ from models.store.run import (append_metrics, is_run_dir, is_snapshot_dir, lates
                               list_snapshots, read_metrics, read_run_json, snapshot_name,
                               snapshot_step, write_run_json)
 from models.store.series import VOCAB_FILE, load_series_state_dict  # noqa: F401
-from models.store.snapshot import (CONFIG_FILE, FORMAT_VERSION, MODEL_FILE,  # noqa: F401
-                                   OPTIMIZER_FILE, load_optimizer_state, load_snapshot, save_snapshot)
+from models.store.front import CONFIG_FILE, FORMAT_VERSION, MODEL_FILE  # noqa: F401
+from models.store.snapshot import (OPTIMIZER_FILE, load_optimizer_state, load_snapshot,  # noqa: F401
+                                   save_snapshot)
 
 __all__ = ["CONFIG_FILE", "FORMAT_VERSION", "MODEL_FILE", "OPTIMIZER_FILE", "VOCAB_FILE",
            "CheckpointError", "Snapshot", "add_ckpt_arguments", "append_metrics", "is_run_dir",

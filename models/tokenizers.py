@@ -24,7 +24,7 @@ from models.tokenizer_base import (Tokenizer, TokenizerError, UnknownTokenError,
 logger = logging.getLogger(__name__)
 
 __all__ = ["TOKENIZER_KINDS", "BPETokenizer", "CharTokenizer", "GPT2BPETokenizer", "Tokenizer", "TokenizerError",
-           "UnknownTokenError", "load_tokenizer", "tokenizer_kind_files"]
+           "UnknownTokenError", "load_tokenizer", "token_piece", "tokenizer_kind_files"]
 
 _MAX_LISTED = 5  # unknown characters named in one error message
 
@@ -201,3 +201,17 @@ def load_tokenizer(directory: str | Path, kind: str) -> Tokenizer:
         if not (directory / name).is_file():
             raise TokenizerError(f"{directory / name}: {kind} tokenizer file not found")
     return cls.load(directory)
+
+
+def token_piece(tokenizer: Any, i: int) -> str | None:
+    """The vocabulary entry of id i through our tokenizers or a HuggingFace one; None without."""
+    if tokenizer is None:
+        return None
+    try:
+        if hasattr(tokenizer, "id_to_piece"):
+            return tokenizer.id_to_piece(i)
+        if hasattr(tokenizer, "convert_ids_to_tokens"):
+            return tokenizer.convert_ids_to_tokens(i)
+        return tokenizer.decode([i])
+    except (ValueError, IndexError, KeyError):
+        return None  # e.g. a padded vocabulary slot (50257..50303) the tokenizer never emits

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from models.cli import to_jsonable
+from models.tokenizers import token_piece
 from probes.lens_stats import LayerStats
-from probes.neighbours import token_piece
 
 __all__ = ["LogitLensResult", "NOT_FINITE"]
 

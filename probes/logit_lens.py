@@ -45,6 +45,7 @@ import torch
 
 from models.anatomy import AnatomyError, find_anatomy
 from models.store.any_model import SavedModel
+from models.tokenizers import token_piece
 from probes.attention_source import has_lens_cfg
 from probes.tapped_source import longest_row
 from probes.args import logit_lens_parser as build_parser

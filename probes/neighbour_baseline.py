@@ -21,16 +21,20 @@ GPT-2-sized table costs a few [256 50257] products.
 
 For two tables (`cross`: input rows searched in the output table) both are shuffled,
 independently, and row i's own key is excluded as the search excludes the token's own id.
+
+torch is imported where a table is measured, so that a page reads a saved `ShuffledBaseline`
+without it (`probes.first_view`).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from probes.errors import ProbeInputError
 
-from probes.common import ProbeInputError
-from probes.knn import check_k, check_table, unit_rows
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ShuffledBaseline", "mean_cosine", "shuffle_dimensions", "shuffled_baseline", "topk_mean_cosine"]
 
@@ -68,6 +72,8 @@ class ShuffledBaseline:
 
 def shuffle_dimensions(table: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """[n d] -> [n d]: each column's values permuted across the rows, each column independently."""
+    import torch
+
     n = table.shape[0]
     columns = [table[torch.randperm(n, generator=generator), j] for j in range(table.shape[1])]
     return torch.stack(columns, dim=1)
@@ -77,6 +83,10 @@ def topk_mean_cosine(queries: torch.Tensor, keys: torch.Tensor, k: int,
                      own: torch.Tensor | None = None) -> torch.Tensor:
     """[r d] query rows, [m d] keys -> [r]: each query's mean cosine to its k nearest keys, key
     `own[i]` (the query's own row, when given) left out."""
+    import torch
+
+    from probes.knn import unit_rows
+
     sims = unit_rows(queries) @ unit_rows(keys).T  # [r m]
     if own is not None:
         sims[torch.arange(len(own)), own] = float("-inf")
@@ -87,6 +97,9 @@ def shuffled_baseline(queries: torch.Tensor, keys: torch.Tensor | None = None, k
                       seeds: int | None = None, max_rows: int = MAX_ROWS, level: float = LEVEL) -> ShuffledBaseline:
     """The table (queries searched in keys; `keys` None: in itself) against `seeds` shuffled copies
     (default SEEDS, LARGE_SEEDS for a table of more than LARGE_ENTRIES numbers)."""
+    import torch
+
+    from probes.knn import check_k, check_table
     same = keys is None or keys is queries
     keys = queries if keys is None else keys
     if seeds is None:

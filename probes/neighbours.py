@@ -37,6 +37,7 @@ from typing import Any, Sequence
 import torch
 
 from models.anatomy import AnatomyError, find_anatomy
+from models.tokenizers import token_piece
 from probes.args import NEIGHBOUR_TABLES
 from probes.args import neighbours_parser as build_parser
 from probes.common import ProbeInputError, model_tokenizer, print_json, run_cli, to_jsonable
@@ -119,20 +120,6 @@ def tables_for(model: Any, table: str) -> tuple[torch.Tensor, torch.Tensor]:
         t = output_table(model)
         return t, t
     return input_table(model), output_table(model)
-
-
-def token_piece(tokenizer: Any, i: int) -> str | None:
-    """The vocabulary entry of id i through our tokenizers or a HuggingFace one; None without."""
-    if tokenizer is None:
-        return None
-    try:
-        if hasattr(tokenizer, "id_to_piece"):
-            return tokenizer.id_to_piece(i)
-        if hasattr(tokenizer, "convert_ids_to_tokens"):
-            return tokenizer.convert_ids_to_tokens(i)
-        return tokenizer.decode([i])
-    except (ValueError, IndexError, KeyError):
-        return None  # e.g. a padded vocabulary slot (50257..50303) the tokenizer never emits
 
 
 def resolve_token(token: int | str, tokenizer: Any, d_vocab: int) -> int:

@@ -27,10 +27,10 @@ def runs(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("runs")
     data = root.parent / "text.txt"
-    from app.data import DEFAULT_TEXT  # the sidebar's default text must be in the vocabulary
+    from probes.first_view import PAGE_TEXT  # the sidebar's default text must be in the vocabulary
 
     data.write_text(("the king and the queen shall not be what thou art, my good lord.\n" * 40
-                     + DEFAULT_TEXT + "\n") * 2)
+                     + PAGE_TEXT + "\n") * 2)
     common = ["--data", str(data), "-q", "--steps", "20", "--batch-size", "8", "--log-every", "5",
               "--eval-every", "10", "--save-every", "10"]
     assert main(["--preset", "transformer4_rms_small", "--out", str(root / "a_rms"), *common]) == 0

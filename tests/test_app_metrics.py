@@ -18,13 +18,13 @@ from chart_kit import frames, titles
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
-    from app.data import DEFAULT_TEXT
+    from probes.first_view import PAGE_TEXT
     from train.loop import main
 
     root = tmp_path_factory.mktemp("metric_runs")
     text = root.parent / "metric_text.txt"
     text.write_text(("the king and the queen shall not be what thou art, my good lord.\n" * 40
-                     + DEFAULT_TEXT + "\n") * 2)
+                     + PAGE_TEXT + "\n") * 2)
     assert main(["--preset", "transformer4_rms_small", "--out", str(root / "m_rms"), "--data", str(text), "-q",
                  "--steps", "20", "--batch-size", "8", "--log-every", "5", "--eval-every", "10",
                  "--save-every", "20"]) == 0

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.data import DEFAULT_TEXT
+from probes.first_view import PAGE_TEXT
 from chart_kit import frames
 from models.checkpoint import load_checkpoint
 from models.store.run import read_metrics
@@ -22,7 +22,7 @@ from test_app_doctor import start  # noqa: F401 (fixture)
 from train.monitor import Monitor
 
 TEXT = "the king and the queen shall not be what thou art, my good lord.\n" * 20
-VOCAB_TEXT = TEXT + DEFAULT_TEXT + "ROMEO:"  # the sidebar's text and the Overview's prompt encode
+VOCAB_TEXT = TEXT + PAGE_TEXT + "ROMEO:"  # the sidebar's text and the Overview's prompt encode
 STEPS = 30
 
 

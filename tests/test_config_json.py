@@ -11,7 +11,7 @@ import torch
 
 from models import build_model, get_preset
 from models.checkpoint import CheckpointError, load_checkpoint, save_snapshot
-from models.store.snapshot import SNAPSHOT_KEYS
+from models.store.front import SNAPSHOT_KEYS
 
 CFG = get_preset("transformer4_rms_small", d_vocab=5)
 

@@ -358,8 +358,11 @@ class Monitor:
             if self.any_saver is None:  # made with save_every and eval_tokens
                 raise ValueError(f"Monitor: give save_every=N and eval_tokens= to save a {type(self.model).__name__}")
             return self.any_saver.save(self.out_dir / snapshot_name(step), step, tokens)
-        return save_snapshot(self.out_dir / snapshot_name(step), hooked_twin(self.model, self.config),
-                             self.tokenizer, step=step, tokens_seen=tokens)
+        from train.monitor_save import write_first_view
+        twin = hooked_twin(self.model, self.config)
+        saved = save_snapshot(self.out_dir / snapshot_name(step), twin, self.tokenizer, step=step, tokens_seen=tokens)
+        write_first_view(saved, twin, self.tokenizer)  # what the app's pages show first, beside it
+        return saved
 
     @property
     def records(self) -> list[dict[str, Any]]:

@@ -14,6 +14,13 @@ float32 without autocast: patterns through the attention tap (`models.tap`), the
 through the model's own final norm and unembedding (`probes.logit_lens` on its anatomy,
 `models.anatomy`, found by its names or by its forward, `models.layout`). A 2-layer, 4-head model
 saves 0.87 MB of readings at 64 eval positions.
+
+Beside every snapshot, of our models and of any model, the first view (`probes.first_view`: what
+the app's model pages show first, read by the same probe calls the pages make) is saved too, so
+that the pages draw it before any model loads: for ours on the sidebar's first text
+(`write_first_view`, from the model in memory), for any model on row 0 of its saved sample, read
+back from the snapshot as the app reads it. A view that cannot be read is logged and left out;
+training goes on.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from models.tap_inputs import context_of
 
 log = logging.getLogger("train.monitor")
 
-__all__ = ["AnySaver", "LENS_K", "MAX_POSITIONS", "MAX_ROWS", "PATTERN_BYTES"]
+__all__ = ["AnySaver", "LENS_K", "MAX_POSITIONS", "MAX_ROWS", "PATTERN_BYTES", "write_first_view"]
 
 MAX_POSITIONS = 64  # positions of the saved sample (a page shows one window of them)
 MAX_ROWS = 4
@@ -135,6 +142,39 @@ class AnySaver:
             readings, info = self.readings(device)
         layers = sorted(int(k.rsplit(".", 1)[1]) for k in readings if k.startswith("sample.pattern."))
         heads = [readings[f"sample.pattern.{layer}"].shape[1] for layer in layers]
-        return save_any_snapshot(directory, self.model, self.tokenizer, layout=self.layout,
-                                 shape=self.shape(len(layers), heads), readings=readings, readings_info=info,
-                                 step=step, tokens_seen=tokens_seen, model_args=self.model_args)
+        saved = save_any_snapshot(directory, self.model, self.tokenizer, layout=self.layout,
+                                  shape=self.shape(len(layers), heads), readings=readings, readings_info=info,
+                                  step=step, tokens_seen=tokens_seen, model_args=self.model_args)
+        from models.store.load import load_checkpoint
+        from probes import page_view
+
+        guarded(saved, lambda: page_view.save_snapshot_view(load_checkpoint(saved)))
+        return saved
+
+
+def write_first_view(directory: Path, model: torch.nn.Module, tokenizer: Any) -> None:
+    """The first view of our model (`directory` its snapshot, just saved) on the sidebar's first text,
+    beside the snapshot; without a tokenizer the pages read no text, and none is saved."""
+    from probes import page_view
+    from probes.first_view import PAGE_TEXT, page_ids
+
+    if tokenizer is None:
+        log.info("%s: no tokenizer, so no first view: the app's pages read the model", directory)
+        return
+    try:
+        ids = torch.tensor([page_ids(tokenizer, model.cfg.n_ctx, PAGE_TEXT)])  # [1 pos]
+    except ValueError as err:  # the text has a character the vocabulary lacks
+        log.info("%s: no first view (%s): the app's pages read the model", directory, str(err).splitlines()[0])
+        return
+    device = next(model.parameters()).device
+    with eval_pass(model), torch.autocast(device.type, enabled=False):
+        guarded(directory, lambda: page_view.save_first_view(directory, model, tokenizer, ids))
+
+
+def guarded(directory: Path, write: Any) -> None:
+    """`write()` a first view; a failure is a warning (the pages then read the model), never the end of a run."""
+    try:
+        write()
+    except Exception as err:  # noqa: BLE001 - a view is optional; the snapshot is saved
+        log.warning("%s: the first view was not saved (%s: %s); the app's pages read the model",
+                    directory, type(err).__name__, err)

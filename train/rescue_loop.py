@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from models.checkpoint import save_snapshot, snapshot_name
+from train.monitor_save import write_first_view
 from train.rescue import Guard, GuardedRun, Plan
 from train.rescue_monitor import stop_line
 
@@ -60,6 +61,7 @@ def stop_run(state: TrainState, plan: Plan, per_step: int) -> None:
             save_snapshot(saved, state.raw_model, state.corpus.tokenizer, step=restored,
                           tokens_seen=max(0, state.tokens - (state.step - restored) * per_step),
                           train_config=state.tc, optimizer=state.optimizer)
+            write_first_view(saved, state.raw_model, state.corpus.tokenizer)  # the app opens this one first
     state.last_saved = state.step  # the loop's closing save would label the restored weights step N
     if state.dist.is_main:
         qk = getattr(state.cfg, "qk_norm", "none") != "none" or not getattr(state.cfg, "n_heads", 0)

@@ -7,7 +7,7 @@ from typing import Any
 
 import streamlit as st
 
-from app import charts, charts_attention, data
+from app import charts, charts_attention, data, warm
 from app.views.common import Selection, has_attention, page, saved_note, show
 
 FEW_ROWS = 16  # below this the attention-sink score is not meaningful (uniform rows score high)
@@ -15,7 +15,7 @@ FEW_ROWS = 16  # below this the attention-sink score is not meaningful (uniform 
 
 @page("Attention", "Which heads collapsed, went uniform or became sinks, and what does one head look at?")
 def render(sel: Selection) -> None:
-    snap = data.snapshot(sel.snapshot, sel.run.preset)
+    snap = data.opening(sel.snapshot, sel.run.preset)  # no model yet: its config and tokenizer
     if not has_attention(snap):
         st.info("Not applicable: this model has no attention heads (an MLP-family model). See Overview, "
                 "Embeddings and Training dynamics instead.")
@@ -25,36 +25,48 @@ def render(sel: Selection) -> None:
     if result["rows"] < FEW_ROWS:
         st.warning(f"Only {result['rows']} positions: the sink score (mass on the first position) is not "
                    "meaningful on so short a context; give a longer text.")
-    evidence = {k: v for k, v in result["evidence"].items() if isinstance(v, list)}
     cfg = snap.config
     grids = st.container()  # drawn above the layer/head boxes, once their values are known
     c1, c2 = st.columns(2)
     layer = c1.selectbox("layer", list(range(cfg.n_layers)), key="layer")
     head = c2.selectbox("head", list(range(cfg.n_heads)), key="head")
     one_head, every_head, tokens = st.container(), st.container(), st.container()
+    # saved beside the snapshot (the first view), the grids come first, before the model loads for the
+    # heads' patterns; read from the model, the charts the browser takes longest to draw (the small
+    # multiples, the token view) are sent first, into their places below: the browser draws them
+    # while the grids above are built
+    first = data.has_saved(sel, "attention", "head_types")
+    if first:
+        draw_grids(sel, result, grids, (layer, head))
+        warm.before_first_model()
     detail = data.head(*sel.key[:2], sel.text, layer, head, sel.run.preset)
     labels = [f"{i}: {data.shown(p)}" for i, p in enumerate(detail["pieces"])]
-    # the charts the browser takes longest to draw (the small multiples, the token view) are sent
-    # first, into their places below: the browser draws them while the grids above are built
     every = data.layer_patterns(*sel.key[:2], sel.text, layer, sel.run.preset)
     pick(charts_attention.layer_multiples(every["patterns"], labels, result["verdicts"][layer], layer),
          "multiples", (layer, head), every_head)
     with tokens:
         token_view(detail, labels, layer, head)
-    # side by side where both fit, the head-type grid wrapping below where they do not: a chart
-    # wider than half the page never runs under the controls beside it
-    row = grids.container(horizontal=True, gap="large")
-    left, right = row.container(width="content"), row.container(width="content")
-    pick(charts.entropy_grid(result["normalized"], result["verdicts"], evidence,
-                             "normalised entropy and verdict per head"), "entropy", (layer, head), left)
-    head_types(sel, right, (layer, head))
-    grids.caption("Click a cell of either grid (or a heatmap of the layer's heads below) to pick that head; "
-                  "the layer and head boxes do the same from the keyboard.")
+    if not first:
+        draw_grids(sel, result, grids, (layer, head))
     one_head.markdown(f"**L{layer}H{head}: `{result['verdicts'][layer][head]}`**, entropy "
                       f"{result['entropy'][layer][head]:.3f} nats, normalised {result['normalized'][layer][head]:.3f}")
     show(charts_attention.pattern_heatmap(detail["pattern"], labels, detail["pieces"],
                                           f"L{layer}H{head} attention pattern"), one_head)
     show(charts.row_entropy_line(detail["row_entropy"], labels), one_head, stretch=True)
+
+
+def draw_grids(sel: Selection, result: dict[str, Any], grids: Any, chosen: tuple[int, int]) -> None:
+    """The entropy grid and the head-type grid: side by side where both fit, the head-type grid
+    wrapping below where they do not (a chart wider than half the page never runs under the
+    controls beside it)."""
+    evidence = {k: v for k, v in result["evidence"].items() if isinstance(v, list)}
+    row = grids.container(horizontal=True, gap="large")
+    left, right = row.container(width="content"), row.container(width="content")
+    pick(charts.entropy_grid(result["normalized"], result["verdicts"], evidence,
+                             "normalised entropy and verdict per head"), "entropy", chosen, left)
+    head_types(sel, right, chosen)
+    grids.caption("Click a cell of either grid (or a heatmap of the layer's heads below) to pick that head; "
+                  "the layer and head boxes do the same from the keyboard.")
 
 
 def pick(chart: Any, name: str, chosen: tuple[int, int], where: Any = None) -> None:

@@ -12,6 +12,7 @@ from app import charts, data, overlay_data, run_files
 from models.store.run import snapshot_step
 from app.views import overlay
 from app.views.common import Selection, error_text, has_attention, page, show
+from probes.first_view import LENS_K
 
 
 @page("Compare", "How do runs differ over training, and two snapshots on the same text?", needs_model=False)
@@ -73,12 +74,12 @@ def probe(run: data.Source, path, text: str) -> dict:
     if records and isinstance(records[0].get("val_loss"), float):
         out["val_loss"] = f"{records[0]['val_loss']:.3f}"
     try:
-        snap = data.snapshot(path, run.preset)
+        snap = data.opening(path, run.preset)  # the first view saved beside it needs no model
         key = (str(path), data.mtime(path))
         if has_attention(snap):
             out["attention"] = data.attention(*key, text, run.preset)
             if snap.config.unembed != "mlp":
-                out["lens"] = data.lens(*key, text, 5, run.preset)
+                out["lens"] = data.lens(*key, text, LENS_K, run.preset)
     except Exception as exc:  # noqa: BLE001 - shown beside the other side, which keeps working
         out["error"] = error_text(exc)
     return out

@@ -9,6 +9,7 @@ import streamlit as st
 
 from app import charts, data, labels
 from app.views.common import Selection, page, show
+from probes.first_view import PAGE_K, PAGE_TOKEN
 
 TABLES = {"input": "input embedding", "output": "unembedding", "cross": "input → output"}
 LOW_VARIANCE = 0.2  # under this share of the variance, the 2-D map is said to show little
@@ -16,15 +17,15 @@ LOW_VARIANCE = 0.2  # under this share of the variance, the 2-D map is said to s
 
 @page("Embeddings", "Which tokens does the model treat alike?")
 def render(sel: Selection) -> None:
-    snap = data.snapshot(sel.snapshot, sel.run.preset)
+    snap = data.opening(sel.snapshot, sel.run.preset)  # no model yet: its config (the first view needs none)
     c1, c2, c3 = st.columns(3)
-    token = c1.text_input("token", value="e", key="token")
+    token = c1.text_input("token", value=PAGE_TOKEN, key="token")
     has_output = getattr(snap.config, "family", "") == "transformer" and snap.config.unembed != "mlp"
     tables = list(TABLES) if has_output else ["input"]
     if st.session_state.get("table") not in tables:  # first visit: open on a table that shows something
-        st.session_state["table"] = opening_table(sel, tables, st.session_state.get("k", 10))
+        st.session_state["table"] = opening_table(sel, tables, st.session_state.get("k", PAGE_K))
     table = c2.selectbox("table", tables, format_func=TABLES.get, key="table")
-    k = c3.slider("neighbours", 3, 30, 10, key="k")
+    k = c3.slider("neighbours", 3, 30, PAGE_K, key="k")
     result = data.nearest(*sel.key[:2], token, k, table, sel.run.preset)
     rows = [{"token": data.shown(n["piece"] or str(n["id"])), "id": n["id"], "cosine": round(n["cosine"], 4)}
             for n in result["neighbours"]]

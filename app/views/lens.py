@@ -5,17 +5,18 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import charts, data
+from app import charts, data, warm
 from app.views import tuned
 from app.views.common import Selection, has_attention, page, saved_note, show
 from app.views.lens_cells import NOT_FINITE, lens_cells, with_nan
+from probes.first_view import LENS_K
 
 MEASURES = ["top-1 probability", "KL to final (nats)", "rank of the true next token"]
 
 
 @page("Logit lens", "What does each layer already predict?")
 def render(sel: Selection) -> None:
-    snap = data.snapshot(sel.snapshot, sel.run.preset)
+    snap = data.opening(sel.snapshot, sel.run.preset)  # no model yet: its config and tokenizer
     if not has_attention(snap) or snap.config.unembed == "mlp":
         st.info("Not applicable: the logit lens needs a residual stream read out by an unembedding, and "
                 "this model (an MLP-family model, or one whose last MLP maps straight to the vocabulary) "
@@ -23,7 +24,7 @@ def render(sel: Selection) -> None:
         return
     saved_note(snap)
     measure = st.radio("colour by", MEASURES, horizontal=True, key="lens_measure")
-    result = data.lens(*sel.key[:2], sel.text, 5, sel.run.preset)
+    result = data.lens(*sel.key[:2], sel.text, LENS_K, sel.run.preset)
     cells = lens_cells(result)
     # one rank scale for the logit and the tuned lens
     rank_top = (snap.tokenizer.vocab_size if snap.tokenizer is not None else snap.config.d_vocab) - 1
@@ -40,6 +41,8 @@ def render(sel: Selection) -> None:
     kl = pd.DataFrame({"layer": result["layers"], "KL(final || layer)": result["kl_to_final"],
                        "run": f"{sel.run.label} / {sel.snapshot.name}"})
     show(charts.per_layer_line(kl, "KL(final || layer)", "run", "KL to the final layer, per layer"), stretch=True)
+    warm.before_first_model()  # the charts above are sent: the model loads behind them
+    snap = data.snapshot(sel.snapshot, sel.run.preset)
     from probes.attention_source import hooked  # torch: imported once a model is loaded, not with the page
     if not hooked(snap.model):  # nanochat's GPT: its lens reads its blocks through its own parts
         st.info(f"The tuned lens and direct logit attribution read hook points on a model's heads and MLPs, "

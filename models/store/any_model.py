@@ -22,9 +22,9 @@ from models.store.any_files import (ANY_FORMAT, ANY_VERSION, CONFIG_FILE, READIN
                                     read_readings)
 from models.store.files import CheckpointError, dumps_json, write_bytes_atomic
 from models.store.foreign import ForeignConfig
+from models.store.front import MODEL_FILE, load_snapshot_tokenizer
 from models.store.result import Snapshot
-from models.store.snapshot import (MODEL_FILE, load_snapshot_tokenizer, read_checked, state_dict_for_saving,
-                                   write_directory, write_tensors)
+from models.store.snapshot import read_checked, state_dict_for_saving, write_directory, write_tensors
 from models.tokenizers import Tokenizer
 
 __all__ = ["ANY_SOURCE", "SavedModel", "code_hint", "load_any_snapshot", "save_any_snapshot"]

@@ -7,6 +7,7 @@ and are renamed into place. Torch-free: the run doctor and the CLIs' --help impo
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import re
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 __all__ = ["CheckpointError", "check_snapshot_meta", "current_umask", "dumps_json", "fsync_dir", "fsync_file", "read_json_object",
-           "refuse_unknown_fields", "write_bytes_atomic", "write_error", "writing"]
+           "refuse_unknown_fields", "sha256_of", "write_bytes_atomic", "write_error", "writing"]
 
 
 class CheckpointError(ValueError):
@@ -153,6 +154,15 @@ def check_snapshot_meta(meta: dict[str, Any], path: Path, required: Any, known: 
         value = meta.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise CheckpointError(f"{path}: '{key}' must be a non-negative integer, got {value!r}")
+
+
+def sha256_of(path: Path) -> str:
+    """The file's sha256, read in 1 MiB blocks (what config.json records of a snapshot's weights)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def read_json_object(path: Path) -> dict[str, Any]:

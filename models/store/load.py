@@ -29,7 +29,8 @@ from models.store.nanogpt import is_nanogpt, load_nanogpt, why_not_nanogpt
 from models.store.result import Snapshot
 from models.store.run import SNAPSHOT_CONFIG, is_run_dir, latest_snapshot, read_run_json
 from models.store.series import SERIES_SUFFIXES, load_series_checkpoint
-from models.store.snapshot import MODEL_FILE, load_snapshot
+from models.store.front import MODEL_FILE
+from models.store.snapshot import load_snapshot
 from models.store.weights import torch_load
 
 __all__ = ["load_checkpoint"]

@@ -8,13 +8,25 @@ from typing import Any
 
 import torch
 
-from models.cache import text_to_tokens
 from models.config import ModelConfig
 from models.store.foreign import BRIDGE_SOURCE
 from models.store.run import snapshot_step
 from models.tokenizers import Tokenizer
 
-__all__ = ["Snapshot", "nonfinite_tensors"]
+__all__ = ["Snapshot", "nonfinite_tensors", "text_to_tokens"]
+
+
+def text_to_tokens(tokenizer: Any, text: str, device: torch.device, owner: str) -> torch.Tensor:
+    """Text as a [1 pos] batch of ids on `device`; ValueError naming the problem otherwise."""
+    if tokenizer is None:
+        raise ValueError(f"{owner} has no tokenizer (a bare .pt state dict or a hand-built model): "
+                         "load a checkpoint with one, or pass token ids")
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"text must be a non-empty string, got {text!r}")
+    ids = tokenizer.encode(text)  # names the character it cannot encode
+    if not ids:
+        raise ValueError(f"{text!r} encodes to zero tokens")
+    return torch.tensor([ids], dtype=torch.long, device=device)  # [1 pos]
 
 
 @dataclass(frozen=True, eq=False)

@@ -18,9 +18,9 @@ import torch
 from models import get_preset
 from models.config import ModelConfig
 from models.store.files import CheckpointError, refuse_unknown_fields
+from models.store.front import SNAPSHOT_KEYS, parse_config
 from models.store.result import Snapshot
-from models.store.snapshot import SNAPSHOT_KEYS
-from models.store.weights import build_and_load, parse_config, strip_prefixes, torch_load
+from models.store.weights import build_and_load, strip_prefixes, torch_load
 from models.tokenizers import CharTokenizer, Tokenizer, TokenizerError
 
 __all__ = ["SERIES_SUFFIXES", "VOCAB_FILE", "load_series_checkpoint", "load_series_state_dict"]

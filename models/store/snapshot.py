@@ -8,7 +8,6 @@ files, step, tokens seen, training config, sha256 of the weights, creation time)
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -20,25 +19,20 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from models.config import ModelConfig
 from models.interrupts import deferred_signals
-from models.store.files import (CheckpointError, check_snapshot_meta, current_umask, dumps_json, fsync_dir, fsync_file,
-                                read_json_object, write_bytes_atomic, write_error)
+from models.store.files import (CheckpointError, current_umask, dumps_json, fsync_dir, fsync_file, sha256_of,
+                                write_bytes_atomic, write_error)
+from models.store.front import (CONFIG_FILE, FORMAT_VERSION, MODEL_FILE, load_snapshot_tokenizer, parse_config,
+                               read_snapshot_meta)
 from models.store.result import Snapshot
-from models.store.weights import build_and_load, parse_config, torch_load
-from models.tokenizers import Tokenizer, TokenizerError, load_tokenizer
+from models.store.weights import build_and_load, torch_load
+from models.tokenizers import Tokenizer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CONFIG_FILE", "FORMAT_VERSION", "MODEL_FILE", "OPTIMIZER_FILE", "load_optimizer_state",
-           "load_snapshot", "read_safetensors", "save_snapshot"]
+__all__ = ["OPTIMIZER_FILE", "load_optimizer_state", "load_snapshot", "read_safetensors", "save_snapshot"]
 
-FORMAT_VERSION = 1
-CONFIG_FILE = "config.json"
-MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
-REQUIRED_KEYS = ("format_version", "model", "tokenizer", "step", "tokens_seen", "tensors_sha256")
-SNAPSHOT_KEYS = REQUIRED_KEYS + ("train_config", "created")  # everything save_snapshot writes
 
 
 # --------------------------------------------------------------------------- save
@@ -58,14 +52,6 @@ def state_dict_for_saving(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         seen.add(key)
         out[name] = t
     return out
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> str:
@@ -167,15 +153,6 @@ def _swap_into_place(tmp: Path, target: Path, aside: Path) -> None:
 # --------------------------------------------------------------------------- load
 
 
-def _read_meta(directory: Path) -> dict[str, Any]:
-    path = directory / CONFIG_FILE
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing; a snapshot directory needs {CONFIG_FILE}")
-    meta = read_json_object(path)
-    check_snapshot_meta(meta, path, REQUIRED_KEYS, SNAPSHOT_KEYS, FORMAT_VERSION)
-    return meta
-
-
 def load_snapshot(directory: str | Path, device: str | torch.device = "cpu") -> Snapshot:
     """Load a snapshot directory: validated config, hash-checked weights, tokenizer; eval mode."""
     directory = Path(directory)
@@ -183,7 +160,7 @@ def load_snapshot(directory: str | Path, device: str | torch.device = "cpu") -> 
         aside = sorted(directory.parent.glob(f".{directory.name}.old-*"))
         hint = f"; an interrupted save left the previous version at {aside[0]}" if aside else ""
         raise CheckpointError(f"{directory}: snapshot directory not found{hint}")
-    meta = _read_meta(directory)
+    meta = read_snapshot_meta(directory)
     config = parse_config(meta["model"], directory / CONFIG_FILE)
     weights = directory / MODEL_FILE
     state = read_checked(weights, meta["tensors_sha256"], "the snapshot has no weights")
@@ -211,31 +188,6 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         return load_file(str(path), device="cpu")
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"{path}: truncated or corrupt safetensors file ({exc})") from None
-
-
-def load_snapshot_tokenizer(directory: Path, info: Any, config: ModelConfig) -> Tokenizer | None:
-    if info is None:
-        return None
-    source = directory / CONFIG_FILE
-    if not isinstance(info, dict) or "kind" not in info:
-        raise CheckpointError(f"{source}: 'tokenizer' must be an object with a 'kind', got {info!r}")
-    files = info.get("files") or []
-    if not isinstance(files, list) or not all(isinstance(n, str) for n in files):
-        raise CheckpointError(f"{source}: 'tokenizer.files' must be a list of file names, got {files!r}")
-    for name in files:
-        if Path(name).name != name or name in (".", ".."):  # no paths: nothing outside the snapshot
-            raise CheckpointError(f"{source}: tokenizer file {name!r} must be a plain file name "
-                                  "inside the snapshot directory")
-        if not (directory / name).is_file():
-            raise CheckpointError(f"{directory / name}: missing {info['kind']} tokenizer file")
-    try:
-        tokenizer = load_tokenizer(directory, info["kind"])
-    except TokenizerError as exc:
-        raise CheckpointError(f"{directory}: cannot load tokenizer: {exc}") from None
-    if tokenizer.vocab_size > config.d_vocab:
-        raise CheckpointError(f"{directory}: tokenizer has {tokenizer.vocab_size} tokens but the "
-                              f"model's d_vocab is {config.d_vocab}")
-    return tokenizer
 
 
 def load_optimizer_state(directory: str | Path, device: str | torch.device = "cpu") -> dict | None:

@@ -4,7 +4,7 @@
 :class:`~models.store.files.CheckpointError` line; ``build_and_load`` checks names and shapes on
 a model built on the meta device (no memory, no random init), then loads by assignment with a
 strict ``load_state_dict`` that names the first offending tensor;
-``parse_config`` validates a model config.
+(``models.store.front.parse_config`` validates a model config.)
 """
 
 from __future__ import annotations
@@ -20,21 +20,13 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from models import build_model, config_from_dict
+from models import build_model
 from models.config import ModelConfig
 from models.store.files import CheckpointError
 
-__all__ = ["SkipInit", "build_and_load", "load_weights", "parse_config", "strip_prefixes", "torch_load"]
+__all__ = ["SkipInit", "build_and_load", "load_weights", "strip_prefixes", "torch_load"]
 
 logger = logging.getLogger(__name__)
-
-
-def parse_config(data: Any, source: Path) -> ModelConfig:
-    """``config_from_dict``; an invalid config becomes a CheckpointError naming ``source``."""
-    try:
-        return config_from_dict(data)
-    except (ValueError, TypeError) as exc:
-        raise CheckpointError(f"{source}: invalid model config: {exc}") from None
 
 
 class SkipInit(TorchFunctionMode):
