@@ -119,7 +119,9 @@ def test_shipped_tuned_lens_beats_the_logit_lens_on_shakespeare_gpt(gpt):
 def test_the_run_readers_do_not_see_the_lens_files(gpt):
     snapshot = latest_snapshot(GPT)
     assert [p.name for p in list_snapshots(GPT)] == ["step_001500"] and is_run_dir(GPT)
-    assert sorted(p.name for p in snapshot.iterdir()) == ["config.json", "model.safetensors", "vocab.json"]
+    # the snapshot holds its own files and the pages' first view; the lens lives beside it, not in it
+    assert sorted(p.name for p in snapshot.iterdir()) == ["config.json", "first_view.safetensors",
+                                                         "model.safetensors", "vocab.json"]
     from app.data import discover
     assert [s.path.name for s in discover([GPT.parent]) if s.path.name.startswith("shakespeare_gpt")] == \
         ["shakespeare_gpt"]
