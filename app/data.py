@@ -205,7 +205,9 @@ def saved_only(snap: Any) -> bool:
     """A snapshot of any model opened without its code: its pages read the sample it saved."""
     if isinstance(snap, Front):
         return snap.kind == "any-model" and spec_for(snap.path) is None
-    return type(snap.model).__name__ == "SavedModel"
+    from probes.common import sample_only  # a loaded snapshot: torch is in already
+
+    return sample_only(snap)
 
 
 def pieces(snap: Any, ids: list[int]) -> list[str]:

@@ -238,7 +238,7 @@ def token_batches(args: argparse.Namespace, tokenizer: Any, n_ctx: int,
     if is_saved(snap) and not given:
         sample, source = saved_sample(snap)
         return list(torch.split(sample, max(1, args.batch_size))), source
-    if is_saved(snap) and isinstance(snap.model, SavedModel):  # no code: the saved sample only
+    if sample_only(snap):
         raise refused(snap.model)
     if tokenizer is None and snap is not None:
         no_tokenizer(snap)
@@ -317,6 +317,11 @@ class StopForward(Exception):
 def is_saved(snap: Any) -> bool:
     """A snapshot of any model (loaded with its code or without)."""
     return (getattr(snap, "meta", None) or {}).get("format") == "any-model"
+
+
+def sample_only(snap: Any) -> bool:
+    """A snapshot of any model opened without its code: only the sample it saved can be read."""
+    return is_saved(snap) and isinstance(snap.model, SavedModel)
 
 
 def saved_sample(snap: Any) -> tuple[torch.Tensor, str]:

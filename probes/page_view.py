@@ -144,8 +144,9 @@ def save_snapshot_view(snap: Any) -> Path:
 def snapshot_ids(snap: Any, text: str = PAGE_TEXT) -> tuple[torch.Tensor, str | None]:
     """([1 pos] ids, the text they encode) a page reads first on a loaded snapshot: `text` cut to its
     context, or for a snapshot of any model without its code row 0 of its saved sample (text None)."""
-    if type(snap.model).__name__ == "SavedModel":
-        from probes.common import saved_sample
+    from probes.common import sample_only, saved_sample
+
+    if sample_only(snap):
         return saved_sample(snap)[0][:1], None
     if snap.tokenizer is None:
         raise ValueError(f"{snap.name} has no tokenizer: its pages read no text")
