@@ -82,7 +82,7 @@ def read_readings(directory: Path, meta: dict[str, Any] | None = None) -> dict[s
     import hashlib
 
     from safetensors import SafetensorError
-    from safetensors.numpy import load_file
+    from safetensors.numpy import load
 
     meta = read_any_meta(directory) if meta is None else meta
     path = directory / READINGS_FILE
@@ -93,6 +93,6 @@ def read_readings(directory: Path, meta: dict[str, Any] | None = None) -> dict[s
     if hashlib.sha256(data).hexdigest() != recorded:
         raise CheckpointError(f"{path}: sha256 mismatch with {CONFIG_FILE} (the file was modified or corrupted)")
     try:
-        return load_file(str(path))
+        return load(data)
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{path}: truncated or corrupt safetensors file ({exc})") from None
