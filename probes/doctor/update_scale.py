@@ -102,10 +102,10 @@ def healthy_step_orders(step: float, w: Any) -> float | None:
     return math.log10(step / w) - REFERENCE
 
 
-def aux_adam_role(kinds: dict[str, str], name: str, kind: str | None) -> str | None:
+def aux_adam_role(beside_muon: bool, name: str, kind: str | None) -> str | None:
     """The role (the parameter's group) of a parameter Adam updates in a run where Muon updates
-    others; None otherwise."""
-    if kind not in ("adam", "adamw") or "muon" not in kinds.values():
+    others (`beside_muon`); None otherwise."""
+    if kind not in ("adam", "adamw") or not beside_muon:
         return None
     return parameter_group(name)
 
@@ -117,11 +117,12 @@ def adjusted_table(info: dict[str, Any], table: dict[str, Any]) -> dict[str, Any
     kinds, shapes, whole = kinds_of(info)
     if not kinds and whole in (None, *SAME_AS_ADAM):
         return table
+    beside_muon = "muon" in kinds.values()  # once per table, not per parameter
     out = {}
     for name, row in table.items():
         kind = kinds.get(name, whole)
         u = row.get("u") if isinstance(row, dict) else None
-        moved = offset(kind, shapes.get(name), row.get("w"), aux_adam_role(kinds, name, kind)) \
+        moved = offset(kind, shapes.get(name), row.get("w"), aux_adam_role(beside_muon, name, kind)) \
             if isinstance(u, (int, float)) else None
         out[name] = row if not moved else {**row, "u": u / 10 ** moved}
     return out
