@@ -30,7 +30,7 @@ from typing import Any, Iterator
 
 import torch
 
-from models.checkpoint import read_metrics, save_snapshot, snapshot_name
+from models.checkpoint import read_metrics, snapshot_name
 from models.cli import run_cli
 from models.interrupts import EXIT_INTERRUPTED, deferred_signals, signal_exit
 from models.store.run import METRICS_FILE
@@ -39,7 +39,7 @@ from train.config import init_distributed, lr_at
 from train.doctor import LiveDoctor
 from models.loss import lm_loss_and_z
 from train.data import block_len, lm_loss, predictions_per_block, sample_blocks
-from train.monitor_save import write_first_view
+from train.monitor_save import save_with_view
 from train.rescue_loop import attach, judge_steps, stop_run
 from train.records import (console_line, open_monitor, run_description, to_json_line, trim_metrics,
                            write_record)
@@ -118,10 +118,8 @@ def train_step(state: TrainState, measure: bool) -> tuple[torch.Tensor, float | 
 
 def save(state: TrainState) -> None:
     if state.dist.is_main and state.last_saved != state.step:
-        saved = save_snapshot(state.args.out / snapshot_name(state.step), state.raw_model,
-                              state.corpus.tokenizer, step=state.step, tokens_seen=state.tokens,
-                              train_config=state.tc, optimizer=state.optimizer)
-        write_first_view(saved, state.raw_model, state.corpus.tokenizer)  # what the app's pages show first
+        save_with_view(state.args.out / snapshot_name(state.step), state.raw_model, state.corpus.tokenizer,
+                       step=state.step, tokens_seen=state.tokens, train_config=state.tc, optimizer=state.optimizer)
         state.last_saved = state.step
 
 

@@ -352,17 +352,14 @@ class Monitor:
     def save(self, step: int) -> Path:
         """A snapshot at `step` in the run directory: ours, else of any model (`train.monitor_save`)."""
         from models.store.run import snapshot_name
-        from models.store.snapshot import save_snapshot
         tokens = step * self.tokens_per_step if self.tokens_per_step else 0
         if self.config is None:
             if self.any_saver is None:  # made with save_every and eval_tokens
                 raise ValueError(f"Monitor: give save_every=N and eval_tokens= to save a {type(self.model).__name__}")
             return self.any_saver.save(self.out_dir / snapshot_name(step), step, tokens)
-        from train.monitor_save import write_first_view
-        twin = hooked_twin(self.model, self.config)
-        saved = save_snapshot(self.out_dir / snapshot_name(step), twin, self.tokenizer, step=step, tokens_seen=tokens)
-        write_first_view(saved, twin, self.tokenizer)  # what the app's pages show first, beside it
-        return saved
+        from train.monitor_save import save_with_view
+        return save_with_view(self.out_dir / snapshot_name(step), hooked_twin(self.model, self.config),
+                              self.tokenizer, step=step, tokens_seen=tokens)
 
     @property
     def records(self) -> list[dict[str, Any]]:

@@ -38,7 +38,7 @@ from models.tap_inputs import context_of
 
 log = logging.getLogger("train.monitor")
 
-__all__ = ["AnySaver", "LENS_K", "MAX_POSITIONS", "MAX_ROWS", "PATTERN_BYTES", "write_first_view"]
+__all__ = ["AnySaver", "LENS_K", "MAX_POSITIONS", "MAX_ROWS", "PATTERN_BYTES", "save_with_view", "write_first_view"]
 
 MAX_POSITIONS = 64  # positions of the saved sample (a page shows one window of them)
 MAX_ROWS = 4
@@ -150,6 +150,17 @@ class AnySaver:
 
         guarded(saved, lambda: page_view.save_snapshot_view(load_checkpoint(saved)))
         return saved
+
+
+def save_with_view(directory: Path, model: torch.nn.Module, tokenizer: Any, **meta: Any) -> Path:
+    """Our snapshot (`models.store.snapshot.save_snapshot`, `meta` its step, tokens seen...) and, beside
+    it, the first view the app's pages show (`write_first_view`): how our trainer, its guard's stop and
+    the Monitor save one."""
+    from models.store.snapshot import save_snapshot
+
+    saved = save_snapshot(directory, model, tokenizer, **meta)
+    write_first_view(saved, model, tokenizer)
+    return saved
 
 
 def write_first_view(directory: Path, model: torch.nn.Module, tokenizer: Any) -> None:

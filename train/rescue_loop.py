@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from models.checkpoint import save_snapshot, snapshot_name
-from train.monitor_save import write_first_view
+from models.checkpoint import snapshot_name
+from train.monitor_save import save_with_view
 from train.rescue import Guard, GuardedRun, Plan
 from train.rescue_monitor import stop_line
 
@@ -58,10 +58,9 @@ def stop_run(state: TrainState, plan: Plan, per_step: int) -> None:
     if restored is not None and state.dist.is_main:
         saved = state.args.out / snapshot_name(restored)
         if not saved.exists():
-            save_snapshot(saved, state.raw_model, state.corpus.tokenizer, step=restored,
-                          tokens_seen=max(0, state.tokens - (state.step - restored) * per_step),
-                          train_config=state.tc, optimizer=state.optimizer)
-            write_first_view(saved, state.raw_model, state.corpus.tokenizer)  # the app opens this one first
+            save_with_view(saved, state.raw_model, state.corpus.tokenizer, step=restored,  # the app opens it first
+                           tokens_seen=max(0, state.tokens - (state.step - restored) * per_step),
+                           train_config=state.tc, optimizer=state.optimizer)
     state.last_saved = state.step  # the loop's closing save would label the restored weights step N
     if state.dist.is_main:
         qk = getattr(state.cfg, "qk_norm", "none") != "none" or not getattr(state.cfg, "n_heads", 0)
