@@ -9,11 +9,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from wandb_kit import offline_wandb, write_run
 
 from probes import diagnose
 from probes.doctor.run_history import RunHistory
 from probes.doctor.wandb_file import Walk, fields, walk_wandb_records
-from tests.wandb_kit import offline_wandb, write_run
 
 DIVERGES_AT = 150  # the nanoGPT-keyed run's first NaN loss
 BIG = "x" * 40_000  # a config value longer than a 32 KiB block: its record is cut in FIRST/MIDDLE/LAST chunks

@@ -1,7 +1,7 @@
 """Which history a path holds: our run directory (metrics.jsonl), a Hugging Face Trainer output
 directory or checkpoint-N/ (trainer_state.json), nanoGPT's printed log beside its ckpt.pt, llm.c's
-main.log, TensorBoard event files or a W&B run folder; or a log file named with --log (a printed log is llm.c's
-when it holds llm.c's step lines, else nanoGPT's). Each foreign one is read into a `Log`; a Git
+main.log, TensorBoard event files or a W&B run folder; or a log file named with --log (a printed
+log is llm.c's when it holds llm.c's step lines, else nanoGPT's). Each foreign one is read into a `Log`; a Git
 LFS pointer where a log should be is named as such.
 
 Checked in that order: a run directory of ours is read as ours even when it also holds event
@@ -121,7 +121,8 @@ def read_folder(path: Path, tags: Tags) -> Log | None:
 def locate(folder: Path, event_depth: int = SUBFOLDER_DEPTH) -> tuple[str, Path] | None:
     """(kind, what to read) of the foreign log a folder holds, without reading it: "trainer" and
     its trainer_state.json, "nanogpt" and the *.log beside ckpt.pt, "tensorboard" and the folder of
-    event files (searched `event_depth` levels down), "wandb" and a W&B run folder; None for a run of ours or no log at all."""
+    event files (searched `event_depth` levels down), "wandb" and a W&B run folder; None for a run
+    of ours or no log at all."""
     if not folder.is_dir() or (folder / METRICS_FILE).is_file() or in_a_run(folder):
         return None
     if (state := find_trainer_state(folder)) is not None:

@@ -46,7 +46,8 @@ class Walk:
         if not self.damaged:
             return ""
         n = self.damaged
-        return f"{n} damaged block{'s' if n > 1 else ''} skipped (failing its CRC; the first at byte {self.first_damage})"
+        return (f"{n} damaged block{'s' if n > 1 else ''} skipped (failing its CRC; the first at byte "
+                f"{self.first_damage})")
 
 
 def check_header(path: Path, head: bytes) -> None:
