@@ -3,9 +3,9 @@
 
 The history is in `run-<id>.wandb` (probes.doctor.wandb_file: its framing and a protobuf wire
 decoder); from each protobuf `Record` only these fields are read (numbers from wandb's
-wandb_internal.proto): Record.history = 2, .summary = 3, .config = 5, .run = 17; HistoryRecord.item
-= 1; HistoryItem/SummaryItem/ConfigItem .key = 1, .nested_key = 2, .value_json = 16 (a float
-`number` = 6 where a writer used it); ConfigRecord/SummaryRecord .update = 1; RunRecord.config = 4.
+wandb_internal.proto): Record.history = 2, .config = 5, .run = 17; HistoryRecord.item = 1;
+HistoryItem/ConfigItem .key = 1, .nested_key = 2, .value_json = 16 (a float `number` = 6 where a
+writer used it); ConfigRecord.update = 1; RunRecord.config = 4.
 
 The step axis is the run's own: `iter` (nanoGPT), `step` (nanochat), `train/global_step` (the
 Hugging Face Trainer), whichever is logged, never W&B's row counter `_step` then. A run resumed
@@ -51,7 +51,9 @@ CONFIG_NAMES = {"model": {"d_vocab": ("vocab_size",), "n_ctx": ("block_size", "m
                 "train": {"steps": ("max_iters", "num_iterations", "max_steps"),
                           "lr": ("learning_rate", "matrix_lr"), "grad_clip": ("grad_clip", "max_grad_norm"),
                           "log_every": ("log_interval", "logging_steps")}}
-RECORD_FIELDS = frozenset({2, 3, 5, 17})
+# the history rows, config updates and the run's first config; not Record.summary (3): wandb writes one
+# after each row, and the summary is read only for a folder without its .wandb (wandb-summary.json)
+RECORD_FIELDS = frozenset({2, 5, 17})
 
 
 @dataclass
@@ -155,12 +157,10 @@ def read_segment(path: Path) -> Segment:
 
 
 def read_record(data: bytes, segment: Segment) -> None:
-    """One Record's history row, summary or config update (ValueError: not a protobuf message)."""
+    """One Record's history row or config update (ValueError: not a protobuf message)."""
     record = fields(data, RECORD_FIELDS)
     for body in record.get(2, ()):
         segment.rows.append(items(body))
-    for body in record.get(3, ()):
-        segment.summary.update(items(body))
     for body in record.get(5, ()):
         segment.config.update(items(body))
     for body in record.get(17, ()):
@@ -176,13 +176,23 @@ def items(body: bytes) -> dict[str, Any]:
         item = fields(raw, frozenset({1, 2, 6, 16}))
         key = b".".join(item.get(2) or item.get(1) or [b""]).decode("utf-8", "replace")
         if 16 in item:
-            try:
-                out[key] = json.loads(item[16][-1])
-            except ValueError:
-                continue
+            out[key] = json_value(item[16][-1])
         elif 6 in item and len(item[6][-1]) == 8:
             out[key] = struct.unpack("<d", item[6][-1])[0]
     return out
+
+
+def json_value(raw: bytes) -> Any:
+    """A value's JSON: a number (most are; float() reads JSON's NaN and Infinity too) at C speed,
+    anything else through json; None when it is no JSON."""
+    try:
+        return float(raw)
+    except ValueError:
+        pass
+    try:
+        return json.loads(raw.decode("utf-8", "replace"))
+    except ValueError:
+        return None
 
 
 def merged(segments: list[Segment], step_key: str, mapping: dict[str, str], summary_only: bool) -> list[dict[str, Any]]:

@@ -144,12 +144,20 @@ def fields(data: bytes, wanted: frozenset[int] | None = None) -> dict[int, list[
     out: dict[int, list[int | bytes]] = {}
     at, end = 0, len(data)
     while at < end:
-        key, at = varint(data, at)
+        key = data[at]
+        if key < 0x80:  # the usual one-byte key (fields 1-15); the same for lengths below 128
+            at += 1
+        else:
+            key, at = varint(data, at)
         number, wire = key >> 3, key & 7
         if wire == 0:
             value, at = varint(data, at)
         elif wire == 2:
-            length, at = varint(data, at)
+            length = data[at] if at < end else 0x80
+            if length < 0x80:
+                at += 1
+            else:
+                length, at = varint(data, at)
             if at + length > end:
                 raise ValueError(f"field {number}: {length} bytes past the end of its message")
             value, at = data[at:at + length], at + length
