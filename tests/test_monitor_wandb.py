@@ -67,8 +67,34 @@ def mirrored(tmp_path_factory) -> dict:
         plain_folder = (root / "wandb" / "latest-run").resolve()
         logged = train(wandb, root / "monitored")
         folder = (root / "wandb" / "latest-run").resolve()
+        hf = train_hf(wandb, root / "hf")  # in the same wandb session: its core starts once
     assert folder != plain_folder
-    return {"folder": folder, "plain": plain_folder, "logged": logged, "out": root / "monitored"}
+    return {"folder": folder, "plain": plain_folder, "logged": logged, "out": root / "monitored", "hf": hf,
+            "hf_run": root / "hf" / "run"}
+
+
+def train_hf(wandb, out: Path) -> Path | None:
+    """report_to="wandb": the Trainer's WandbCallback calls wandb.init, HFCallback mirrors into that
+    run; its folder (None without transformers)."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    from train.monitor import HFCallback
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=17, n_positions=8, n_embd=16, n_layer=1, n_head=2,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    rows = torch.randint(0, 17, (16, 8), generator=torch.Generator().manual_seed(0))  # [example pos]
+    args = transformers.TrainingArguments(output_dir=str(out / "hf"), use_cpu=True, report_to=["wandb"], max_steps=4,
+                                          logging_steps=2, per_device_train_batch_size=4, save_strategy="no",
+                                          disable_tqdm=True, seed=0)
+    trainer = transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=args,
+                                   train_dataset=[{"input_ids": r, "labels": r} for r in rows],
+                                   callbacks=[HFCallback(out / "run", log_every=2, report=False)])
+    trainer.train()
+    folder = Path(wandb.run.dir).parent
+    wandb.run.finish()
+    return folder
 
 
 def raw_items(folder: Path) -> list[list[tuple[str, bytes]]]:
@@ -157,11 +183,40 @@ class FakeRun:
     def define_metric(self, name, step_metric=None):
         pass
 
+    def alert(self, title, text, level, wait_duration):
+        self.logged.append(("alert", title, text, level))
+
+
+def fake_wandb(monkeypatch, run: FakeRun):
+    fake = type(sys)("wandb")
+    fake.run, fake.patched = run, {"tensorboard": []}
+    fake.AlertLevel = type("AlertLevel", (), {"WARN": "WARN", "ERROR": "ERROR"})
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    return fake
+
+
+def test_findings_once_a_code_and_each_rescue_are_alerts(monkeypatch):
+    from probes.doctor.finding import Finding
+    run = FakeRun()
+    fake_wandb(monkeypatch, run)
+    mirror = mirror_for(None, "nanogpt")
+    spike = Finding("grad_spike", "warning", "a grad norm 12x its median", 40, "", "clip", "")
+    mirror.findings([spike, Finding("plateau", "info", "flat", 50, "", "", "")])
+    mirror.findings([Finding("grad_spike", "warning", "again", 60, "", "clip", "")])  # the same code: said
+    mirror.record({"step": 70, "train_loss": 9.0, "rescue": {"action": "rewind", "trigger": "loss spike",
+                                                              "restored_step": 60, "lr_cap": 1e-3}})
+    alerts = [a for a in run.logged if isinstance(a, tuple) and a[0] == "alert"]
+    assert alerts == [("alert", "scratchscope doctor: grad_spike",
+                       "[warning] grad_spike at step 40: a grad norm 12x its median; try: clip", "WARN"),
+                      ("alert", "scratchscope guard: rewind", "the guard's rewind at step 70; trigger: loss spike; "
+                       "back to step 60; learning rate capped at 0.001", "WARN")]
+    assert [r for r in run.logged if isinstance(r, dict)] == [{"iter": 70, PREFIX + "rescue": 1.0,
+                                                               PREFIX + "loss_above_best": 0.0}]
+
 
 def test_with_tensorboard_synced_a_writers_values_reach_wandb_once(monkeypatch):
-    fake = type(sys)("wandb")
-    fake.run, fake.patched = FakeRun(), {"tensorboard": [{"root_logdir": "tb"}]}
-    monkeypatch.setitem(sys.modules, "wandb", fake)
+    fake = fake_wandb(monkeypatch, FakeRun())
+    fake.patched = {"tensorboard": [{"root_logdir": "tb"}]}  # wandb.tensorboard.patch() was called
     writer = Writer()
     mirror = mirror_for(writer, "nanogpt")
     mirror.record({"step": 5, "grad_norm": 0.5, "train_loss": 2.0})
@@ -180,17 +235,13 @@ def test_with_tensorboard_synced_a_writers_values_reach_wandb_once(monkeypatch):
     ("unknown", {"_step": 3, "loss": 2.0}, ("commit=False", {PREFIX + "grad_norm": 0.5})),
 ])
 def test_the_users_step_key(monkeypatch, trainer, summary, expected):
-    fake = type(sys)("wandb")
-    fake.run, fake.patched = FakeRun(summary), {"tensorboard": []}
-    monkeypatch.setitem(sys.modules, "wandb", fake)
+    fake = fake_wandb(monkeypatch, FakeRun(summary))
     mirror_for(None, trainer).record({"step": 7, "grad_norm": 0.5})
     assert fake.run.logged == [expected]
 
 
 def test_before_the_user_logs_anything_the_readings_wait(monkeypatch):
-    fake = type(sys)("wandb")
-    fake.run, fake.patched = FakeRun({"_runtime": 0.1}), {}
-    monkeypatch.setitem(sys.modules, "wandb", fake)
+    fake = fake_wandb(monkeypatch, FakeRun({"_runtime": 0.1}))
     mirror = mirror_for(None, "nanogpt")
     mirror.record({"step": 0, "grad_norm": 0.5})
     assert fake.run.logged == []
@@ -238,3 +289,15 @@ def test_a_failing_writer_stops_the_mirror_not_the_training(caplog):
     mirror.record({"step": 0, "grad_norm": 1.0})
     mirror.record({"step": 1, "grad_norm": 1.0})
     assert mirror.off and sum("stopped mirroring" in r.message for r in caplog.records) == 1
+
+
+
+def test_the_trainers_callback_mirrors_into_the_run_its_wandb_callback_opened(mirrored):
+    if mirrored["hf"] is None:
+        pytest.skip("transformers is not installed (the dev extra installs it)")
+    ours = {int(r["train/global_step"]): r for r in read_segment(mirrored["hf"]).rows if PREFIX + "grad_norm" in r}
+    norms = {r["step"]: r["grad_norm"] for r in read_metrics(mirrored["hf_run"]) if "gwu" in r}
+    assert sorted(ours) == sorted(norms) == [2, 4]  # the Trainer's steps, on its train/global_step
+    assert all(ours[s][PREFIX + "grad_norm"] == pytest.approx(norms[s], rel=1e-12) for s in norms)
+    metrics = {m.name: m.step_metric for m in records_of(mirrored["hf"], "metric")}
+    assert metrics[PREFIX + "grad_norm"] == "train/global_step"
