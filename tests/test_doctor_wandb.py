@@ -171,3 +171,20 @@ def test_the_apps_run_list_reads_a_wandb_run_like_the_others(runs):
     row = catalog.summary(data.Source(runs["nanogpt"]))
     assert row["doctor"] == "failed" and row["steps"] == 199 and row["state"].startswith("diverged (the W&B run")
     assert catalog.typed(str(runs["nanochat"].parent), None)  # the wandb/ folder opens from "Open a path"
+
+
+def test_a_damaged_block_costs_its_rest_counted_and_the_blocks_after_are_read(runs, tmp_path, capsys, caplog):
+    folder = tmp_path / runs["nanogpt"].name
+    shutil.copytree(runs["nanogpt"], folder)
+    file = next(folder.glob("run-*.wandb"))
+    data = bytearray(file.read_bytes())
+    assert len(data) > 3 * 32 * 1024  # four blocks: the damage in the third
+    data[2 * 32 * 1024 + 4000] ^= 0xFF
+    file.write_bytes(bytes(data))
+    with caplog.at_level("WARNING"):
+        h = RunHistory.read(folder)
+    steps = [r["step"] for r in h.records]
+    assert h.skipped == 1 and 0 < len(steps) < 200 and steps[-1] == 199  # the fourth block's rows read
+    assert [r for r in caplog.records if "damaged block skipped" in r.message]
+    code, out, _ = cli(capsys, "--ckpt", str(folder))
+    assert code == 0 and "; 1 malformed record skipped)" in out.splitlines()[0]

@@ -29,7 +29,7 @@ from probes.doctor.log_file import Log, check_user_tags, kind_of_losses, require
 from probes.doctor.wandb_file import Walk, fields, walk_wandb_records
 from probes.errors import ProbeInputError
 
-__all__ = ["STEP_KEYS", "WANDB_KEYS", "find_wandb_run", "read_wandb", "read_wandb_file"]
+__all__ = ["SOURCE", "STEP_KEYS", "WANDB_KEYS", "find_wandb_run", "read_wandb", "read_wandb_file"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ RUN_DIR = re.compile(r"^(?:offline-)?run-(\d{8}_\d{6})-([A-Za-z0-9]+)$")
 SUMMARY_FILE, CONFIG_FILE = "files/wandb-summary.json", "files/config.yaml"
 # the run's own step key, by trainer: nanoGPT's train.py, nanochat's scripts, the Trainer's WandbCallback
 STEP_KEYS = {"iter": "nanogpt", "step": "unknown", "train/global_step": "hf"}
+SOURCE = "the W&B run"  # how the doctor names one, before its folder's name
 W_STEP = "_step"  # W&B's own row counter: the axis only when the run logs none of STEP_KEYS
 WANDB_KEYS = {"train/loss": "train_loss", "loss": "train_loss", "train_loss": "train_loss",
               "val/loss": "val_loss", "eval/loss": "val_loss", "eval_loss": "val_loss", "val_loss": "val_loss",
@@ -268,7 +269,7 @@ def source_text(path: Path, segments: list[Segment], step_key: str, records: lis
         notes.append(f"no run-*.wandb file: its last values from {SUMMARY_FILE} only")
     if any("val_bpb" in r for r in records):
         notes.append("val/bpb in bits per byte, not nats")
-    return f"the W&B run {name} ({'; '.join(notes)})"
+    return f"{SOURCE} {name} ({'; '.join(notes)})"
 
 
 def summary_json(folder: Path) -> dict[str, Any]:

@@ -120,8 +120,8 @@ def read_folder(path: Path, tags: Tags) -> Log | None:
 
 def locate(folder: Path, event_depth: int = SUBFOLDER_DEPTH) -> tuple[str, Path] | None:
     """(kind, what to read) of the foreign log a folder holds, without reading it: "trainer" and
-    its trainer_state.json, "nanogpt" and the *.log beside ckpt.pt, "tensorboard" and the folder of
-    event files (searched `event_depth` levels down), "wandb" and a W&B run folder; None for a run
+    its trainer_state.json, "nanogpt" and the *.log beside ckpt.pt, "wandb" and a W&B run folder,
+    "tensorboard" and the folder of event files (searched `event_depth` levels down); None for a run
     of ours or no log at all."""
     if not folder.is_dir() or (folder / METRICS_FILE).is_file() or in_a_run(folder):
         return None
@@ -131,10 +131,10 @@ def locate(folder: Path, event_depth: int = SUBFOLDER_DEPTH) -> tuple[str, Path]
         return "nanogpt", beside
     if (folder / MAIN_LOG).is_file():
         return "nanogpt", folder / MAIN_LOG  # llm.c's logger output (printed() tells which)
+    if (run := find_wandb_run(folder)) is not None:  # before the events W&B copies in when it syncs TensorBoard
+        return "wandb", run
     if (events := find_event_folder(folder, event_depth)) is not None:
         return "tensorboard", events
-    if (run := find_wandb_run(folder)) is not None:
-        return "wandb", run
     return None
 
 
