@@ -17,6 +17,7 @@ from nanogpt_ref import GPT, GPTConfig
 from wandb_kit import offline_wandb
 
 from models.checkpoint import read_metrics
+from probes.doctor.run_history import RunHistory
 from probes.doctor.read_wandb import read_segment
 from probes.doctor.wandb_file import Walk, walk_wandb_records
 from train.monitor import Monitor
@@ -142,6 +143,8 @@ def test_our_readings_are_on_the_users_step_key_read_back_by_our_reader(mirrored
             assert ours[step][key] == pytest.approx(value, rel=1e-12, nan_ok=True), key
     assert {PREFIX + "update_log10_u/attention_q_k", PREFIX + "attn_entropy/layer_0",
             PREFIX + "attn_entropy/layer_1", PREFIX + "logit_max"} <= ours[10].keys()
+    doctor = RunHistory.read(mirrored["folder"])  # the doctor reads the mirrored gradient norm too
+    assert dict(doctor.series("grad_norm")) == pytest.approx({s: r[PREFIX + "grad_norm"] for s, r in written.items()})
     metrics = {m.name: m for m in records_of(mirrored["folder"], "metric")}
     keys = {k for values in ours.values() for k in values}
     assert keys <= metrics.keys() and all(metrics[k].step_metric == "iter" for k in keys)

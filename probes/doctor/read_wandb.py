@@ -39,7 +39,8 @@ SUMMARY_FILE, CONFIG_FILE = "files/wandb-summary.json", "files/config.yaml"
 STEP_KEYS = {"iter": "nanogpt", "step": "unknown", "train/global_step": "hf"}
 SOURCE = "the W&B run"  # how the doctor names one, before its folder's name
 W_STEP = "_step"  # W&B's own row counter: the axis only when the run logs none of STEP_KEYS
-WANDB_KEYS = {"train/loss": "train_loss", "loss": "train_loss", "train_loss": "train_loss",
+WANDB_KEYS = {"scratchscope/grad_norm": "grad_norm",  # the Monitor's mirror (train.monitor_wandb); the user's own wins
+              "train/loss": "train_loss", "loss": "train_loss", "train_loss": "train_loss",
               "val/loss": "val_loss", "eval/loss": "val_loss", "eval_loss": "val_loss", "val_loss": "val_loss",
               "lr": "lr", "learning_rate": "lr", "train/learning_rate": "lr", "train/lr": "lr",
               "grad_norm": "grad_norm", "train/grad_norm": "grad_norm", "train/gradient_norm": "grad_norm",
