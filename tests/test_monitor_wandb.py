@@ -17,11 +17,11 @@ from nanogpt_ref import GPT, GPTConfig
 from wandb_kit import offline_wandb
 
 from models.checkpoint import read_metrics
+from probes.doctor.read_wandb import MIRROR, read_segment
 from probes.doctor.run_history import RunHistory
-from probes.doctor.read_wandb import read_segment
 from probes.doctor.wandb_file import Walk, walk_wandb_records
 from train.monitor import Monitor
-from train.monitor_wandb import PREFIX, Mirror, mirror_for, readings
+from train.monitor_wandb import Mirror, mirror_for, readings
 
 CONFIG = GPTConfig(block_size=8, vocab_size=17, n_layer=2, n_head=2, n_embd=16)
 STEPS, NAN_FROM = 20, 15  # the user's loss is NaN from iter 15: the doctor's divergence, alerted
@@ -127,24 +127,24 @@ def test_the_users_rows_are_byte_for_byte_those_of_a_run_without_the_monitor(mir
                 if any(k == "train/loss" for k, _ in row)]
     theirs, without = users(mirrored["folder"]), users(mirrored["plain"])
     assert len(theirs) == len(mirrored["logged"]) == 4 and theirs == without
-    ours = [row for row in raw_items(mirrored["folder"]) if any(k.startswith(PREFIX) for k, _ in row)]
-    assert ours and all(k.startswith(PREFIX) or k in OWN or k == "iter" for row in ours for k, _ in row)
+    ours = [row for row in raw_items(mirrored["folder"]) if any(k.startswith(MIRROR) for k, _ in row)]
+    assert ours and all(k.startswith(MIRROR) or k in OWN or k == "iter" for row in ours for k, _ in row)
 
 
 def test_our_readings_are_on_the_users_step_key_read_back_by_our_reader(mirrored):
     rows = read_segment(mirrored["folder"]).rows
-    ours = {int(r["iter"]): {k: v for k, v in r.items() if k.startswith(PREFIX)} for r in rows
-            if any(k.startswith(PREFIX) for k in r)}
+    ours = {int(r["iter"]): {k: v for k, v in r.items() if k.startswith(MIRROR)} for r in rows
+            if any(k.startswith(MIRROR) for k in r)}
     written = {r["step"]: readings(r) for r in read_metrics(mirrored["out"])}
     assert sorted(ours) == sorted(written) == [0, 5, 10, 15]
     for step, values in written.items():
         assert values.keys() <= ours[step].keys()
         for key, value in values.items():  # a float through JSON and back: the same double
             assert ours[step][key] == pytest.approx(value, rel=1e-12, nan_ok=True), key
-    assert {PREFIX + "update_log10_u/attention_q_k", PREFIX + "attn_entropy/layer_0",
-            PREFIX + "attn_entropy/layer_1", PREFIX + "logit_max"} <= ours[10].keys()
+    assert {MIRROR + "update_log10_u/attention_q_k", MIRROR + "attn_entropy/layer_0",
+            MIRROR + "attn_entropy/layer_1", MIRROR + "logit_max"} <= ours[10].keys()
     doctor = RunHistory.read(mirrored["folder"])  # the doctor reads the mirrored gradient norm too
-    assert dict(doctor.series("grad_norm")) == pytest.approx({s: r[PREFIX + "grad_norm"] for s, r in written.items()})
+    assert dict(doctor.series("grad_norm")) == pytest.approx({s: r[MIRROR + "grad_norm"] for s, r in written.items()})
     metrics = {m.name: m for m in records_of(mirrored["folder"], "metric")}
     keys = {k for values in ours.values() for k in values}
     assert keys <= metrics.keys() and all(metrics[k].step_metric == "iter" for k in keys)
@@ -157,7 +157,7 @@ def test_the_doctors_findings_are_alerts_naming_their_step(mirrored):
     assert len(divergence) == 1 and f"at step {NAN_FROM}" in divergence[0].text and divergence[0].level == "ERROR"
     summary = {i.key or ".".join(i.nested_key): json.loads(i.value_json)
                for s in records_of(mirrored["folder"], "summary") for i in s.update}
-    assert summary.get(PREFIX + "verdict") == "failed"
+    assert summary.get(MIRROR + "verdict") == "failed"
 
 
 class Writer:
@@ -213,8 +213,8 @@ def test_findings_once_a_code_and_each_rescue_are_alerts(monkeypatch):
                        "[warning] grad_spike at step 40: a grad norm 12x its median; try: clip", "WARN"),
                       ("alert", "scratchscope guard: rewind", "the guard's rewind at step 70; trigger: loss spike; "
                        "back to step 60; learning rate capped at 0.001", "WARN")]
-    assert [r for r in run.logged if isinstance(r, dict)] == [{"iter": 70, PREFIX + "rescue": 1.0,
-                                                               PREFIX + "loss_above_best": 0.0}]
+    assert [r for r in run.logged if isinstance(r, dict)] == [{"iter": 70, MIRROR + "rescue": 1.0,
+                                                               MIRROR + "loss_above_best": 0.0}]
 
 
 def test_with_tensorboard_synced_a_writers_values_reach_wandb_once(monkeypatch):
@@ -223,19 +223,19 @@ def test_with_tensorboard_synced_a_writers_values_reach_wandb_once(monkeypatch):
     writer = Writer()
     mirror = mirror_for(writer, "nanogpt")
     mirror.record({"step": 5, "grad_norm": 0.5, "train_loss": 2.0})
-    assert writer.scalars == [(PREFIX + "grad_norm", 0.5, 5), (PREFIX + "loss_above_best", 0.0, 5)]
+    assert writer.scalars == [(MIRROR + "grad_norm", 0.5, 5), (MIRROR + "loss_above_best", 0.0, 5)]
     assert fake.run.logged == []  # W&B gets them through its TensorBoard sync: not a second time
     fake.patched = {"tensorboard": []}  # no sync: both, W&B's row on the user's step key
     mirror.record({"step": 10, "grad_norm": 0.25, "train_loss": 2.5})
-    assert fake.run.logged == [{"iter": 10, PREFIX + "grad_norm": 0.25, PREFIX + "loss_above_best": 0.5}]
+    assert fake.run.logged == [{"iter": 10, MIRROR + "grad_norm": 0.25, MIRROR + "loss_above_best": 0.5}]
 
 
 @pytest.mark.parametrize("trainer, summary, expected", [
-    ("nanogpt", {"_step": 3, "iter": 30, "train/loss": 2.0}, {"iter": 7, PREFIX + "grad_norm": 0.5}),
-    ("unknown", {"_step": 3, "step": 30, "train/loss": 2.0}, {"step": 7, PREFIX + "grad_norm": 0.5}),  # nanochat's
-    ("hf", {}, {"train/global_step": 7, PREFIX + "grad_norm": 0.5}),  # the Trainer's WandbCallback's key
+    ("nanogpt", {"_step": 3, "iter": 30, "train/loss": 2.0}, {"iter": 7, MIRROR + "grad_norm": 0.5}),
+    ("unknown", {"_step": 3, "step": 30, "train/loss": 2.0}, {"step": 7, MIRROR + "grad_norm": 0.5}),  # nanochat's
+    ("hf", {}, {"train/global_step": 7, MIRROR + "grad_norm": 0.5}),  # the Trainer's WandbCallback's key
     # no step key of the user's: W&B's _step is their axis, never advanced: our values join their next row
-    ("unknown", {"_step": 3, "loss": 2.0}, ("commit=False", {PREFIX + "grad_norm": 0.5})),
+    ("unknown", {"_step": 3, "loss": 2.0}, ("commit=False", {MIRROR + "grad_norm": 0.5})),
 ])
 def test_the_users_step_key(monkeypatch, trainer, summary, expected):
     fake = fake_wandb(monkeypatch, FakeRun(summary))
@@ -250,7 +250,7 @@ def test_before_the_user_logs_anything_the_readings_wait(monkeypatch):
     assert fake.run.logged == []
     fake.run.summary.update({"iter": 0, "train/loss": 3.0})
     mirror.record({"step": 5, "grad_norm": 0.25})
-    assert fake.run.logged == [{"iter": 0, PREFIX + "grad_norm": 0.5}, {"iter": 5, PREFIX + "grad_norm": 0.25}]
+    assert fake.run.logged == [{"iter": 0, MIRROR + "grad_norm": 0.5}, {"iter": 5, MIRROR + "grad_norm": 0.25}]
 
 
 def test_without_wandb_or_a_writer_there_is_no_mirror(monkeypatch):
@@ -279,7 +279,7 @@ def test_a_summary_writer_handed_to_the_monitor_holds_its_readings(tmp_path, mon
     writer.close()
     scalars, _ = read_scalars(tmp_path / "tb")
     norms = {r["step"]: r["grad_norm"] for r in read_metrics(tmp_path / "run")}
-    got = dict(scalars[PREFIX + "grad_norm"])
+    got = dict(scalars[MIRROR + "grad_norm"])
     assert sorted(got) == sorted(norms) == [0, 2, 4]
     assert all(got[s] == pytest.approx(norms[s], rel=1e-6) for s in norms)  # TensorBoard keeps a float32
 
@@ -298,9 +298,9 @@ def test_a_failing_writer_stops_the_mirror_not_the_training(caplog):
 def test_the_trainers_callback_mirrors_into_the_run_its_wandb_callback_opened(mirrored):
     if mirrored["hf"] is None:
         pytest.skip("transformers is not installed (the dev extra installs it)")
-    ours = {int(r["train/global_step"]): r for r in read_segment(mirrored["hf"]).rows if PREFIX + "grad_norm" in r}
+    ours = {int(r["train/global_step"]): r for r in read_segment(mirrored["hf"]).rows if MIRROR + "grad_norm" in r}
     norms = {r["step"]: r["grad_norm"] for r in read_metrics(mirrored["hf_run"]) if "gwu" in r}
     assert sorted(ours) == sorted(norms) == [2, 4]  # the Trainer's steps, on its train/global_step
-    assert all(ours[s][PREFIX + "grad_norm"] == pytest.approx(norms[s], rel=1e-12) for s in norms)
+    assert all(ours[s][MIRROR + "grad_norm"] == pytest.approx(norms[s], rel=1e-12) for s in norms)
     metrics = {m.name: m.step_metric for m in records_of(mirrored["hf"], "metric")}
-    assert metrics[PREFIX + "grad_norm"] == "train/global_step"
+    assert metrics[MIRROR + "grad_norm"] == "train/global_step"

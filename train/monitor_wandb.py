@@ -29,14 +29,13 @@ import sys
 from functools import wraps
 from typing import Any, Callable
 
-from probes.doctor.read_wandb import STEP_KEYS
+from probes.doctor.read_wandb import MIRROR, STEP_KEYS
 from probes.update_report import UpdateReport
 
 log = logging.getLogger("train.monitor")
 
-__all__ = ["PREFIX", "Mirror", "mirror_for", "readings"]
+__all__ = ["Mirror", "mirror_for", "readings"]
 
-PREFIX = "scratchscope/"
 WAITING = 64  # records kept while the user's step key is unknown (the user has logged nothing yet)
 
 
@@ -56,12 +55,12 @@ def readings(record: dict[str, Any]) -> dict[str, float]:
     norm. None of the user's own numbers (loss, lr: they log those themselves)."""
     out: dict[str, float] = {}
     if "grad_norm" in record:
-        out[PREFIX + "grad_norm"] = finite_or_nan(record["grad_norm"])
+        out[MIRROR + "grad_norm"] = finite_or_nan(record["grad_norm"])
     table = record.get("gwu")
     if isinstance(table, dict) and table:
         for group, info in UpdateReport.from_table(table).groups.items():
             if info.get("median_log10_u") is not None:
-                out[f"{PREFIX}update_log10_u/{key_part(group)}"] = float(info["median_log10_u"])
+                out[f"{MIRROR}update_log10_u/{key_part(group)}"] = float(info["median_log10_u"])
     for name in ("attn_entropy", "attn_logit_max"):
         per_layer = record.get(name)
         if isinstance(per_layer, dict):
@@ -69,18 +68,18 @@ def readings(record: dict[str, Any]) -> dict[str, float]:
                 values = [finite_or_nan(v) for v in (heads if isinstance(heads, list) else [heads])]
                 if values:
                     value = sum(values) / len(values) if name == "attn_entropy" else max(values)
-                    out[f"{PREFIX}{name}/layer_{key_part(layer)}"] = value
+                    out[f"{MIRROR}{name}/layer_{key_part(layer)}"] = value
     if "logit_max" in record:
-        out[PREFIX + "logit_max"] = finite_or_nan(record["logit_max"])
+        out[MIRROR + "logit_max"] = finite_or_nan(record["logit_max"])
     if isinstance(record.get("resid_rms"), dict):
         for layer, value in record["resid_rms"].items():
-            out[f"{PREFIX}resid_rms/layer_{key_part(layer)}"] = finite_or_nan(value)
+            out[f"{MIRROR}resid_rms/layer_{key_part(layer)}"] = finite_or_nan(value)
     if isinstance(record.get("activations"), dict):
         for hook, health in record["activations"].items():
             if isinstance(health, dict):
                 for what in ("dead", "saturated"):
                     if what in health:
-                        out[f"{PREFIX}{what}_units/{key_part(hook)}"] = finite_or_nan(health[what])
+                        out[f"{MIRROR}{what}_units/{key_part(hook)}"] = finite_or_nan(health[what])
     return out
 
 
@@ -152,11 +151,11 @@ class Mirror:
         values = readings(record)
         if number:
             if math.isfinite(self.best_loss):
-                values[PREFIX + "loss_above_best"] = float(loss) - self.best_loss if math.isfinite(loss) else math.inf
+                values[MIRROR + "loss_above_best"] = float(loss) - self.best_loss if math.isfinite(loss) else math.inf
         if "diverged" in record:
-            values[PREFIX + "diverged"] = 1.0
+            values[MIRROR + "diverged"] = 1.0
         if isinstance(record.get("rescue"), dict):
-            values[PREFIX + "rescue"] = 1.0
+            values[MIRROR + "rescue"] = 1.0
             action = record["rescue"].get("action", "rescue")
             self.alert(f"guard: {action}", rescue_text(step, record["rescue"]), step,
                        "ERROR" if action == "stop" else "WARN", once=(action, step))
@@ -184,7 +183,7 @@ class Mirror:
         have logged anything."""
         if self.trainer == "hf":
             return "train/global_step"
-        keys = [k for k in run.summary.keys() if not str(k).startswith(PREFIX)]
+        keys = [k for k in run.summary.keys() if not str(k).startswith(MIRROR)]
         found = next((k for k in STEP_KEYS if k in keys), None)
         if found is not None:
             return found
@@ -215,7 +214,7 @@ class Mirror:
             return
         self.alerted.add(once)
         if self.writer is not None:
-            self.writer.add_text(PREFIX + "alerts", text, global_step=step or 0)
+            self.writer.add_text(MIRROR + "alerts", text, global_step=step or 0)
         run = self.to_wandb()
         wandb = sys.modules.get("wandb")
         if run is not None and wandb is not None:
@@ -232,7 +231,7 @@ class Mirror:
         if diagnosis is not None:
             self.findings(diagnosis.above_info())
             if run is not None:
-                run.summary[PREFIX + "verdict"] = diagnosis.verdict
+                run.summary[MIRROR + "verdict"] = diagnosis.verdict
         if self.writer is not None:
             self.writer.flush()
 

@@ -29,7 +29,7 @@ from probes.doctor.log_file import Log, check_user_tags, kind_of_losses, require
 from probes.doctor.wandb_file import Walk, fields, walk_wandb_records
 from probes.errors import ProbeInputError
 
-__all__ = ["SOURCE", "STEP_KEYS", "WANDB_KEYS", "find_wandb_run", "read_wandb", "read_wandb_file"]
+__all__ = ["MIRROR", "SOURCE", "STEP_KEYS", "WANDB_KEYS", "find_wandb_run", "read_wandb", "read_wandb_file"]
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +37,10 @@ RUN_DIR = re.compile(r"^(?:offline-)?run-(\d{8}_\d{6})-([A-Za-z0-9]+)$")
 SUMMARY_FILE, CONFIG_FILE = "files/wandb-summary.json", "files/config.yaml"
 # the run's own step key, by trainer: nanoGPT's train.py, nanochat's scripts, the Trainer's WandbCallback
 STEP_KEYS = {"iter": "nanogpt", "step": "unknown", "train/global_step": "hf"}
+MIRROR = "scratchscope/"  # the Monitor's keys in a W&B run (train.monitor_wandb)
 SOURCE = "the W&B run"  # how the doctor names one, before its folder's name
 W_STEP = "_step"  # W&B's own row counter: the axis only when the run logs none of STEP_KEYS
-WANDB_KEYS = {"scratchscope/grad_norm": "grad_norm",  # the Monitor's mirror (train.monitor_wandb); the user's own wins
+WANDB_KEYS = {MIRROR + "grad_norm": "grad_norm",  # the Monitor's mirror (train.monitor_wandb); the user's own wins
               "train/loss": "train_loss", "loss": "train_loss", "train_loss": "train_loss",
               "val/loss": "val_loss", "eval/loss": "val_loss", "eval_loss": "val_loss", "val_loss": "val_loss",
               "lr": "lr", "learning_rate": "lr", "train/learning_rate": "lr", "train/lr": "lr",
@@ -107,14 +108,15 @@ def read_wandb(path: Path, tags: Iterable[str] | dict[str, str] | None = None) -
     if not rows:
         raise ProbeInputError(f"{path}: no history logged in the W&B run yet")
     step_key = next((k for k in STEP_KEYS if any(k in r for r in rows)), W_STEP)
+    names = {k for r in rows for k in r}
+    users = {k for k in names if not k.startswith(("_", MIRROR))}  # not W&B's own, nor the Monitor's mirror
     given = user_tags(tags)
-    check_user_tags(path, given, {k for r in rows for k in r}, "W&B key")
-    mapping = {**WANDB_KEYS, **given}
+    check_user_tags(path, given, names, "W&B key")
     config = {k: v for s in segments for k, v in s.config.items()}
-    records = merged(segments, step_key, mapping, summary_only)
+    records = merged(segments, step_key, {**WANDB_KEYS, **given}, summary_only)
     lr_from_multiplier(records, config)
-    require_loss(path, records, {k for r in rows for k in r if not k.startswith("_")}, "W&B keys")
-    kind, why = kind_of_losses(records, {k for r in rows for k in r})
+    require_loss(path, records, users, "W&B keys")
+    kind, why = kind_of_losses(records, users)
     walks = [s.walk for s in segments]
     skipped = sum(w.damaged for w in walks) + sum(s.bad for s in segments)
     for s in segments:
