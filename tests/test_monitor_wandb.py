@@ -304,3 +304,7 @@ def test_the_trainers_callback_mirrors_into_the_run_its_wandb_callback_opened(mi
     assert all(ours[s][MIRROR + "grad_norm"] == pytest.approx(norms[s], rel=1e-12) for s in norms)
     metrics = {m.name: m.step_metric for m in records_of(mirrored["hf"], "metric")}
     assert metrics[MIRROR + "grad_norm"] == "train/global_step"
+    doctor = RunHistory.read(mirrored["hf"])  # the doctor reads the Trainer's W&B run on its own step key
+    losses = {r["step"]: r["train_loss"] for r in read_metrics(mirrored["hf_run"]) if "train_loss" in r}
+    assert doctor.trainer == "hf" and "steps: train/global_step" in doctor.source
+    assert dict(doctor.series("train_loss")) == pytest.approx(losses) and sorted(losses) == [2, 4]
