@@ -50,8 +50,9 @@ def test_optional_parts_are_extras_that_dev_installs(pyproject: dict) -> None:
     names = {extra: {Requirement(r).name.lower() for r in reqs} for extra, reqs in extras.items()}
     assert names["hf"] == {"transformers"} and names["tensorboard"] == {"tensorboard"}
     assert names["ray"] == {"ray"}  # python -m train.sweep --backend ray
-    assert {"transformers", "tensorboard", "ray"} <= names["dev"]
-    assert not {"transformers", "tensorboard", "ray"} & set(_requirements(pyproject))  # not for every user
+    assert names["wandb"] == {"wandb"}  # the Monitor's W&B mirror (the doctor reads W&B runs without it)
+    assert {"transformers", "tensorboard", "ray", "wandb"} <= names["dev"]
+    assert not {"transformers", "tensorboard", "ray", "wandb"} & set(_requirements(pyproject))  # not for every user
 
 
 def test_torch_has_no_upper_cap(pyproject: dict) -> None:

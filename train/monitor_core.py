@@ -21,6 +21,7 @@ from models.store.result import nonfinite_tensors
 from models.store.run import append_metrics, read_metrics, trim_metrics
 from train.guard import RunLock
 from train.monitor_open import open_run
+from train.monitor_wandb import mirror_for
 from train.rescue_monitor import guard_settings, hook_guard, monitor_log
 from train.monitor_parts import (EvalReadings, autocast_factory, check_eval_tokens, check_model, divergence_reason,
                                  first_optimizer, grad_squares, group_lrs, monitored_run_json, number, refuse_owned,
@@ -44,7 +45,8 @@ def show_doctor_lines() -> None:
 
 class Monitor:
     """Hooks `optimizer` (any torch optimizer, or a wrapper holding one as `.optimizer`) and
-    writes `out_dir` as a run directory. Use it as a context manager, or call `close()`."""
+    writes `out_dir` as a run directory. Use it as a context manager, or call `close()`. Its
+    readings also go into the user's active W&B run and a TensorBoard `writer=` (train.monitor_wandb)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: Any, out_dir: str | Path, *,
                  log_every: int = 10, eval_every: int = 100, eval_tokens: torch.Tensor | None = None,
@@ -52,7 +54,7 @@ class Monitor:
                  steps: int | None = None, start_step: int = 0, tokens_per_step: int | None = None,
                  resume: bool = False, run_info: dict[str, Any] | None = None, report: bool = True,
                  autocast: Any = nullcontext, lock: bool = True, trainer: str | None = None,
-                 model_args: dict[str, Any] | None = None, guard: Any = False):
+                 model_args: dict[str, Any] | None = None, guard: Any = False, writer: Any = None):
         log_every, eval_every, save_every, diagnose_every, start_step = (
             setting(name, value, low=1 if name == "log_every" else 0) for name, value in
             (("log_every", log_every), ("eval_every", eval_every), ("save_every", save_every),
@@ -88,6 +90,7 @@ class Monitor:
             from train.doctor import LiveDoctor
             self.doctor = LiveDoctor(self.out_dir, diagnose_every)
             show_doctor_lines()
+        self.mirror = mirror_for(writer, self.trainer)  # the user's W&B run / SummaryWriter (train.monitor_wandb)
         self._next_step = start_step  # the step number the next optimizer step will be logged under
         self._steps_since_log = 0  # optimizer steps taken since the last log call
         self._captures: dict[int, dict[str, Any]] = {}  # step -> what measuring its update left
@@ -161,6 +164,8 @@ class Monitor:
             self.flush()
             if self.doctor is not None and (self.report_at_close if report is None else report):
                 result = self.doctor.report()
+            if self.mirror is not None:
+                self.mirror.close(result)
         finally:
             for handle in self._handles:
                 handle.remove()
@@ -320,11 +325,15 @@ class Monitor:
                                   "nonfinite_params": nonfinite_tensors(self.model)}
         append_metrics(self.out_dir, to_jsonable(record))
         self._last_written = (step, time.perf_counter())
+        if self.mirror is not None:
+            self.mirror.record(record)
         if self.doctor is not None:  # a failing signal is diagnosed at once; warnings keep the cadence
             alarm, due = self.doctor.alarm(record), self.doctor.due(step)
             self.doctor.note(record)
             if due or alarm:
-                self.doctor.check(failing_only=not due)
+                found = self.doctor.check(failing_only=not due)
+                if self.mirror is not None:
+                    self.mirror.findings(found)
         return record
 
     def _with_internals(self, record: dict[str, Any]) -> dict[str, Any]:

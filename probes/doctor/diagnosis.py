@@ -15,6 +15,7 @@ from typing import Any, Iterable
 
 from probes.doctor import flags, rescues, rules_growth, rules_internals, rules_level, rules_loss
 from probes.doctor.finding import SEVERITIES, Finding, NotChecked, rank_key
+from probes.doctor.read_wandb import SOURCE as WANDB_SOURCE
 from probes.doctor.run_history import RunHistory
 from probes.doctor.thresholds import DoctorThresholds
 
@@ -54,7 +55,9 @@ class Diagnosis:
     def skipped_text(self) -> str:
         """'; 2 malformed records skipped' ('lines' of a printed log; the warnings name them), or nothing."""
         n = self.skipped_records
-        what = "line" if self.trainer in ("nanogpt", "llmc") and self.source != "metrics.jsonl" else "record"
+        printed = self.trainer in ("nanogpt", "llmc") and self.source != "metrics.jsonl" \
+            and not self.source.startswith(WANDB_SOURCE)  # nanoGPT's W&B run: records
+        what = "line" if printed else "record"
         return f"; {n} malformed {what}{'s' if n > 1 else ''} skipped" if n else ""
 
     def above_info(self) -> list[Finding]:

@@ -1,7 +1,7 @@
 """Which history a path holds: our run directory (metrics.jsonl), a Hugging Face Trainer output
 directory or checkpoint-N/ (trainer_state.json), nanoGPT's printed log beside its ckpt.pt, llm.c's
-main.log, or TensorBoard event files; or a log file named with --log (a printed log is llm.c's
-when it holds llm.c's step lines, else nanoGPT's). Each foreign one is read into a `Log`; a Git
+main.log, TensorBoard event files or a W&B run folder; or a log file named with --log (a printed
+log is llm.c's when it holds llm.c's step lines, else nanoGPT's). Each foreign one is read into a `Log`; a Git
 LFS pointer where a log should be is named as such.
 
 Checked in that order: a run directory of ours is read as ours even when it also holds event
@@ -21,6 +21,7 @@ from probes.doctor.read_llmc import MAIN_LOG, is_llmc_text, read_llmc_log
 from probes.doctor.read_nanogpt import find_nanogpt_log, read_nanogpt_log
 from probes.doctor.read_tensorboard import EVENTS_PREFIX, SUBFOLDER_DEPTH, find_event_folder, read_tensorboard
 from probes.doctor.read_trainer import STATE_FILE, find_trainer_state, read_trainer_state
+from probes.doctor.read_wandb import find_wandb_run, read_wandb, read_wandb_file
 from probes.doctor.text_log import check_regular_file, head_lines, text_encoding
 from probes.errors import ProbeInputError
 
@@ -32,8 +33,9 @@ Tags = Iterable[str] | dict[str, str] | None
 LLMC_HEAD = 400  # lines in which llm.c's step lines are looked for
 
 EXPECTED = ("a run directory with metrics.jsonl, a Trainer output directory with trainer_state.json, "
-            "TensorBoard event files, llm.c's main.log, or a nanoGPT or llm.c printed log via --log")
+            "TensorBoard event files, a W&B run folder, llm.c's main.log, or a nanoGPT or llm.c printed log via --log")
 TEXT_LOGS = (".log", ".txt", ".out")
+WANDB_SUFFIX = ".wandb"  # W&B's run-<id>.wandb
 NANOGPT_CKPT = "ckpt.pt"  # what nanoGPT's train.py saves in its out_dir
 NEEDS = ("the doctor reads what training logged: a run directory with metrics.jsonl (ours, or one written "
          "by train.monitor.Monitor in any training loop), a Trainer output directory, TensorBoard events, "
@@ -91,6 +93,8 @@ def read_log_file(path: Path, tags: Tags = None) -> Log:
         return read_trainer_state(path, tags)
     if path.name.startswith(EVENTS_PREFIX):
         return read_tensorboard(path, tags)
+    if path.suffix == WANDB_SUFFIX:
+        return read_wandb_file(path, tags)
     if path.suffix == ".pt":
         beside = find_nanogpt_log(path)
         if beside is None:
@@ -116,8 +120,9 @@ def read_folder(path: Path, tags: Tags) -> Log | None:
 
 def locate(folder: Path, event_depth: int = SUBFOLDER_DEPTH) -> tuple[str, Path] | None:
     """(kind, what to read) of the foreign log a folder holds, without reading it: "trainer" and
-    its trainer_state.json, "nanogpt" and the *.log beside ckpt.pt, "tensorboard" and the folder of
-    event files (searched `event_depth` levels down); None for a run of ours or no log at all."""
+    its trainer_state.json, "nanogpt" and the *.log beside ckpt.pt, "wandb" and a W&B run folder,
+    "tensorboard" and the folder of event files (searched `event_depth` levels down); None for a run
+    of ours or no log at all."""
     if not folder.is_dir() or (folder / METRICS_FILE).is_file() or in_a_run(folder):
         return None
     if (state := find_trainer_state(folder)) is not None:
@@ -126,6 +131,8 @@ def locate(folder: Path, event_depth: int = SUBFOLDER_DEPTH) -> tuple[str, Path]
         return "nanogpt", beside
     if (folder / MAIN_LOG).is_file():
         return "nanogpt", folder / MAIN_LOG  # llm.c's logger output (printed() tells which)
+    if (run := find_wandb_run(folder)) is not None:  # before the events W&B copies in when it syncs TensorBoard
+        return "wandb", run
     if (events := find_event_folder(folder, event_depth)) is not None:
         return "tensorboard", events
     return None
@@ -165,7 +172,7 @@ def mixed(found: Log) -> Log:
     return found
 
 
-READERS = {"trainer": read_trainer_state, "nanogpt": printed, "tensorboard": read_tensorboard}
+READERS = {"trainer": read_trainer_state, "nanogpt": printed, "tensorboard": read_tensorboard, "wandb": read_wandb}
 
 
 def in_a_run(path: Path) -> bool:

@@ -1,0 +1,247 @@
+"""The Monitor's readings mirrored into the dashboard the user already watches: their active W&B run
+(`wandb.run`) and/or a TensorBoard `SummaryWriter` handed to the Monitor (`Monitor(..., writer=w)`),
+every key under `scratchscope/`, on the user's own step axis.
+
+    wandb.init(project="gpt")                          # the user's, as always: never called here
+    monitor = Monitor(model, optimizer, "runs/x")      # finds wandb.run by itself
+    monitor = Monitor(model, optimizer, "runs/x", writer=SummaryWriter("tb"))   # TensorBoard
+
+W&B: each key is defined once with the user's step key by its exact name (`define_metric(key,
+step_metric="iter")`, never a glob: W&B matches globs in no set order), and logged in a row of its
+own that carries that step key at the Monitor's step, so the user's rows, keys and values are left
+as they were. The step key is the run's own: `iter` (nanoGPT), `step` (nanochat),
+`train/global_step` (the Trainer), read from what the user logged; a run that logs none of them
+plots against W&B's `_step`, which our rows must then not advance: our values join the user's next
+row (`commit=False`). Until the user has logged anything the step key is unknown and the readings
+wait. The doctor's new findings and the guard's rescues are W&B alerts (and a text entry in
+TensorBoard) naming their step; the verdict goes in the run's summary at close. When W&B syncs
+TensorBoard (`wandb.init(sync_tensorboard=True)`), what goes to the writer reaches W&B already: it is
+then written once, to the writer. wandb is never imported here: only found in `sys.modules`, where
+the user's own import put it, so a run without it pays one dictionary look-up per record.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import sys
+from functools import wraps
+from typing import Any, Callable
+
+from probes.doctor.read_wandb import MIRROR, STEP_KEYS
+from probes.update_report import UpdateReport
+
+log = logging.getLogger("train.monitor")
+
+__all__ = ["Mirror", "mirror_for", "readings"]
+
+WAITING = 64  # records kept while the user's step key is unknown (the user has logged nothing yet)
+
+
+def key_part(name: Any) -> str:
+    """A parameter group or layer name as one part of a W&B key: 'attention Q/K' -> 'attention_q_k'."""
+    return re.sub(r"[^0-9A-Za-z_.]+", "_", str(name)).strip("_").lower()
+
+
+def finite_or_nan(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+
+def readings(record: dict[str, Any]) -> dict[str, float]:
+    """The mirrored numbers of one metrics record: the update ratio per parameter group (median
+    log10 u), attention entropy per layer (mean over heads, nats), the largest attention and
+    output logits, residual rms per layer, dead and saturated units per activation, our gradient
+    norm. None of the user's own numbers (loss, lr: they log those themselves)."""
+    out: dict[str, float] = {}
+    if "grad_norm" in record:
+        out[MIRROR + "grad_norm"] = finite_or_nan(record["grad_norm"])
+    table = record.get("gwu")
+    if isinstance(table, dict) and table:
+        for group, info in UpdateReport.from_table(table).groups.items():
+            if info.get("median_log10_u") is not None:
+                out[f"{MIRROR}update_log10_u/{key_part(group)}"] = float(info["median_log10_u"])
+    for name in ("attn_entropy", "attn_logit_max"):
+        per_layer = record.get(name)
+        if isinstance(per_layer, dict):
+            for layer, heads in per_layer.items():
+                values = [finite_or_nan(v) for v in (heads if isinstance(heads, list) else [heads])]
+                if values:
+                    value = sum(values) / len(values) if name == "attn_entropy" else max(values)
+                    out[f"{MIRROR}{name}/layer_{key_part(layer)}"] = value
+    if "logit_max" in record:
+        out[MIRROR + "logit_max"] = finite_or_nan(record["logit_max"])
+    if isinstance(record.get("resid_rms"), dict):
+        for layer, value in record["resid_rms"].items():
+            out[f"{MIRROR}resid_rms/layer_{key_part(layer)}"] = finite_or_nan(value)
+    if isinstance(record.get("activations"), dict):
+        for hook, health in record["activations"].items():
+            if isinstance(health, dict):
+                for what in ("dead", "saturated"):
+                    if what in health:
+                        out[f"{MIRROR}{what}_units/{key_part(hook)}"] = finite_or_nan(health[what])
+    return out
+
+
+def guarded(method: Callable[..., None]) -> Callable[..., None]:
+    """A mirror that fails (W&B gone, a writer closed) says so once and stops: never the training."""
+    @wraps(method)
+    def call(self: Mirror, *args: Any) -> None:
+        if self.off:
+            return
+        try:
+            method(self, *args)
+        except Exception as err:  # noqa: BLE001 - whatever the user's logger raises, training goes on
+            self.off = True
+            log.warning("monitor: stopped mirroring to W&B/TensorBoard: %s: %s", type(err).__name__, err)
+    return call
+
+
+def mirror_for(writer: Any, trainer: str) -> Mirror | None:
+    """A Mirror when there is somewhere to write: a writer given, or wandb imported by the user
+    (whose run may start later); else None, and the Monitor pays nothing."""
+    if writer is not None and not callable(getattr(writer, "add_scalar", None)):
+        raise ValueError(f"Monitor: writer must be a TensorBoard SummaryWriter (with add_scalar), "
+                         f"got {type(writer).__name__}")
+    if writer is None and "wandb" not in sys.modules:
+        return None
+    return Mirror(writer, trainer)
+
+
+class Mirror:
+    """Writes each record's readings, the doctor's findings and the guard's rescues."""
+
+    def __init__(self, writer: Any, trainer: str):
+        self.writer, self.trainer = writer, trainer
+        self.step_key: str | None = None
+        self.defined: set[str] = set()
+        self.waiting: list[tuple[int, dict[str, float]]] = []
+        self.alerted: set[Any] = set()  # what was alerted: a finding's code, a rescue's (action, step)
+        self.best_loss = math.inf  # the early-warning signal: how far the loss is above its best
+        self.off = False
+
+    # ------------------------------------------------------------------ where to write
+
+    def wandb_run(self) -> Any:
+        wandb = sys.modules.get("wandb")
+        return getattr(wandb, "run", None) if wandb is not None else None
+
+    def tensorboard_synced(self) -> bool:
+        """W&B copies what a SummaryWriter writes (sync_tensorboard=True, wandb.tensorboard.patch())."""
+        wandb = sys.modules.get("wandb")
+        patched = getattr(wandb, "patched", None) if wandb is not None else None
+        return bool(isinstance(patched, dict) and patched.get("tensorboard"))
+
+    def to_wandb(self) -> Any:
+        """The W&B run to write to directly, or None (none active, or it gets our writer's values)."""
+        run = self.wandb_run()
+        return None if run is None or (self.writer is not None and self.tensorboard_synced()) else run
+
+    # ------------------------------------------------------------------ what is written
+
+    @guarded
+    def record(self, record: dict[str, Any]) -> None:
+        """One metrics record just written: its readings at its step; a rescue in it is an alert."""
+        step, loss = record["step"], record.get("train_loss")
+        number = isinstance(loss, (int, float)) and not isinstance(loss, bool)
+        if number and math.isfinite(loss):
+            self.best_loss = min(self.best_loss, loss)
+        if self.writer is None and self.wandb_run() is None:  # wandb imported, no run (yet): nothing to do
+            return
+        values = readings(record)
+        if number:
+            if math.isfinite(self.best_loss):
+                values[MIRROR + "loss_above_best"] = float(loss) - self.best_loss if math.isfinite(loss) else math.inf
+        if "diverged" in record:
+            values[MIRROR + "diverged"] = 1.0
+        if isinstance(record.get("rescue"), dict):
+            values[MIRROR + "rescue"] = 1.0
+            action = record["rescue"].get("action", "rescue")
+            self.alert(f"guard: {action}", rescue_text(step, record["rescue"]), step,
+                       "ERROR" if action == "stop" else "WARN", once=(action, step))
+        self.write(step, values)
+
+    def write(self, step: int, values: dict[str, float]) -> None:
+        if not values:
+            return
+        if self.writer is not None:
+            for key, value in values.items():
+                self.writer.add_scalar(key, value, global_step=step)
+        run = self.to_wandb()
+        if run is None:
+            return
+        self.waiting.append((step, values))
+        del self.waiting[:-WAITING]
+        if self.step_key is None:
+            self.step_key = self.user_step_key(run)
+        if self.step_key is not None:
+            self.send(run)
+
+    def user_step_key(self, run: Any) -> str | None:
+        """The user's step key, from what they logged (`iter`, `step`, `train/global_step`; the
+        Trainer's callback defines the last); `_step` when they log none of them; None before they
+        have logged anything."""
+        if self.trainer == "hf":
+            return "train/global_step"
+        keys = [k for k in run.summary.keys() if not str(k).startswith(MIRROR)]
+        found = next((k for k in STEP_KEYS if k in keys), None)
+        if found is not None:
+            return found
+        return "_step" if any(not str(k).startswith("_") for k in keys) else None
+
+    def send(self, run: Any) -> None:
+        for step, values in self.waiting:
+            if self.step_key == "_step":  # W&B's own counter is the user's axis: never advance it
+                run.log(values, commit=False)
+                continue
+            for key in values.keys() - self.defined:
+                run.define_metric(key, step_metric=self.step_key)
+                self.defined.add(key)
+            run.log({self.step_key: step, **values})
+        self.waiting.clear()
+
+    @guarded
+    def findings(self, found: list[Any]) -> None:
+        """New findings of the doctor (warning and up): an alert each, naming the step."""
+        for f in found:
+            if f.severity in ("warning", "failed"):
+                text = f"[{f.severity}] {f.code} at step {f.step}: {f.title}" + (f"; try: {f.fix}" if f.fix else "")
+                level = "ERROR" if f.severity == "failed" else "WARN"
+                self.alert(f"doctor: {f.code}", text, f.step, level, once=f.code)  # once a code, as the live doctor
+
+    def alert(self, title: str, text: str, step: int | None, level: str, once: Any) -> None:
+        if once in self.alerted:
+            return
+        self.alerted.add(once)
+        if self.writer is not None:
+            self.writer.add_text(MIRROR + "alerts", text, global_step=step or 0)
+        run = self.to_wandb()
+        wandb = sys.modules.get("wandb")
+        if run is not None and wandb is not None:
+            run.alert(title=f"scratchscope {title}", text=text, level=getattr(wandb.AlertLevel, level), wait_duration=0)
+
+    @guarded
+    def close(self, diagnosis: Any) -> None:
+        """The run's end: what still waits for a step key is written (on W&B's `_step` if the user
+        never logged one), the closing findings alerted, the verdict put in the summary."""
+        run = self.to_wandb()
+        if run is not None and self.waiting:
+            self.step_key = self.step_key or self.user_step_key(run) or "_step"
+            self.send(run)
+        if diagnosis is not None:
+            self.findings(diagnosis.above_info())
+            if run is not None:
+                run.summary[MIRROR + "verdict"] = diagnosis.verdict
+        if self.writer is not None:
+            self.writer.flush()
+
+
+def rescue_text(step: int, rescue: dict[str, Any]) -> str:
+    parts = [f"the guard's {rescue.get('action', 'rescue')} at step {step}"]
+    if rescue.get("trigger"):
+        parts.append(f"trigger: {rescue['trigger']}")
+    if rescue.get("restored_step") is not None:
+        parts.append(f"back to step {rescue['restored_step']}")
+    if rescue.get("lr_cap") is not None:
+        parts.append(f"learning rate capped at {rescue['lr_cap']:g}")
+    return "; ".join(parts)
