@@ -76,7 +76,7 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-Timing = tuple[float, float, float]  # (loop wall s, loop CPU s, opening + closing the Monitor wall s)
+Timing = tuple[float, float, float, float]  # (loop wall s, loop CPU s, opening + closing wall s, slowest log() wall s)
 
 
 def one_run(start, x, y, val, device: str, monitored: bool, out: Path) -> Timing:
@@ -92,6 +92,7 @@ def one_run(start, x, y, val, device: str, monitored: bool, out: Path) -> Timing
     monitor = Monitor(model, optimizer, out, eval_tokens=val) if monitored else None
     sync(device)
     t1, cpu1 = time.perf_counter(), time.process_time()
+    slowest = 0.0
     for step in range(len(x)):
         logits = model(x[step])  # [batch block vocab]
         loss = F.cross_entropy(logits.flatten(0, 1), y[step].flatten())
@@ -100,25 +101,29 @@ def one_run(start, x, y, val, device: str, monitored: bool, out: Path) -> Timing
         optimizer.zero_grad(set_to_none=True)
         value = loss.item()  # both sides read it, as a loop that prints its loss does
         if monitor is not None:
+            t_log = time.perf_counter()
             monitor.log(step, train_loss=value)
+            slowest = max(slowest, time.perf_counter() - t_log)
     sync(device)
     t2, cpu2 = time.perf_counter(), time.process_time()
     if monitor is not None:
         monitor.close()
     t3 = time.perf_counter()
-    return t2 - t1, cpu2 - cpu1, (t1 - t0) + (t3 - t2)
+    return t2 - t1, cpu2 - cpu1, (t1 - t0) + (t3 - t2), slowest
 
 
 def alternate(start, x, y, val, device: str, repeats: int) -> dict[str, list[Timing]]:
     """repeats runs of each side in adjacent pairs (the order flips each round), after one
-    untimed run of each."""
-    times: dict[str, list[Timing]] = {"bare": [], "monitored": []}
+    untimed run of each (the monitored one kept as "cold": this process's first, imports and all)."""
+    times: dict[str, list[Timing]] = {"bare": [], "monitored": [], "cold": []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(repeats + 1):
             for side in (("bare", "monitored") if i % 2 else ("monitored", "bare")):
                 timing = one_run(start, x, y, val, device, side == "monitored", Path(tmp) / f"{side}{i}")
                 if i:  # the first round warms allocators, thread pools and the imports up
                     times[side].append(timing)
+                elif side == "monitored":
+                    times["cold"].append(timing)
     return times
 
 
@@ -254,8 +259,12 @@ def report(times: dict[str, list[Timing]], steps: int, args: argparse.Namespace)
     lines.append("(ratio: of the medians; pairs: the median ratio of runs taken one after the other)")
     lines.append(f"opening + closing the Monitor: {median('monitored', 2) * 1e3:.1f} ms once per run "
                  "(with the closing diagnosis)")
+    cold = times["cold"][0]
+    lines.append(f"the slowest log() call, wall: {median('monitored', 3) * 1e3:.1f} ms in a timed run; "
+                 f"{cold[3] * 1e3:.1f} ms in this process's first run (opening it: {cold[2] * 1e3:.0f} ms, "
+                 "where the hooked twin is built and its imports made, off the loop's steps)")
     for side in ("bare", "monitored"):
-        lines.append(f"runs, wall / CPU s, {side + ':':11}" + " ".join(f"{w:.2f}/{c:.2f}" for w, c, _ in times[side]))
+        lines.append(f"runs, wall / CPU s, {side + ':':11}" + " ".join(f"{w:.2f}/{c:.2f}" for w, c, *_ in times[side]))
     return lines
 
 

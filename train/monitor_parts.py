@@ -281,6 +281,11 @@ class EvalReadings:
         self.windows = activation_windows(config, tokens) if config is not None else None
         self._on: tuple | None = None  # (device, tokens, windows) there
         self._twin: torch.nn.Module | None = None
+        if plan is None:
+            # built now, not at the first eval step: building it imports TransformerLens (and
+            # transformers with it), seconds that would otherwise stall the user's loop mid-run
+            from models.store.live import hooked_twin
+            self._twin = hooked_twin(model, config)
 
     def measure(self) -> HostCopy:
         """One eval step's internals, measured on the device: `.get()` is the record's part."""

@@ -23,7 +23,7 @@ from models.store.record_check import (MetricsLog, RunShape, Skipped, in_order, 
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["METRICS_FILE", "RUN_FILE", "append_metrics", "is_run_dir", "is_snapshot_dir",
+__all__ = ["METRICS_FILE", "RUN_FILE", "append_metrics", "sync_metrics", "is_run_dir", "is_snapshot_dir",
            "latest_snapshot", "list_snapshots", "read_metrics", "read_metrics_log", "read_run_json",
            "run_model_config", "snapshot_name",
            "snapshot_step", "trim_metrics", "write_run_json", "checkpoint_files"]
@@ -261,8 +261,9 @@ def _logged_after(line: str, step: int) -> bool:
     return isinstance(logged, int) and not isinstance(logged, bool) and logged > step
 
 
-def append_metrics(run_dir: str | Path, record: dict[str, Any]) -> None:
-    """Append one record as a JSON line to the run's ``metrics.jsonl``; flush and fsync."""
+def append_metrics(run_dir: str | Path, record: dict[str, Any], *, sync: bool = True) -> None:
+    """Append one record as a JSON line to the run's ``metrics.jsonl``; flush, and fsync unless
+    `sync` is False (the line is then the OS's: a killed process keeps it, a machine crash may not)."""
     if not isinstance(record, dict):
         raise ValueError(f"a metrics record must be a dict, got {type(record).__name__}")
     line = dumps_json(record) + "\n"
@@ -274,4 +275,13 @@ def append_metrics(run_dir: str | Path, record: dict[str, Any]) -> None:
             f.seek(0, os.SEEK_END)
             f.write(line.encode("utf-8"))
             f.flush()
+            if sync:
+                os.fsync(f.fileno())
+
+
+def sync_metrics(run_dir: str | Path) -> None:
+    """fsync the run's ``metrics.jsonl`` (lines appended with `sync=False` reach the disk), if it exists."""
+    path = _metrics_path(run_dir)
+    if path.is_file():
+        with open(path, "rb") as f:
             os.fsync(f.fileno())
