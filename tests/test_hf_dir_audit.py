@@ -98,3 +98,38 @@ def test_the_same_errors_in_python_are_the_projects_own(llama, tmp_path):
     with pytest.raises(CheckpointError, match="seq2seq"):  # the app's run list reads the shape alone
         peek(save_other(tmp_path / "t5", "t5"))
     assert load_checkpoint(llama).config.n_layers == 2  # the untouched directory still loads
+
+
+HOSTILE_CODE = "from pathlib import Path\nPath(__file__).with_name('RAN').write_text('the folder ran its code')\n"
+
+
+def custom_code_folders(llama: Path, root: Path) -> dict[str, Path]:
+    """Folders whose auto_map asks transformers to import hostile.py beside them, which writes RAN."""
+    unknown = root / "unknown"
+    unknown.mkdir()
+    (unknown / "config.json").write_text(json.dumps({
+        "model_type": "made_up_here", "architectures": ["MadeUpForCausalLM"], "num_hidden_layers": 2,
+        "num_attention_heads": 4, "hidden_size": 32, "max_position_embeddings": 64, "vocab_size": 300,
+        "auto_map": {"AutoConfig": "hostile.MadeUpConfig", "AutoModelForCausalLM": "hostile.MadeUpForCausalLM"}}))
+    tokenizing = variant(llama, root / "tokenizing")
+    (tokenizing / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "MadeUpTokenizer", "auto_map": {"AutoTokenizer": ["hostile.MadeUpTokenizer", None]}}))
+    for folder in (unknown, tokenizing):
+        (folder / "hostile.py").write_text(HOSTILE_CODE)
+    return {"unknown model_type": unknown, "tokenizer auto_map": tokenizing}
+
+
+def test_a_folder_naming_its_own_code_is_refused_and_nothing_runs(llama, tmp_path, capfd, monkeypatch):
+    """transformers would ask "run the custom code? [y/N]" and run it on a y: a y waits on stdin here."""
+    import io
+    import sys
+
+    from models import info
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\ny\ny\n"))
+    for name, folder in custom_code_folders(llama, tmp_path).items():
+        capfd.readouterr()
+        assert info.main(["--ckpt", str(folder)]) == 2, name
+        lines = [line for line in "".join(capfd.readouterr()).splitlines() if line.strip()]
+        assert len(lines) == 1 and "auto_map" in lines[0] and "hostile" in lines[0], (name, lines)
+        assert not (folder / "RAN").exists(), name
