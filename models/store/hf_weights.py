@@ -34,7 +34,7 @@ def safetensors_header(path: Path) -> dict[str, dict]:
             if length > MAX_HEADER:
                 raise CheckpointError(f"{path}: not a safetensors file (a header of {length} bytes)")
             header = json.loads(f.read(length))
-    except (OSError, struct.error, ValueError) as exc:
+    except (OSError, struct.error, ValueError, RecursionError) as exc:
         if isinstance(exc, CheckpointError):
             raise
         raise CheckpointError(f"{path}: not a readable safetensors file ({str(exc).splitlines()[0][:120]})") from None

@@ -56,7 +56,7 @@ def read_view(directory: str | Path, weights_sha256: Any) -> tuple[dict[str, np.
         with safe_open(str(path), framework="numpy") as f:
             info = json.loads((f.metadata() or {})[KEY])
             arrays = {name: f.get_tensor(name) for name in f.keys()}
-    except (SafetensorError, OSError, ValueError, KeyError) as exc:
+    except (SafetensorError, OSError, ValueError, KeyError, RecursionError) as exc:
         raise CheckpointError(f"{path}: not a first view ({type(exc).__name__}: {exc})") from None
     if not isinstance(info, dict) or info.get("format_version") != VIEW_VERSION:
         version = info.get("format_version") if isinstance(info, dict) else None
