@@ -128,3 +128,24 @@ def test_a_vocab_json_200000_deep_is_one_line(tmp_path):
     (tmp_path / "vocab.json").write_text(nested(200_000))
     with pytest.raises(TokenizerError, match=r"vocab\.json: not valid JSON: nested too deep"):
         CharTokenizer.from_vocab_json(tmp_path / "vocab.json")
+
+
+def test_a_first_view_whose_arrays_were_changed_is_not_drawn(snapshot, tmp_path, caplog):
+    """Every array set to 0.123, the metadata kept: the view is left and the model read, said in the log."""
+    from safetensors import safe_open
+    from safetensors.numpy import save
+
+    from models.store.view_file import VIEW_FILE, read_view
+
+    folder = tmp_path / "view"
+    shutil.copytree(snapshot, folder)
+    weights = json.loads((folder / "config.json").read_text())["tensors_sha256"]
+    assert read_view(folder, weights) is not None  # as the Monitor wrote it, it is read
+    with safe_open(str(folder / VIEW_FILE), framework="numpy") as f:
+        metadata, arrays = f.metadata(), {name: f.get_tensor(name) for name in f.keys()}
+    forged = {name: np.full_like(a, 0.123) if a.dtype.kind == "f" else a for name, a in arrays.items()}
+    assert any(not np.array_equal(forged[n], arrays[n]) for n in arrays)
+    (folder / VIEW_FILE).write_bytes(save(forged, metadata=metadata))
+    with caplog.at_level("WARNING", logger="models.store.view_file"):
+        assert read_view(folder, weights) is None
+    assert "do not hash to what it records" in caplog.text
