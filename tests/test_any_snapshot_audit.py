@@ -149,3 +149,59 @@ def test_a_first_view_whose_arrays_were_changed_is_not_drawn(snapshot, tmp_path,
     with caplog.at_level("WARNING", logger="models.store.view_file"):
         assert read_view(folder, weights) is None
     assert "do not hash to what it records" in caplog.text
+
+
+USER_CODE = '''import torch
+import any_model_kit
+
+BUILT_ON = []  # the device each construction ran on
+
+
+class PerHeadGPT(any_model_kit.PerHeadGPT):
+    def __init__(self, **kwargs):
+        BUILT_ON.append(torch.empty(0).device.type)
+        super().__init__(**kwargs)
+'''
+
+
+def test_model_code_builds_only_its_own_class_and_never_what_the_file_asks_blindly(snapshot, tmp_path, capsys):
+    import sys
+
+    from models.store import load_checkpoint
+    from models.store.files import CheckpointError
+
+    code = tmp_path / "mygpt.py"
+    code.write_text(USER_CODE)
+    exits = tmp_path / "exits.py"
+    exits.write_text("import sys\nsys.exit(0)\n")
+    kit = Path(__file__).with_name("any_model_kit.py")
+    with pytest.raises(CheckpointError, match=r"step_000000 is a snapshot of a PerHeadGPT, not of SplitGPT"):
+        load_checkpoint(snapshot, model_code=f"{kit}:SplitGPT")
+    capsys.readouterr()
+    assert entropy.main(["--ckpt", str(snapshot), "--model-code", f"{exits}:PerHeadGPT"]) == 2  # it exited 0, silent
+    lines = [line for line in "".join(capsys.readouterr()).splitlines() if line.strip()]
+    assert len(lines) == 1 and "importing" in lines[0] and "it called sys.exit(0)" in lines[0], lines
+    folder = tmp_path / "huge"
+    shutil.copytree(snapshot, folder)
+    edit_config(folder, lambda d: d.update(model_args={"vocab": 1_000_000}))  # 256 MB of tables, were it built
+    with pytest.raises(CheckpointError, match=r"size mismatch for out_head\.weight: \[1000000, 32\] built, \[40, 32\]"):
+        load_checkpoint(folder, model_code=f"{code}:PerHeadGPT")
+    assert sys.modules["scratchscope_model_code.mygpt"].BUILT_ON == ["meta"]  # only on the meta device
+    edit_config(folder, lambda d: d.update(model_args={"vocab": 3e8}))  # 38 GB: past any size of it, never called
+    with pytest.raises(CheckpointError, match=r"config\.json's model_args\.vocab is 300000000\.0, larger than"):
+        load_checkpoint(folder, model_code=f"{code}:PerHeadGPT")
+    assert sys.modules["scratchscope_model_code.mygpt"].BUILT_ON == []
+    edit_config(folder, lambda d: d.update(model_args={"vocab": VOCAB}))
+    assert type(load_checkpoint(folder, model_code=f"{code}:PerHeadGPT").model).__name__ == "PerHeadGPT"
+    assert sys.modules["scratchscope_model_code.mygpt"].BUILT_ON[-2:] == ["meta", "cpu"]
+
+
+def test_the_app_gives_a_spec_only_to_snapshots_of_its_class(snapshot, monkeypatch):
+    from app.model_code import spec_for
+
+    kit = Path(__file__).with_name("any_model_kit.py")
+    monkeypatch.setattr("sys.argv", ["app"])
+    monkeypatch.setenv("SCRATCHSCOPE_MODEL_CODE", f"{kit}:SplitGPT")  # one spec, of another class
+    assert spec_for(snapshot) is None
+    monkeypatch.setenv("SCRATCHSCOPE_MODEL_CODE", f"{kit}:SplitGPT;{kit}:PerHeadGPT")
+    assert spec_for(snapshot) == f"{kit}:PerHeadGPT"

@@ -146,7 +146,7 @@ def load_any_snapshot(directory: Path, meta: dict[str, Any], device: str | torch
     if model_code:
         from models.store.model_code import rebuild
 
-        model = rebuild(model_code, meta.get("model_args"), state, directory)
+        model = rebuild(model_code, meta.get("model_args"), state, directory, meta.get("class"))
     else:
         model = SavedModel(state, meta["buffers"], layout, meta, directory)
     info = {**meta, "source": ANY_SOURCE, "model_code": model_code,
