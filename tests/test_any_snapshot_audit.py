@@ -205,3 +205,32 @@ def test_the_app_gives_a_spec_only_to_snapshots_of_its_class(snapshot, monkeypat
     assert spec_for(snapshot) is None
     monkeypatch.setenv("SCRATCHSCOPE_MODEL_CODE", f"{kit}:SplitGPT;{kit}:PerHeadGPT")
     assert spec_for(snapshot) == f"{kit}:PerHeadGPT"
+
+
+class WithExtraState(PerHeadGPT):
+    def get_extra_state(self):
+        return {"note": "not a tensor"}
+
+    def set_extra_state(self, state):
+        pass
+
+
+class NeedsMask(PerHeadGPT):
+    def forward(self, input_ids, attention_mask):
+        return super().forward(input_ids)
+
+
+def test_the_monitor_refuses_at_construction_what_would_fail_inside_the_loop(tmp_path):
+    """Each failed at the first save or eval step, in the user's loop, with a traceback."""
+    cases = {"model_args holding an object": (PerHeadGPT, {"model_args": {"norm": object()}},
+                                              r"model_args\['norm'\] is not plain JSON data"),
+             "get_extra_state": (WithExtraState, {}, r"state_dict holds _extra_state \(dict, from get_extra_state\)"),
+             "a forward needing attention_mask": (NeedsMask, {}, r"forward needs attention_mask beside the token ids")}
+    x = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
+    for name, (cls, extra, said) in cases.items():
+        model = cls(vocab=VOCAB)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        with pytest.raises(ValueError, match=rf"^Monitor: .*{said}"):
+            Monitor(model, optimizer, tmp_path / name.replace(" ", "_"), save_every=1, eval_every=1,
+                    report=False, eval_tokens=x, **extra)
+
