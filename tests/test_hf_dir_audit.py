@@ -72,6 +72,10 @@ def cases(llama: Path, root: Path) -> dict[str, tuple[Path, str]]:
         "a q_proj deleted": (variant(llama, root / "noq", weights=lambda s: without(
             s, "model.layers.0.self_attn.q_proj.weight")), r"missing \(model\.layers\.0\.self_attn\.q_proj\.weight\)"),
         "garbage index": (index, r"model\.safetensors\.index\.json: not valid JSON"),
+        "a vocabulary of 10**9": (variant(llama, root / "huge", config=lambda d: {**d, "vocab_size": 10**9}),
+                                  r"config\.json: vocab_size 1000000000 is larger than any dimension of its weights"),
+        "10,000 layers": (variant(llama, root / "deep", config=lambda d: {**d, "num_hidden_layers": 10_000}),
+                          r"config\.json: 10000 layers declared, but its weights number blocks up to 1: not built"),
     }
 
 

@@ -19,7 +19,7 @@ import torch
 
 from models.store.files import CheckpointError
 from models.store.foreign import BRIDGE_SOURCE, ForeignConfig, hf_shape, refuse_custom_code
-from models.store.hf_weights import check_float_weights
+from models.store.hf_weights import check_declared_sizes, check_float_weights
 from models.store.result import Snapshot
 from models.tokenizer_base import Tokenizer, TokenizerError, UnknownTokenError, as_id_list
 
@@ -33,6 +33,7 @@ def load_hf_bridge(directory: Path, data: dict[str, Any], device: str | torch.de
     """The Hugging Face directory whose config.json is `data`, as a TransformerBridge (eval mode)."""
     refuse_custom_code(data, directory)  # before transformers, which would prompt and run it
     shape = hf_shape(data, directory)
+    check_declared_sizes(directory, data["text_config"] if isinstance(data.get("text_config"), dict) else data)
     transformers = _transformers(directory)
     hf_model = _hf_model(transformers, directory).to(device)  # the bridge boots on the model's device
     tokenizer, hint = _tokenizer(transformers, directory, shape.d_vocab)
