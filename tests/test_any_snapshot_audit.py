@@ -83,7 +83,7 @@ CASES = {  # name -> (change, the CLI that reads it, what its one line says)
     "one pattern row for three": (lambda f: edit_readings(f, lambda a: each_pattern(a, lambda p: p[:1])),
                                   entropy, r"'sample\.pattern\.0' is \[1, 4, 13, 13\] float32, expected \[3, 4, 13, 13\]"),
     "zero heads": (lambda f: edit_config(f, lambda d: d["model"].update(n_heads=0)), entropy,
-                   r"config\.json: 'model\.n_heads' must be a positive integer.*got 0"),
+                   r"config\.json: 'model\.n_heads' must be a positive number.*got 0"),
     "lens one point short": (lambda f: edit_readings(f, lambda a: a.update({"lens.kl": a["lens.kl"][:, :, :-1].copy()})),
                              logit_lens, r"'lens\.kl' is \[3, 3, 12\] float32, expected \[3, 3, 13\]"),
     "lens.top_ids missing": (lambda f: edit_readings(f, lambda a: a.pop("lens.top_ids")), logit_lens,
@@ -97,7 +97,7 @@ CASES = {  # name -> (change, the CLI that reads it, what its one line says)
     "n_heads NaN": (lambda f: edit_config(f, lambda d: d["model"].update(n_heads=float("nan"))), info,
                     r"'model\.n_heads' .*got nan"),  # json writes NaN, and reads it back
     "d_vocab Infinity": (lambda f: edit_config(f, lambda d: d["model"].update(d_vocab=float("inf"))), entropy,
-                         r"'model\.d_vocab' .*got inf"),
+                         r"'model\.d_vocab' must be a positive number .*got inf"),
     "d_vocab a string": (lambda f: edit_config(f, lambda d: d["model"].update(d_vocab="40")), info,
                          r"'model\.d_vocab' .*got '40'"),
     "layout.missing a string": (lambda f: edit_config(f, lambda d: d["layout"].update(missing="rotary")), entropy,
@@ -246,7 +246,7 @@ def test_the_app_says_in_the_page_what_is_wrong_with_such_a_snapshot(snapshot, t
                          ("deep", lambda f: (f / "config.json").write_text(nested(200_000)))):
         shutil.copytree(snapshot.parent, runs / name)
         change(runs / name / snapshot.name)
-    for name, said in (("zero_heads", "'model.n_heads' must be a positive integer"), ("deep", "nested too deep")):
+    for name, said in (("zero_heads", "'model.n_heads' must be a positive number"), ("deep", "nested too deep")):
         at = open_app(monkeypatch, [runs], page="attention", run=name)
         shown = [e.value for e in at.error]
         assert not at.exception and any(said in e for e in shown), (name, shown)

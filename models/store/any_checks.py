@@ -18,7 +18,8 @@ from models.store.files import CheckpointError
 __all__ = ["check_layout", "check_model_shape", "check_readings", "check_weights"]
 
 MAX_DIM = 2**31  # no dimension of a model we read is larger (a vocabulary of 3e8 is not a model here)
-POSITIVE = ("n_layers", "n_heads", "n_kv_heads", "d_model", "n_ctx", "d_vocab")
+POSITIVE = ("n_ctx", "d_vocab")
+COUNTS = ("n_layers", "n_heads", "n_kv_heads", "d_model")  # positive in a transformer; 0 allowed in another family
 NAMES = ("token_embedding", "position_embedding", "final_norm", "unembedding")  # str or null
 LENS_CUT = {"kl": 0, "finite": 0, "cross_entropy": 1, "rank": 1, "top_probs": 0, "top_ids": 0}  # positions - cut
 
@@ -37,10 +38,11 @@ def check_model_shape(model: Any, path: Path) -> None:
     """config.json's 'model': positive integer dims, text names."""
     if not isinstance(model, dict):
         raise CheckpointError(f"{path}: 'model' must be an object (the model's shape), got {short(model)}")
-    for key in POSITIVE:
-        if not is_count(model.get(key)):
-            raise CheckpointError(f"{path}: 'model.{key}' must be a positive integer (at most 2**31), "
-                                  f"got {short(model.get(key))}")
+    attention = model.get("family", "transformer") == "transformer"  # the pages divide by its heads
+    for key in POSITIVE + COUNTS:
+        if not is_count(model.get(key), 1 if key in POSITIVE or attention else 0):
+            raise CheckpointError(f"{path}: 'model.{key}' must be a {'positive' if key in POSITIVE or attention else 'whole'} "
+                                  f"number (at most 2**31), got {short(model.get(key))}")
     n_params = model.get("n_params")
     if n_params is not None and not (isinstance(n_params, int) and not isinstance(n_params, bool) and n_params >= 0):
         raise CheckpointError(f"{path}: 'model.n_params' must be a count or null, got {short(n_params)}")
@@ -89,7 +91,7 @@ def check_weights(tensors: dict[str, Any], layout: dict[str, Any], d_vocab: int,
 def check_readings(arrays: dict[str, np.ndarray], meta: dict[str, Any], path: Path) -> None:
     """readings.safetensors against config.json: the sample's tokens are ids of the vocabulary,
     each pattern is [rows heads pos pos] of its tokens, the lens [points rows pos ...]."""
-    d_vocab, heads, n_layers = (meta["model"][k] for k in ("d_vocab", "n_heads", "n_layers"))
+    d_vocab, n_heads, n_layers = (meta["model"][k] for k in ("d_vocab", "n_heads", "n_layers"))
     if "sample.tokens" not in arrays:
         raise CheckpointError(f"{path}: no 'sample.tokens'")
     for kind in ("sample", "repeat"):
@@ -102,7 +104,12 @@ def check_readings(arrays: dict[str, np.ndarray], meta: dict[str, Any], path: Pa
             layer = name.rsplit(".", 1)[1]
             if not (layer.isdigit() and int(layer) < n_layers):
                 raise CheckpointError(f"{path}: '{name}' names no layer of the model's {n_layers}")
+            heads = n_heads or (arrays[name].shape[1] if arrays[name].ndim == 4 and arrays[name].shape[1] else -1)
             _float(arrays[name], name, (rows, heads, pos, pos), path)
+    counts = {a.shape[1] for n, a in arrays.items() if n.startswith("sample.pattern.")}
+    if n_heads == 0 and len(counts) == 1:  # 0: heads varying per layer, which these do not
+        raise CheckpointError(f"{path}: config.json's 'model.n_heads' is 0 but every layer's pattern has "
+                              f"{counts.pop()} heads")
     lens = meta["readings"].get("lens")
     if isinstance(lens, dict):
         _check_lens(arrays, lens, meta["readings"].get("lens_k"), d_vocab, arrays["sample.tokens"].shape, path)

@@ -34,7 +34,7 @@ class ForeignConfig:
 
     @property
     def d_head(self) -> int:
-        return self.d_model // self.n_heads
+        return self.d_model // self.n_heads if self.n_heads else 0  # 0 heads: a model read without attention
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
