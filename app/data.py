@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
-from app.logs import foreign_log, history_only
+from app.logs import foreign_log, history_only, stamp
 from app.model_code import spec_for
 from app.tokenizer_help import no_tokenizer
 from models.store.front import Front
@@ -85,7 +85,7 @@ def mtime(path: Path) -> float:
     """Newest modification time of a snapshot's files (cache key: retrained means reloaded); a
     checkpoint file's folder too, so a tokenizer put beside it is read on the next rerun."""
     files = [path, path.parent] if path.is_file() else list(path.iterdir()) if path.is_dir() else []
-    return max((f.stat().st_mtime for f in files), default=0.0)
+    return max((stamp(f) for f in files if not f.name.startswith(".")), default=0.0)  # a write's temporary: skipped
 
 
 @st.cache_resource(max_entries=8, show_spinner="Loading the model...")

@@ -59,10 +59,18 @@ def unreadable(path: Path) -> ValueError | None:
     return None
 
 
+def stamp(path: Path) -> float:
+    """`path`'s modification time; 0 where it went between listing and reading (an atomic write's rename)."""
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
 def log_mtime(where: Path) -> float:
     """The newest modification time of a log file, or of the files right in a folder."""
-    files = [where] if where.is_file() else [p for p in where.iterdir() if p.is_file()]
-    return max((f.stat().st_mtime for f in files), default=0.0)
+    files = [where] if where.is_file() else [p for p in where.iterdir() if p.is_file() and not p.name.startswith(".")]
+    return max((stamp(f) for f in files), default=0.0)  # a temporary renamed away meanwhile: 0
 
 
 def history_log(source: Path) -> MetricsLog:

@@ -28,8 +28,9 @@ def specs() -> list[str]:
 
 
 def spec_for(snapshot: Path) -> str | None:
-    """The spec that rebuilds this snapshot of any model: the one whose NAME is its class's, else the
-    only one given; None for any other checkpoint, or none given."""
+    """The spec that rebuilds this snapshot of any model: the one whose NAME is its class's; None
+    for a snapshot of another class (never built with someone else's code: its pages read what it
+    saved), for any other checkpoint, or none given."""
     given = specs()
     config = snapshot / "config.json"
     if not given or not config.is_file():
@@ -42,4 +43,4 @@ def spec_for(snapshot: Path) -> str | None:
         return None
     name = str(meta.get("class") or "").rsplit(".", 1)[-1]
     named = [s for s in given if s.rpartition(":")[2] == name]
-    return named[0] if named else given[0] if len(given) == 1 else None
+    return named[0] if named else None

@@ -78,6 +78,8 @@ class GPT2BPETokenizer(Tokenizer):
             json.loads(read_file(vocab))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise TokenizerError(f"{vocab}: not valid JSON: {exc}") from None
+        except RecursionError:  # json's decoder recurses once per level
+            raise TokenizerError(f"{vocab}: not valid JSON: nested too deep") from None
         return cls(_backend_from_vocab_merges(vocab, merges))
 
     @classmethod

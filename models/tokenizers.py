@@ -68,6 +68,8 @@ class CharTokenizer(Tokenizer):
             pairs = json.loads(read_file(path), object_pairs_hook=_Pairs)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise TokenizerError(f"{path}: not valid JSON: {exc}") from None
+        except RecursionError:  # json's decoder recurses once per level
+            raise TokenizerError(f"{path}: not valid JSON: nested too deep") from None
         if not isinstance(pairs, _Pairs):
             raise TokenizerError(f"{path}: expected a JSON object {{\"0\": char, ...}}")
         chars, problem = _vocab_pairs_to_chars(pairs)

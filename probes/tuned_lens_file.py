@@ -113,7 +113,7 @@ def read_lens(tensors_path: Path, json_path: Path) -> tuple[torch.Tensor, torch.
     try:
         meta = json.loads(json_path.read_text(encoding="utf-8"))
         data = tensors_path.read_bytes()
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise ProbeInputError(f"{json_path}: not a readable tuned-lens record ({err})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ProbeInputError(f"{json_path}: not a tuned-lens record (no \"format\": \"{FORMAT}\")")

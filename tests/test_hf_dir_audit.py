@@ -72,6 +72,10 @@ def cases(llama: Path, root: Path) -> dict[str, tuple[Path, str]]:
         "a q_proj deleted": (variant(llama, root / "noq", weights=lambda s: without(
             s, "model.layers.0.self_attn.q_proj.weight")), r"missing \(model\.layers\.0\.self_attn\.q_proj\.weight\)"),
         "garbage index": (index, r"model\.safetensors\.index\.json: not valid JSON"),
+        "a vocabulary of 10**9": (variant(llama, root / "huge", config=lambda d: {**d, "vocab_size": 10**9}),
+                                  r"config\.json: vocab_size 1000000000 is larger than any dimension of its weights"),
+        "10,000 layers": (variant(llama, root / "deep", config=lambda d: {**d, "num_hidden_layers": 10_000}),
+                          r"config\.json: 10000 layers declared, but its weights number blocks up to 1: not built"),
     }
 
 
@@ -98,3 +102,38 @@ def test_the_same_errors_in_python_are_the_projects_own(llama, tmp_path):
     with pytest.raises(CheckpointError, match="seq2seq"):  # the app's run list reads the shape alone
         peek(save_other(tmp_path / "t5", "t5"))
     assert load_checkpoint(llama).config.n_layers == 2  # the untouched directory still loads
+
+
+HOSTILE_CODE = "from pathlib import Path\nPath(__file__).with_name('RAN').write_text('the folder ran its code')\n"
+
+
+def custom_code_folders(llama: Path, root: Path) -> dict[str, Path]:
+    """Folders whose auto_map asks transformers to import hostile.py beside them, which writes RAN."""
+    unknown = root / "unknown"
+    unknown.mkdir()
+    (unknown / "config.json").write_text(json.dumps({
+        "model_type": "made_up_here", "architectures": ["MadeUpForCausalLM"], "num_hidden_layers": 2,
+        "num_attention_heads": 4, "hidden_size": 32, "max_position_embeddings": 64, "vocab_size": 300,
+        "auto_map": {"AutoConfig": "hostile.MadeUpConfig", "AutoModelForCausalLM": "hostile.MadeUpForCausalLM"}}))
+    tokenizing = variant(llama, root / "tokenizing")
+    (tokenizing / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "MadeUpTokenizer", "auto_map": {"AutoTokenizer": ["hostile.MadeUpTokenizer", None]}}))
+    for folder in (unknown, tokenizing):
+        (folder / "hostile.py").write_text(HOSTILE_CODE)
+    return {"unknown model_type": unknown, "tokenizer auto_map": tokenizing}
+
+
+def test_a_folder_naming_its_own_code_is_refused_and_nothing_runs(llama, tmp_path, capfd, monkeypatch):
+    """transformers would ask "run the custom code? [y/N]" and run it on a y: a y waits on stdin here."""
+    import io
+    import sys
+
+    from models import info
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\ny\ny\n"))
+    for name, folder in custom_code_folders(llama, tmp_path).items():
+        capfd.readouterr()
+        assert info.main(["--ckpt", str(folder)]) == 2, name
+        lines = [line for line in "".join(capfd.readouterr()).splitlines() if line.strip()]
+        assert len(lines) == 1 and "auto_map" in lines[0] and "hostile" in lines[0], (name, lines)
+        assert not (folder / "RAN").exists(), name

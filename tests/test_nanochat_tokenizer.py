@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from models.store.nanochat_tokenizer import NanochatTokenizer, TokenizerFileError, load_encoding, read_encoding_state
+from models.tokenizer_base import TokenizerError
 
 # nanochat's split pattern and special tokens (nanochat/tokenizer.py), restated here
 PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|"""
@@ -125,3 +126,53 @@ def test_a_tokenizer_nanochat_itself_trained_and_saved_loads(tmp_path):
     ours = NanochatTokenizer(load_encoding(tmp_path / "tokenizer" / "tokenizer.pkl"), tmp_path)
     assert ours.encode(TEXT) == trained.encode(TEXT) and ours.vocab_size == trained.get_vocab_size() > 256
     assert ours.decode(trained.encode(TEXT)) == TEXT
+
+
+def encoding_pickle(state_ops: bytes) -> bytes:
+    """An Encoding made with no arguments whose BUILD state is what `state_ops` push."""
+    return b"\x80\x04\x8c\rtiktoken.core\x8c\x08Encoding\x93)\x81" + state_ops + b"b."
+
+
+def doubling(times: int, width: int = 2) -> bytes:
+    """'a', then a tuple holding the previous value `width` (2 or 3) times, `times` times, through
+    the memo: width**times values in a few bytes."""
+    ops = b"\x8c\x01a\x94"  # memo 0
+    for i in range(times):  # the previous value on the stack, BINGET it again, TUPLE2/3, memo i+1
+        ops += (b"h" + bytes([i])) * (width - 1) + (b"\x86" if width == 2 else b"\x87") + b"\x94"
+    return ops
+
+
+def test_a_pickle_that_would_never_finish_or_overflow_the_stack_is_refused_at_once(tmp_path):
+    """700 bytes that double 60 times (formatting the state never ended) and 300,000 nested tuples."""
+    cases = {"doubles 60 times": (encoding_pickle(doubling(60)), "(more than 4194304 values|deeper than 16)"),
+             "triples 14 times": (encoding_pickle(doubling(14, width=3)), "more than 4194304 values"),
+             "300,000 deep": (encoding_pickle(b")" + b"\x85" * 300_000), "nests deeper than 16"),
+             "deep dicts": (encoding_pickle(b"}" + b"\x8c\x01k}" * 50 + b"s" * 50), "nests deeper than 16")}
+    for name, (raw, said) in cases.items():
+        (tmp_path / "t.pkl").write_bytes(raw)
+        with pytest.raises(TokenizerFileError, match=rf"^{tmp_path / 't.pkl'}: refused: .*{said}") as caught:
+            read_encoding_state(tmp_path / "t.pkl")
+        assert "\n" not in str(caught.value), name
+    assert len(encoding_pickle(doubling(60))) < 800
+    (tmp_path / "t.pkl").write_bytes(encoding_pickle(doubling(3)))  # small sharing is still read,
+    with pytest.raises(TokenizerFileError, match="whose state is a tuple"):  # and refused for what it is
+        read_encoding_state(tmp_path / "t.pkl")
+
+
+def test_ranks_or_a_pattern_that_make_tiktoken_panic_are_one_line(tmp_path):
+    """tiktoken panics (a Rust PanicException, a BaseException) on a byte without a rank and on a
+    pattern past its backtracking limit: the first is refused at load, the second when text meets it."""
+    tiktoken = pytest.importorskip("tiktoken")
+    ranks = {bytes([b]): b for b in range(256)}
+    no_a = {k: v for k, v in ranks.items() if k != b"A"}
+    (tmp_path / "t.pkl").write_bytes(pickle.dumps(tiktoken.Encoding("x", pat_str=r"\S+|\s+", mergeable_ranks=no_a,
+                                                                    special_tokens={})))
+    with pytest.raises(TokenizerFileError, match=r"t\.pkl: mergeable_ranks has no rank for the byte 0x41"):
+        read_encoding_state(tmp_path / "t.pkl")
+    folder = tmp_path / "tokenizer"
+    folder.mkdir()
+    (folder / "tokenizer.pkl").write_bytes(pickle.dumps(tiktoken.Encoding(
+        "x", pat_str=r"(a|a)+(?!x)c", mergeable_ranks=ranks, special_tokens={})))
+    ours = NanochatTokenizer(load_encoding(folder / "tokenizer.pkl"), folder)
+    with pytest.raises(TokenizerError, match=r"tokenizer\.pkl: tiktoken failed to encode the text \(.*Backtrack"):
+        ours.encode("a" * 30)

@@ -220,3 +220,23 @@ def test_weights_that_do_not_fit_the_gpt_are_named_in_one_line(tmp_path):
     assert message.startswith(f"{folder / 'model_000008.pt'}: its weights do not fit the GPT its meta file describes: "
                               "missing transformer.h.1.mlp.c_fc.weight (1); unexpected transformer.h.9.attn.c_q.weight "
                               "(1); shape of lm_head.weight [64, 32] (the GPT's: [128, 32]) (1)"), message
+
+
+def test_a_meta_file_declaring_more_than_its_weights_is_refused_before_anything_is_built(tmp_path, hidden):
+    """Refused before nanochat is even imported (hidden here): a meta file of 10,000 layers was built
+    (44 s, 3.4 GB) before its weights were compared; nanochat's own assert on n_embd % n_head."""
+    cases = {"n_layer": ({"n_layer": 10_000}, r"declares n_layer 10000 where the weights hold 2"),
+             "n_embd": ({"n_embd": 64, "n_head": 4}, r"declares n_embd 64 where the weights hold 32"),
+             "vocab_size": ({"vocab_size": 10**9}, r"declares vocab_size 1000000000 where the weights hold 128"),
+             "n_embd % n_head": ({"n_embd": 30}, r"n_embd 30, n_head 4 and n_kv_head 2 do not divide"),
+             "n_head % n_kv_head": ({"n_kv_head": 3}, r"n_head 4 and n_kv_head 3 do not divide"),
+             "sequence_len": ({"sequence_len": 10**9}, r"sequence_len 1000000000 is past 131072")}
+    for name, (change, said) in cases.items():
+        folder = write_nanochat(tmp_path / name.replace(" ", "_").replace("%", "mod"), steps=(4,))
+        meta = folder / "meta_000004.json"
+        data = json.loads(meta.read_text())
+        data["model_config"].update(change)
+        meta.write_text(json.dumps(data))
+        with pytest.raises(CheckpointError, match=rf"meta_000004\.json: .*{said}") as caught:
+            load_checkpoint(folder)
+        assert "\n" not in str(caught.value), name

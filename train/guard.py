@@ -72,7 +72,10 @@ class RunLock:
         training that failed its checks goes too, so it leaves nothing behind."""
         if self.fd is None:
             return
-        self.path.unlink(missing_ok=True)
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError as err:  # a run folder made read-only meanwhile: the file stays, the lock still goes
+            log.warning("%s: not removed (%s); the lock is released", self.path, err.strerror or err)
         fcntl.flock(self.fd, fcntl.LOCK_UN)
         os.close(self.fd)
         self.fd = None

@@ -147,7 +147,14 @@ class Monitor:
 
     def __exit__(self, *exc: Any) -> None:
         interrupted = exc[0] is not None and issubclass(exc[0], (KeyboardInterrupt, SystemExit))
-        self.close(report=False if interrupted else None)  # None: as report= at construction said
+        if exc[0] is None:
+            self.close()  # as report= at construction said
+            return
+        try:  # the loop's own error (a failed save) is the one the user sees, never masked by the close's
+            self.close(report=False if interrupted else None)
+        except Exception as err:  # noqa: BLE001
+            log.warning("monitor: closing %s after %s also failed: %s: %s", self.out_dir, exc[0].__name__,
+                        type(err).__name__, err)
 
     def _close_at_exit(self) -> None:
         if self._handles:
@@ -265,7 +272,12 @@ class Monitor:
         if self._pending is not None and step != self._pending["step"]:
             self.flush()
         if self._pending is None:
-            self._start_record(step)
+            try:
+                self._start_record(step)
+            finally:  # a save that failed at this step raises, and the step's numbers stay in its record
+                if self._pending is not None:
+                    self._pending.update(values)
+            return
         self._pending.update(values)
 
     def _checked(self, step: Any, scalars: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -293,9 +305,9 @@ class Monitor:
             # at the step's first call: nanoGPT logs its eval before taking the step; measured now,
             # read when the record is written, after the keys made so far (`_with_internals`)
             self._pending_internals = (list(record), self._internals())
+        self._pending = record  # kept when the save below fails: the step's record is written all the same
         if self.save_every and step % self.save_every == 0:  # the weights of this step, as its internals
             self.save(step)
-        self._pending = record
 
     def _trim_after(self, step: int) -> None:
         """resume=True: records at or after the first step logged now are redone: drop them."""

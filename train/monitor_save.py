@@ -62,6 +62,31 @@ def patterns(model: torch.nn.Module, ids: torch.Tensor, prefix: str) -> dict[str
     return {f"{prefix}.pattern.{layer}": pattern for layer, (_, pattern) in enumerate(result.layers)}
 
 
+def check_model_args(model_args: dict[str, Any] | None, name: str) -> None:
+    """model_args= are written into config.json and given back as keyword arguments: plain JSON data
+    (an object in them failed at the first save, inside the user's loop)."""
+    import json
+
+    for key in model_args or {}:
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ValueError(f"Monitor: model_args= keys are the {name}'s keyword arguments, got {key!r}")
+        try:
+            json.dumps(model_args[key], allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as err:
+            raise ValueError(f"Monitor: model_args[{key!r}] is not plain JSON data (numbers, text, lists, dicts), "
+                             f"which config.json keeps: {err}") from None
+
+
+def check_state_dict(model: torch.nn.Module) -> None:
+    """Every entry of the state dict a tensor: a module's get_extra_state() puts other objects there,
+    which a .safetensors file cannot hold (the first save failed inside the user's loop)."""
+    others = [k for k, v in model.state_dict().items() if not isinstance(v, torch.Tensor)]
+    if others:
+        raise ValueError(f"Monitor: save_every on a {type(model).__name__} whose state_dict holds "
+                         f"{', '.join(others[:3])} ({type(model.state_dict()[others[0]]).__name__}, from get_extra_state): "
+                         "a snapshot holds tensors only; leave save_every out, or save that state yourself")
+
+
 class AnySaver:
     """Saves snapshots of any model; made when the Monitor is, which refuses what it cannot save."""
 
@@ -77,6 +102,8 @@ class AnySaver:
         if model_args is not None and not isinstance(model_args, dict):
             raise ValueError(f"Monitor: model_args= must be a dict of the keyword arguments that build the {name}, "
                              f"got a {type(model_args).__name__}")
+        check_model_args(model_args, name)
+        check_state_dict(model)
         self.model, self.tokenizer, self.model_args = model, tokenizer, model_args
         self.tapped = tapped or {}
         heads = self.tapped.get("n_heads") or 1

@@ -65,11 +65,29 @@ class Plan:
 
 
 def plan(model: nn.Module) -> Plan:
+    takes_ids_alone(model)
     # a SiLU gate (Llama's SwiGLU) passes gradient below zero and multiplies a signed up-projection:
     # "never positive" is not dead there, so only relu / gelu / tanh units are counted
     acts = [(n, m, a) for n, m in model.named_modules() if (a := act_fn_of(m)) and a != "silu"]
     return Plan(model, main_blocks(model), unembedding(model), acts,
                 silu=any(act_fn_of(m) == "silu" for m in model.modules()))
+
+
+def takes_ids_alone(model: nn.Module) -> None:
+    """The Monitor's eval step and its snapshots call model(ids): a forward that needs more (an
+    attention_mask with no default) is refused at construction, not as a TypeError at the first step."""
+    import inspect
+
+    try:
+        inspect.signature(model.forward).bind(None)
+    except TypeError:
+        needs = [n for n, p in list(inspect.signature(model.forward).parameters.items())[1:]
+                 if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        raise ValueError(f"Monitor: the {type(model).__name__}'s forward needs {', '.join(needs) or 'more'} beside the "
+                         "token ids; the Monitor reads it with model(ids) on eval_tokens: give it a default "
+                         "(e.g. attention_mask=None)") from None
+    except ValueError:  # no signature to read (a builtin): the first forward says what is wrong
+        return
 
 
 class Readings:

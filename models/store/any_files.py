@@ -30,6 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from models.store.any_checks import check_layout, check_model_shape, check_readings
 from models.store.files import CheckpointError, check_snapshot_meta, read_json_object
 from models.store.foreign import ForeignConfig
 
@@ -63,6 +64,7 @@ def read_any_meta(directory: Path, meta: dict[str, Any] | None = None) -> dict[s
         raise CheckpointError(f"{path}: 'layout.blocks' must be a list of module names, got {blocks!r}")
     if not isinstance(meta["buffers"], list):
         raise CheckpointError(f"{path}: 'buffers' must be a list of names, got {meta['buffers']!r}")
+    check_layout(meta["layout"], path)
     any_shape(meta, path)
     return meta
 
@@ -70,6 +72,7 @@ def read_any_meta(directory: Path, meta: dict[str, Any] | None = None) -> dict[s
 def any_shape(meta: dict[str, Any], path: Path | None = None) -> ForeignConfig:
     """The model's shape config.json records."""
     model = meta.get("model")
+    check_model_shape(model, path or Path(CONFIG_FILE))
     try:
         return ForeignConfig(**model)
     except TypeError as err:
@@ -93,6 +96,8 @@ def read_readings(directory: Path, meta: dict[str, Any] | None = None) -> dict[s
     if hashlib.sha256(data).hexdigest() != recorded:
         raise CheckpointError(f"{path}: sha256 mismatch with {CONFIG_FILE} (the file was modified or corrupted)")
     try:
-        return load(data)
+        arrays = load(data)
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{path}: truncated or corrupt safetensors file ({exc})") from None
+    check_readings(arrays, meta, path)
+    return arrays

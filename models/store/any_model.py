@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from models.layout import Layout
+from models.store.any_checks import check_weights
 from models.store.any_files import (ANY_FORMAT, ANY_VERSION, CONFIG_FILE, READINGS_FILE, any_shape, read_any_meta,
                                     read_readings)
 from models.store.files import CheckpointError, dumps_json, write_bytes_atomic
@@ -139,12 +140,13 @@ def load_any_snapshot(directory: Path, meta: dict[str, Any], device: str | torch
     meta = read_any_meta(directory, meta)
     shape = any_shape(meta, directory / CONFIG_FILE)
     state = read_checked(directory / MODEL_FILE, meta["tensors_sha256"], "the snapshot has no weights")
+    check_weights(state, meta["layout"], shape.d_vocab, directory / MODEL_FILE)
     tokenizer = load_snapshot_tokenizer(directory, meta["tokenizer"], shape)
     layout = Layout.from_dict(meta["layout"])
     if model_code:
         from models.store.model_code import rebuild
 
-        model = rebuild(model_code, meta.get("model_args"), state, directory)
+        model = rebuild(model_code, meta.get("model_args"), state, directory, meta.get("class"))
     else:
         model = SavedModel(state, meta["buffers"], layout, meta, directory)
     info = {**meta, "source": ANY_SOURCE, "model_code": model_code,

@@ -18,8 +18,8 @@ from typing import Any, Sequence
 import torch
 
 from models.store.files import CheckpointError
-from models.store.foreign import BRIDGE_SOURCE, ForeignConfig, hf_shape
-from models.store.hf_weights import check_float_weights
+from models.store.foreign import BRIDGE_SOURCE, ForeignConfig, hf_shape, refuse_custom_code
+from models.store.hf_weights import check_declared_sizes, check_float_weights
 from models.store.result import Snapshot
 from models.tokenizer_base import Tokenizer, TokenizerError, UnknownTokenError, as_id_list
 
@@ -31,7 +31,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer
 INSTALL = "pip install transformers (or scratchscope[hf])"
 def load_hf_bridge(directory: Path, data: dict[str, Any], device: str | torch.device = "cpu") -> Snapshot:
     """The Hugging Face directory whose config.json is `data`, as a TransformerBridge (eval mode)."""
+    refuse_custom_code(data, directory)  # before transformers, which would prompt and run it
     shape = hf_shape(data, directory)
+    check_declared_sizes(directory, data["text_config"] if isinstance(data.get("text_config"), dict) else data)
     transformers = _transformers(directory)
     hf_model = _hf_model(transformers, directory).to(device)  # the bridge boots on the model's device
     tokenizer, hint = _tokenizer(transformers, directory, shape.d_vocab)
@@ -39,8 +41,8 @@ def load_hf_bridge(directory: Path, data: dict[str, Any], device: str | torch.de
 
     try:
         bridge = TransformerBridge.boot_transformers(
-            str(directory), hf_model=hf_model, tokenizer=tokenizer.backend if tokenizer else _ids_tokenizer(
-                transformers, shape.d_vocab))
+            str(directory), hf_model=hf_model, trust_remote_code=False,
+            tokenizer=tokenizer.backend if tokenizer else _ids_tokenizer(transformers, shape.d_vocab))
     except Exception as exc:  # noqa: BLE001 - an architecture TransformerLens has no adapter for
         raise CheckpointError(f"{directory}: TransformerLens cannot read model_type "
                               f"{data.get('model_type')!r}: {_first_line(exc)}") from None
@@ -76,7 +78,8 @@ def _hf_model(transformers: Any, directory: Path) -> Any:
     transformers.utils.logging.set_verbosity_error()
     try:
         model, info = transformers.AutoModelForCausalLM.from_pretrained(
-            str(directory), local_files_only=True, dtype=torch.float32, output_loading_info=True)
+            str(directory), local_files_only=True, trust_remote_code=False, dtype=torch.float32,
+            output_loading_info=True)
     except Exception as exc:  # noqa: BLE001 - missing weights, an unknown model_type, a bad file
         raise CheckpointError(f"{directory}: transformers cannot load it as a causal LM: "
                               f"{_first_line(exc)}") from None
@@ -107,7 +110,8 @@ def _tokenizer(transformers: Any, directory: Path, d_vocab: int) -> tuple[HFToke
         logger.warning("%s: loaded with token ids only; %s", directory, hint)
         return None, hint
     try:
-        backend = transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        backend = transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True,
+                                                         trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 - a garbled tokenizer.json, a missing sentencepiece
         raise CheckpointError(f"{directory}: its tokenizer does not load: {_first_line(exc)}") from None
     tokenizer = HFTokenizer(backend, directory)
@@ -174,6 +178,7 @@ class HFTokenizer(Tokenizer):
         try:
             from transformers import AutoTokenizer
 
-            return cls(AutoTokenizer.from_pretrained(str(directory), local_files_only=True), Path(directory))
+            return cls(AutoTokenizer.from_pretrained(str(directory), local_files_only=True,
+                                                     trust_remote_code=False), Path(directory))
         except Exception as exc:  # noqa: BLE001
             raise TokenizerError(f"{directory}: {_first_line(exc)}") from None

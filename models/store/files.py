@@ -171,6 +171,8 @@ def read_json_object(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    except RecursionError:  # json's decoder recurses once per level
+        raise CheckpointError(f"{path}: not valid JSON (nested too deep)") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.store.files import CheckpointError
+from models.store.files import CheckpointError, read_json_object
 from models.store.hf_weights import safetensors_header
 
-__all__ = ["BRIDGE_SOURCE", "ForeignConfig", "hf_shape", "safetensors_param_count"]
+__all__ = ["BRIDGE_SOURCE", "ForeignConfig", "hf_shape", "refuse_custom_code", "safetensors_param_count"]
 
 BRIDGE_SOURCE = "huggingface-bridge"  # meta["source"] of a snapshot read through TransformerBridge
 
@@ -34,7 +34,7 @@ class ForeignConfig:
 
     @property
     def d_head(self) -> int:
-        return self.d_model // self.n_heads
+        return self.d_model // self.n_heads if self.n_heads else 0  # 0 heads: a model read without attention
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -78,6 +78,31 @@ def check_causal(data: dict[str, Any], source: Path) -> None:
         raise CheckpointError(f"{source}: architectures {names} (model_type {kind!r}) is not a causal language "
                               f"model (a class ending in {' or '.join(CAUSAL)}); the probes read causal "
                               "(decoder-only) language models")
+
+
+CODE_CONFIGS = ("config.json", "tokenizer_config.json")  # where an auto_map points transformers at .py files
+
+
+def refuse_custom_code(data: dict[str, Any], directory: Path) -> None:
+    """A folder whose config.json (`data`) or tokenizer_config.json has an ``auto_map`` asks
+    transformers to import the .py files beside it (it prompts "run the custom code? [y/N]" and runs
+    them on a y): refused in one line before transformers is called, whatever stdin holds."""
+    for name in CODE_CONFIGS:
+        found = data if name == "config.json" else _json_or_none(directory / name)
+        if isinstance(found, dict) and "auto_map" in found:
+            raise CheckpointError(f"{directory / name}: auto_map names code of the folder's own "
+                                  f"({_code_names(found['auto_map'])}); scratchscope never runs a checkpoint's "
+                                  "code (trust_remote_code=False): load that model yourself and give it to the probes")
+
+
+def _json_or_none(path: Path) -> Any:
+    return read_json_object(path) if path.is_file() else None
+
+
+def _code_names(auto_map: Any) -> str:
+    names = list(auto_map.values()) if isinstance(auto_map, dict) else [auto_map]
+    flat = [str(n) for v in names for n in (v if isinstance(v, list) else [v]) if n]
+    return ", ".join(flat[:3])[:200] or "an empty map"
 
 
 def hf_shape(data: dict[str, Any], directory: Path) -> ForeignConfig:

@@ -8,6 +8,7 @@ so a tensor that is not floating point is refused here, named.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 
@@ -34,7 +35,7 @@ def safetensors_header(path: Path) -> dict[str, dict]:
             if length > MAX_HEADER:
                 raise CheckpointError(f"{path}: not a safetensors file (a header of {length} bytes)")
             header = json.loads(f.read(length))
-    except (OSError, struct.error, ValueError) as exc:
+    except (OSError, struct.error, ValueError, RecursionError) as exc:
         if isinstance(exc, CheckpointError):
             raise
         raise CheckpointError(f"{path}: not a readable safetensors file ({str(exc).splitlines()[0][:120]})") from None
@@ -71,3 +72,30 @@ def check_float_weights(directory: Path) -> None:
             shown = ", ".join(odd[:3]) + (", ..." if len(odd) > 3 else "")
             raise CheckpointError(f"{path}: {len(odd)} of {len(dtypes)} tensors are not floating point ({shown}): "
                                   "a model's weights are; the file was rewritten or is not a model's")
+
+
+SIZE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "n_embd", "n_inner", "d_model", "ffn_dim")
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+
+
+def check_declared_sizes(directory: Path, config: dict) -> None:
+    """A config.json declaring far more than its safetensors weights hold (a vocabulary or a width
+    larger than any dimension of them, twice the layers their names number) is refused before
+    transformers builds it: it allocates the declared model first. Read from the headers alone."""
+    shapes = {name: entry.get("shape") for path in weight_files(directory)
+              for name, entry in safetensors_header(path).items()}
+    if not shapes:  # pytorch_model.bin: transformers reads it
+        return
+    largest = max((d for shape in shapes.values() if isinstance(shape, list) for d in shape if isinstance(d, int)),
+                  default=0)
+    source = directory / "config.json"
+    for key in SIZE_KEYS:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > largest:
+            raise CheckpointError(f"{source}: {key} {value} is larger than any dimension of its weights "
+                                  f"(the largest is {largest}): not built")
+    numbered = [int(n) for name in shapes for n in re.findall(r"\.(\d+)\.", name)]
+    layers = next((config[k] for k in LAYER_KEYS if isinstance(config.get(k), int)), None)
+    if numbered and layers is not None and layers > 2 * (max(numbered) + 1):  # a few more: transformers names them
+        raise CheckpointError(f"{source}: {layers} layers declared, but its weights number blocks up to "
+                              f"{max(numbered)}: not built")

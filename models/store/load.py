@@ -30,7 +30,7 @@ from models.store.result import Snapshot
 from models.store.run import SNAPSHOT_CONFIG, is_run_dir, latest_snapshot, read_run_json
 from models.store.series import SERIES_SUFFIXES, load_series_checkpoint
 from models.store.front import MODEL_FILE
-from models.store.snapshot import load_snapshot
+from models.store.snapshot import interrupted_hint, load_snapshot
 from models.store.weights import torch_load
 
 __all__ = ["load_checkpoint"]
@@ -61,7 +61,7 @@ def _load(path: Path, preset: str | None, config: Any, device: Any, tokenizer: A
     if path.is_file() and path.suffix in SERIES_SUFFIXES:
         return _load_pt(path, preset, config, device, tokenizer)
     if not path.exists():
-        raise CheckpointError(f"{path}: not found")
+        raise CheckpointError(f"{path}: not found{interrupted_hint(path)}")
     raise CheckpointError(f"{path}: expected a snapshot directory (with {SNAPSHOT_CONFIG}), a run "
                           "directory (with step_NNNNNN/ snapshots), a Hugging Face directory, a nanoGPT "
                           "ckpt.pt, nanochat's model_NNNNNN.pt or a series .pt state dict")

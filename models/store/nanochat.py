@@ -41,10 +41,11 @@ _SAID: set[str] = set()  # the token-ids-only line, once per tokenizer folder
 def load_nanochat(path: Path, device: str | torch.device = "cpu") -> Snapshot:
     """nanochat's model file `path` (with its meta file) as nanochat's own GPT, in eval mode."""
     shape, step = nanochat_shape(path)
-    gpt = _nanochat_gpt(path)
     meta = read_json_object(meta_file(path))
     device = torch.device(device)
     state = _weights(path, device)
+    check_declared(shape, state, path)  # before anything is built: a meta file may declare any size
+    gpt = _nanochat_gpt(path)
     model = _build(gpt, dict(meta["model_config"]), state, device, path)
     config = ForeignConfig(**{**shape.to_dict(), "n_params": sum(p.numel() for p in model.parameters())})
     tokenizer, hint = _tokenizer(path, shape.d_vocab)
@@ -87,19 +88,38 @@ def _build(gpt: Any, kwargs: dict[str, Any], state: dict[str, torch.Tensor], dev
     state.setdefault("x0_lambdas", torch.zeros(config.n_layer))
     said = io.StringIO()
     with contextlib.redirect_stdout(said):  # nanochat prints "Padding vocab_size ..." on stdout
-        with torch.device("meta"):
-            model = gpt.GPT(config)
+        try:
+            with torch.device("meta"):
+                model = gpt.GPT(config)
+        except (AssertionError, ValueError, RuntimeError) as exc:  # nanochat's own checks of its config
+            raise CheckpointError(f"{meta_file(path)}: nanochat's GPT refuses its model_config "
+                                  f"({type(exc).__name__}: {str(exc).strip()[:200]})") from None
+        check_names(model.state_dict(), state, path)  # on the meta device: nothing allocated yet
         model.to_empty(device=device)
         model.init_weights()
     if said.getvalue().strip():
         logger.debug("nanochat: %s", said.getvalue().strip())
-    check_names(model.state_dict(), state, path)
     try:
         model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as exc:  # names and shapes fit: a dtype, say
         raise CheckpointError(f"{path}: its weights do not load into nanochat's GPT: "
                               f"{' '.join(str(exc).split())[:300]}") from None
     return model.eval()
+
+
+def check_declared(shape: ForeignConfig, state: dict[str, torch.Tensor], path: Path) -> None:
+    """The meta file declares no more than the weights hold (blocks, width, vocabulary): a meta file
+    saying 10,000 layers would otherwise be built before any weight is compared."""
+    blocks = [int(k.split(".")[2]) for k in state if k.startswith("transformer.h.") and k.split(".")[2].isdigit()]
+    held = max(blocks, default=-1) + 1
+    table = state.get("transformer.wte.weight")
+    rows, width = tuple(table.shape) if table is not None and table.dim() == 2 else (None, None)
+    said = [f"{what} {declared} where the weights hold {found}" for what, declared, found in (
+        ("n_layer", shape.n_layers, held), ("n_embd", shape.d_model, width), ("vocab_size", shape.d_vocab, rows))
+        if found is not None and (declared > found if what != "n_embd" else declared != found)]
+    if said:
+        raise CheckpointError(f"{meta_file(path)}: its model_config declares {'; '.join(said)} "
+                              f"({path.name}): not built")
 
 
 def check_names(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor], path: Path) -> None:

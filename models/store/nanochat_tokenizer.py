@@ -27,6 +27,8 @@ __all__ = ["NanochatTokenizer", "TokenizerFileError", "read_encoding_state"]
 
 ENCODING = ("tiktoken.core", "Encoding")
 MAX_BYTES = 256 * 2**20  # a 65k-token tokenizer.pkl is about 1 MB
+MAX_VALUES = 2**22  # values the state holds, each memo reference counted again (a 65k-token state: ~130k)
+MAX_DEPTH = 16  # nesting of tuples and dicts (nanochat's state: 2)
 PLAIN = {"PROTO", "FRAME", "STOP", "MARK", "EMPTY_DICT", "EMPTY_TUPLE", "SETITEM", "SETITEMS", "MEMOIZE",
          "BINPUT", "LONG_BINPUT", "PUT", "BINGET", "LONG_BINGET", "GET", "SHORT_BINUNICODE", "BINUNICODE",
          "BINUNICODE8", "UNICODE", "SHORT_BINBYTES", "BINBYTES", "BINBYTES8", "BININT", "BININT1", "BININT2",
@@ -72,6 +74,7 @@ def _walk(data: bytes) -> Any:
     """Run the opcodes of `data` on a stack of plain values; returns what STOP finds."""
     stack: list[Any] = []
     memo: dict[int, Any] = {}
+    ledger = _Ledger()
     for op, arg, _ in pickletools.genops(io.BytesIO(data)):
         name = op.name
         if name not in PLAIN:
@@ -82,11 +85,38 @@ def _walk(data: bytes) -> Any:
             if len(stack) != 1:
                 raise TokenizerFileError("damaged: the stack is not one value at STOP")
             return stack[0]
-        _step(name, arg, stack, memo)
+        _step(name, arg, stack, memo, ledger)
     raise TokenizerFileError("damaged: no STOP")
 
 
-def _step(name: str, arg: Any, stack: list[Any], memo: dict[int, Any]) -> None:
+class _Ledger:
+    """How many values each tuple and dict holds, counting a memo reference again each time it is
+    used, and how deep it nests: 60 tuples each holding the previous one twice are 700 bytes and
+    2**60 values, which anything that walks them (str, ==, tiktoken) would never finish."""
+
+    def __init__(self) -> None:
+        self.sizes: dict[int, tuple[int, int]] = {}  # id -> (values, depth)
+        self.alive: list[Any] = []  # keeps the ids above from being reused
+
+    def size(self, value: Any) -> tuple[int, int]:
+        return self.sizes.get(id(value), (1, 0))
+
+    def grow(self, container: Any, items: Sequence[Any]) -> None:
+        count, depth = self.sizes.get(id(container), (1, 1))
+        for item in items:
+            n, d = self.size(item)
+            count, depth = count + n, max(depth, d + 1)
+        if count > MAX_VALUES:
+            raise TokenizerFileError(f"refused: its state would hold more than {MAX_VALUES} values "
+                                     "(memo references repeated)")
+        if depth > MAX_DEPTH:
+            raise TokenizerFileError(f"refused: its state nests deeper than {MAX_DEPTH} levels")
+        if id(container) not in self.sizes:
+            self.alive.append(container)
+        self.sizes[id(container)] = (count, depth)
+
+
+def _step(name: str, arg: Any, stack: list[Any], memo: dict[int, Any], ledger: _Ledger) -> None:
     if name in ("PROTO", "FRAME"):
         return
     if name == "MARK":
@@ -118,9 +148,11 @@ def _step(name: str, arg: Any, stack: list[Any], memo: dict[int, Any]) -> None:
             if not isinstance(key, (str, bytes, int)):
                 raise TokenizerFileError(f"refused: a dict key of type {type(key).__name__}")
             target[key] = value
+        ledger.grow(target, items)
     elif name.startswith("TUPLE"):
         items = _to_mark(stack) if name == "TUPLE" else [stack.pop() for _ in range(int(name[-1]))][::-1]
         stack.append(tuple(items))
+        ledger.grow(stack[-1], items)
     elif name in ("MEMOIZE", "BINPUT", "LONG_BINPUT", "PUT"):
         memo[len(memo) if name == "MEMOIZE" else arg] = stack[-1]
     elif name in ("BINGET", "LONG_BINGET", "GET"):
@@ -143,8 +175,10 @@ def _checked(found: Any, path: Path) -> dict[str, Any]:
     if not isinstance(found, _Marker):
         raise TokenizerFileError(f"{path}: holds a {type(found).__name__}, not a pickled tiktoken Encoding")
     if not isinstance(found.state, dict):  # a str: tiktoken's registered encoding by name (a download)
-        raise TokenizerFileError(f"{path}: a tiktoken Encoding pickled by reference ({str(found.state)[:40]!r}), "
-                                 "not the ranks, pattern and special tokens nanochat's tok_train saves")
+        what = (f"pickled by reference ({found.state[:40]!r})" if isinstance(found.state, str)
+                else f"whose state is a {type(found.state).__name__}")  # never formatted: it may never end
+        raise TokenizerFileError(f"{path}: a tiktoken Encoding {what}, not the ranks, pattern and special tokens "
+                                 "nanochat's tok_train saves")
     state = found.state
     if set(state) != {"name", "pat_str", "mergeable_ranks", "special_tokens"}:
         raise TokenizerFileError(f"{path}: a tiktoken Encoding whose state has keys {sorted(map(str, state))}, "
@@ -156,6 +190,10 @@ def _checked(found: Any, path: Path) -> dict[str, Any]:
     if not fine:
         raise TokenizerFileError(f"{path}: its Encoding state is not str name and pattern, bytes -> int ranks and "
                                  "str -> int special tokens")
+    missing = next((b for b in range(256) if bytes([b]) not in ranks), None)
+    if missing is not None:  # tiktoken would panic (a Rust panic) on the first text holding that byte
+        raise TokenizerFileError(f"{path}: mergeable_ranks has no rank for the byte 0x{missing:02x}: a byte-level "
+                                 "BPE ranks all 256 bytes")
     return state
 
 
@@ -167,8 +205,26 @@ def load_encoding(path: Path) -> Any:
     try:
         return tiktoken.Encoding(state["name"], pat_str=state["pat_str"], mergeable_ranks=state["mergeable_ranks"],
                                  special_tokens=state["special_tokens"])
-    except Exception as exc:  # noqa: BLE001 - a bad pattern, ranks that collide: tiktoken's own words
-        raise TokenizerFileError(f"{path}: tiktoken refuses its data ({str(exc).splitlines()[0]})") from None
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a bad pattern, ranks that collide; a Rust panic is a BaseException
+        raise TokenizerFileError(f"{path}: tiktoken refuses its data ({_first_line(exc)})") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
+def _tiktoken(call: Any, folder: Path, what: str) -> Any:
+    """`call()` into tiktoken, whose Rust panics (a pattern that backtracks past its limit, an id
+    with no bytes) are BaseExceptions nothing else catches: a TokenizerError in one line."""
+    try:
+        return call()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - pyo3's PanicException derives from BaseException
+        raise TokenizerError(f"{folder / 'tokenizer.pkl'}: tiktoken failed to {what} ({_first_line(exc)})") from None
 
 
 class NanochatTokenizer(Tokenizer):
@@ -183,12 +239,12 @@ class NanochatTokenizer(Tokenizer):
         self.folder = folder
 
     def encode(self, text: str) -> list[int]:
-        return list(self.encoding.encode_ordinary(text))
+        return list(_tiktoken(lambda: self.encoding.encode_ordinary(text), self.folder, "encode the text"))
 
     def decode(self, ids: Sequence[int]) -> str:
         ids = as_id_list(ids)
         self._check_ids(ids)
-        return self.encoding.decode(ids)
+        return _tiktoken(lambda: self.encoding.decode(ids), self.folder, "decode the ids")
 
     @property
     def vocab_size(self) -> int:
@@ -196,10 +252,10 @@ class NanochatTokenizer(Tokenizer):
 
     def id_to_piece(self, i: int) -> str:
         self._check_ids([i])
-        return self.encoding.decode([int(i)])  # as nanochat's id_to_token
+        return self.decode([int(i)])  # as nanochat's id_to_token
 
     def piece_to_id(self, piece: str) -> int:
-        ids = self.encoding.encode_ordinary(piece)
+        ids = self.encode(piece)
         if len(ids) != 1:
             raise UnknownTokenError(f"{piece!r} is not one token of this vocabulary")
         return int(ids[0])

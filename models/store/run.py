@@ -173,6 +173,8 @@ def _parse(line: str, shape: RunShape | None, last: bool) -> tuple[Any, str | No
         record = json.loads(line)
     except ValueError as exc:
         return None, str(exc)[:120], last
+    except RecursionError:
+        return None, "nested too deep", False
     return record, problem(record, shape), False
 
 
@@ -255,7 +257,7 @@ def _logged_after(line: str, step: int) -> bool:
     """A well-formed record whose integer step is past `step` (anything else is kept)."""
     try:
         record = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     logged = record.get("step") if isinstance(record, dict) else None
     return isinstance(logged, int) and not isinstance(logged, bool) and logged > step

@@ -99,6 +99,8 @@ def _config_file(path: Path) -> ModelConfig:
         raise CheckpointError(f"{path}: config file not found") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: not valid JSON (nested too deep)") from None
     if isinstance(data, dict) and isinstance(data.get("model"), dict):  # a snapshot's config.json works too
         refuse_unknown_fields(data, SNAPSHOT_KEYS, path, "top-level")
         data = data["model"]

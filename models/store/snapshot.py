@@ -30,7 +30,8 @@ from models.tokenizers import Tokenizer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OPTIMIZER_FILE", "load_optimizer_state", "load_snapshot", "read_safetensors", "save_snapshot"]
+__all__ = ["OPTIMIZER_FILE", "interrupted_hint", "load_optimizer_state", "load_snapshot", "read_safetensors",
+           "save_snapshot"]
 
 OPTIMIZER_FILE = "optimizer.pt"
 
@@ -153,13 +154,19 @@ def _swap_into_place(tmp: Path, target: Path, aside: Path) -> None:
 # --------------------------------------------------------------------------- load
 
 
+def interrupted_hint(directory: Path) -> str:
+    """'; an interrupted save left the previous version at ...' where a save killed mid-swap left
+    `directory` renamed aside (``.<name>.old-<pid>``), else ''."""
+    aside = sorted(directory.parent.glob(f".{directory.name}.old-*")) if directory.name else []
+    return (f"; an interrupted save left the previous version at {aside[0]} (rename it back to "
+            f"{directory.name} to read it)") if aside else ""
+
+
 def load_snapshot(directory: str | Path, device: str | torch.device = "cpu") -> Snapshot:
     """Load a snapshot directory: validated config, hash-checked weights, tokenizer; eval mode."""
     directory = Path(directory)
     if not directory.is_dir():
-        aside = sorted(directory.parent.glob(f".{directory.name}.old-*"))
-        hint = f"; an interrupted save left the previous version at {aside[0]}" if aside else ""
-        raise CheckpointError(f"{directory}: snapshot directory not found{hint}")
+        raise CheckpointError(f"{directory}: snapshot directory not found{interrupted_hint(directory)}")
     meta = read_snapshot_meta(directory)
     config = parse_config(meta["model"], directory / CONFIG_FILE)
     weights = directory / MODEL_FILE

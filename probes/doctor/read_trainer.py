@@ -230,6 +230,8 @@ def read_json(path: Path, each_entry: Callable[[Any], None] | None = None,
         raise ProbeInputError(f"{path}: not valid JSON ({err})") from None
     except UnicodeDecodeError:
         raise ProbeInputError(f"{path}: not a text file") from None
+    except RecursionError:  # json's decoder recurses once per level
+        raise ProbeInputError(f"{path}: not valid JSON (nested too deep)") from None
     except ValueError as err:  # an integer over Python's 4300 digits
         raise ProbeInputError(f"{path}: not readable JSON ({str(err).splitlines()[0][:80]})") from None
     except OSError as err:
