@@ -120,13 +120,13 @@ class Monitor:
                              f"{list(self.eval_tokens.shape)}: {first}") from None
 
     def _groups_by_layout(self) -> dict[str, str]:
-        """Each parameter's g/w/u group from the layout found (`train.monitor_groups`); {} where
-        the tap reads no attention (the name patterns judge then)."""
-        from models.tap import TapError
-        from train.monitor_groups import parameter_groups
+        """Each parameter's g/w/u group from the layout found (`probes.update_groups`); {} where
+        it cannot be found, as where the tap reads no attention (the name patterns judge then)."""
+        from probes.update_groups import parameter_groups
         try:
             return parameter_groups(self.model, self.eval_tokens.to(next(self.model.parameters()).device))
-        except TapError:
+        except (ValueError, RuntimeError, IndexError) as err:  # TapError is a ValueError
+            logging.getLogger("train.monitor").info("parameter groups by name only: %s", err)
             return {}
 
     def _open(self, run_info: dict[str, Any] | None, lock: bool) -> None:
