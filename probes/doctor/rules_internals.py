@@ -10,7 +10,7 @@ import statistics
 from typing import Any
 
 from probes.doctor.finding import (MAKEMORE_ACTIVATIONS, MAKEMORE_UPDATES, SERIES_ADAM, SERIES_ATTENTION,
-                                   WORTSMAN, ZHAI, Finding, rule)
+                                   WORTSMAN, ZHAI, Finding, NotChecked, rule)
 from probes.doctor.run_history import RunHistory, as_float
 from probes.doctor.signals import first_nonfinite, later_half_medians, layer_values, ten_fold, update_report
 from probes.doctor.thresholds import DoctorThresholds
@@ -301,6 +301,9 @@ def slow_qk(h: RunHistory, reports: list[UpdateReport], window: list[UpdateRepor
 def activations(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     logged = [r for r in before_nonfinite(h) if isinstance(r.get("activations"), dict) and r["activations"]]
     if not logged:
+        why = (h.info.get("model") or {}).get("activations") if isinstance(h.info.get("model"), dict) else None
+        if isinstance(why, str) and why.startswith("not measured"):  # the Monitor said why (run.json)
+            raise NotChecked(f"{why} (run.json)")
         raise h.not_logged("activation health", "no activation health in metrics.jsonl (no eval steps, or a "
                          "run trained before it was logged)")
     act_fn = h.model.get("act_fn", "relu")  # our configs and older runs: ReLU unless they say; a Monitor's: what it found
