@@ -7,9 +7,10 @@ From one eval forward on the eval tokens:
 - unembedding: the Linear the logits come out of (a tied one is the embedding's weight, named once);
 - norms: the final norm's parameters, and inside a block any module that holds only vectors (a
   LayerNorm, an RMSNorm written by hand: `gain`);
-- attention: inside each module the attention tap read a call in (`models.tap`), its Linears in the
-  order they were called: a fused q/k/v (split by the g/w/u rows into `.q` / `.k` / `.v`) gives Q/K
-  and V/O by its part, and the Linear beside it is the output projection (V/O); otherwise the first two called are Q and K, the third V, and the last of four
+- attention: inside each module the attention tap read a call in (`models.tap`): a fused q/k/v
+  (split by the g/w/u rows into `.q` / `.k` / `.v`) by its part, and the Linear beside it as the
+  output projection (V/O); a Linear whose name says which (`q_proj`, `W_key`, ...) by its name;
+  the others by the order they were called: the first two Q and K, the third V, the last of four
   or more the output projection (V/O);
 - MLP: every other Linear inside a block.
 A parameter none of these decides is left out, for the name patterns.
@@ -24,6 +25,7 @@ from torch import nn
 
 from models.layout import Layout, find_layout
 from models.tap import tap_forward
+from probes.update_report import parameter_group
 from probes.update_rows import named_trainable
 
 __all__ = ["parameter_groups"]
@@ -46,10 +48,15 @@ def _linear_calls(model: nn.Module, ids: torch.Tensor) -> tuple[list[str], list[
     return [name for name, _ in result.layers], order
 
 
-def _attention_group(module: str, part: str | None, calls: list[str], fused: set[str]) -> str | None:
-    """Q/K or V/O of a Linear inside an attention module, by its fused part or its call order."""
+def _attention_group(name: str, module: str, part: str | None, calls: list[str], fused: set[str]) -> str | None:
+    """Q/K or V/O of a Linear inside an attention module: by its fused part, by a name that says
+    which (`W_query`, `q_proj`, `c_k`: one module per head calls q, k, v per head, so the order alone
+    would not tell), else by its call order."""
     if part is not None:
         return "attention Q/K" if part in ("q", "k") else "attention V/O"
+    named = parameter_group(name)
+    if named in ("attention Q/K", "attention V/O"):
+        return named
     if module not in calls:
         return None
     if fused & set(calls):
@@ -93,7 +100,7 @@ def group_by_layout(model: nn.Module, layout: Layout, attention: list[str], call
         elif module is not None and _only_vectors(module) and _inside(owner, layout.blocks):
             out[name] = "norms"
         elif attn is not None and isinstance(module, nn.Linear):
-            group = _attention_group(owner, part, [c for c in calls if _inside(c, [attn])], fused)
+            group = _attention_group(name, owner, part, [c for c in calls if _inside(c, [attn])], fused)
             if group is not None:
                 out[name] = group
         elif isinstance(module, nn.Linear) and _inside(owner, layout.blocks):

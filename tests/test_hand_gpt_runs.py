@@ -164,3 +164,21 @@ def test_layer_labels_keep_layers_apart():
 def test_the_doctor_says_why_the_monitor_measured_no_activations(runs):
     said = diagnose.run(runs / "einsum_fn").not_checked["dead_units"]
     assert said == "not measured: the non-linearity is not a module (a function call) (run.json)", said
+
+
+def test_the_layout_agrees_with_the_names_where_the_names_know():
+    """Tutorial, packed-qkv and nanochat layouts (tests/any_model_kit.py), whose names the name patterns
+    were written for: the layout gives each parameter the same group, and where a name says nothing
+    (SplitGPT's attention output `out`) the layout still knows it: V/O."""
+    import any_model_kit as kit
+
+    from probes.update_groups import parameter_groups
+    from probes.update_report import parameter_group
+    for cls in (kit.PerHeadGPT, kit.BatchedGPT, kit.SplitGPT, kit.ChatGPT):
+        groups = parameter_groups(cls(), kit.tokens())
+        named = {n: parameter_group(n) for n in groups}
+        told_apart = {n for n, g in named.items() if g == "other"}
+        assert {n: g for n, g in groups.items() if n not in told_apart} == \
+            {n: g for n, g in named.items() if n not in told_apart}, cls.__name__
+        assert {groups[n] for n in told_apart} <= {"attention V/O"}, cls.__name__
+    assert parameter_groups(kit.SplitGPT(), kit.tokens())["h.1.attn.out.weight"] == "attention V/O"
