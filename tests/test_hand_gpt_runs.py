@@ -182,3 +182,10 @@ def test_the_layout_agrees_with_the_names_where_the_names_know():
             {n: g for n, g in named.items() if n not in told_apart}, cls.__name__
         assert {groups[n] for n in told_apart} <= {"attention V/O"}, cls.__name__
     assert parameter_groups(kit.SplitGPT(), kit.tokens())["h.1.attn.out.weight"] == "attention V/O"
+
+
+def test_a_spike_the_guard_rewound_is_told_by_its_rescue_not_twice(tmp_path):
+    records = losses([4.4, 30.0, 117.7, 3.5, 3.2, 3.1, 3.0])
+    records[2]["rescue"] = {"action": "rewind", "restored_step": 0}
+    found = divergence(write_run(tmp_path / "g", records, train={"steps": 7}))
+    assert found is None or "spiked" not in found.title, found

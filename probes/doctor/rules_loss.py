@@ -146,10 +146,11 @@ def rising_loss(h: RunHistory, t: DoctorThresholds, signals: list[tuple[int, str
 
 def spike_in(h: RunHistory, t: DoctorThresholds, key: str) -> list[Finding]:
     """A loss that climbed far above its first value (`spike_nats`) and came back below that line:
-    no NaN and no rise left at the end, yet the run nearly diverged (a warning). Steps the guard
-    rewound are not the run's."""
-    series = [(r["step"], v) for r in h.records if key in r and not rewound(r)
-              and math.isfinite(v := as_float(r[key]))]
+    no NaN and no rise left at the end, yet the run nearly diverged (a warning). A run the guard
+    rewound has its `rescued` findings for that: its blow-up is not told twice."""
+    if any(rewound(r) for r in h.records):
+        return []
+    series = [(r["step"], v) for r in h.records if key in r and math.isfinite(v := as_float(r[key]))]
     if len(series) < 3:
         return []
     first, name = series[0][1], key.replace("_", " ")
