@@ -35,8 +35,15 @@ def section(records: list[dict[str, Any]], marks: pd.DataFrame, model: dict[str,
     draw = lambda chart, where: show(charts.with_findings(chart, marks), where, stretch=True)  # noqa: E731
     optimiser(records, weight, mode, draw, left, right, steps)
     throughput(records, weight, mode, draw, left, right, steps)
-    mlp_health(records, draw, left, right, steps, model.get("act_fn"), model.get("activations"))
-    growth(records, draw, steps)
+    mlp_health(records, draw, left, right, steps, model.get("act_fn"), why_not(model, "activations"))
+    growth(records, draw, steps, model)
+
+
+def why_not(model: dict[str, Any], key: str) -> str:
+    """Why the run has no `key`: the reason the Monitor wrote in run.json's model ("not measured:
+    the non-linearity is not a module (a function call)"), else a run that predates it."""
+    said = model.get(key)
+    return f"{said} (run.json)" if isinstance(said, str) and said.startswith("not measured") else NOT_LOGGED
 
 
 def one_curve(records: list[dict[str, Any]], key: str, name: str, title: str, y: str, weight: float,
@@ -83,15 +90,14 @@ def throughput(records, weight, mode, draw, left, right, steps) -> None:
 SHARE_HEIGHT = 200  # px of a share chart's [0, 1] axis: series closer than 1 / SHARE_HEIGHT lie on one line
 
 
-def mlp_health(records, draw, left, right, steps, act_fn: str | None = None, why_not: Any = None) -> None:
+def mlp_health(records, draw, left, right, steps, act_fn: str | None = None, why_not: str | None = None) -> None:
     """Dead units and saturated activations per MLP layer, a line per layer named apart
     (`app.series.layer_labels`). A ReLU's "saturated" share is its outputs at exactly 0, which is
     sparsity, not saturation (a unit at 0 on some inputs still learns on others: the run doctor
     reads it so, and the training console's line says so): its chart is named for it. `why_not`:
     run.json's reason where they were not measured."""
     if not series.logged(records, "activations"):
-        reason = f"{why_not} (run.json)" if isinstance(why_not, str) and why_not else NOT_LOGGED
-        st.caption(f"Dead and saturated MLP units: {reason}")
+        st.caption(f"Dead and saturated MLP units: {why_not or NOT_LOGGED}")
         return
     labels = series.layer_labels({r["layer"] for r in series.per_layer(records, "activations", "dead")})
     relu = act_fn == "relu"
@@ -117,8 +123,9 @@ def mlp_health(records, draw, left, right, steps, act_fn: str | None = None, why
                "that cover each other are named under the chart's title.")
 
 
-def growth(records, draw, steps) -> None:
-    """The run doctor's logit-growth inputs: max attention logit per head, residual rms, max |logit|."""
+def growth(records, draw, steps, model: dict[str, Any]) -> None:
+    """The run doctor's logit-growth inputs: max attention logit per head, residual rms, max |logit|
+    (each unlogged one with run.json's reason where the Monitor gave one)."""
     heads = [{"step": r["step"], "layer": f"L{r['layer']}", "head": f"H{r['head']}", "max attention logit": r["value"]}
              for r in series.per_layer(records, "attn_logit_max")]
     positive = [r for r in heads if r["max attention logit"] > 0]  # a log axis has no room for <= 0
@@ -133,11 +140,12 @@ def growth(records, draw, steps) -> None:
         if len(positive) < len(heads):
             left.caption(f"{len(heads) - len(positive)} values at or below 0 are left off the log axis.")
     else:
-        left.caption(f"Largest attention score per head: {NOT_LOGGED if not heads else 'none above 0'}")
-    for rows, where, y, color, title in ((rms, mid, "residual rms", "layer", "residual stream rms per layer"),
-                                         (logit, right, "max |logit|", "curve", "largest |logit| of the output")):
+        left.caption(f"Largest attention score per head: {why_not(model, 'attention') if not heads else 'none above 0'}")
+    for rows, where, y, color, title, key in (
+            (rms, mid, "residual rms", "layer", "residual stream rms per layer", "resid_rms"),
+            (logit, right, "max |logit|", "curve", "largest |logit| of the output", "logit_max")):
         if rows:
             draw(charts.lines_over_steps(pd.DataFrame(rows), y, color, title, log=True, x_domain=steps,
                                          width=THIRD_PX), where)
         else:
-            where.caption(f"{title[0].upper() + title[1:]}: {NOT_LOGGED}")
+            where.caption(f"{title[0].upper() + title[1:]}: {why_not(model, key)}")
