@@ -64,10 +64,22 @@ def per_layer(records: list[dict[str, Any]], key: str, field: str | None = None)
 
 
 def layer_name(hook: str) -> str:
-    """A short legend name for an activation hook: blocks.0.mlp.hook_post_1 -> 'block 0 post_1'."""
+    """A short legend name for an activation hook, `blocks.0.mlp.hook_post_1` -> 'block 0 post_1',
+    or module of a model of one's own, `layers.1.ff.1` -> 'block 1 ff.1' (its first numbered part
+    is its block; the rest names it within the block)."""
     parts = hook.split(".")
-    name = parts[-1].removeprefix("hook_")
-    return f"block {parts[1]} {name}" if len(parts) > 2 and parts[0] == "blocks" else name
+    if parts[-1].startswith("hook_"):
+        name = parts[-1].removeprefix("hook_")
+        return f"block {parts[1]} {name}" if len(parts) > 2 and parts[0] == "blocks" else name
+    at = next((i for i, p in enumerate(parts[:-1]) if p.isdigit()), None)
+    return hook if at is None else f"block {parts[at]} {'.'.join(parts[at + 1:])}"
+
+
+def layer_labels(hooks: Any) -> dict[str, str]:
+    """{hook: legend name} by `layer_name`, each layer's its own: where two would share a name
+    (`encoder.0.ff.1` and `decoder.0.ff.1`), every layer keeps its full name."""
+    names = {h: layer_name(h) for h in sorted(hooks)}
+    return names if len(set(names.values())) == len(names) else {h: h for h in names}
 
 
 def ema(values: list[float], weight: float) -> list[float]:

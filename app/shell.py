@@ -11,6 +11,7 @@ sidebar picks a run, one of its snapshots and the text to probe; each page answe
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import sys
@@ -54,8 +55,37 @@ def typed_sources() -> list[data.Source]:
             return []
 
 
-def pick_text(run: data.Source) -> str:
+def default_text(path: Path | None, preset: str | None = None) -> str:
+    """The sidebar's first text: PAGE_TEXT where the snapshot's tokenizer encodes it, else the text of
+    what the snapshot read when it was saved (its first view's ids, or its saved sample's first row),
+    so that a run whose vocabulary lacks a character of PAGE_TEXT opens on every page without an
+    error. Read without torch."""
+    found = None if path is None else data.front(str(path), data.mtime(path), preset)
+    if found is None or found.tokenizer is None:
+        return PAGE_TEXT
+    try:
+        found.tokenizer.encode(PAGE_TEXT)
+        return PAGE_TEXT
+    except ValueError:
+        pass
+    view = data.first_view(str(path), data.mtime(path), preset)
+    try:
+        if view is not None and view.tokens:
+            return found.tokenizer.decode(view.tokens)
+        if found.kind == "any-model":
+            from models.store.any_files import read_readings
+            return found.tokenizer.decode([int(i) for i in read_readings(found.path, found.meta)["sample.tokens"][0]])
+    except (ValueError, OSError, KeyError, IndexError) as err:
+        logging.getLogger(__name__).info("%s: no saved text to open on (%s)", path, err)
+    return PAGE_TEXT
+
+
+def pick_text(run: data.Source, snapshot: Path | None = None) -> str:
     st.sidebar.markdown("**Text to probe**")
+    default = default_text(snapshot, run.preset)  # one the run's tokenizer encodes
+    if st.session_state.get("text", st.session_state.get("text_default")) == st.session_state.get("text_default"):
+        st.session_state["text"] = default  # untouched by the user: follow the run picked
+    st.session_state["text_default"] = default
     corpus = run_files.data_file(run.path) if run.is_run else None
     if run.is_run and corpus is None and run_files.recorded_data(run.path):
         st.sidebar.caption(f"The run's data file {run_files.recorded_data(run.path)} is not here, "
@@ -63,7 +93,7 @@ def pick_text(run: data.Source) -> str:
     if corpus is not None and st.sidebar.button("Random passage from the run's data", width="stretch"):
         st.session_state["seed"] = st.session_state.get("seed", 0) + 1
         st.session_state["text"] = run_files.random_passage(corpus, 240, st.session_state["seed"])
-    return st.sidebar.text_area("text", value=st.session_state.get("text", PAGE_TEXT), height=140,
+    return st.sidebar.text_area("text", height=140,  # its value: st.session_state["text"], set above
                                 key="text", label_visibility="collapsed",
                                 help="the first context window of this text is probed")
 
@@ -99,7 +129,7 @@ def sidebar() -> tuple[Selection | None, list[data.Source]]:
     follow_step(key, names)
     name = st.sidebar.select_slider("snapshot", names, key=key, help=FOLLOWS_NEWEST) \
         if len(names) > 1 else names[0]
-    return Selection(chosen, snaps[names.index(name)], pick_text(chosen), sources), sources
+    return Selection(chosen, snaps[names.index(name)], pick_text(chosen, snaps[names.index(name)]), sources), sources
 
 
 def follow_requests(sources: list[data.Source], typed: list[data.Source]) -> None:

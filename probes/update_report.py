@@ -71,6 +71,21 @@ def parameter_group(name: str) -> str:
     return "other"
 
 
+def group_of(name: str, layout_groups: Mapping[str, str] | None = None) -> str:
+    """The group the run's layout gave the parameter (run.json's `model.parameter_groups`, which
+    the Monitor writes for a model it read through the tap: `probes.update_groups`), else its
+    name's (`parameter_group`)."""
+    group = (layout_groups or {}).get(name)
+    return group if group in GROUPS else parameter_group(name)
+
+
+def layout_groups_of(info: Mapping[str, Any] | None) -> dict[str, str]:
+    """run.json's `model.parameter_groups` ({} where it has none, or not as a {name: group} map)."""
+    model = (info or {}).get("model") if isinstance(info, Mapping) else None
+    groups = model.get("parameter_groups") if isinstance(model, Mapping) else None
+    return {k: v for k, v in groups.items() if isinstance(v, str)} if isinstance(groups, Mapping) else {}
+
+
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
@@ -118,6 +133,7 @@ class UpdateReport:
     lr: float | None = None
     span: int | None = None  # optimizer steps between the two snapshots (source "between")
     text: str | None = None  # the text the step read, as the CLI describes it (source "step")
+    layout_groups: Mapping[str, str] | None = None  # run.json's parameter_groups: decided before the names
     group_of: dict[str, str] = field(init=False)
     flags: dict[str, list[str]] = field(init=False)
     groups: dict[str, dict[str, Any]] = field(init=False)  # {group: {median_log10_u, parameters}}
@@ -130,7 +146,7 @@ class UpdateReport:
         self.parameters = {name: {**{k: row.get(k) for k in STATS},
                                   "log10_u": log10_or_none(row.get("u"))}
                            for name, row in self.parameters.items()}
-        self.group_of = {name: parameter_group(name) for name in self.parameters}
+        self.group_of = {name: group_of(name, self.layout_groups) for name in self.parameters}
         self.flags = {name: f for name, row in self.parameters.items() if (f := row_flags(row, self.band))}
         self.groups = self._groups()  # computed once: format, summary and charts read them often
         medians = [g["median_log10_u"] for g in self.groups.values() if g["median_log10_u"] is not None]

@@ -40,7 +40,8 @@ def named_trainable(model: nn.Module, grads: bool = False) -> dict[str, torch.Te
     return {strip_wrapper_prefix(n): t for n, t in rows.items()}
 
 
-PACKED_QKV = ("c_attn", "qkv", "query_key_value", "Wqkv", "qkv_proj")  # GPT-2, tutorials, GPT-NeoX, MPT, Phi-3
+PACKED_QKV = ("c_attn", "qkv", "query_key_value", "wqkv", "qkv_proj")  # GPT-2, tutorials, GPT-NeoX, MPT (Wqkv), Phi-3
+# (compared in lower case: MPT's Wqkv, InternLM's and hand-written Llamas' wqkv)
 HEAD_INTERLEAVED = ("gpt_neox", "bloom")  # query_key_value rows as [head (q k v) d_head], not [(q k v) head d_head]
 
 
@@ -56,7 +57,7 @@ def split_packed_qkv(model: nn.Module, rows: dict[str, Any]) -> dict[str, Any]:
         last = prefix.rsplit(".", 1)[-1]
         if isinstance(module, nn.MultiheadAttention) and getattr(module, "in_proj_weight", None) is not None:
             packed.update({f"{prefix}.in_proj_weight": ("weight", 0, 0), f"{prefix}.in_proj_bias": ("bias", 0, 0)})
-        elif last in PACKED_QKV and isinstance(getattr(module, "weight", None), torch.Tensor):
+        elif last.lower() in PACKED_QKV and isinstance(getattr(module, "weight", None), torch.Tensor):
             conv1d = type(module).__name__ == "Conv1D"  # transformers.pytorch_utils.Conv1D
             heads = _heads_of(model) if interleaved and last == "query_key_value" else 0
             packed.update({f"{prefix}.weight": ("weight", -1 if conv1d else 0, heads),

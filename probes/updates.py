@@ -45,7 +45,7 @@ from models.loss import lm_loss, lm_loss_terms
 from probes.args import updates_parser as build_parser
 from probes.common import (ProbeInputError, lm_windows, model_device, print_json,
                            run_cli, token_batches)
-from probes.update_report import GROUPS, TARGET_BAND, UpdateHistory, UpdateReport, parameter_group
+from probes.update_report import GROUPS, TARGET_BAND, UpdateHistory, UpdateReport, layout_groups_of, parameter_group
 from probes.update_rows import lr_by_name, named_trainable, packed_name, snapshot_params, strip_wrapper_prefix
 
 log = logging.getLogger(__name__)
@@ -208,9 +208,16 @@ def _gwu_records(run_dir: Path) -> list[dict[str, Any]]:
 def from_run(run_dir: str | Path, step: int | None = None, *,
              band: tuple[float, float] = TARGET_BAND) -> UpdateReport | UpdateHistory:
     """What training logged: the report at `step`, or (step None) the history of every logged step."""
-    history = UpdateHistory([UpdateReport.from_table(r["gwu"], band=band, step=int(r["step"]),
-                                                     source="run", lr=r.get("lr"))
-                             for r in _gwu_records(Path(run_dir))])
+    from models.store.run import read_run_json
+
+    records = _gwu_records(Path(run_dir))
+    try:
+        groups = layout_groups_of(read_run_json(Path(run_dir)))  # the layout the Monitor found, if any
+    except ValueError:  # an unreadable run.json: the names alone group (its own reader says why)
+        groups = {}
+    history = UpdateHistory([UpdateReport.from_table(r["gwu"], band=band, step=int(r["step"]), source="run",
+                                                     lr=r.get("lr"), layout_groups=groups)
+                             for r in records])
     return history if step is None else history.at(step)
 
 

@@ -118,10 +118,21 @@ class Monitor:
         self.plan = plan(self.model)
         try:
             self.tapped_model = dims(self.plan, self.eval_tokens, autocast)
+            self.tapped_model["parameter_groups"] = self._groups_by_layout()
         except (IndexError, RuntimeError, ValueError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ValueError(f"Monitor: the {type(self.model).__name__} failed on eval_tokens of shape "
                              f"{list(self.eval_tokens.shape)}: {first}") from None
+
+    def _groups_by_layout(self) -> dict[str, str]:
+        """Each parameter's g/w/u group from the layout found (`probes.update_groups`); {} where
+        it cannot be found, as where the tap reads no attention (the name patterns judge then)."""
+        from probes.update_groups import parameter_groups
+        try:
+            return parameter_groups(self.model, self.eval_tokens.to(next(self.model.parameters()).device))
+        except (ValueError, RuntimeError, IndexError) as err:  # TapError is a ValueError
+            logging.getLogger("train.monitor").info("parameter groups by name only: %s", err)
+            return {}
 
     def _open(self, run_info: dict[str, Any] | None, lock: bool) -> None:
         """Open the run directory (`train.monitor_open.open_run`), then hook the optimizer."""

@@ -45,7 +45,7 @@ def body(sel: Selection, follow: bool = False) -> None:
     entropy_over_steps(records, marks, run_files.trained_context(sel.run.path))
     updates_over_steps(sel, marks)
     model = run_files.run_info(sel.run.path).get("model")
-    signals.section(records, marks, model.get("act_fn") if isinstance(model, dict) else None)
+    signals.section(records, marks, model)
 
 
 def entropy_rows(records: list[dict]) -> tuple[list[dict], list[tuple[int, int]]]:

@@ -30,12 +30,19 @@ def render(sel: Selection) -> None:
     samples(sel, snap.config)
 
 
+TOKENS_UNTOLD = ("this run did not count the tokens it trained on: give the Monitor the tokens of one step, "
+                 "Monitor(..., tokens_per_step=batch_size * context)")
+
+
 def model_facts(snap) -> None:
     n_params = sum(p.numel() for p in snap.model.parameters())
     cols = st.columns(4)
     cols[0].metric("parameters", f"{n_params:,}")
     cols[1].metric("step", "-" if snap.step is None else f"{snap.step:,}")
-    cols[2].metric("tokens seen", "-" if snap.tokens_seen is None else f"{snap.tokens_seen / 1e6:.2f}M")
+    if snap.tokens_seen is None or (snap.tokens_seen == 0 and (snap.step or 0) > 0):  # 0 after steps: never counted
+        cols[2].metric("tokens seen", "not logged", help=TOKENS_UNTOLD)
+    else:
+        cols[2].metric("tokens seen", f"{snap.tokens_seen / 1e6:.2f}M")
     tok = snap.tokenizer
     cols[3].metric("tokenizer", "none" if tok is None else f"{tok.kind} ({tok.vocab_size})")
     broken = snap.nonfinite_params()

@@ -10,7 +10,7 @@ import statistics
 from typing import Any
 
 from probes.doctor.finding import (MAKEMORE_ACTIVATIONS, MAKEMORE_UPDATES, SERIES_ADAM, SERIES_ATTENTION,
-                                   WORTSMAN, ZHAI, Finding, rule)
+                                   WORTSMAN, ZHAI, Finding, NotChecked, rule)
 from probes.doctor.run_history import RunHistory, as_float
 from probes.doctor.signals import first_nonfinite, later_half_medians, layer_values, ten_fold, update_report
 from probes.doctor.thresholds import DoctorThresholds
@@ -183,7 +183,8 @@ def output_logit_growth(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
 
 # ------------------------------------------------------------------ update ratios
 
-BLOCK = re.compile(r"^blocks\.(\d+)\.")
+# a parameter's block: its name's first numbered part (ours `blocks.0.`, `layers.0.`, `h.0.`, `trf_blocks.0.`)
+BLOCK = re.compile(r"^(?:[A-Za-z_]\w*\.)+?(\d+)\.")
 MIN_WINDOW = 3  # logged g/w/u steps in the later half before the Q/K gap is judged
 
 
@@ -300,9 +301,12 @@ def slow_qk(h: RunHistory, reports: list[UpdateReport], window: list[UpdateRepor
 def activations(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     logged = [r for r in before_nonfinite(h) if isinstance(r.get("activations"), dict) and r["activations"]]
     if not logged:
+        why = (h.info.get("model") or {}).get("activations") if isinstance(h.info.get("model"), dict) else None
+        if isinstance(why, str) and why.startswith("not measured"):  # the Monitor said why (run.json)
+            raise NotChecked(f"{why} (run.json)")
         raise h.not_logged("activation health", "no activation health in metrics.jsonl (no eval steps, or a "
                          "run trained before it was logged)")
-    act_fn = h.model.get("act_fn", "relu")
+    act_fn = h.model.get("act_fn", "relu")  # our configs and older runs: ReLU unless they say; a Monitor's: what it found
     last = {layer: (as_float(s.get("dead")), as_float(s.get("saturated")))
             for layer, s in logged[-1]["activations"].items() if isinstance(s, dict)}
     history = [(r["step"], r["activations"]) for r in logged]
@@ -333,12 +337,15 @@ def dead_finding(dead: dict[str, float], last: dict[str, tuple[float, float]], a
         "dead_units", "warning" if dead[worst] >= t.dead_warning else "info",
         f"{worst}: {share:.0%} of units dead (never active on the eval batch){zero_text}{more(dead)}",
         step=min(since(history, l, "dead", t.dead_info) for l in dead), where=tuple(dead),
-        evidence={"dead_share": share, **({"zero_share": zeros} if relu else {}), "act_fn": act_fn,
-                  **{f"dead {l}": d for l, d in dead.items() if l != worst}},
+        evidence={"dead_share": share, **({"zero_share": zeros} if relu else {}),
+                  "act_fn": act_fn or "not recorded", **{f"dead {l}": d for l, d in dead.items() if l != worst}},
         cause="units whose input never turns positive get no gradient and never come back (dead "
-              "ReLUs): the layer works with less than its width",
-        fix="lower the learning rate or fix the init (Kaiming: std = gain / sqrt(fan_in)); a "
-            f"smoother activation (GELU: {gelu}) keeps units alive",
+              "ReLUs): the layer works with less than its width" if act_fn == "relu" else
+              f"units whose input stays far below zero output ~0 and pass almost no gradient back "
+              f"({act_fn or 'the activation run.json records is unknown'}): the layer works with less than its width",
+        fix="lower the learning rate or fix the init (Kaiming: std = gain / sqrt(fan_in))" + (
+            f"; a smoother activation (GELU: {gelu}) keeps units alive" if act_fn == "relu" else
+            "; normalise the MLP's input so its pre-activations stay near zero"),
         reference=MAKEMORE_ACTIVATIONS, page="dynamics")
 
 
@@ -371,7 +378,7 @@ def saturated_finding(flat: dict[str, float], act_fn: str, history: list[tuple[i
     worst = max(flat, key=flat.get)
     return Finding(
         "saturated_units", "warning" if flat[worst] >= t.saturated_warning else "info",
-        f"{worst}: {flat[worst]:.0%} of {act_fn} activations in the flat tail{more(flat)}",
+        f"{worst}: {flat[worst]:.0%} of {act_fn or 'its'} activations in the flat tail{more(flat)}",
         step=min(since(history, l, "saturated", t.saturated_info) for l in flat), where=tuple(flat),
         evidence={"saturated_share": flat[worst], "act_fn": act_fn,
                   **{f"saturated {l}": v for l, v in flat.items() if l != worst}},

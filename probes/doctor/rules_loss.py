@@ -13,6 +13,7 @@ from probes.doctor.finding import (MAKEMORE_INIT, MAKEMORE_SPLITS, PASCANU, SERI
                                    NotChecked, rule)
 from probes.doctor.log_file import LOSS_KINDS
 from probes.doctor.run_history import RunHistory, as_float, is_finite
+from probes.doctor.rescues import rewound
 from probes.doctor.signals import first_nonfinite, growth_signals, max_group_log10_u, max_value
 from probes.doctor.thresholds import DoctorThresholds
 
@@ -44,7 +45,8 @@ def ended(h: RunHistory) -> bool:
     steps = h.train_config("steps")
     if h.upto is not None:
         return False
-    return h.last_step >= steps if isinstance(steps, int) and steps > 0 else True
+    # `steps` steps counted from 0 end at step steps - 1 (a Monitor's loop); ours log step == steps
+    return h.last_step >= steps - 1 if isinstance(steps, int) and steps > 0 else True
 
 
 # ------------------------------------------------------------------ the initial loss
@@ -56,12 +58,7 @@ def init_loss(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
         raise h.not_logged("vocab size", "no d_vocab in run.json or a snapshot's config.json")
     if h.loss_kind != "cross_entropy":
         raise not_nats(h, "so not against ln(vocab)")
-    start = next((r for r in h.records if r["step"] == 0 and "val_loss" in r), None)
-    key = "val_loss"
-    if start is None:  # no eval at step 0: a train loss over step 0 alone (--log-every 1) will do
-        start, key = next((r for r in h.records if r["step"] == 1 and "train_loss" in r), None), "train_loss"
-        if start is None or h.train_config("log_every") != 1:
-            raise NotChecked("not enough data: no loss logged at step 0")
+    start, key, which = initial_loss(h)
     loss = as_float(start[key])
     if not math.isfinite(loss):
         return []  # the divergence rule reports a loss that is non-finite from the start
@@ -71,14 +68,29 @@ def init_loss(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
         return []
     return [Finding(
         "init_loss_high", "warning" if excess > t.init_excess_warning else "info",
-        f"initial loss {loss:.2f} is {excess:.2f} nats above ln({d_vocab}) = {expected:.2f}",
+        f"initial loss {loss:.2f} ({which}) is {excess:.2f} nats above ln({d_vocab}) = {expected:.2f}",
         step=start["step"], where=("output logits at init",),
-        evidence={"initial_loss": loss, "expected_ln_vocab": expected, "excess_nats": excess},
+        evidence={"initial_loss": loss, "measured": which, "expected_ln_vocab": expected, "excess_nats": excess},
         cause="the logits at init are far from zero, so the model starts confidently wrong and its "
               "first steps are spent shrinking them (makemore's hockey-stick loss)",
         fix=f"initialise the output layer small ({h.flag('--set unembed_init_scale=0.01')}: its weights "
             "x 0.01, its bias zero) so the first predictions are near uniform",
         reference=MAKEMORE_INIT, page="overview")]
+
+
+def initial_loss(h: RunHistory) -> tuple[dict[str, Any], str, str]:
+    """(record, key, what it is) of the loss before any update: the train loss at step 0 (the
+    first batch's loss, computed before its step; an eval logged at step 0 may come after that
+    step, as a Monitor's loop measures it), else the val loss at step 0, else the train loss at
+    step 1 where every step is logged (the first step of a loop counting from 1)."""
+    at = {(r["step"], k): r for r in h.records for k in ("train_loss", "val_loss") if k in r and r["step"] <= 1}
+    if (0, "train_loss") in at:
+        return at[0, "train_loss"], "train_loss", "the train loss at step 0, before any update"
+    if (0, "val_loss") in at:
+        return at[0, "val_loss"], "val_loss", "the val loss at step 0"
+    if (1, "train_loss") in at and h.train_config("log_every") == 1:
+        return at[1, "train_loss"], "train_loss", "the train loss at step 1, the first logged"
+    raise NotChecked("not enough data: no loss logged at step 0")
 
 
 # ------------------------------------------------------------------ divergence
@@ -129,7 +141,37 @@ def rising_loss(h: RunHistory, t: DoctorThresholds, signals: list[tuple[int, str
         found = rise_in(h, t, signals, key, finite_series(h, key))
         if found:
             return found
-    return []
+    return spike_in(h, t, "train_loss") or spike_in(h, t, "val_loss")
+
+
+def spike_in(h: RunHistory, t: DoctorThresholds, key: str) -> list[Finding]:
+    """A loss that climbed far above its first value (`spike_nats`) and came back below that line:
+    no NaN and no rise left at the end, yet the run nearly diverged (a warning). A run the guard
+    rewound has its `rescued` findings for that: its blow-up is not told twice."""
+    if any(rewound(r) for r in h.records):
+        return []
+    series = [(r["step"], v) for r in h.records if key in r and math.isfinite(v := as_float(r[key]))]
+    if len(series) < 3:
+        return []
+    first, name = series[0][1], key.replace("_", " ")
+    line = first + (t.spike_nats if h.loss_kind == "cross_entropy" else t.spike_fraction * abs(first))
+    above = [(s, v) for s, v in series[1:] if v > line]
+    if not above:
+        return []
+    peak_step, peak = max(above, key=lambda sv: sv[1])
+    back = next(((s, v) for s, v in series if s > peak_step and v <= line), None)
+    if back is None:
+        return []  # still up there at the end: rise_in's (or the run is short of points to say)
+    last_step, last = series[-1]
+    return [Finding(
+        "divergence", "warning", f"the {name} spiked: {first:.2f} at step {series[0][0]} -> {peak:.2f} at step "
+        f"{peak_step}, back to {back[1]:.2f} by step {back[0]} (it ended at {last:.2f})", step=above[0][0],
+        where=(name,),
+        evidence={"first_loss": first, "peak_loss": peak, "peak_step": peak_step, "back_step": back[0],
+                  "last_loss": last, "spike_nats": peak - first},
+        cause="the updates were too large for the loss surface: steps overshot far enough to lose what the "
+              "model knew, and it had to learn again (a larger spike is a divergence)",
+        fix=divergence_fix(h), reference=f"{SERIES_RMSNORM}; {WORTSMAN}", page="dynamics")]
 
 
 def memorising(h: RunHistory, t: DoctorThresholds) -> bool:

@@ -14,7 +14,7 @@ from probes.doctor.run_history import RunHistory, as_float, is_finite
 from probes.doctor.thresholds import DoctorThresholds
 from probes.doctor.update_scale import adjusted_table
 from probes.timeline import uniform_series_entropy
-from probes.update_report import UpdateReport
+from probes.update_report import UpdateReport, layout_groups_of
 
 __all__ = ["first_nonfinite", "growth_signals", "layer_values", "max_group_log10_u", "max_value",
            "skipped_steps", "update_report"]
@@ -50,7 +50,8 @@ def update_report(h: RunHistory, record: dict[str, Any]) -> UpdateReport | None:
         return None
     key = ("gwu", record["step"])
     if key not in h.cache:
-        h.cache[key] = UpdateReport.from_table(adjusted_table(h.info, table), step=record["step"])
+        h.cache[key] = UpdateReport.from_table(adjusted_table(h.info, table), step=record["step"],
+                                               layout_groups=layout_groups_of(h.info))
     return h.cache[key]
 
 

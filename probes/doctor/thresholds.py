@@ -72,6 +72,10 @@ class DoctorThresholds:
     least (a 6-step stretch of a 60-step run is noise); the train loss is judged through the median
     of its last five values, not one lucky batch. A loss within ten tolerances of zero (0.05 nats:
     a classifier at 0.004) has converged, with nothing left to gain: no plateau.
+    spike_nats=3.0, spike_fraction=1.0: a loss that climbed this far above its first value (three
+    nats, a twentyfold worse likelihood; a loss not in nats: double its first value) and came back
+    down is a spike (divergence, warning): a hand-written Llama at lr 1 went 4.4 -> 117.7 -> 3.2.
+    A step's noise never does that: a healthy run's loss stays below its first value after step 1.
     uniform_margin=0.05 (of ln(vocab)): a loss that never got this far below ln(vocab) (nor
     not_learning_nats) learned nothing: 0.54 nats at GPT-2's 50257 tokens, where text's unigram
     entropy is ~7.5 nats, 0.21 at 65 characters (unigram ~3.3). A share, not nats: the Trainer
@@ -113,3 +117,5 @@ class DoctorThresholds:
     plateau_min_steps: int = 20
     lr_decayed: float = 0.1
     uniform_margin: float = 0.05
+    spike_nats: float = 3.0
+    spike_fraction: float = 1.0

@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from probes.update_report import parameter_group
+from probes.update_report import group_of, layout_groups_of
 
 __all__ = ["AUX_ADAM_LR", "MUON_LR", "adjusted_table", "kinds_of", "optimizer_evidence"]
 
@@ -102,12 +102,13 @@ def healthy_step_orders(step: float, w: Any) -> float | None:
     return math.log10(step / w) - REFERENCE
 
 
-def aux_adam_role(beside_muon: bool, name: str, kind: str | None) -> str | None:
-    """The role (the parameter's group) of a parameter Adam updates in a run where Muon updates
-    others (`beside_muon`); None otherwise."""
+def aux_adam_role(beside_muon: bool, name: str, kind: str | None,
+                  layout_groups: dict[str, str] | None = None) -> str | None:
+    """The role (the parameter's group: the run's layout's, else its name's) of a parameter Adam
+    updates in a run where Muon updates others (`beside_muon`); None otherwise."""
     if kind not in ("adam", "adamw") or not beside_muon:
         return None
-    return parameter_group(name)
+    return group_of(name, layout_groups)
 
 
 def adjusted_table(info: dict[str, Any], table: dict[str, Any]) -> dict[str, Any]:
@@ -118,11 +119,12 @@ def adjusted_table(info: dict[str, Any], table: dict[str, Any]) -> dict[str, Any
     if not kinds and whole in (None, *SAME_AS_ADAM):
         return table
     beside_muon = "muon" in kinds.values()  # once per table, not per parameter
+    layout = layout_groups_of(info) if beside_muon else {}
     out = {}
     for name, row in table.items():
         kind = kinds.get(name, whole)
         u = row.get("u") if isinstance(row, dict) else None
-        moved = offset(kind, shapes.get(name), row.get("w"), aux_adam_role(beside_muon, name, kind)) \
+        moved = offset(kind, shapes.get(name), row.get("w"), aux_adam_role(beside_muon, name, kind, layout)) \
             if isinstance(u, (int, float)) else None
         out[name] = row if not moved else {**row, "u": u / 10 ** moved}
     return out
