@@ -100,3 +100,21 @@ def test_the_tuned_lens_trains_and_reads_on_a_users_gpt_with_its_code_and_says_o
         assert read["tuned_lens"]["kl_to_final"][-1] == pytest.approx(read["logit_lens"]["kl_to_final"][-1], abs=1e-6)
         lens = tuned_lens.TunedLens(model)  # identity translators: exactly the logit lens
         assert lens.d_model == 32 and lens.n_translators == 2
+
+
+def test_a_tied_table_is_counted_once_with_and_without_the_code(runs, capsys):
+    from models import info
+    from models.checkpoint import load_checkpoint
+    from models.layout import parameter_count
+
+    run, model = runs["LlamaGPT"]
+    v, d = CHARS.vocab_size, 32
+    by_hand = v * d + 2 * (2 * d + 3 * d * d + d * d + 3 * (2 * d * d)) + d  # table once, 2 blocks, final norm
+    assert parameter_count(model) == by_hand
+    for code in ([], ["--model-code", f"{KIT}:LlamaGPT"]):
+        assert info.main(["--ckpt", str(run), "--json", *code]) == 0
+        assert json.loads(capsys.readouterr().out)["n_params"] == by_hand, code  # was by_hand + v * d without code
+    saved = load_checkpoint(run).model  # what the Overview counts: the tied copy read back once
+    assert type(saved).__name__ == "SavedModel" and parameter_count(saved) == by_hand
+    einsum, _ = runs["EinsumGPT"]  # untied: both tables count
+    assert parameter_count(load_checkpoint(einsum).model) == parameter_count(runs["EinsumGPT"][1])

@@ -31,7 +31,8 @@ def render(sel: Selection) -> None:
 
 
 def model_facts(snap) -> None:
-    n_params = sum(p.numel() for p in snap.model.parameters())
+    from models.layout import parameter_count  # the model is loaded here: torch is too
+    n_params = parameter_count(snap.model)
     cols = st.columns(4)
     cols[0].metric("parameters", f"{n_params:,}")
     cols[1].metric("step", "-" if snap.step is None else f"{snap.step:,}")
