@@ -75,8 +75,12 @@ def steps(m: Monitor, numbers, vocab: int = 20) -> None:
 
 
 def test_a_users_tokenizer_is_saved_as_data_and_reads_back_with_its_own_ids(tmp_path):
-    cases = {"both dicts": MyCharTokenizer(TEXT), "a list": MyCharTokenizer(TEXT, "list"),
-             "id_to_piece": MyCharTokenizer(TEXT, "pieces"), "tiktoken": tiny_tiktoken()}
+    from train.monitor_tokenizer import saveable_tokenizer
+
+    for table in ("list", "pieces"):  # the vocabulary read from a list, or from id_to_piece and vocab_size
+        ours = saveable_tokenizer(MyCharTokenizer(TEXT, table), 20)
+        assert ours.encode(TEXT) == MyCharTokenizer(TEXT).encode(TEXT) and ours.decode(ours.encode(TEXT)) == TEXT
+    cases = {"both dicts": MyCharTokenizer(TEXT), "tiktoken": tiny_tiktoken()}
     for name, user in cases.items():
         vocab = 300 if name == "tiktoken" else 20
         out = tmp_path / name.replace(" ", "_")
