@@ -78,10 +78,7 @@ class Monitor:
             self._plan_tap(autocast)
         from train.monitor_tokenizer import saveable_tokenizer  # models.tokenizers only when one is given
         self.tokenizer = None if tokenizer is None else saveable_tokenizer(
-            tokenizer, getattr(self.config, "d_vocab", None) or (self.tapped_model or {}).get("d_vocab"))
-        if tokenizer is not None and not save_every:
-            log.warning("monitor: tokenizer= is saved with each snapshot, and save_every=0 saves none (only a "
-                        "call to Monitor.save(step) would)")
+            tokenizer, getattr(self.config, "d_vocab", None) or (self.tapped_model or {}).get("d_vocab"), save_every)
         self._eval = (None if self.eval_tokens is None else
                       EvalReadings(self.model, self.config, self.eval_tokens, self.plan, autocast))
         self.any_saver = None  # its snapshots: the weights, its layout and what the probes read of it

@@ -20,6 +20,7 @@ logits, a tokenizer whose saved file does not read back), each in one line namin
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from typing import Any
@@ -29,6 +30,8 @@ from models.tokenizers import CharTokenizer, GPT2BPETokenizer, load_tokenizer
 
 __all__ = ["saveable_tokenizer"]
 
+log = logging.getLogger("train.monitor")  # said as the Monitor's own lines are
+
 CHECK_TEXT = "Hello, world! It's 2024: naïve café — ok?\n  twice  spaced\tend"
 
 
@@ -36,11 +39,15 @@ def refuse(why: str) -> ValueError:
     return ValueError(f"Monitor: tokenizer= {why}")
 
 
-def saveable_tokenizer(tokenizer: Any, d_vocab: int | None) -> Tokenizer | None:
+def saveable_tokenizer(tokenizer: Any, d_vocab: int | None, save_every: int = 1) -> Tokenizer | None:
     """One of ours holding what `tokenizer` does, saved and read back once here; ValueError (one
-    line) for what a snapshot cannot save as data, or for more ids than the model's d_vocab logits."""
+    line) for what a snapshot cannot save as data, or for more ids than the model's d_vocab logits.
+    With save_every=0 nothing saves it: a warning says so (Monitor.save(step) still can)."""
     if tokenizer is None:
         return None
+    if not save_every:
+        log.warning("monitor: tokenizer= is saved with each snapshot, and save_every=0 saves none (only a "
+                    "call to Monitor.save(step) would)")
     ours = as_ours(tokenizer)
     if d_vocab is not None and ours.vocab_size > d_vocab:
         raise refuse(f"has {ours.vocab_size} ids, more than the model's {d_vocab} logits: text would encode to ids "
