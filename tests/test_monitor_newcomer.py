@@ -150,3 +150,21 @@ def test_a_log_call_that_took_no_step_records_no_step_time(tmp_path):
     assert "step_time_ms" in records[2] and "step_time_ms" in records[4]
     assert "step_time_ms" not in records[5] and records[5]["val_loss"] == 1.0
     assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 5
+
+
+def test_the_guards_stop_leaves_no_snapshot_of_the_stopped_step(tmp_path):
+    """The guard's stop saves the state it restored (step 50, taken at its calm check); the Monitor
+    it closes then saves nothing under step 78, whose weights the model no longer holds."""
+    m = monitor(tmp_path, None, save_every=1000, guard=True)  # the guard's defaults: a state kept every 50 steps
+    net, bad = m.model, {62, 70, 78}  # three NaN losses: two rescues, then the stop
+    with pytest.raises(SystemExit), m:
+        for step in range(100):
+            x = torch.randint(0, 20, (2, 17), generator=torch.Generator().manual_seed(step))  # [batch pos+1]
+            loss = F.cross_entropy(net(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+            m.optimizer.zero_grad()
+            loss.backward()
+            m.optimizer.step()
+            m.log(step, train_loss=float("nan") if step in bad else loss.item())
+    assert [p.name for p in list_snapshots(tmp_path / "run")] == ["step_000000", "step_000050"]
+    saved = load_checkpoint(tmp_path / "run" / "step_000050").model.state_dict()
+    assert all(torch.equal(saved[k], v) for k, v in net.state_dict().items())  # what the model holds now

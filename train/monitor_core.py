@@ -102,7 +102,7 @@ class Monitor:
         self._pending_steps = self._written_steps = 0  # the count when the pending / last written record began
         self._last_logged: int | None = None  # the step of the last log call: its snapshot is saved at close
         self._last_saved: int | None = None
-        self._closing_on_error = False
+        self._closing_on_error = self._judged = False  # _judged: inside the guard's look at a step
         self._said_no_internals = False
         self._pending_internals: Any = None  # the pending record's internals, coming from the device
         self.first_nonfinite_step: int | None = None  # the first step whose train_loss was NaN/inf
@@ -259,9 +259,14 @@ class Monitor:
         a val_loss always makes a record: evaluations are rare, and each one counts."""
         step, scalars = self._checked(step, scalars)
         self._follow(step)
+        if self.guard is not None:
+            self._last_logged, self._judged = None, True  # its stop saves the state it restored, not this step
+            try:
+                if monitor_log(self, step, scalars):
+                    return  # trouble: the step's record holds the guard's rescue (train.rescue_monitor)
+            finally:
+                self._judged = False
         self._last_logged = step
-        if self.guard is not None and monitor_log(self, step, scalars):
-            return  # trouble: the step's record holds the guard's rescue (train.rescue_monitor)
         pending = self._pending
         if not self.due(step) and "val_loss" not in scalars and (pending is None or step != pending["step"]):
             loss = scalars.get("train_loss")
@@ -285,7 +290,8 @@ class Monitor:
         step, scalars = self._checked(step, scalars)
         if self._steps_since_log:  # called directly, not from log()
             self._follow(step)
-        self._last_logged = step
+        if not self._judged:
+            self._last_logged = step
         values = {name: value for name, value in ((n, number(n, v)) for n, v in scalars.items()) if value is not None}
         if self._pending is not None and step != self._pending["step"]:
             self.flush()
