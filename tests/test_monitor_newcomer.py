@@ -52,6 +52,16 @@ def tiny_tiktoken():
                              special_tokens={"<|endoftext|>": len(ranks)})
 
 
+def word_tokenizers() -> tuple:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    table = {w: i for i, w in enumerate(["the", "king", "and", "queen", "[UNK]"])}
+    backend = Tokenizer(models.WordLevel(table, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return backend, PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
 def model(vocab: int = 20) -> EinsumGPT:
     torch.manual_seed(0)
     return EinsumGPT(vocab=vocab, d=16, n_heads=2, n_layers=1, context=16)
@@ -80,6 +90,10 @@ def test_a_users_tokenizer_is_saved_as_data_and_reads_back_with_its_own_ids(tmp_
     for table in ("list", "pieces"):  # the vocabulary read from a list, or from id_to_piece and vocab_size
         ours = saveable_tokenizer(MyCharTokenizer(TEXT, table), 20)
         assert ours.encode(TEXT) == MyCharTokenizer(TEXT).encode(TEXT) and ours.decode(ours.encode(TEXT)) == TEXT
+    words = word_tokenizers()  # a tokenizers.Tokenizer and the Hugging Face fast tokenizer around it
+    for user in words:
+        ours = saveable_tokenizer(user, 20)
+        assert ours.kind == "gpt2" and ours.encode("the king and the queen") == [0, 1, 2, 0, 3]
     cases = {"both dicts": MyCharTokenizer(TEXT), "tiktoken": tiny_tiktoken()}
     for name, user in cases.items():
         vocab = 300 if name == "tiktoken" else 20
