@@ -32,6 +32,7 @@ import torch
 from models import PRESETS, build_model, get_preset
 from models.checkpoint import load_from_args, save_snapshot
 from models.cli import run_cli
+from models.layout import parameter_count
 from models.parsers import CHAR_ALPHABET, DEFAULT_SEQ_LEN, SHAKESPEARE_CHARS  # noqa: F401  (re-exported)
 from models.parsers import info_parser as build_parser
 from models.store.any_model import SavedModel
@@ -88,7 +89,7 @@ def describe(model: torch.nn.Module, name: str, *, hooks: bool = True, seq_len: 
     TransformerBridge's or nanochat's shape in our words); ours by default."""
     cfg = config if config is not None else model.cfg
     info: dict[str, Any] = {"name": name, "family": cfg.family, "config": cfg.to_dict(),
-                            "n_params": sum(p.numel() for p in model.parameters()), **(extra or {})}
+                            "n_params": parameter_count(model), **(extra or {})}
     if hooks:
         tokens = dummy_tokens(cfg, seq_len)
         info["dummy_input_shape"] = list(tokens.shape)

@@ -33,7 +33,7 @@ from torch import nn
 from models.tap import eval_pass, logits_of
 from models.tap_inputs import forward_inputs
 
-__all__ = ["Layout", "FUNCTION_NORMS", "UNEMBED_NAMES", "find_layout", "first_tensor", "layout_of",
+__all__ = ["Layout", "parameter_count", "FUNCTION_NORMS", "UNEMBED_NAMES", "find_layout", "first_tensor", "layout_of",
            "main_blocks",
            "unembedding"]
 
@@ -66,6 +66,21 @@ class Layout:
 
     def why_missing(self, part: str) -> str:
         return self.missing.get(part, f"no {part.replace('_', ' ')} was found")
+
+
+def parameter_count(model: nn.Module) -> int:
+    """Elements of the model's parameters, each table once. A live module's tied table is one
+    Parameter under two names (counted once by `parameters()`); a snapshot of any model read without
+    its code holds the tied unembedding as a copy of the token table, which its layout names
+    `tied`: not counted again (a tied Llama's 340,128 read 347,808)."""
+    params = dict(model.named_parameters())
+    total = sum(p.numel() for p in params.values())
+    layout = getattr(model, "layout", None)
+    if isinstance(layout, Layout) and layout.tied and layout.unembedding and layout.token_embedding in params:
+        copy = params.get(f"{layout.unembedding}.weight")
+        if copy is not None and copy is not params[layout.token_embedding]:
+            total -= copy.numel()
+    return total
 
 
 def main_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:

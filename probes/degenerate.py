@@ -39,7 +39,7 @@ import torch
 from probes.args import degenerate_parser as build_parser
 from probes.common import ProbeInputError, per_query_head, print_json, run_cli, text_ids, to_jsonable, token_batches
 from probes.entropy import PatternStats, collect_stats, format_table
-from probes.sources import source_of
+from probes.sources import snapshot_source, source_of
 from probes.thresholds import Thresholds
 from probes.timeline import (Timeline, attn_entropy_grid, entropy_timeline,  # noqa: F401 (re-exported)
                              stayed_from)
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = args.ckpt is not None and is_run_dir(args.ckpt)
         read_text = has_input(args) or not run_dir  # a run and no input: its training timeline alone
         snap = load_from_args(args)
-        attn = source_of(snap.model)
+        attn = snapshot_source(snap)
         attn.check(args.layer, args.head)
         timeline = run_timeline(args, attn.dims) if run_dir else None
         if read_text:  # with no input, the snapshot's own text (probes.run_text)

@@ -36,7 +36,7 @@ import torch
 
 from probes.args import entropy_parser as build_parser
 from probes.common import print_json, run_cli, text_ids, to_jsonable, token_batches
-from probes.sources import source_of
+from probes.sources import snapshot_source, source_of
 from probes.timeline import uniform_series_entropy  # noqa: F401 (re-exported)
 from probes.row_stats import EPS, SUMS, PatternStats, collect_stats, log_keys  # noqa: F401 (re-exported)
 
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         from models.checkpoint import load_from_args
         snap = load_from_args(args)
-        attn = source_of(snap.model)
+        attn = snapshot_source(snap)
         attn.check(args.layer, args.head)
         batches, source = token_batches(args, snap.tokenizer, attn.dims.n_ctx, snap)
         result = run(attn, batches, layer=args.layer, head=args.head,

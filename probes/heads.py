@@ -47,7 +47,7 @@ from probes.args import heads_parser as build_parser
 from probes.head_rows import first_position_rows, previous_token_rows  # noqa: F401  (re-exported)
 from probes.common import (ProbeInputError, per_query_head, print_json, progress_bar, run_cli, text_ids,
                            to_jsonable, token_batches)
-from probes.sources import source_of
+from probes.sources import snapshot_source, source_of
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         from models.checkpoint import load_from_args
         snap = load_from_args(args)
-        attn = source_of(snap.model)
+        attn = snapshot_source(snap)
         options = dict(error_measure=args.error_measure, exclude_bos=args.exclude_bos,
                        exclude_current_token=args.exclude_current_token, batch_size=args.batch_size,
                        progress=args.progress, name=str(snap.name))

@@ -5,7 +5,10 @@ The one check is one forward pass on a short window of token 0 (PROBE_LEN tokens
 layers, heads and vocabulary, and refuses in one line a model the tap cannot read (no attention
 call, a FlashAttention kernel, weights on the meta device, a forward that raises). The context
 comes from `models.tap_inputs.context_of` (its config, its position table, its causal-mask
-buffer), else from the longest row of the tokens given; windows are cut to it.
+buffer), else the context the caller read elsewhere (`context=`: a snapshot's recorded `n_ctx`, as
+the CLIs give for a model rebuilt with `--model-code`), else the longest row of the tokens given;
+windows are cut to it, and `context_said` is the one line saying where it came from when the model
+itself did not name it (None when it did).
 
 Sliding windows: from the Hugging Face config where the module has one (`config_windows`), and
 from each call the tap reads: a layer whose rows see fewer keys than causal attention gives them
@@ -57,10 +60,11 @@ class TappedSource(AttentionSource):
 
     kind = "tap"
 
-    def __init__(self, model: torch.nn.Module, tokens: Any = None):
+    def __init__(self, model: torch.nn.Module, tokens: Any = None, context: int | None = None):
         self.model, self.name = model, type(model).__name__
         self.device = checked_device(model)
-        context, given = context_of(model), longest_row(tokens)
+        given = longest_row(tokens)
+        context, self.context_said = self.context_from(context_of(model), context, given)
         n = max(1, min(PROBE_LEN, context or given or PROBE_LEN, given or PROBE_LEN))
         self.windows: dict[int, int] = {}
         result = self.forward(torch.zeros(1, n, dtype=torch.long, device=self.device), self.learn)
@@ -70,6 +74,18 @@ class TappedSource(AttentionSource):
         self.dims = ModelDims(len(result.layers), result.n_heads[0], context or given or n,
                               int(result.logits.shape[-1]))
         self.windows = {**config_windows(getattr(model, "config", None), self.dims.n_layers), **self.windows}
+
+    def context_from(self, own: int | None, recorded: int | None, given: int | None) -> tuple[int | None, str | None]:
+        """(context, the line saying where it came from): the model's own, else the recorded one,
+        else the tokens' longest row; the line None when the model named it."""
+        if own:
+            return own, None
+        names = f"{self.name} names no context (no config, max_seq_len, position table or causal mask found)"
+        if recorded:
+            return recorded, f"{names}: windows of {recorded} tokens, the context its snapshot recorded"
+        if given:
+            return given, f"{names}: windows of {given} tokens, the length of the longest row given"
+        return None, f"{names}: windows of {PROBE_LEN} tokens; give the text to read it whole"
 
     def learn(self, call: AttentionCall) -> None:
         """A call's window, if its mask shows one (kept: a shorter batch shows none)."""

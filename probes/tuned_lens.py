@@ -15,6 +15,11 @@ layers of KL(final || lens), averaged over every position of random windows of t
 training split; the model stays frozen (eval mode, no gradients into it). Evaluation reads other
 random windows, from the validation split (the last `val_fraction` of the text, as training split it).
 
+Any model the logit lens reads through its own parts (`models.anatomy`: nanochat's GPT, a user's
+GPT rebuilt from a snapshot with `--model-code`) is read the same way: the residual entering block 0
+and leaving each block, by torch hooks; a snapshot of such a model opened without its code is
+refused in one line (its forward is needed).
+
 Saved beside the snapshot as `<snapshot>.tuned_lens.safetensors` + `.json` (`probes.tuned_lens_file`
 says why there and what is checked on load).
 """
@@ -37,8 +42,9 @@ import torch.nn.functional as F
 
 from probes import logit_lens
 from probes.args import tuned_lens_parser as build_parser
+from models.store.any_model import code_hint
 from probes.common import (ProbeInputError, encode_text, model_device, no_tokenizer, print_json,
-                           read_text_file, run_cli, sample_windows, to_jsonable)
+                           read_text_file, run_cli, sample_only, sample_windows, to_jsonable)
 from probes.lens_result import LogitLensResult
 from probes.logit_lens import LogitLens
 from probes.run_text import DefaultText, default_text, shown, val_fraction, validation_split
@@ -59,10 +65,7 @@ class TunedLens(LogitLens):
 
     def __init__(self, model: Any, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None):
         super().__init__(model, include_mid=False)  # refuses a model without a residual stream
-        if self.anatomy is not None:  # nanochat's GPT: the logit lens reads it through its own parts
-            raise ProbeInputError(f"{type(model).__name__} has no hook points on its residual stream: the tuned "
-                                  "lens trains on them (the logit lens reads this model through its own parts)")
-        n, d = len(self.points) - 1, int(model.cfg.d_model)
+        n, d = len(self.points) - 1, self.d_model
         device = model_device(model)
         weight = torch.eye(d).repeat(n, 1, 1) if weight is None else weight  # [layer d_model d_model]
         bias = torch.zeros(n, d) if bias is None else bias  # [layer d_model]
@@ -71,6 +74,14 @@ class TunedLens(LogitLens):
                                   f"{n} layers of d_model {d}")
         self.weight = torch.nn.Parameter(weight.detach().float().to(device).clone())
         self.bias = torch.nn.Parameter(bias.detach().float().to(device).clone())
+
+    @property
+    def d_model(self) -> int:
+        """Width of the residual stream: ours from its config, any other model (read through its
+        anatomy: nanochat's GPT, a user's GPT rebuilt with --model-code) from its token table."""
+        if self.anatomy is not None:
+            return int(self.anatomy.embedding.weight.shape[1])
+        return int(self.model.cfg.d_model)
 
     @property
     def n_translators(self) -> int:
@@ -103,6 +114,10 @@ def residuals_and_final(lens: LogitLens, tokens: torch.Tensor) -> tuple[list[tor
             resid[index] = x.detach()
         return hook
 
+    if lens.anatomy is not None:  # no hook points: the blocks' inputs and outputs, by torch hooks
+        with torch.no_grad():
+            logits, kept = lens.anatomy.residuals(model, tokens)  # [batch pos d_vocab], per point
+        return kept[: len(wanted)], logits.float().log_softmax(-1)
     with torch.no_grad(), model.hooks(fwd_hooks=[(p.hook, keep(i)) for i, p in enumerate(wanted)]):
         final = model(tokens).float().log_softmax(-1)  # [batch pos d_vocab]
     return [resid[i] for i in range(len(wanted))], final
@@ -209,9 +224,9 @@ def load(snap: Any, path: str | Path | None = None) -> TunedLens:
     """The tuned lens saved beside the snapshot (or the `.safetensors` at `path`), checked against
     the model: ProbeInputError (one line) when it was trained for another one."""
     tensors_path, json_path = lens_paths(snap.path, path)
-    base = LogitLens(snap.model)  # an MLP-family model is refused here, before the file is read
+    base = TunedLens(snap.model)  # an MLP-family model is refused here, before the file is read
     weight, bias, meta = read_lens(tensors_path, json_path)
-    check_fits(meta, weight, bias, model_record(snap, base.labels), tensors_path)
+    check_fits(meta, weight, bias, model_record(snap, base.labels, base.d_model, base.d_vocab), tensors_path)
     lens = TunedLens(snap.model, weight, bias)
     lens.meta = meta
     return lens
@@ -224,7 +239,8 @@ def train_and_save(snap: Any, corpus: Corpus, steps: int, *, batch_size: int = 1
     (or at `path`, its folder made); the lens carries its record as `.meta`. A lens already there
     (the shipped run's is tracked by git) is replaced only with `force`."""
     files = lens_paths(snap.path, path)  # a bad path is refused before minutes of training
-    n_ctx = int(snap.model.cfg.n_ctx)
+    lens = TunedLens(snap.model)
+    n_ctx = context(snap, lens)
     refuse_nonfinite(snap, corpus.train[:n_ctx].unsqueeze(0))
     if not force and any(f.exists() for f in files):
         raise ProbeInputError(f"{files[0]}: a tuned lens is already there: give --force to replace it, or "
@@ -232,15 +248,25 @@ def train_and_save(snap: Any, corpus: Corpus, steps: int, *, batch_size: int = 1
     if path is not None:
         files[0].parent.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    lens = TunedLens(snap.model)
     losses = fit(lens, training_batches(corpus.train, n_ctx, batch_size, seed), steps, lr, progress)
-    record = {**model_record(snap, lens.labels), "snapshot": Path(snap.path).name,
+    record = {**model_record(snap, lens.labels, lens.d_model, lens.d_vocab), "snapshot": Path(snap.path).name,
               "steps": steps, "batch_size": batch_size, "n_ctx": n_ctx, "lr": lr, "seed": seed,
               "optimizer": "adam, lr decayed linearly to 0", "final_loss": losses[-1],
               "data": {"path": _portable(corpus.path), "sha256": corpus.sha256}}
     save_lens(*files, lens.weight, lens.bias, record)
     lens.meta = record
     return lens
+
+
+def context(snap: Any, lens: LogitLens) -> int:
+    """The windows' length: the model's context, else the one its snapshot recorded (a user's GPT
+    that names none), else the lens's default of one window of the text."""
+    recorded = getattr(getattr(snap, "config", None), "n_ctx", None)
+    n_ctx = lens.n_ctx or (recorded if isinstance(recorded, int) and recorded > 0 else None)
+    if n_ctx is None:
+        raise ProbeInputError(f"{snap.path}: neither the model nor its snapshot names a context: the tuned lens "
+                              "trains on windows of the context")
+    return int(n_ctx)
 
 
 def refuse_nonfinite(snap: Any, window: torch.Tensor) -> None:
@@ -311,7 +337,11 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         from models.checkpoint import load_from_args
         snap = load_from_args(args)
-        LogitLens(snap.model)  # an MLP-family model: one line before any data is read
+        if sample_only(snap):  # a snapshot of any model without its code: nothing to run the lens through
+            raise ProbeInputError(f"{snap.path}: a tuned lens trains on the model's residual stream, and this "
+                                  f"snapshot of a {snap.model.architecture} holds its weights without its code: "
+                                  f"{code_hint(snap.meta)}")
+        base = LogitLens(snap.model)  # an MLP-family model: one line before any data is read
         corpus = read_corpus(snap, args.data)
         if args.eval:
             lens = load(snap, args.lens)
@@ -320,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                                   seed=args.seed, progress=args.progress, path=args.lens, force=args.force)
             print(f"saved {lens_paths(snap.path, args.lens)[0]} (final training KL "
                   f"{lens.meta['final_loss']:.4f})", file=sys.stderr)
-        n_ctx = int(snap.model.cfg.n_ctx)
+        n_ctx = context(snap, base)
         windows = sample_windows(corpus.val.tolist(), n_ctx, args.samples, args.seed + 1)
         text = DefaultText(corpus.path, corpus.origin, val_fraction(snap))
         source = text.describe(args.samples, n_ctx, args.seed + 1)

@@ -83,12 +83,12 @@ def weights_sha256(snap: Any) -> str:
     return digest.hexdigest()
 
 
-def model_record(snap: Any, labels: list[str]) -> dict[str, Any]:
-    """What a lens must match: config hash, weights hash, layer labels and sizes."""
-    cfg = snap.model.cfg
+def model_record(snap: Any, labels: list[str], d_model: int, d_vocab: int) -> dict[str, Any]:
+    """What a lens must match: config hash, weights hash, layer labels (the embedding, then each
+    block: n_layers + 1) and sizes (as the lens reads the model: ours and any other alike)."""
     return {"model_config_sha256": config_sha256(snap.config), "weights_sha256": weights_sha256(snap),
-            "layers": list(labels), "n_layers": int(cfg.n_layers), "d_model": int(cfg.d_model),
-            "d_vocab": int(cfg.d_vocab)}
+            "layers": list(labels), "n_layers": len(labels) - 1, "d_model": int(d_model),
+            "d_vocab": int(d_vocab)}
 
 
 def save_lens(tensors_path: Path, json_path: Path, weight: torch.Tensor, bias: torch.Tensor,

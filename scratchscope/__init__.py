@@ -40,7 +40,8 @@ PACKAGES = ("models", "probes", "train")
 MONITOR_MODULES = ("train.monitor", "train.monitor_core", "train.monitor_parts", "train.monitor_tap",
                    "train.guard", "train.doctor", "train.data", "train.host_copy",
                    "train.optimizer_kinds", "train.monitor_save", "train.rescue", "train.rescue_monitor",
-                   "train.rescue_signal", "train.rescue_state", "train.monitor_open", "train.monitor_wandb")
+                   "train.rescue_signal", "train.rescue_state", "train.monitor_open", "train.monitor_wandb",
+                   "train.monitor_tokenizer", "train.monitor_tiktoken")
 NEEDS = {"Monitor": MONITOR_MODULES, "HFCallback": (*MONITOR_MODULES, "train.monitor_hf")}
 
 _bound: dict[str, ModuleType] = {}  # our packages bound by hand (under a data folder's name, or `train`)

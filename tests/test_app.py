@@ -100,7 +100,8 @@ def test_attention_grid_carries_the_probe_verdicts_and_entropies(app, runs):
     assert len(grid) == snap.config.n_layers * snap.config.n_heads
     for row in grid.itertuples():
         assert row.verdict == expected.verdicts[row.layer][row.head]
-        assert getattr(row, "_3") == pytest.approx(ent.entropy_normalized[row.layer][row.head], abs=1e-9)
+        # from the first view saved at training time: [0, 1] values to 1e-5 of that scale (tests/close.py)
+        assert getattr(row, "_3") == pytest.approx(ent.entropy_normalized[row.layer][row.head], abs=1e-5)
 
 
 def test_heatmap_labels_are_the_tokens_and_follow_layer_head_and_text(app):  # chart 1: head types

@@ -34,15 +34,17 @@ def test_head_types_grid_beside_the_entropy_grid_carries_the_probe_scores(app, r
     snap, ids = snapshot_ids(app, runs)
     expected = heads.run(snap.model, ids)
     grid = chart_titled(app, "previous token score per head")
+    # the chart reads the first view saved when the run was trained (another thread count, another
+    # time): scores in [0, 1] agree to 1e-5 of that scale, above float32's summation noise (tests/close.py)
     assert len(grid) == snap.config.n_layers * snap.config.n_heads
     for row in grid.itertuples():
-        assert row.score == pytest.approx(expected.scores["previous_token"][row.layer][row.head], abs=1e-9)
-        assert getattr(row, "sink") == pytest.approx(expected.scores["sink"][row.layer][row.head], abs=1e-9)
+        assert row.score == pytest.approx(expected.scores["previous_token"][row.layer][row.head], abs=1e-5)
+        assert getattr(row, "sink") == pytest.approx(expected.scores["sink"][row.layer][row.head], abs=1e-5)
     app.radio(key="head_type").set_value("induction (random repeat)").run()
     repeat = heads.run_repeat(snap.model, samples=8, seed=0, copying=False)
     grid = chart_titled(app, "induction (random repeat) score per head")
     for row in grid.itertuples():
-        assert row.score == pytest.approx(repeat.induction_repeat[row.layer][row.head], abs=1e-9)
+        assert row.score == pytest.approx(repeat.induction_repeat[row.layer][row.head], abs=1e-5)
     assert not app.error and not app.exception
 
 

@@ -16,13 +16,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 from models.store import load_checkpoint
 from probes import page_view
 from probes.first_view import PAGE_TEXT
-from test_first_view import read_back, same
+from close import agree, differences
+from test_first_view import read_back
 from test_app_any_snapshot import runs  # noqa: F401 - fixture: a tutorial GPT's Monitor run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -87,26 +87,29 @@ def test_each_model_page_draws_its_first_chart_before_torch_and_from_the_probes_
         snap = load_checkpoint(path)
         ids, _ = page_view.snapshot_ids(snap, PAGE_TEXT)
         grid = page_view.attention(snap.model, ids)  # the probe on the model
+        # the chart shows the first view saved on whatever machine wrote it; the probe runs here:
+        # equal to the float32 rounding, relative to each grid's scale (tests/close.py)
         cells = {(r["layer"], r["head"]): r for r in report[f"{run}/attention/False"]["rows"]}
         assert len(cells) == len(grid["verdicts"]) * len(grid["verdicts"][0])
-        for (layer, head), cell in cells.items():
-            assert cell["verdict"] == grid["verdicts"][layer][head]
-            assert cell["normalised entropy"] == grid["normalized"][layer][head]
+        assert [cells[k]["verdict"] for k in sorted(cells)] == [v for row in grid["verdicts"] for v in row]
+        drawn = [[cells[(l, h)]["normalised entropy"] for h in range(len(row))] for l, row in enumerate(grid["normalized"])]
+        assert agree(drawn, grid["normalized"]), differences(drawn, grid["normalized"])
         lens = page_view.lens(snap.model, ids, 5, snap.tokenizer)
         kl = {(r["layer"], r["label"]): r["KL to final (nats)"] for r in report[f"{run}/lens/False"]["rows"]}
-        for l, label in enumerate(lens["layers"]):
-            for pos, value in enumerate(lens["kl_to_final_per_position"][l][0]):
-                assert kl[(label, f"{pos}: {_shown(lens['pieces'][0][pos])}")] == value
+        drawn = [[[kl[(label, f"{pos}: {_shown(lens['pieces'][0][pos])}")] for pos in range(len(per[0]))]]
+                 for label, per in zip(lens["layers"], lens["kl_to_final_per_position"])]
+        assert agree(drawn, lens["kl_to_final_per_position"]), differences(drawn, lens["kl_to_final_per_position"])
         bases = {t: page_view.baseline(snap.model, t, 10) for t in ("input", "output", "cross")}
         opened = next((t for t, b in bases.items() if b["table_median"] > b["shuffled_level"]), "input")
         projected = page_view.embedding_map(snap.model, "output" if opened == "output" else "input", snap.tokenizer)
         points = sorted(report[f"{run}/embeddings/False"]["rows"], key=lambda r: r["id"])
-        assert [(r["x"], r["y"]) for r in points] == list(zip(projected["x"], projected["y"]))
+        drawn = [[r["x"] for r in points], [r["y"] for r in points]]
+        assert agree(drawn, [list(projected["x"]), list(projected["y"])])
     snap = load_checkpoint(runs / "tutorial")  # a snapshot of any model, read without its code
     parts, info = read_back(snap.path, snap.tokenizer)
     assert type(snap.model).__name__ == "SavedModel" and info["text"] is None  # row 0 of its saved sample
     expected, skipped = page_view.first_view(snap.model, snap.tokenizer, torch.tensor([info["tokens"]]))
-    assert info["skipped"] == skipped and same(parts, expected)  # every part, not only the charts above
+    assert info["skipped"] == skipped and agree(parts, expected), differences(parts, expected)  # every part
 
 
 def _shown(piece: str) -> str:

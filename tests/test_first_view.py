@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from close import agree, differences
 from nanogpt_ref import GPT, GPTConfig
 
 from models.checkpoint import list_snapshots, load_checkpoint
@@ -106,16 +107,6 @@ def trained(tmp_path_factory):
     return root / "run"
 
 
-@pytest.fixture
-def one_thread():
-    """The app reads its models on one torch thread (`app.data.load`), and the shipped views were
-    saved so (`python -m probes.page_view`): the same numbers need the same thread count."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_our_trainer_saves_each_snapshots_view_and_it_is_the_probes_on_the_model(trained):
     snapshots = list_snapshots(trained)
     assert [p.name for p in snapshots] == ["step_000000", "step_000004"]
@@ -126,7 +117,7 @@ def test_our_trainer_saves_each_snapshots_view_and_it_is_the_probes_on_the_model
         assert info["tokens"] == ids[0].tolist() and info["text"] == PAGE_TEXT and ids.shape[1] == 16
         expected, skipped = page_view.first_view(snap.model, snap.tokenizer, ids)
         assert info["skipped"] == skipped == {}
-        assert same(parts, expected), path.name
+        assert agree(parts, expected), (path.name, differences(parts, expected))
     assert {"attention", "head_types", "lens", "map/input", "nearest/cross", "baseline/output"} <= set(parts)
 
 
@@ -147,7 +138,7 @@ def test_the_monitor_on_nanogpt_saves_its_twins_view_and_a_text_it_cannot_encode
     snap = load_checkpoint(path)  # our twin of nanoGPT's GPT, as saved
     parts, info = read_back(path, snap.tokenizer)
     expected, _ = page_view.first_view(snap.model, snap.tokenizer, torch.tensor([info["tokens"]]))
-    assert same(parts, expected) and len(parts["attention"]["verdicts"]) == 2
+    assert agree(parts, expected) and len(parts["attention"]["verdicts"]) == 2
     narrow = CharTokenizer.from_text("the king")  # no capitals: the sidebar's text does not encode
     shutil.rmtree(tmp_path / "run")
     model = GPT(GPTConfig(block_size=16, vocab_size=narrow.vocab_size, n_layer=1, n_head=2, n_embd=16))
@@ -159,7 +150,8 @@ def test_the_monitor_on_nanogpt_saves_its_twins_view_and_a_text_it_cannot_encode
     assert any("no first view" in r.getMessage() for r in caplog.records)
 
 
-def test_each_shipped_runs_view_is_the_probes_on_its_model(one_thread):
+def test_each_shipped_runs_view_is_the_probes_on_its_model():
+    """Saved on another machine, read here on this one's thread count: equal to the float32 rounding."""
     runs = [p for p in sorted(SHIPPED.iterdir()) if p.is_dir() and list_snapshots(p)]
     assert len(runs) == 8
     for run in runs:
@@ -169,10 +161,11 @@ def test_each_shipped_runs_view_is_the_probes_on_its_model(one_thread):
         ids, text = page_view.snapshot_ids(snap)
         expected, skipped = page_view.first_view(snap.model, snap.tokenizer, ids)
         assert info["tokens"] == ids[0].tolist() and info["text"] == text == PAGE_TEXT, run.name
-        assert info["skipped"] == skipped and same(parts, expected), f"{path}: rerun python -m probes.page_view"
+        assert info["skipped"] == skipped, path
+        assert agree(parts, expected), (f"{path}: rerun python -m probes.page_view", differences(parts, expected))
 
 
-def test_a_stale_or_damaged_view_is_left_and_the_page_reads_the_model(trained, tmp_path, caplog, one_thread):
+def test_a_stale_or_damaged_view_is_left_and_the_page_reads_the_model(trained, tmp_path, caplog):
     from app import data
 
     stale, damaged = tmp_path / "stale", tmp_path / "damaged"
@@ -185,10 +178,10 @@ def test_a_stale_or_damaged_view_is_left_and_the_page_reads_the_model(trained, t
     for path, said in ((stale, "read from other weights"), (damaged, "its first view is not read")):
         snap = load_checkpoint(path)
         expected = page_view.attention(snap.model, page_view.snapshot_ids(snap)[0])
-        assert not same(old["attention"], expected)  # step 0's view would show other numbers
+        assert not agree(old["attention"], expected)  # step 0's view would show other numbers
         caplog.clear()
         with caplog.at_level("INFO"):
-            assert same(data.attention(str(path), data.mtime(path), PAGE_TEXT), expected), path.name
+            assert agree(data.attention(str(path), data.mtime(path), PAGE_TEXT), expected), path.name
         assert said in caplog.text, caplog.text
 
 
@@ -208,3 +201,43 @@ def test_the_view_answers_only_the_pages_first_calls_and_anything_else_loads_the
     for n, call in enumerate(calls, 1):
         call()
         assert len(loaded) == n, n
+
+
+def test_the_same_view_in_another_summation_order_differs_in_its_last_bits_and_agrees_to_the_scale():
+    """What another CPU does to a saved view, done here: one thread instead of the default, and the
+    MLPs' hidden units in another order (the same function, its sums added in another order). The
+    numbers move in their last bits, so a test comparing them with `==` fails on this machine first;
+    `agree` (tests/close.py) holds them equal to 1e-5 of their scale, and still tells another model apart."""
+    path = list_snapshots(SHIPPED / "shakespeare_gpt")[-1]
+    snap = load_checkpoint(path)
+    ids, _ = page_view.snapshot_ids(snap)
+    saved, _ = read_back(path, snap.tokenizer)
+    saved = {k: saved[k] for k in ("attention", "lens")}
+
+    def view(model) -> dict:
+        with torch.no_grad():
+            return {"attention": page_view.attention(model, ids), "lens": page_view.lens(model, ids, 5, snap.tokenizer)}
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1 if threads > 1 else 2)
+        other_threads = view(snap.model)
+    finally:
+        torch.set_num_threads(threads)
+    state = snap.model.state_dict()
+    for l in range(snap.config.n_layers):
+        order = torch.randperm(state[f"blocks.{l}.mlp.net.0.bias"].numel(), generator=torch.Generator().manual_seed(l))
+        for name, dim in (("net.0.weight", 0), ("net.0.bias", 0), ("net.2.weight", 1)):
+            key = f"blocks.{l}.mlp.{name}"
+            state[key] = state[key].index_select(dim, order)
+    reordered = type(snap.model)(snap.config).eval()
+    reordered.load_state_dict(state)
+    shuffled = view(reordered)
+    if same(shuffled, saved) and same(other_threads, saved):
+        pytest.skip("this CPU added both orders to the same bits: nothing here to tell exactness apart")
+    for other in (other_threads, shuffled):
+        assert agree(other, saved), differences(other, saved)
+    assert not same(shuffled, saved)  # the last bits moved
+    with torch.no_grad():
+        reordered.blocks[0].mlp.net[2].weight.mul_(1.001)  # one weight matrix 0.1% off: another model
+    assert not agree(view(reordered), saved)

@@ -52,14 +52,25 @@ def test_the_lens_on_nanochats_layout_is_its_own_readout_at_every_layer():
     assert result.kl_to_final[-1] == pytest.approx(0.0, abs=1e-6) and min(result.kl_to_final[:-1]) > 1e-3
 
 
-def test_the_lens_refuses_mid_block_points_and_the_tuned_lens_in_one_line():
+def test_the_lens_refuses_mid_block_points_and_the_tuned_lens_reads_it_through_its_parts():
     from probes import tuned_lens
     from probes.errors import ProbeInputError
 
     with pytest.raises(ProbeInputError, match=r"^ChatGPT has no hook point between attention and MLP"):
         logit_lens.LogitLens(ChatGPT(), include_mid=True)
-    with pytest.raises(ProbeInputError, match=r"^ChatGPT has no hook points on its residual stream: the tuned"):
-        tuned_lens.TunedLens(ChatGPT())
+    torch.manual_seed(0)
+    model = ChatGPT().eval()
+    ids = tokens(1, 12)
+    lens = tuned_lens.TunedLens(model)  # identity translators: the logit lens, through nanochat's own parts
+    assert lens.n_translators == model_layers(model) and lens.d_model == model.transformer["wte"].weight.shape[1]
+    tuned, plain = logit_lens.run(model, ids, lens=lens), logit_lens.run(model, ids)
+    assert tuned.kl_to_final == plain.kl_to_final and tuned.cross_entropy == plain.cross_entropy  # same code, same bits
+    assert float(tuned_lens.kl_loss(lens, ids).detach()) == pytest.approx(sum(plain.kl_to_final[:-1]) / lens.n_translators,
+                                                                  rel=1e-4)
+
+
+def model_layers(model) -> int:
+    return len(model.transformer["h"])
 
 
 @pytest.mark.parametrize("make", [ChatGPT, PerHeadGPT, BatchedGPT])

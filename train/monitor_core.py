@@ -69,7 +69,7 @@ class Monitor:
         autocast = autocast_factory(autocast)
         self.out_dir = Path(out_dir)
         self.log_every, self.eval_every, self.save_every = log_every, eval_every, save_every
-        self.steps, self.tokens_per_step, self.tokenizer = steps, tokens_per_step, tokenizer
+        self.steps, self.tokens_per_step = steps, tokens_per_step
         self.kind = model_kind(self.model)
         # whose settings the doctor's fixes name (probes.doctor.flags): nanoGPT's GPT is trained by
         # its train.py; HFCallback says "hf"; any other loop gets plain words
@@ -79,12 +79,15 @@ class Monitor:
         self.plan, self.tapped_model = None, None  # a model the store cannot rebuild: read by the tap
         if self.config is None and self.eval_tokens is not None:
             self._plan_tap(autocast)
+        from train.monitor_tokenizer import saveable_tokenizer  # models.tokenizers only when one is given
+        self.tokenizer = None if tokenizer is None else saveable_tokenizer(
+            tokenizer, getattr(self.config, "d_vocab", None) or (self.tapped_model or {}).get("d_vocab"), save_every)
         self._eval = (None if self.eval_tokens is None else
                       EvalReadings(self.model, self.config, self.eval_tokens, self.plan, autocast))
         self.any_saver = None  # its snapshots: the weights, its layout and what the probes read of it
         if save_every and self.config is None:
             from train.monitor_save import AnySaver
-            self.any_saver = AnySaver(self.model, self.eval_tokens, tokenizer, model_args, self.tapped_model)
+            self.any_saver = AnySaver(self.model, self.eval_tokens, self.tokenizer, model_args, self.tapped_model)
         self.resume, self.report_at_close, self.autocast, self.guard = resume, report, autocast, guard_settings(guard)
         self.doctor = None
         if diagnose_every or report:
@@ -100,6 +103,11 @@ class Monitor:
         self._pending: dict[str, Any] | None = None
         self._last_written: tuple[int, float] | None = None  # (step, time) for step_time_ms
         self._synced = -math.inf  # perf_counter() of the last fsync of metrics.jsonl
+        self._optimizer_steps = 0  # updates taken: a record started after none is no step (a val_loss call)
+        self._pending_steps = self._written_steps = 0  # the count when the pending / last written record began
+        self._last_logged: int | None = None  # the step of the last log call: its snapshot is saved at close
+        self._last_saved: int | None = None
+        self._closing_on_error = self._judged = False  # _judged: inside the guard's look at a step
         self._said_no_internals = False
         self._pending_internals: Any = None  # the pending record's internals, coming from the device
         self.first_nonfinite_step: int | None = None  # the first step whose train_loss was NaN/inf
@@ -158,6 +166,7 @@ class Monitor:
 
     def __exit__(self, *exc: Any) -> None:
         interrupted = exc[0] is not None and issubclass(exc[0], (KeyboardInterrupt, SystemExit))
+        self._closing_on_error = exc[0] is not None  # a failed last save is then logged, not raised over it
         if exc[0] is None:
             self.close()  # as report= at construction said
             return
@@ -172,7 +181,8 @@ class Monitor:
             self.close()
 
     def close(self, report: bool | None = None) -> Any:
-        """Write what is pending, unhook, unlock; print the diagnosis (unless `report` is False).
+        """Write what is pending, save the last logged step's snapshot (with save_every, where that
+        step's is not saved yet), unhook, unlock; print the diagnosis (unless `report` is False).
         Returns the Diagnosis printed, or None. Also done at interpreter exit if not before; a
         second close does nothing."""
         atexit.unregister(self._close_at_exit)
@@ -182,6 +192,7 @@ class Monitor:
         result = None
         try:
             self.flush()
+            self._save_last()
             sync_metrics(self.out_dir)
             if self.doctor is not None and (self.report_at_close if report is None else report):
                 result = self.doctor.report()
@@ -195,6 +206,23 @@ class Monitor:
                 self._lock.release()
                 self._lock = None
         return result
+
+    def _save_last(self) -> None:
+        """The snapshot of the last logged step, the run's final weights: save_every=100 over steps
+        0-299 saves 0, 100 and 200 on the way, and 299 here."""
+        step = self._last_logged
+        if not self.save_every or step is None or step == self._last_saved:
+            return
+        try:
+            self.save(step)
+        except Exception as err:  # noqa: BLE001 - the loop's own error is the one to see
+            if not self._closing_on_error:
+                raise
+            log.error("monitor: the last step's snapshot (step %d) was not saved: %s", step,
+                      (str(err).strip().splitlines() or [type(err).__name__])[0])
+
+    def _save_due(self, step: int) -> bool:
+        return bool(self.save_every) and step % self.save_every == 0 and step != self._last_saved
 
     # ------------------------------------------------------------------ optimizer hooks
 
@@ -222,6 +250,7 @@ class Monitor:
                                                 capture.pop("lrs"))
         self._next_step += 1
         self._steps_since_log += 1
+        self._optimizer_steps += 1
 
     def _follow(self, step: int) -> None:
         """Keep the optimizer's step count in line with the step numbers logged. A log call
@@ -256,8 +285,14 @@ class Monitor:
         a val_loss always makes a record: evaluations are rare, and each one counts."""
         step, scalars = self._checked(step, scalars)
         self._follow(step)
-        if self.guard is not None and monitor_log(self, step, scalars):
-            return  # trouble: the step's record holds the guard's rescue (train.rescue_monitor)
+        if self.guard is not None:
+            self._last_logged, self._judged = None, True  # its stop saves the state it restored, not this step
+            try:
+                if monitor_log(self, step, scalars):
+                    return  # trouble: the step's record holds the guard's rescue (train.rescue_monitor)
+            finally:
+                self._judged = False
+        self._last_logged = step
         pending = self._pending
         if not self.due(step) and "val_loss" not in scalars and (pending is None or step != pending["step"]):
             loss = scalars.get("train_loss")
@@ -268,6 +303,8 @@ class Monitor:
                 if self.doctor is not None and self.doctor.every:  # a record now: the doctor says it now
                     self.record(step, **scalars)
                     self.flush()
+            if self._save_due(step):  # save_every=3 with log_every=10: step 3 is saved, though not logged
+                self.save(step)
             return
         self.record(step, **scalars)
         if self.doctor is not None and "train_loss" in scalars and self.doctor.alarm(self._pending):
@@ -279,6 +316,8 @@ class Monitor:
         step, scalars = self._checked(step, scalars)
         if self._steps_since_log:  # called directly, not from log()
             self._follow(step)
+        if not self._judged:
+            self._last_logged = step
         values = {name: value for name, value in ((n, number(n, v)) for n, v in scalars.items()) if value is not None}
         if self._pending is not None and step != self._pending["step"]:
             self.flush()
@@ -316,8 +355,9 @@ class Monitor:
             # at the step's first call: nanoGPT logs its eval before taking the step; measured now,
             # read when the record is written, after the keys made so far (`_with_internals`)
             self._pending_internals = (list(record), self._internals())
-        self._pending = record  # kept when the save below fails: the step's record is written all the same
-        if self.save_every and step % self.save_every == 0:  # the weights of this step, as its internals
+        # kept when the save below fails: the step's record is written all the same
+        self._pending, self._pending_steps = record, self._optimizer_steps
+        if self._save_due(step):  # the weights of this step, as its internals
             self.save(step)
 
     def _trim_after(self, step: int) -> None:
@@ -340,7 +380,8 @@ class Monitor:
         for done in [s for s in self._captures if s <= step]:
             del self._captures[done]
         now = time.perf_counter()
-        if "step_time_ms" not in record and self._last_written and step > self._last_written[0]:
+        stepped = self._pending_steps > self._written_steps  # an update since the last record began
+        if "step_time_ms" not in record and self._last_written and step > self._last_written[0] and stepped:
             record["step_time_ms"] = 1000 * (now - self._last_written[1]) / (step - self._last_written[0])
         reason = divergence_reason(record)
         if reason:
@@ -353,7 +394,7 @@ class Monitor:
         # cost ~1% of a CPU run's wall clock; a killed process keeps every line written
         sync = "rescue" in record or "diverged" in record or now - self._synced >= SYNC_EVERY_S
         append_metrics(self.out_dir, to_jsonable(record), sync=sync)
-        self._last_written = (step, time.perf_counter())
+        self._last_written, self._written_steps = (step, time.perf_counter()), self._pending_steps
         self._synced = self._last_written[1] if sync else self._synced
         if self.mirror is not None:
             self.mirror.record(record)
@@ -395,10 +436,13 @@ class Monitor:
         if self.config is None:
             if self.any_saver is None:  # made with save_every and eval_tokens
                 raise ValueError(f"Monitor: give save_every=N and eval_tokens= to save a {type(self.model).__name__}")
-            return self.any_saver.save(self.out_dir / snapshot_name(step), step, tokens)
-        from train.monitor_save import save_with_view
-        return save_with_view(self.out_dir / snapshot_name(step), hooked_twin(self.model, self.config),
-                              self.tokenizer, step=step, tokens_seen=tokens)
+            saved = self.any_saver.save(self.out_dir / snapshot_name(step), step, tokens)
+        else:
+            from train.monitor_save import save_with_view
+            saved = save_with_view(self.out_dir / snapshot_name(step), hooked_twin(self.model, self.config),
+                                   self.tokenizer, step=step, tokens_seen=tokens)
+        self._last_saved = step
+        return saved
 
     @property
     def records(self) -> list[dict[str, Any]]:

@@ -96,9 +96,6 @@ class AnySaver:
         if eval_tokens is None:
             raise ValueError(f"Monitor: save_every on a {name} needs eval_tokens= (a snapshot of a model the store "
                              "cannot rebuild keeps what the probes read from it on a sample of them)")
-        if tokenizer is not None and not callable(getattr(tokenizer, "save", None)):
-            raise ValueError(f"Monitor: tokenizer= must be one of scratchscope's tokenizers (models.tokenizers: "
-                             f"CharTokenizer, ...), which a snapshot saves; got a {type(tokenizer).__name__}")
         if model_args is not None and not isinstance(model_args, dict):
             raise ValueError(f"Monitor: model_args= must be a dict of the keyword arguments that build the {name}, "
                              f"got a {type(model_args).__name__}")

@@ -35,7 +35,8 @@ TOKENS_UNTOLD = ("this run did not count the tokens it trained on: give the Moni
 
 
 def model_facts(snap) -> None:
-    n_params = sum(p.numel() for p in snap.model.parameters())
+    from models.layout import parameter_count  # the model is loaded here: torch is too
+    n_params = parameter_count(snap.model)
     cols = st.columns(4)
     cols[0].metric("parameters", f"{n_params:,}")
     cols[1].metric("step", "-" if snap.step is None else f"{snap.step:,}")
