@@ -170,3 +170,40 @@ def test_trained_induction_heads_found_in_layer_1_at_the_loss_drop(tmp_path):
     assert min(abs(c["step"] - drop_step) for c in induction) <= 15  # within one snapshot
     repeat = [s["repeat_loss"] for s in result.snapshots]
     assert repeat[-1] < 0.5 * repeat[0]  # the tool's own repeated sequence: its second half learned too
+
+
+def test_the_doctor_joins_a_collapse_and_a_sink_to_the_loss(tmp_path):
+    """Read from the development.json files beside the snapshots: the hand-set heads' entropy falls at
+    300 as they take their roles (a note); grids of a head that collapses onto the first position (a sink)
+    with the loss bumping meanwhile and no role gained: a warning and a sink note at the same step."""
+    from models.checkpoint import append_metrics
+    from probes.doctor import diagnosis
+    from probes.doctor.rules_development import development_readings
+
+    run = save_run(tmp_path / "run", [(s, hand_set(0.0 if s < SWITCHED_ON else 40.0)) for s in range(0, 500, 100)])
+    for step in range(0, 500, 50):
+        append_metrics(run, {"step": step, "train_loss": 3.0})
+    assert [f.code for f in diagnosis.run(run).findings if f.page == "development"] == []  # no readings yet
+    development.run(run, tokens=TOKENS)
+    assert [r["step"] for r in development_readings(run)] == [0, 100, 200, 300, 400]
+    found = {f.code: f for f in diagnosis.run(run).findings if f.page == "development"}
+    assert found["head_entropy_collapse"].severity == "info" and found["head_entropy_collapse"].step == SWITCHED_ON
+    assert found["head_entropy_collapse"].evidence["with_a_role"] == 2
+    # now the readings say: L0H0 collapses onto position 0 at 300, the loss bumping from 3.0 to 3.5 at 250
+    for path in sorted(run.glob("step_*/development.json")):
+        saved = json.loads(path.read_text())
+        on = saved["reading"]["step"] >= SWITCHED_ON
+        saved["reading"]["entropy"] = [[0.05 if on else 0.9], [0.9]]
+        saved["reading"]["scores"] = {name: [[0.95 if on and name == "sink" else 0.05], [0.05]]
+                                      for name in ("previous_token", "duplicate_token", "induction", "sink",
+                                                   "induction_repeat")}
+        path.write_text(json.dumps(saved))
+    append_metrics(run, {"step": 500, "train_loss": 3.0})
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records[5]["train_loss"] = 3.5  # step 250
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    found = {f.code: f for f in diagnosis.run(run).findings if f.page == "development"}
+    collapse, sink = found["head_entropy_collapse"], found["sink_forming"]
+    assert (collapse.severity, collapse.step, collapse.where) == ("warning", SWITCHED_ON, ("L0H0",))
+    assert collapse.evidence["loss_bump"] == pytest.approx(0.5)
+    assert (sink.step, sink.where) == (SWITCHED_ON, ("L0H0",))
