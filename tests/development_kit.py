@@ -1,6 +1,6 @@
 """Models for the development tests: a 2-layer attention-only transformer with hand-set weights (a
 previous-token head in layer 0, an induction head in layer 1, both head 0), and a run of it saved
-as snapshots; and the data of in-context repetition (random segments of random period, repeated)."""
+as snapshots (the trained one is `train.repetition`'s)."""
 
 from __future__ import annotations
 
@@ -8,24 +8,14 @@ from pathlib import Path
 
 import torch
 
-from models import build_model
 from models.config import TransformerConfig
+from train.repetition import attention_only
 
 V, N = 16, 8  # vocabulary, context
 # the residual stream: [0, V) the token, [V, V+N) the position, V+N a constant 1, then [.., +V) the
 # previous token (written by layer 0)
 POS, ONE, PREV = V, V + N, V + N + 1
 D = PREV + V
-
-
-def attention_only(cfg: TransformerConfig) -> torch.nn.Module:
-    """Our transformer with its MLPs' output layers zeroed and frozen: attention only."""
-    model = build_model(cfg)
-    for block in model.blocks:
-        for p in block.mlp.parameters():
-            p.data.zero_()
-            p.requires_grad_(False)
-    return model
 
 
 def hand_set(scale: float) -> torch.nn.Module:
@@ -64,13 +54,3 @@ def save_run(run_dir: Path, models: list[tuple[int, torch.nn.Module]]) -> Path:
     for step, model in models:
         save_snapshot(run_dir / snapshot_name(step), model, None, step=step)
     return run_dir
-
-
-def repetition_batch(batch: int, n_ctx: int, d_vocab: int, gen: torch.Generator,
-                     shortest: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens [batch n_ctx+1], repeated [batch n_ctx]): each row a random segment of a random period
-    in [shortest, n_ctx // 2] repeated to fill the row; repeated[b, i]: target i+1 is a repeat."""
-    period = torch.randint(shortest, n_ctx // 2 + 1, (batch, 1), generator=gen)  # [batch 1]
-    segment = torch.randint(0, d_vocab, (batch, n_ctx + 1), generator=gen)
-    position = torch.arange(n_ctx + 1)
-    return segment.gather(1, position % period), position[1:] >= period

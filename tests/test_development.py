@@ -12,9 +12,10 @@ import math
 import pytest
 import torch
 
-from development_kit import N, V, attention_only, hand_set, repetition_batch, save_run
+from development_kit import V, hand_set, save_run
 from probes import development
-from probes.phase_changes import group_moves, loss_evidence, phase_changes, sharp_moves, Move
+from probes.phase_changes import Move, group_moves, loss_evidence, phase_changes, sharp_moves
+from train.repetition import train
 
 TOKENS = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]])  # period 4, distinct within a period
 SWITCHED_ON = 300  # the hand-set heads' scale goes from 0 (uniform attention) to 40 here
@@ -125,40 +126,10 @@ def test_grouped_moves_and_loss_alignment():
     assert changes[0]["evidence"]["repeat_loss"] == {"before": 3, "after": 1}
 
 
-def train_repetition(run_dir, steps=300, every=15):
-    """A 2-layer attention-only model learning in-context repetition, a snapshot every `every` steps;
-    returns the held-out windows and, per snapshot, the loss on their repeated part, measured here."""
-    from models.checkpoint import save_snapshot, snapshot_name
-    from models.config import TransformerConfig
-
-    torch.manual_seed(0)
-    n_vocab, n_ctx, width = 32, 24, 32
-    cfg = TransformerConfig(d_vocab=n_vocab, n_ctx=n_ctx, d_model=width, n_layers=2, n_heads=2, d_head=width // 2,
-                            d_mlp=1, mlp_bias=False, attn_scale="sqrt_d_head", unembed_init_scale=0.01)
-    model = attention_only(cfg)
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=5e-3)
-    data, held = torch.Generator().manual_seed(1), repetition_batch(64, n_ctx, n_vocab, torch.Generator().manual_seed(2))
-    measured = []
-    for step in range(steps + 1):
-        if step % every == 0:
-            save_snapshot(run_dir / snapshot_name(step), model, None, step=step)
-            with torch.no_grad():
-                loss = torch.nn.functional.cross_entropy(model(held[0][:, :-1]).transpose(1, 2), held[0][:, 1:],
-                                                         reduction="none")
-            measured.append((step, float(loss[held[1]].mean())))
-        if step == steps:
-            return held[0][:, :n_ctx], measured
-        x, repeated = repetition_batch(32, n_ctx, n_vocab, data)
-        loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).transpose(1, 2), x[:, 1:], reduction="none")
-        opt.zero_grad()
-        loss[repeated].mean().backward()
-        opt.step()
-
-
 @pytest.mark.slow
 def test_trained_induction_heads_found_in_layer_1_at_the_loss_drop(tmp_path):
     torch.set_num_threads(1)  # the same float sums on every run of this test on one machine
-    tokens, measured = train_repetition(tmp_path / "run")
+    tokens, measured = train(tmp_path / "run", steps=300, every=15)
     # by hand: the snapshot ending the steepest one-snapshot fall of the repeated part's loss
     falls = [(before[1] - after[1], after[0]) for before, after in zip(measured, measured[1:])]
     drop_step = max(falls)[1]
@@ -207,3 +178,13 @@ def test_the_doctor_joins_a_collapse_and_a_sink_to_the_loss(tmp_path):
     assert (collapse.severity, collapse.step, collapse.where) == ("warning", SWITCHED_ON, ("L0H0",))
     assert collapse.evidence["loss_bump"] == pytest.approx(0.5)
     assert (sink.step, sink.where) == (SWITCHED_ON, ("L0H0",))
+
+
+def test_the_repetition_run_reads_its_own_text(tmp_path, capsys):
+    from train import repetition
+
+    assert repetition.main(["--out", str(tmp_path / "run"), "--steps", "30", "--every", "15"]) == 0
+    result = development.run(tmp_path / "run")
+    assert [s["step"] for s in result.snapshots] == [0, 15, 30]
+    assert "data.txt (the run's data)" in result.source and len(result.loss_curve) == 30
+    assert repetition.main(["--out", str(tmp_path / "run")]) == 2  # never over a run
