@@ -48,14 +48,13 @@ import torch
 
 from probes.args import development_parser as build_parser
 from probes.errors import ProbeInputError
+from probes.development_cache import cache_path, read_cache, weights_key, write_cache
 from probes.phase_changes import phase_changes
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DevelopmentResult", "icl_score", "main", "read_snapshot", "repeat_half_loss", "run", "snapshot_paths"]
 
-READING_VERSION = 1  # bump when what a reading holds changes: older caches are recomputed
-CACHE_NAME = "development.json"
 REPEAT_SAMPLES = 8
 HF_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 CANNOT = ("cannot read: a run whose snapshots the store does not open (a series .pt needs --preset, "
@@ -91,38 +90,50 @@ def repeat_half_loss(logits: torch.Tensor, tokens: torch.Tensor, length: int) ->
 
 # ---------------------------------------------------------------- one snapshot
 
+def model_logits(model: Any, tokens: torch.Tensor) -> torch.Tensor:
+    """The model's logits [batch pos vocab] on tokens [batch pos] (a (logits, ...) tuple or an output
+    with .logits read as such); one line where it gives logits for fewer positions (nanoGPT's last one)."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    out = model(tokens.to(device))
+    logits = out[0] if isinstance(out, tuple) else getattr(out, "logits", out)
+    if not isinstance(logits, torch.Tensor) or logits.shape[:2] != tokens.shape:
+        raise ProbeInputError(f"{type(model).__name__} returns no logits for every position of a [batch pos] input")
+    return logits.float().cpu()
+
+
 def measure(model: Any, tokens: torch.Tensor, repeat: tuple[torch.Tensor, int]) -> dict[str, Any]:
     """A reading of a model (ours, a bridge, any module, or a snapshot's saved readings) on [batch pos]
     text windows and a random repeat (tokens [samples 2*length], length)."""
     from models.store.any_model import SavedModel
     from probes import entropy, heads, logit_lens
 
-    missing = []
-    ent = entropy.run(model, tokens)
+    saved, missing = isinstance(model, SavedModel), []
     on_text = heads.run(model, tokens, copying=False)
-    if isinstance(model, SavedModel):
-        rep = heads.run_repeat(model, copying=False)
-    else:
-        rep = heads.run(model, repeat[0], repeat_period=repeat[1], copying=False)
-    scores = {**on_text.scores, "induction_repeat": rep.induction_repeat}
-    reading: dict[str, Any] = {"entropy": ent.entropy_normalized, "scores": scores,
-                               "lens_points": None, "lens_kl": None, "loss": None, "icl_score": None,
-                               "repeat_loss": None, "repeat_length": rep.repeat_length}
+    rep = (heads.run_repeat(model, copying=False) if saved
+           else heads.run(model, repeat[0], repeat_period=repeat[1], copying=False))
+    reading: dict[str, Any] = {
+        "entropy": entropy.run(model, tokens).entropy_normalized,
+        "scores": {**on_text.scores, "induction_repeat": rep.induction_repeat}, "lens_points": None,
+        "lens_kl": None, "loss": None, "icl_score": None, "repeat_loss": None, "repeat_length": rep.repeat_length}
+    losses = None
     try:
         lens = logit_lens.run(model, tokens, k=1)
-        last = lens.per_position("cross_entropy")[-1]  # [sequence][pos], None at each last position
-        losses = torch.tensor([[v for v in row if v is not None] for row in last], dtype=torch.float64)
-        reading.update(lens_points=lens.layers, lens_kl=lens.kl_to_final, loss=float(losses.mean()),
-                       icl_score=icl_score(losses))
+        reading.update(lens_points=lens.layers, lens_kl=lens.kl_to_final)
+        if saved:  # the lens's last point is the model's own readout: its loss per position
+            last = lens.per_position("cross_entropy")[-1]  # [sequence][pos], None at each last position
+            losses = torch.tensor([[v for v in row if v is not None] for row in last], dtype=torch.float64)
     except ProbeInputError as err:
-        missing.append(f"lens, loss and icl_score: {err}")
-    if isinstance(model, SavedModel):
-        missing.append("repeat_loss: the snapshot saved no logits on its repeat")
-    else:
-        with torch.no_grad():
-            device = next((p.device for p in model.parameters()), torch.device("cpu"))
-            logits = model(repeat[0].to(device))
-        reading["repeat_loss"] = repeat_half_loss(logits.float().cpu(), repeat[0], repeat[1])
+        missing.append(f"lens_kl: {err}")
+    try:
+        if not saved:
+            losses = position_losses(model_logits(model, tokens), tokens)  # [batch pos-1]
+            reading["repeat_loss"] = repeat_half_loss(model_logits(model, repeat[0]), repeat[0], repeat[1])
+        else:
+            missing.append("repeat_loss: the snapshot saved no logits on its repeat")
+    except ProbeInputError as err:
+        missing.append(f"loss, icl_score and repeat_loss: {err}")
+    if losses is not None:
+        reading.update(loss=float(losses.mean()), icl_score=icl_score(losses))
     reading["missing"] = missing
     return reading
 
@@ -173,6 +184,8 @@ class Inputs:
 
     @property
     def key(self) -> str:
+        from probes.development_cache import READING_VERSION
+
         digest = hashlib.sha256(f"v{READING_VERSION}:{self.source}".encode())
         for t in (self.tokens, None if self.repeat is None else self.repeat[0]):
             if t is not None:
@@ -216,54 +229,6 @@ def run_inputs(latest: Path, tokens: Any = None, data: Path | None = None, sampl
     except ProbeInputError as err:
         log.info("%s: %s; reading the random repeat as the text", latest, err)
         return Inputs(repeat[0], repeat, "no text (the random repeat read as the text)")
-
-
-# ---------------------------------------------------------------- the cache beside each snapshot
-
-def cache_path(snapshot: Path) -> Path:
-    return snapshot / CACHE_NAME if snapshot.is_dir() else snapshot.with_name(f"{snapshot.stem}.{CACHE_NAME}")
-
-
-def weights_key(snapshot: Path) -> str | None:
-    """The weights' hash: config.json's (ours, the Monitor's), else the sha256 of the weights file."""
-    from models.store.files import sha256_of
-
-    config = snapshot / "config.json"
-    if config.is_file():
-        try:
-            recorded = json.loads(config.read_text()).get("tensors_sha256")
-        except (OSError, ValueError, AttributeError):
-            recorded = None
-        if isinstance(recorded, str):
-            return recorded
-    files = [snapshot] if snapshot.is_file() else [snapshot / n for n in ("model.safetensors", "pytorch_model.bin")]
-    found = next((f for f in files if f.is_file()), None)
-    return None if found is None else sha256_of(found)
-
-
-def read_cache(where: Path, weights: str, inputs: str) -> dict[str, Any] | None:
-    if not where.is_file():
-        return None
-    try:
-        saved = json.loads(where.read_text())
-        if saved["weights_sha256"] == weights and saved["inputs_sha256"] == inputs:
-            return saved["reading"]
-        log.info("%s was read from other weights or inputs: recomputed", where)
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        log.warning("%s is damaged (%s): recomputed", where, err)
-    return None
-
-
-def write_cache(where: Path, weights: str, inputs: str, reading: dict[str, Any]) -> None:
-    from models.cli import to_jsonable
-    from models.store.files import write_bytes_atomic
-
-    body = {"format_version": READING_VERSION, "weights_sha256": weights, "inputs_sha256": inputs,
-            "reading": to_jsonable(reading)}
-    try:
-        write_bytes_atomic(where, json.dumps(body, separators=(",", ":")).encode())
-    except OSError as err:  # a read-only run is still read, only not cached
-        log.warning("could not cache the development reading at %s: %s", where, err)
 
 
 # ---------------------------------------------------------------- the run
