@@ -22,7 +22,8 @@ of the run's data, `--data`, or given tokens) and one random repeat (`probes.hea
 Snapshots: a run's `step_*` directories, a folder of nanoGPT checkpoint files (`ckpt_500.pt`), a folder
 of Hugging Face Trainer `checkpoint-N` directories, or one snapshot alone. A snapshot of any model
 saved without its code reads what the Monitor saved (its sample's patterns and lens, its repeat's
-patterns); it saved no logits on the repeat, so its `repeat_loss` is null (said in `missing`).
+patterns and per-token loss; one saved before the Monitor kept that loss has `repeat_loss` null, said
+in `missing`).
 Each reading is cached beside its snapshot (`development.json`, or `NAME.development.json` beside a
 checkpoint file) keyed by the weights' hash and the inputs' hash; a stale one is recomputed (logged).
 The phase changes are `probes.phase_changes`' (sharp moves of a score, grouped, aligned with the loss).
@@ -128,8 +129,11 @@ def measure(model: Any, tokens: torch.Tensor, repeat: tuple[torch.Tensor, int]) 
         if not saved:
             losses = position_losses(model_logits(model, tokens), tokens)  # [batch pos-1]
             reading["repeat_loss"] = repeat_half_loss(model_logits(model, repeat[0]), repeat[0], repeat[1])
+        elif "repeat.loss" in model.readings():  # each next token's loss on the saved repeat [rows 2L-1]
+            saved_losses = torch.as_tensor(model.readings()["repeat.loss"]).double()
+            reading["repeat_loss"] = float(saved_losses[:, rep.repeat_length:].mean())
         else:
-            missing.append("repeat_loss: the snapshot saved no logits on its repeat")
+            missing.append("repeat_loss: the snapshot saved no loss on its repeat (saved before it did)")
     except ProbeInputError as err:
         missing.append(f"loss, icl_score and repeat_loss: {err}")
     if losses is not None:

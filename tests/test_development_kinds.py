@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from models.checkpoint import load_checkpoint
 from probes import development, entropy, heads
+from probes.common import saved_sample
 
 TOKENS = torch.randint(0, 40, (2, 16), generator=torch.Generator().manual_seed(3))
 # both sides read float32 patterns of the same weights on the same tokens, summed in another order
@@ -73,11 +74,16 @@ def test_the_monitors_snapshots_of_a_model_without_its_code(tmp_path):
     result = development.run(tmp_path / "run")
     assert [s["step"] for s in result.snapshots][-1] == 4
     last = result.snapshots[-1]
-    assert last["repeat_loss"] is None and any("repeat_loss" in m for m in last["missing"])
-    assert last["icl_score"] is not None and last["lens_kl"]
-    sample = load_checkpoint(tmp_path / "run" / "step_000004")
-    from probes.common import saved_sample
-    tokens = saved_sample(sample)[0]
+    assert last["icl_score"] is not None and last["lens_kl"] and last["missing"] == []
+    snap = load_checkpoint(tmp_path / "run" / "step_000004")
+    tokens = saved_sample(snap)[0]
     live = heads.run(model.eval(), tokens, copying=False).scores["previous_token"]  # the model itself, at step 4
     close(last["scores"]["previous_token"], live, 1e-4)
+    repeat = torch.as_tensor(snap.model.readings()["repeat.tokens"])  # [rows 2L]
+    length = repeat.shape[1] // 2
+    with torch.no_grad():
+        logits = model(repeat)
+        logits = logits[0] if isinstance(logits, tuple) else logits
+        losses = F.cross_entropy(logits[:, :-1].transpose(1, 2), repeat[:, 1:], reduction="none")
+    assert last["repeat_loss"] == pytest.approx(float(losses[:, length:].mean()), rel=1e-5)
     assert result.loss_curve and result.loss_curve[0][0] == 0
