@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from models import build_model
 from models.config import TransformerConfig
 
-__all__ = ["ALPHABET", "attention_only", "main", "repetition_batch", "train"]
+__all__ = ["ALPHABET", "attention_only", "build_parser", "main", "repetition_batch", "train"]
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz012345"  # 32 characters, one token each
 N_CTX = 24
@@ -88,16 +88,20 @@ def train(run_dir: Path, *, steps: int = 300, every: int = 15, lr: float = 5e-3,
     return held[:, :n_ctx], measured
 
 
-def main(argv: list[str] | None = None) -> int:
-    from models.checkpoint import append_metrics, write_run_json
-    from models.tokenizers import CharTokenizer
-
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m train.repetition", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="run directory to create")
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
     parser.add_argument("--every", type=int, default=15, help="a snapshot every N steps (default 15)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the data (default 0)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from models.checkpoint import append_metrics, write_run_json
+    from models.tokenizers import CharTokenizer
+
+    args = build_parser().parse_args(argv)
     if args.out.exists():
         print(f"error: {args.out} exists; give a new --out", file=sys.stderr)
         return 2
