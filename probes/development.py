@@ -190,7 +190,8 @@ class Inputs:
     def key(self) -> str:
         from probes.development_cache import READING_VERSION
 
-        digest = hashlib.sha256(f"v{READING_VERSION}:{self.source}".encode())
+        # the tokens themselves, not the words naming them (a path seen from another directory)
+        digest = hashlib.sha256(f"v{READING_VERSION}".encode() + (self.source.encode() if self.saved else b""))
         for t in (self.tokens, None if self.repeat is None else self.repeat[0]):
             if t is not None:
                 digest.update(t.cpu().to(torch.int64).numpy().tobytes())
@@ -251,6 +252,8 @@ def snapshot_paths(run_path: str | Path) -> list[Path]:
     if not found:
         found = sorted((p for p in path.iterdir() if p.is_dir() and HF_CHECKPOINT.match(p.name)),
                        key=lambda p: int(HF_CHECKPOINT.match(p.name).group(1)))
+    if not found and (path / "ckpt.pt").is_file():
+        return [path / "ckpt.pt"]  # nanoGPT's out_dir: its one checkpoint
     if not found and (path / "config.json").is_file():
         return [path]  # a Hugging Face model directory: one snapshot
     if not found:
@@ -259,15 +262,17 @@ def snapshot_paths(run_path: str | Path) -> list[Path]:
 
 
 def loss_curve(run_path: Path) -> list[tuple[int, float]]:
-    """(step, loss) of the run's training loss (val loss where it logged none), from metrics.jsonl."""
-    from models.store.run import read_metrics
+    """(step, loss) of the run's training loss (val loss where it logged none), read as the run doctor
+    reads a history (ours, a Trainer's trainer_state.json, TensorBoard, nanoGPT's log); [] where none."""
+    from probes.doctor.run_history import RunHistory
 
-    if not (run_path / "metrics.jsonl").is_file():
+    try:
+        history = RunHistory.read(run_path)
+    except (ValueError, OSError) as err:  # no history, or one the doctor cannot read: no loss chart
+        log.info("%s: no loss history (%s)", run_path, str(err).splitlines()[0] if str(err) else err)
         return []
-    records = read_metrics(run_path)
-    for key in ("train_loss", "loss", "val_loss"):
-        curve = [(int(r["step"]), float(r[key])) for r in records
-                 if isinstance(r.get(key), (int, float)) and isinstance(r.get("step"), int)]
+    for key in ("train_loss", "val_loss"):
+        curve = [(int(s), v) for s, v in history.series(key) if math.isfinite(v)]
         if curve:
             return sorted(curve)
     return []
