@@ -4,6 +4,8 @@ the Monitor's snapshots of a model saved without its code (read from what it sav
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -43,9 +45,12 @@ def test_a_folder_of_hugging_face_trainer_checkpoints(tmp_path):
 
     for seed, step in enumerate((10, 20)):
         save_hf_dir(tmp_path / f"checkpoint-{step}", seed=seed)
+    history = [{"step": 10, "loss": 2.0, "learning_rate": 1e-3}, {"step": 20, "loss": 1.5, "learning_rate": 1e-3}]
+    (tmp_path / "checkpoint-20" / "trainer_state.json").write_text(json.dumps({"global_step": 20, "log_history": history}))
     tokens = TOKENS % 32
     result = development.run(tmp_path, tokens=tokens)
     assert [s["step"] for s in result.snapshots] == [10, 20]
+    assert result.loss_curve == [(10, 2.0), (20, 1.5)]  # the Trainer's own log, as the doctor reads it
     model = load_checkpoint(tmp_path / "checkpoint-20").model
     by_probe = entropy.run(model, tokens).entropy_normalized
     close(result.snapshots[1]["entropy"], by_probe)
