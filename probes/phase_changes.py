@@ -8,7 +8,9 @@ score wanders by 0.02 has no phase). The window is the steepest one (largest x[i
 rise, smallest for a fall); the change's step is the first snapshot in it past half of the move
 (Olsson et al. 2022 read the induction bump the same way: where the score crosses its midpoint).
 Changes of the same kind and direction whose steps lie within one snapshot of each other are one
-phase change (its step: that of the largest move among them), listing every head.
+phase change (its step: that of the largest move among them), listing every head; a head without a
+sharp move of its own joins it where, over the change's window, it moved the same way by at least
+half the change's largest move (and `min_range`): it moved with the others.
 
 Each is aligned with the loss: the repeated-sequence loss and the in-context score before and after
 the window, and the training loss curve over it (a bump: the curve rising above both ends; a
@@ -139,13 +141,36 @@ def phase_changes(steps: Sequence[int], grids: dict[str, Sequence], *, repeat_lo
     for name, grid in grids.items():
         if name not in KINDS or len(grid) != len(steps):
             continue
-        for group in group_moves(head_moves(grid, **options)):
+        every = head_moves(grid, **options)
+        for group in group_moves(every):
             rise = [m for m in group if m.after > m.before]
             fall = [m for m in group if m.after <= m.before]
             for moves, kind in ((rise, KINDS[name][0]), (fall, KINDS[name][1])):
                 if moves:
+                    taken = {(m.layer, m.head) for m in every if (m.after > m.before) == (kind == KINDS[name][0])}
+                    moves = moves + companions(grid, moves, taken, options.get("min_range", MIN_RANGE))
                     out.append(change(kind, name, moves, steps, repeat_loss, icl_score, loss_curve))
     return sorted(out, key=lambda c: (c["step"], c["kind"]))
+
+
+def companions(grid: Sequence, moves: list[Move], taken: set[tuple[int, int]], min_range: float) -> list[Move]:
+    """Heads that moved with a change without a sharp move of their own (their steepest window fell just
+    short): over the change's window, the same way, by at least half its largest move and `min_range`."""
+    start, end = min(m.start for m in moves), max(m.end for m in moves)
+    largest = max(abs(m.after - m.before) for m in moves)
+    sign = 1 if moves[0].after > moves[0].before else -1
+    found = []
+    for layer in range(len(grid[0])):
+        for head in range(len(grid[0][layer])):
+            series = [g[layer][head] for g in grid]
+            if (layer, head) in taken or not finite(series):
+                continue
+            delta = series[end] - series[start]
+            if delta * sign >= max(min_range, 0.5 * largest):
+                half = series[start] + delta / 2
+                mid = next(j for j in range(start + 1, end + 1) if (series[j] - half) * delta >= 0)
+                found.append(Move(layer, head, start, end, mid, series[start], series[end], max(series) - min(series)))
+    return found
 
 
 def change(kind: str, score: str, moves: list[Move], steps: Sequence[int], repeat_loss: Sequence[float | None],

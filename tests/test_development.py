@@ -124,6 +124,12 @@ def test_grouped_moves_and_loss_alignment():
                             loss_curve=curve)
     assert [(c["kind"], c["step"], c["heads"]) for c in changes] == [("induction_heads", 30, [[0, 0], [0, 1]])]
     assert changes[0]["evidence"]["repeat_loss"] == {"before": 3, "after": 1}
+    # head 0 steps up 0.6 at 40; head 2 rises 0.4 over the same window (0.44 of its range 0.9: no sharp
+    # move of its own) and joins; head 3 rises 0.2 there (under half of 0.6) and does not
+    grid = [[[0.6 if i >= 4 else 0.0, 0.0, a, b]] for i, (a, b) in
+            enumerate(zip([0, 0.05, 0.1, 0.1, 0.5, 0.5, 0.6, 0.7, 0.9], [0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]))]
+    (joined,) = phase_changes(list(range(0, 90, 10)), {"induction": grid})
+    assert (joined["step"], joined["heads"]) == (40, [[0, 0], [0, 2]])
 
 
 @pytest.mark.slow
