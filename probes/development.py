@@ -302,8 +302,10 @@ class DevelopmentResult:
         lines.append("phase changes:" if self.phase_changes else "phase changes: none")
         for c in self.phase_changes:
             heads = ", ".join(f"L{l}H{h}" for l, h in c["heads"])
-            lines.append(f"  step {c['step']}: {c['kind']} ({heads}; {c['evidence']['from_step']}.."
-                         f"{c['evidence']['to_step']})")
+            ev = c["evidence"]
+            repeat = ev.get("repeat_loss")
+            drop = f"; repeat loss {repeat['before']:.2f} -> {repeat['after']:.2f}" if repeat else ""
+            lines.append(f"  step {c['step']}: {c['kind']} ({heads}; steps {ev['from_step']}..{ev['to_step']}{drop})")
         missing = sorted({m for s in self.snapshots for m in s.get("missing", [])})
         lines += [f"missing: {m}" for m in missing]
         return "\n".join(lines)

@@ -15,7 +15,7 @@ from app.views.common import Selection, page, show
 TYPES = {"induction_repeat": "induction (Olsson, on a random repeat)", "previous_token": "previous token",
          "duplicate_token": "duplicate token", "sink": "sink (first position)", "induction": "induction (on the text)",
          "entropy": "normalised entropy"}
-MAX_SNAPSHOTS_TO_COMPUTE = 200  # a run with more is read from its caches or not at all (said on the page)
+MANY_SNAPSHOTS = 200  # past this, the page says the first visit takes a while
 
 
 @st.cache_data(max_entries=8, show_spinner="Reading every snapshot (cached beside each one afterwards)...")
@@ -38,7 +38,7 @@ def render(sel: Selection) -> None:
         st.info("A lone snapshot has no development: open a run directory with several snapshots.")
         return
     snaps = sel.run.snapshots()
-    if len(snaps) > MAX_SNAPSHOTS_TO_COMPUTE:
+    if len(snaps) > MANY_SNAPSHOTS:
         st.warning(f"{len(snaps)} snapshots: each is read once (then cached beside it); this may take a while.")
     result = development(str(sel.run.path), run_modified(sel))
     snapshots = result["snapshots"]
