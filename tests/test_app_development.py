@@ -38,3 +38,15 @@ def test_a_lone_snapshot_has_no_development(monkeypatch, tmp_path):
     at = open_app(monkeypatch, [tmp_path / "lone"], page="development")
     assert not at.exception and not at.error
     assert any("lone snapshot" in i.value for i in at.info)
+
+
+def test_a_run_without_attention_is_said_in_the_page(monkeypatch, tmp_path):
+    from models import build_model
+    from models.checkpoint import save_snapshot
+    from models.presets import get_preset
+
+    model = build_model(get_preset("char_mlp"))
+    for step in (0, 10):
+        save_snapshot(tmp_path / "mlp" / f"step_{step:06d}", model, None, step=step)
+    at = open_app(monkeypatch, [tmp_path], page="development", run="mlp")
+    assert [e.value for e in at.error] and "no attention" in at.error[0].value
