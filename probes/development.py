@@ -224,7 +224,9 @@ def run_inputs(latest: Path, tokens: Any = None, data: Path | None = None, sampl
     repeat = (random_repeat_tokens(d_vocab, length, REPEAT_SAMPLES, seed=0), length)
     if tokens is not None:
         batches = as_batches(tokens, n_ctx, d_vocab, 1 << 16)
-        return Inputs(torch.cat(batches), repeat, f"the given tokens ({sum(b.numel() for b in batches)})")
+        width = max(b.shape[1] for b in batches)  # a row's short last window is left out: one [batch pos]
+        kept = torch.cat([b for b in batches if b.shape[1] == width])
+        return Inputs(kept, repeat, f"the given tokens ({kept.shape[0]} window(s) of {width})")
     if data is not None:
         ids = encode_text(snap.tokenizer, read_text_file(data))
         return Inputs(sample_windows(ids, n_ctx, samples, seed), repeat, f"{samples} windows of {data}, seed {seed}")

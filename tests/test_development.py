@@ -194,3 +194,9 @@ def test_the_repetition_run_reads_its_own_text(tmp_path, capsys):
     assert [s["step"] for s in result.snapshots] == [0, 15, 30]
     assert "data.txt (the run's data)" in result.source and len(result.loss_curve) == 30
     assert repetition.main(["--out", str(tmp_path / "run")]) == 2  # never over a run
+
+
+def test_given_tokens_longer_than_the_context_are_read_in_full_windows(hand_run):
+    long = torch.arange(20)[None] % V  # windows of 8, 8 and 4 tokens: the short one is left out
+    result = development.run(hand_run, tokens=long, cache=False)
+    assert result.source == "the given tokens (2 window(s) of 8)"
