@@ -46,7 +46,8 @@ def test_a_folder_of_hugging_face_trainer_checkpoints(tmp_path):
     for seed, step in enumerate((10, 20)):
         save_hf_dir(tmp_path / f"checkpoint-{step}", seed=seed)
     history = [{"step": 10, "loss": 2.0, "learning_rate": 1e-3}, {"step": 20, "loss": 1.5, "learning_rate": 1e-3}]
-    (tmp_path / "checkpoint-20" / "trainer_state.json").write_text(json.dumps({"global_step": 20, "log_history": history}))
+    state = {"global_step": 20, "log_history": history}
+    (tmp_path / "checkpoint-20" / "trainer_state.json").write_text(json.dumps(state))
     tokens = TOKENS % 32
     result = development.run(tmp_path, tokens=tokens)
     assert [s["step"] for s in result.snapshots] == [10, 20]

@@ -101,7 +101,8 @@ def loss_chart(result: dict[str, Any]) -> None:
         x=alt.X("step:Q"), y=alt.Y("loss:Q", scale=alt.Scale(zero=True)), color=alt.Color("curve:N", title=None))
     snapshots = base.mark_point(filled=True, size=30).transform_filter(alt.datum.curve != "training loss")
     chart = base.mark_line() + snapshots  # a dot per snapshot, none on every logged step
-    changes = [{"step": c["step"], "change": f"{c['kind']} ({heads_text(c['heads'])})"} for c in result["phase_changes"]]
+    changes = [{"step": c["step"], "change": f"{c['kind']} ({heads_text(c['heads'])})"}
+               for c in result["phase_changes"]]
     if changes:
         rules = alt.Chart(pd.DataFrame(changes)).mark_rule(strokeDash=[4, 3], color="crimson").encode(
             x="step:Q", tooltip=["change", "step"])

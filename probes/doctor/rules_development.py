@@ -113,7 +113,8 @@ def collapse_finding(c: dict[str, Any], roles: set[tuple[int, tuple[int, ...]]])
         evidence={**window(c), **numbers, "with_a_role": len(with_role)},
         cause="the heads' attention went from spread to concentrated within a few snapshots: healthy when they "
               "learn where to look (a phase change), a sign of instability when the loss bumps and no role forms",
-        fix="" if severity == "info" else "a lower learning rate or QK-norm, if the heads stay collapsed (see Attention)",
+        fix="" if severity == "info" else
+        "a lower learning rate or QK-norm, if the heads stay collapsed (see Attention)",
         reference=f"{OLSSON}; {ZHAI}", page="development")
 
 
