@@ -57,7 +57,7 @@ def loss_series(h: RunHistory) -> list[tuple[int, float]]:
 
 @rule("head_entropy_collapse", "sink_forming")
 def head_phases(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
-    readings = development_readings(Path(h.path), h.upto)
+    readings = [] if h.path is None else development_readings(Path(h.path), h.upto)
     if len(readings) < 3 or len({json.dumps([len(r) for r in x["entropy"]]) for x in readings}) > 1:
         return []
     grids = {"entropy": [r["entropy"] for r in readings], "sink": [r["scores"]["sink"] for r in readings]}
