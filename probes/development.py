@@ -58,8 +58,8 @@ __all__ = ["DevelopmentResult", "icl_score", "main", "read_snapshot", "repeat_ha
 
 REPEAT_SAMPLES = 8
 HF_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-CANNOT = ("cannot read: a run whose snapshots the store does not open (a series .pt needs --preset, "
-          "one snapshot at a time), nor nanochat's model_N.pt folder as a sequence")
+CANNOT = ("it cannot read a folder of the series' .pt state dicts (each needs --preset: one snapshot at a time), "
+          "nor snapshots of different models as one run")
 
 
 # ---------------------------------------------------------------- pure functions
