@@ -308,3 +308,27 @@ def tuned_lens_parser() -> Parser:
                         help="show a progress bar over training steps (default: on a terminal)")
     add_json_argument(parser)
     return parser
+
+
+def development_parser() -> Parser:
+    parser = Parser(prog="python -m probes.development", description=(
+        "The run's development: per snapshot, each head's normalised entropy and head-type scores, the "
+        "logit lens's KL per layer, the loss, the in-context score and the loss on a random repeat's second "
+        "half; and the phase changes (a type score rising or falling sharply, heads grouped, aligned with "
+        "the loss). Each snapshot's reading is cached beside it, keyed by the weights' hash."),
+        epilog=f"examples:\n  python -m probes.development --ckpt {RUN}\n"
+               "  python -m probes.development --ckpt runs/mine --json\n")
+    parser.add_argument("--ckpt", required=True, type=path_type, metavar="RUN",
+                        help="a run directory (step_*/ snapshots), a folder of nanoGPT ckpt_N.pt files or of "
+                             "Hugging Face checkpoint-N/ directories, or one snapshot")
+    parser.add_argument("--data", type=path_type, metavar="PATH",
+                        help="a text file to sample --samples windows from (default: the validation split of "
+                             "the run's own data, else data/tinyshakespeare.txt)")
+    parser.add_argument("--samples", type=POSITIVE_INT, default=8, metavar="N", help="text windows (default 8)")
+    parser.add_argument("--seed", type=int, default=0, metavar="N", help="seed for sampling the text windows")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="read every snapshot again, neither reading nor writing development.json")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="show a progress bar over snapshots (default: on a terminal)")
+    add_json_argument(parser)
+    return parser

@@ -31,6 +31,7 @@ CLIS = {
     "probes.activations": ("probes.activations", ["--ckpt", "x", "--saturation", "1"], "--saturation"),
     "probes.diagnose": ("probes.diagnose", ["--ckpt", "x", "--step", "-1"], "--step"),
     "probes.tuned_lens": ("probes.tuned_lens", ["--ckpt", "x", "--steps", "0"], "--steps"),
+    "probes.development": ("probes.development", ["--ckpt", "x", "--samples", "0"], "--samples"),
     "models.info": ("models.info", ["--preset", "mha4_small", "--seq-len", "0"], "--seq-len"),
     "models.sample": ("models.sample", ["--ckpt", "x", "--prompt", "a", "--temperature", "0"], "--temperature"),
     "train": ("train.loop", ["--out", "x", "--no-such-flag"], "--no-such-flag"),

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TOUR = ROOT / "notebooks" / "tour.ipynb"
 PROBES = ("entropy.run", "degenerate.run", "entropy.head_pattern", "neighbours.run", "projection.run",
           "logit_lens.run", "updates.from_run", "activations.run", "diagnose.run", "run_with_cache",
-          "heads.run_repeat", "attribution.run")
+          "heads.run_repeat", "attribution.run", "development.run")
 
 
 def code_cells(nb) -> list:

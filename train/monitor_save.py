@@ -57,9 +57,16 @@ def sample_size(n_layers: int, n_heads: int, rows: int, positions: int) -> tuple
 
 
 def patterns(model: torch.nn.Module, ids: torch.Tensor, prefix: str) -> dict[str, torch.Tensor]:
-    """`{prefix}.pattern.L`: each attention layer's pattern [batch head q k], float32 on the CPU."""
+    """`{prefix}.pattern.L`: each attention layer's pattern [batch head q k], float32 on the CPU; and
+    `{prefix}.loss` [batch pos-1], each next token's loss, from the same pass's logits where it gives
+    them for every position (the development's loss on a repeat's second half, `probes.development`)."""
     result = tap_forward(model, ids, lambda call: call.pattern.detach().float().cpu())
-    return {f"{prefix}.pattern.{layer}": pattern for layer, (_, pattern) in enumerate(result.layers)}
+    out = {f"{prefix}.pattern.{layer}": pattern for layer, (_, pattern) in enumerate(result.layers)}
+    logits = result.logits
+    if isinstance(logits, torch.Tensor) and logits.shape[:2] == ids.shape:
+        out[f"{prefix}.loss"] = torch.nn.functional.cross_entropy(
+            logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none").cpu()  # [batch pos-1]
+    return out
 
 
 def check_model_args(model_args: dict[str, Any] | None, name: str) -> None:

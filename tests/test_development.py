@@ -1,0 +1,202 @@
+"""probes.development and probes.phase_changes: a hand-set previous-token and induction head scored on
+paper across a run's snapshots, the phase change found at the snapshot the heads were switched on,
+the cache beside each snapshot, and induction heads a test trains itself, found in layer 1 within
+one snapshot of the repeated-part loss's steepest drop."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import pytest
+import torch
+
+from development_kit import V, hand_set, save_run
+from probes import development
+from probes.phase_changes import Move, group_moves, loss_evidence, phase_changes, sharp_moves
+from train.repetition import train
+
+TOKENS = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]])  # period 4, distinct within a period
+SWITCHED_ON = 300  # the hand-set heads' scale goes from 0 (uniform attention) to 40 here
+# float32 softmax of a one-hot pattern at scale 40 leaks e^-40 per key; the sums are float32
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def hand_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("hand") / "run"
+    return save_run(run_dir, [(s, hand_set(0.0 if s < SWITCHED_ON else 40.0)) for s in range(0, 500, 100)])
+
+
+def test_hand_set_heads_scored_on_paper_and_their_phase_change(hand_run):
+    result = development.run(hand_run, tokens=TOKENS)
+    assert [s["step"] for s in result.snapshots] == [0, 100, 200, 300, 400]
+    last = result.snapshots[-1]
+    scores = last["scores"]
+    # layer 0 attends i -> i-1 on rows 1..7, row 0 to itself: 7 of 8 rows; its sink: rows 0 and 1
+    # layer 1: rows 4..7 find the token after the earlier copy (induction 4/8, Olsson's score 1);
+    # rows 1..3 see no copy and spread over keys 1..i, previous-token mass 0 + 1/2 + 1/3 of 8 rows
+    on_paper = {("previous_token", 0): 7 / 8, ("sink", 0): 2 / 8, ("induction", 1): 4 / 8,
+                ("previous_token", 1): (1 / 2 + 1 / 3) / 8, ("sink", 1): 1 / 8, ("induction_repeat", 1): None}
+    for (name, layer), want in on_paper.items():
+        if want is not None:
+            assert scores[name][layer][0] == pytest.approx(want, abs=TOL), (name, layer)
+    # the unembedding reads the current token only: every position's loss is ln(e + 15), so the
+    # in-context score (late minus early) is 0
+    assert last["loss"] == pytest.approx(math.log(math.e + V - 1), rel=1e-6)
+    assert last["icl_score"] == pytest.approx(0.0, abs=1e-6)
+    kinds = {c["kind"]: c for c in result.phase_changes}
+    assert kinds["induction_heads"]["step"] == SWITCHED_ON and kinds["induction_heads"]["heads"] == [[1, 0]]
+    assert kinds["previous_token_heads"]["step"] == SWITCHED_ON
+    assert kinds["previous_token_heads"]["heads"] == [[0, 0]]
+    evidence = kinds["induction_heads"]["evidence"]
+    assert (evidence["from_step"], evidence["to_step"]) == (200, 300)
+    assert evidence["per_head"][0]["after"] > evidence["per_head"][0]["before"] + 0.5
+    assert set(result.to_dict()) == {"snapshots", "phase_changes"}
+
+
+def test_olsson_score_of_the_hand_set_induction_head_is_one():
+    from probes import heads
+
+    result = heads.run(hand_set(40.0), TOKENS, repeat_period=4, copying=False)
+    assert result.induction_repeat[1][0] == pytest.approx(1.0, abs=TOL)
+    assert result.induction_repeat[0][0] == pytest.approx(0.0, abs=TOL)
+
+
+def test_readings_cached_beside_each_snapshot_and_a_stale_one_recomputed(hand_run, caplog):
+    first = development.run(hand_run, tokens=TOKENS)
+    again = development.run(hand_run, tokens=TOKENS)
+    assert {s["from"] for s in again.snapshots} == {"cache"}
+    assert json.dumps(again.to_dict()["phase_changes"]) == json.dumps(first.to_dict()["phase_changes"])
+    cached = hand_run / "step_000400" / "development.json"
+    kept = cached.read_bytes()
+    save_run(hand_run, [(400, hand_set(0.0))])  # other weights under the same name ...
+    cached.write_bytes(kept)  # ... beside the reading of the old ones
+    with caplog.at_level(logging.INFO, logger="probes.development"):
+        changed = development.run(hand_run, tokens=TOKENS)
+    assert [s["from"] for s in changed.snapshots] == ["cache"] * 4 + ["computed"]
+    assert any("other weights" in r.getMessage() for r in caplog.records)
+    other_text = development.run(hand_run, tokens=TOKENS.flip(-1))
+    assert {s["from"] for s in other_text.snapshots} == {"computed"}
+
+
+def test_cli_json_and_bad_input(hand_run, tmp_path, capsys):
+    assert development.main(["--ckpt", str(hand_run), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"snapshots", "phase_changes"} and len(out["snapshots"]) == 5
+    assert development.main(["--ckpt", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nowhere" in err[0]
+
+
+def test_pure_functions_on_paper():
+    losses = torch.arange(20, dtype=torch.float64)[None]  # loss i at position i
+    # late: positions 18, 19 (mean 18.5); early: positions 1, 2 (5%..15% of 20; mean 1.5)
+    assert development.icl_score(losses) == pytest.approx(17.0)
+    logits = torch.zeros(1, 6, 3)
+    logits[0, 3:, 0] = math.log(2.0)  # from the copy's first token on, token 0 twice as likely
+    tokens = torch.tensor([[0, 1, 0, 0, 1, 0]])  # period 3; the copy predicts tokens 4, 5
+    # row 3 -> token 1: p = 1/4; row 4 -> token 0: p = 2/4
+    assert development.repeat_half_loss(logits, tokens, 3) == pytest.approx((math.log(4) + math.log(2)) / 2)
+
+
+@pytest.mark.parametrize("series, want", [
+    ([0, 0, 0, 0, 1, 1, 1, 1, 1, 1], [(2, 4, 4)]),  # a step: window of 2 intervals, past half at 4
+    ([1, 1, 1, 0.2, 0.1, 0.1, 0.1], [(2, 3, 3)]),  # a fall
+    ([i / 9 for i in range(10)], []),  # a ramp over the whole run: 2/9 of its range per window
+    ([0.0, 0.05, 0.1, 0.05, 0.0], []),  # a range under MIN_RANGE
+    ([0, 0, float("nan"), 1], []),  # a diverged snapshot
+])
+def test_sharp_moves(series, want):
+    assert sharp_moves(series) == want
+
+
+def test_grouped_moves_and_loss_alignment():
+    moves = [Move(1, 0, 2, 4, 4, 0.0, 1.0, 1.0), Move(1, 1, 2, 4, 5, 0.0, 1.0, 1.0), Move(0, 0, 6, 8, 8, 0, 1, 1)]
+    assert [[(m.layer, m.head) for m in g] for g in group_moves(moves)] == [[(1, 0), (1, 1)], [(0, 0)]]
+    curve = [(0, 3.0), (10, 3.0), (20, 3.0), (25, 3.4), (30, 2.0), (40, 1.9)]
+    # flat over 10..20, a bump of 0.4 above both ends of 20..30, then the loss falls: a plateau's end
+    assert loss_evidence(curve, 20, 30) == {"before": 3.0, "after": 2.0, "bump": pytest.approx(0.4),
+                                            "plateau_end": True}
+    grid = [[[0.0, 0.0]], [[0.0, 0.0]], [[0.0, 0.0]], [[1.0, 0.9]], [[1.0, 0.9]]]
+    changes = phase_changes([0, 10, 20, 30, 40], {"induction": grid}, repeat_loss=[3, 3, 3, 1, 1],
+                            loss_curve=curve)
+    assert [(c["kind"], c["step"], c["heads"]) for c in changes] == [("induction_heads", 30, [[0, 0], [0, 1]])]
+    assert changes[0]["evidence"]["repeat_loss"] == {"before": 3, "after": 1}
+    # head 0 steps up 0.6 at 40; head 2 rises 0.4 over the same window (0.44 of its range 0.9: no sharp
+    # move of its own) and joins; head 3 rises 0.2 there (under half of 0.6) and does not
+    grid = [[[0.6 if i >= 4 else 0.0, 0.0, a, b]] for i, (a, b) in
+            enumerate(zip([0, 0.05, 0.1, 0.1, 0.5, 0.5, 0.6, 0.7, 0.9], [0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]))]
+    (joined,) = phase_changes(list(range(0, 90, 10)), {"induction": grid})
+    assert (joined["step"], joined["heads"]) == (40, [[0, 0], [0, 2]])
+
+
+@pytest.mark.slow
+def test_trained_induction_heads_found_in_layer_1_at_the_loss_drop(tmp_path):
+    torch.set_num_threads(1)  # the same float sums on every run of this test on one machine
+    tokens, measured = train(tmp_path / "run", steps=300, every=15)
+    # by hand: the snapshot ending the steepest one-snapshot fall of the repeated part's loss
+    falls = [(before[1] - after[1], after[0]) for before, after in zip(measured, measured[1:])]
+    drop_step = max(falls)[1]
+    assert measured[-1][1] < 0.5 * measured[0][1]  # the repeats are learned
+    result = development.run(tmp_path / "run", tokens=tokens, cache=False)
+    induction = [c for c in result.phase_changes if c["kind"] == "induction_heads"]
+    assert induction, result.phase_changes
+    assert all(layer == 1 for c in induction for layer, _ in c["heads"])
+    assert min(abs(c["step"] - drop_step) for c in induction) <= 15  # within one snapshot
+    repeat = [s["repeat_loss"] for s in result.snapshots]
+    assert repeat[-1] < 0.5 * repeat[0]  # the tool's own repeated sequence: its second half learned too
+
+
+def test_the_doctor_joins_a_collapse_and_a_sink_to_the_loss(tmp_path):
+    """Read from the development.json files beside the snapshots: the hand-set heads' entropy falls at
+    300 as they take their roles (a note); grids of a head that collapses onto the first position (a sink)
+    with the loss bumping meanwhile and no role gained: a warning and a sink note at the same step."""
+    from models.checkpoint import append_metrics
+    from probes.doctor import diagnosis
+    from probes.doctor.rules_development import development_readings
+
+    run = save_run(tmp_path / "run", [(s, hand_set(0.0 if s < SWITCHED_ON else 40.0)) for s in range(0, 500, 100)])
+    for step in range(0, 500, 50):
+        append_metrics(run, {"step": step, "train_loss": 3.0})
+    assert [f.code for f in diagnosis.run(run).findings if f.page == "development"] == []  # no readings yet
+    development.run(run, tokens=TOKENS)
+    assert [r["step"] for r in development_readings(run)] == [0, 100, 200, 300, 400]
+    found = {f.code: f for f in diagnosis.run(run).findings if f.page == "development"}
+    assert found["head_entropy_collapse"].severity == "info" and found["head_entropy_collapse"].step == SWITCHED_ON
+    assert found["head_entropy_collapse"].evidence["with_a_role"] == 2
+    # now the readings say: L0H0 collapses onto position 0 at 300, the loss bumping from 3.0 to 3.5 at 250
+    for path in sorted(run.glob("step_*/development.json")):
+        saved = json.loads(path.read_text())
+        on = saved["reading"]["step"] >= SWITCHED_ON
+        saved["reading"]["entropy"] = [[0.05 if on else 0.9], [0.9]]
+        saved["reading"]["scores"] = {name: [[0.95 if on and name == "sink" else 0.05], [0.05]]
+                                      for name in ("previous_token", "duplicate_token", "induction", "sink",
+                                                   "induction_repeat")}
+        path.write_text(json.dumps(saved))
+    append_metrics(run, {"step": 500, "train_loss": 3.0})
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records[5]["train_loss"] = 3.5  # step 250
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    found = {f.code: f for f in diagnosis.run(run).findings if f.page == "development"}
+    collapse, sink = found["head_entropy_collapse"], found["sink_forming"]
+    assert (collapse.severity, collapse.step, collapse.where) == ("warning", SWITCHED_ON, ("L0H0",))
+    assert collapse.evidence["loss_bump"] == pytest.approx(0.5)
+    assert (sink.step, sink.where) == (SWITCHED_ON, ("L0H0",))
+
+
+def test_the_repetition_run_reads_its_own_text(tmp_path, capsys):
+    from train import repetition
+
+    assert repetition.main(["--out", str(tmp_path / "run"), "--steps", "30", "--every", "15"]) == 0
+    result = development.run(tmp_path / "run")
+    assert [s["step"] for s in result.snapshots] == [0, 15, 30]
+    assert "data.txt (the run's data)" in result.source and len(result.loss_curve) == 30
+    assert repetition.main(["--out", str(tmp_path / "run")]) == 2  # never over a run
+
+
+def test_given_tokens_longer_than_the_context_are_read_in_full_windows(hand_run):
+    long = torch.arange(20)[None] % V  # windows of 8, 8 and 4 tokens: the short one is left out
+    result = development.run(hand_run, tokens=long, cache=False)
+    assert result.source == "the given tokens (2 window(s) of 8)"
