@@ -1,4 +1,4 @@
-"""The guard (`train.rescue`) against three other ways of meeting a diverging run, on one
+"""The guard (`train.guard`) against three other ways of meeting a diverging run, on one
 learning-rate sweep, side by side in one run.
 
     python benchmarks/bench_guard.py                # 7 rates x 3 seeds x 4 arms: 5 min on 2 idle cores, 15+ shared
@@ -55,7 +55,7 @@ NEAR = (0.05, 0.5)  # nats from the best unguarded run of the seed that count as
 def sweep(arms: tuple[str, ...], rates: tuple[float, ...], seeds: tuple[int, ...], steps: int, workers: int,
           guard_options: dict | None = None) -> list[Outcome]:
     ids()  # read once, before the workers fork
-    import train.rescue  # noqa: F401 (imported before the fork: every run of the sweep runs the same code)
+    import train.guard.run  # noqa: F401 (imported before the fork: every run of the sweep runs the same code)
     jobs = [(arm, lr, seed, steps, guard_options if arm in ("guard", "palm") else None)
             for seed in seeds for lr in rates for arm in arms]
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("fork")) as pool:
@@ -63,7 +63,7 @@ def sweep(arms: tuple[str, ...], rates: tuple[float, ...], seeds: tuple[int, ...
 
 
 def _one(job: tuple) -> Outcome:
-    logging.getLogger("train.rescue").setLevel(logging.ERROR)  # one line per rescue: counted here instead
+    logging.getLogger("train.guard").setLevel(logging.ERROR)  # one line per rescue: counted here instead
     return train(*job)
 
 

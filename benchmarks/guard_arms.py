@@ -8,7 +8,7 @@ one of four arms, each a plain loop (forward, backward, AdamW step, a LambdaLR s
 - skip: OLMo-core's SkipStepOptimizer rule: the update is skipped when the loss or the gradient
   norm lies more than 6 standard deviations from its mean over the last 128 steps (judged once
   64 are held);
-- guard: `train.rescue.Guard` (its defaults unless told), through `Guard.attach` and
+- guard: `train.guard.Guard` (its defaults unless told), through `Guard.attach` and
   `run.log(step, train_loss=loss.item())`, as a rank without a Monitor uses it.
 
 Every batch is a function of (seed, step) and the same in every arm; the initial weights are a
@@ -210,9 +210,9 @@ class PaLM(Bare):
     """Rewind ~100 steps on a spike, skip the batches in between, keep the rate."""
 
     def __init__(self, model: Any, optimizer: Any, options: dict[str, Any]):
-        from train.rescue import Guard
-        from train.rescue_signal import LossWatch
-        from train.rescue_state import HostSnapshot
+        from train.guard import Guard
+        from train.guard.loss_watch import LossWatch
+        from train.guard.snapshot import HostSnapshot
 
         super().__init__(model, optimizer, options)
         g = Guard(**options)
@@ -248,12 +248,12 @@ class Guarded(Bare):
     """The guard, as a rank without a Monitor runs it."""
 
     def __init__(self, model: Any, optimizer: Any, options: dict[str, Any]):
-        from train.rescue import Guard
+        from train.guard import Guard
         super().__init__(model, optimizer, options)
         self.run = Guard(**options).attach(model, optimizer)
 
     def after_step(self, step: int, loss: float) -> bool:
-        from train.rescue import GuardStop
+        from train.guard import GuardStop
         try:
             self.run.log(step, train_loss=loss)
         except GuardStop:

@@ -1,4 +1,4 @@
-"""What the guard (`train.rescue`) did to a run, as the doctor reports it: each rescue a finding
+"""What the guard (`train.guard`) did to a run, as the doctor reports it: each rescue a finding
 ("rescued at step N: ..."), a stop a failure, a watching guard's "would rescue" a warning; and the
 structural fix it names, since a rescued run still had its rate (or its model) wrong.
 
