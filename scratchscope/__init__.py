@@ -41,6 +41,7 @@ MONITOR_MODULES = ("train.monitor", "train.monitor_core", "train.monitor_parts",
                    "train.run_lock", "train.doctor", "train.data", "train.host_copy",
                    "train.optimizer_kinds", "train.monitor_save", "train.guard", "train.guard.settings",
                    "train.guard.run", "train.guard.stop", "train.guard.monitor", "train.guard.loss_watch", "train.guard.snapshot",
+                   "train.guard.kinds", "train.guard.plan", "train.guard.rate", "train.guard.rates",
                    "train.monitor_open")
 NEEDS = {"Monitor": MONITOR_MODULES, "HFCallback": (*MONITOR_MODULES, "train.monitor_hf")}
 

@@ -173,7 +173,7 @@ def run_steps(state: TrainState) -> None:
                             state.doctor.check(failing_only=True)
                 loss_sum.zero_()
                 n = 0
-                if plan is not None and state.guard.act(plan)["action"] == "rewind":  # all ranks alike
+                if plan is not None and state.guard.act(plan)["action"] in ("rewind", "skip"):  # all ranks alike
                     first_bad.fill_(-1)  # the run goes on from a finite state
                     if dist.is_main:
                         state.monitor.first_nonfinite_step = None

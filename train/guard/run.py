@@ -1,42 +1,44 @@
-"""The guard: the one place that acts on a run. It keeps a few states of the model and optimizer in
-host memory; when the loss turns non-finite or spikes against the run's own recent level (or the
-gradient norm turns non-finite), it rewinds to the last state taken before the trouble began,
-caps the learning rate, and lets the loop go on (the batches in between are not replayed).
-Repeated trouble cuts deeper, then stops the run cleanly, naming the structural fix.
+"""The guard at work on one model and optimizer: it keeps a few calm states in host memory, judges
+each loss (`loss_watch`), tells the kind of trouble (`kinds`) and acts on it:
 
-    with Monitor(model, optimizer, "runs/x", guard=True) as monitor:      # or guard=Guard(cut=0.3)
+- a data spike: the state from just before the bad batches is restored and the run goes on with
+  its next batch, at its own rate (their updates are undone: OLMo-core's skip-step, PaLM's skip);
+- a rate blow-up: the run goes back to a calm state before the damage began, with its rate capped
+  at one its own evidence says is stable (the rate at which its update ratios were last in their
+  band, or the rate at the last calm step cut), ramped back up over `rewarm` steps;
+- a data shift: noted once, nothing done;
+- a stall after a rewind (the loss flat far above its level before the trouble): an earlier state
+  and a lower rate again; past `max_rescues` or the rate floor, a clean stop.
+Once a rescued run is back at its level and calm, a cap is doubled every `lift_after` steps until
+it is gone (never back to half the rate that blew up).
+
+    with Monitor(model, optimizer, "runs/x", guard=True) as monitor:      # or guard=Guard(...)
         for step in range(steps):
             ...; loss.backward(); optimizer.step(); scheduler.step()
             monitor.log(step, train_loss=loss.item())                        # the guard acts in here
 
-The rate: a rescue sets a cap on each param group's rate, `cut**k` times the rate the user's
-schedule asked for at the restored state (k: the rescue's number). Around the optimizer's own step
-(just before it; the user's value is put back just after, so a scheduler, or a loop setting
-g["lr"] by hand, stays in charge and sees its own numbers) the rate is scaled by
-min(1, cap / the highest rate the schedule asked for since the rescue): while a warmup climbs the
-run trains at the cap; once the schedule decays, the run decays with it, in its shape, from the
-cap down. A constant rate is simply cut. Groups sharing a schedule keep their ratios. Over the
-first `rewarm` steps after a rewind the rate also ramps up from 1/rewarm of that (a warmup again:
-the restored optimizer state, fresh at the start, meets other batches and another rate).
-
 A healthy run is untouched: the snapshots only copy, the rate is never written, no random number
-is drawn. The decision reads numbers already on the host (the logged loss); a loss logged as a
-tensor is read only at the Monitor's log steps (without one, every `read_every` steps). Under
-torchrun every rank holds a guard (rank 0 through its Monitor, the others through `Guard.attach`):
-the loss is averaged over the ranks at each check (one all-reduce of three numbers), so every rank
-decides alike and rewinds alike.
+is drawn. The decision reads numbers already on the host (the logged loss; the gradient norm and
+update ratios the Monitor measures at its log steps). Under torchrun every rank holds a guard and
+the loss is averaged over the ranks at each check, so every rank decides alike.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from train.guard.kinds import Excursion, classify, stalled
 from train.guard.loss_watch import LossWatch
+from train.guard.plan import Plan, record, rescue_line
+from train.guard.rate import RateCap, rate_of
+from train.guard.rates import blowup_rate
 from train.guard.snapshot import HostSnapshot
 from train.guard.stop import EXIT_STOPPED, GuardStop
 
@@ -45,7 +47,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("train.guard")
 
-__all__ = ["GuardedRun", "Plan", "rescue_line"]
+__all__ = ["GuardedRun"]
+
+
+@dataclass
+class Recovery:
+    """After a rewind: the level the run must head back to, and its losses since."""
+
+    since: int
+    target: float | None
+    losses: list[float] = field(default_factory=list)
 
 
 class GuardedRun:
@@ -55,61 +66,43 @@ class GuardedRun:
                  start_step: int | None = 0):
         s = self.settings = settings
         self.model, self.optimizer, self.scaler = model, optimizer, s.scaler
-        self.watch = LossWatch(window=s.window, sigma=s.sigma, min_rise=s.min_rise, patience=s.patience)
+        self.watch = LossWatch(window=s.window, sigma=s.sigma, min_rise=s.min_rise)
         self.slots = [HostSnapshot() for _ in range(s.keep)]
-        self.ceilings: list[float | None] = []  # per param group; none until a rescue
-        self.peaks: list[Any] = []  # per param group: its highest asked rate since the last rescue
-        self._since = 0  # optimizer steps since the last rewind (the ramp back up)
-        self.rescues: list[dict[str, Any]] = []
-        self.asked: list[Any] = []  # each group's rate the user set for the last update (before any cap)
-        self.undone = 0  # updates undone by rewinds (their batches are not replayed)
+        self.rate = RateCap(optimizer, s.rewarm)
+        self.rescues: list[dict[str, Any]] = []  # every record, with its "step"
+        self.undone = 0  # updates undone by skips and rewinds (their batches are not replayed)
         self.stopped = False
-        self._user_lrs: list[Any] | None = None  # the user's rates while the step runs capped
-        self.handles = [optimizer.register_step_pre_hook(self._cap), optimizer.register_step_post_hook(self._uncap)]
+        self.rates: deque = deque(maxlen=s.window)  # (step, the rate its update applied), raw
+        self.ratios: deque = deque(maxlen=64)  # (step, median update ratio, its update's rate, calm)
+        self.norms: deque = deque(maxlen=64)  # (step, gradient norm, calm)
+        self.recovery: Recovery | None = None
+        self.unsafe: float | None = None  # the lowest rate at which a rate blow-up began
+        self.first_rate: float | None = None  # the rate when rate trouble first came (the floor's base)
+        self.calm_from: int | None = None  # the step since which a capped run has been calm (lifting)
+        self.skips: list[int] = []  # steps of data-spike skips
+        self.acts = 0  # rewinds (rate blow-ups and stalls)
+        self.last_restored: HostSnapshot | None = None  # kept until the run proved calm after it
+        self.quiet = False  # watch mode: an episode said, its consequences not said again
         self._kept: int | None = start_step  # the step of the last snapshot by the cadence
         if start_step is not None:  # the state before the first update: where a blow-up at the start goes back
             self.slots[0].take(start_step - 1, model, optimizer, self.scaler, [g["lr"] for g in optimizer.param_groups])
 
-    # ------------------------------------------------------------------ the rate, around the step
+    @property
+    def handles(self) -> list[Any]:
+        return self.rate.handles
 
-    def _cap(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """Scale each capped group's rate by min(1, cap / the highest rate its schedule asked for
-        since the rescue) (a climbing schedule trains at the cap, a falling one keeps its shape),
-        and over the first `rewarm` steps after a rewind by a ramp up from 1/rewarm."""
-        groups = optimizer.param_groups
-        self.asked = [g["lr"] for g in groups]
-        if not any(c is not None for c in self.ceilings):
-            return
-        self._user_lrs = list(self.asked)
-        self._since += 1
-        ramp = min(1.0, self._since / self.settings.rewarm)
-        for i, (g, ceiling) in enumerate(zip(groups, self.ceilings)):
-            lr, peak = g["lr"], self.peaks[i]
-            if ceiling is None:
-                continue
-            if isinstance(lr, torch.Tensor):  # no read of a device value: tensors all the way
-                self.peaks[i] = lr.detach().clone() if peak is None else torch.maximum(peak, lr)
-                g["lr"] = lr * torch.clamp(ceiling / self.peaks[i], max=1.0) * ramp
-            else:
-                self.peaks[i] = lr if peak is None else max(peak, lr)
-                factor = min(1.0, ceiling / self.peaks[i]) * ramp if self.peaks[i] > 0 else ramp
-                if factor < 1.0:
-                    g["lr"] = lr * factor
+    @property
+    def ceilings(self) -> list[float | None]:
+        return self.rate.ceilings
 
-    def _uncap(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._user_lrs is not None:
-            for g, lr in zip(optimizer.param_groups, self._user_lrs):
-                g["lr"] = lr
-            self._user_lrs = None
-
-    # ------------------------------------------------------------------ judging
+    # ------------------------------------------------------------------ reading
 
     def log(self, step: int, train_loss: Any = None, grad_norm: Any = None, **_ignored: Any) -> dict[str, Any] | None:
         """`Monitor.log`'s part for a rank without a Monitor: the same reads, the same decision."""
-        record = self.check(step, *self.read(step, train_loss, grad_norm))
-        if record is not None and record["action"] == "stop":
+        record_ = self.check(step, *self.read(step, train_loss, grad_norm))
+        if record_ is not None and record_["action"] == "stop":
             raise GuardStop(EXIT_STOPPED)
-        return record
+        return record_
 
     def read(self, step: int, loss: Any, grad_norm: Any, due: bool | None = None) -> tuple[float | None, float | None]:
         """The logged loss and gradient norm as floats; a tensor only when `due` (a device sync: the
@@ -124,153 +117,287 @@ class GuardedRun:
             values.append(None if value is None else float(value))
         return values[0], values[1]
 
-    def check(self, step: int, loss: float | None, grad_norm: float | None = None) -> dict[str, Any] | None:
-        """Judge `step`'s loss (and gradient norm) and act on trouble: the rescue's record, or None.
-        Under torchrun the numbers are first averaged over the ranks (every rank calls this)."""
-        if self.stopped:
-            return None
-        why = self.judge(step, *self.everyone(loss, grad_norm))
-        if why is None:
-            self.keep(step)
-            return None
-        return self.act(self.plan(step, why))
-
-    def judge(self, step: int, loss: float | None, bad_grad: bool = False) -> str | None:
-        """Why `step` is trouble (its loss, or a non-finite gradient norm), or None; the same
-        numbers on every rank give the same answer."""
-        why = self.watch.see(step, loss) if loss is not None else None
-        return why if why is not None or not bad_grad else "the gradient norm is not finite"
-
-    def everyone(self, loss: float | None, grad_norm: float | None) -> tuple[float | None, bool]:
-        """(the loss, whether a gradient norm is non-finite), over every rank under torchrun."""
-        bad = grad_norm is not None and not math.isfinite(grad_norm)
+    def everyone(self, loss: float | None, grad_norm: float | None,
+                 ratio: float | None = None) -> tuple[float | None, float | None, float | None]:
+        """(the loss, the gradient norm, the update ratio) alike on every rank under torchrun: the
+        loss averaged, the gradient norm nan where any rank's is non-finite, the measured ones from
+        the ranks that measured them (rank 0's Monitor), so every rank decides alike."""
         dist = torch.distributed
         if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-            return loss, bad
+            return loss, grad_norm, ratio
+        bad = grad_norm is not None and not math.isfinite(grad_norm)
         device = next(self.model.parameters()).device if dist.get_backend() == "nccl" else torch.device("cpu")
-        t = torch.tensor([0.0 if loss is None else loss, float(loss is not None), float(bad)],
-                         dtype=torch.float64, device=device)
+        values = [0.0 if loss is None else loss, float(loss is not None), float(bad),
+                  0.0 if grad_norm is None or bad else grad_norm, float(grad_norm is not None and not bad),
+                  0.0 if ratio is None else ratio, float(ratio is not None)]
+        t = torch.tensor(values, dtype=torch.float64, device=device)
         dist.all_reduce(t)
-        total, given, bads = t.tolist()
+        total, given, bads, norms, norm_count, ratios, ratio_count = t.tolist()
         world = dist.get_world_size()
-        return (total / world if given == world else None), bads > 0
+        norm = math.nan if bads > 0 else (norms / norm_count if norm_count else None)
+        return (total / world if given == world else None), norm, (ratios / ratio_count if ratio_count else None)
+
+    def check(self, step: int, loss: float | None, grad_norm: float | None = None,
+              ratio: float | None = None) -> dict[str, Any] | None:
+        """Judge `step` and act: the record of what was done, or None (then a snapshot when due)."""
+        plan = self.observe(step, *self.everyone(loss, grad_norm, ratio))
+        if plan is None:
+            self.keep(step)
+            return None
+        return self.act(plan)
+
+    # ------------------------------------------------------------------ judging
+
+    def observe(self, step: int, loss: float | None, grad_norm: float | None = None, ratio: float | None = None,
+                warned: Callable[[int], tuple[int, str] | None] | None = None, now: int | None = None) -> Plan | None:
+        """Take `step`'s numbers; the plan when something is to be done (or said), else None.
+        `warned(began)`: the doctor's early warning before `began`, asked only when trouble is judged;
+        `now`: the step the plan is carried out at (our loop judges a few steps at once)."""
+        if self.stopped:
+            return None
+        now = step if now is None else now
+        self.rates.append((step, self.rate.applied))
+        if loss is None:
+            if grad_norm is not None and not math.isfinite(grad_norm) and not self.quiet:
+                return self._rate_plan("rate_blowup", "the gradient norm is not finite", step, now, warned)
+            return None
+        open_before = list(self.watch.excursion)
+        began_before = self.watch.trouble_began() if open_before else None
+        spike = self.watch.see(step, loss)
+        self._measured(step, grad_norm, ratio, calm=not spike and not open_before)
+        if self.quiet:  # watch mode: the trouble said, its consequences not said again until calm
+            self.quiet = spike
+            return None
+        if spike and not math.isfinite(loss):
+            return self._rate_plan("rate_blowup", f"the loss is {loss}", step, now, warned)
+        if spike or open_before:
+            spikes = self.watch.excursion if spike else open_before
+            began = self.watch.trouble_began() if spike else began_before
+            return self._judge_excursion(spikes, not spike, began, step, now, warned)
+        if self.recovery is not None:
+            return self._judge_recovery(step, loss, now)
+        return self._maybe_lift(step, now)
+
+    def _measured(self, step: int, grad_norm: float | None, ratio: float | None, calm: bool) -> None:
+        if grad_norm is not None:
+            self.norms.append((step, grad_norm, calm))
+        if ratio is not None and math.isfinite(ratio):
+            self.ratios.append((step, ratio, self.rate.applied, calm))
+
+    def _growth(self, began: int) -> str | None:
+        """A growth signal in or just before the trouble: an update ratio above the band and three
+        times its calm median, a non-finite gradient norm, or the last two three times ... ten times
+        their calm median."""
+        s = self.settings
+        since = began - s.read_every
+        calm_u = [u for _, u, _, calm in self.ratios if calm]
+        for st, u, _, _ in self.ratios:
+            if st >= since and calm_u and u > 3e-2 and u > 3 * statistics.median(calm_u):
+                return f"the update ratio rose to {u:.2g} at step {st} ({u / statistics.median(calm_u):.0f}x its calm median)"
+        recent = [(st, g) for st, g, _ in self.norms if st >= since]
+        if any(not math.isfinite(g) for _, g in recent):
+            return "the gradient norm is not finite"
+        calm_g = [g for _, g, calm in self.norms if calm]
+        if len(recent) >= 2 and calm_g and all(g > 10 * statistics.median(calm_g) for _, g in recent[-2:]):
+            return f"the gradient norm grew to {recent[-1][1]:.3g} ({recent[-1][1] / statistics.median(calm_g):.0f}x its calm median)"
+        return None
+
+    def _judge_excursion(self, spikes: list, closed: bool, began: int, step: int, now: int,
+                         warned: Callable | None) -> Plan | None:
+        s, w = self.settings, self.watch
+        window_skips = sum(1 for k in self.skips if k > step - s.window)
+        ex = Excursion(losses=tuple(v for _, v in spikes), closed=closed, level=w.level() or w.first or 0.0,
+                       noise=w.noise(), first=w.first, growth=self._growth(began), recent_skips=window_skips)
+        verdict = classify(ex, s.patience, s.hold)
+        if verdict is None:
+            return None
+        kind, why = verdict
+        if kind == "data_spike":
+            return self._skip_plan(why, began, [st for st, _ in spikes], now)
+        if kind == "data_shift":
+            if self.recovery is not None:  # a new level after a rewind that the run does not leave: a stall
+                return self._rate_plan("stall", why.replace("a new level", "a stall after the rescue"), step, now, None)
+            return Plan(now, record(kind, self._said("none"), why, began, self.acts, None, now,
+                                    cap=self.rate.cap, rate_from="the rate kept"), None, None, began)
+        return self._rate_plan(kind, why, step, now, warned, began)
+
+    def _judge_recovery(self, step: int, loss: float, now: int) -> Plan | None:
+        """After a rewind: back near the level before the trouble (recovered), a stall, or wait."""
+        s, rec = self.settings, self.recovery
+        rec.losses.append(loss)
+        if len(rec.losses) < s.stall_window:
+            return None
+        gap = max(0.5, 6 * self.watch.noise())
+        tail = rec.losses[-s.stall_window:]
+        if rec.target is None or statistics.fmean(tail[-len(tail) // 4:]) <= rec.target + gap:
+            self.recovery, self.calm_from, self.last_restored = None, step, None
+            return None
+        if stalled(tail, rec.target, gap, self.watch.noise()):
+            why = (f"the loss stayed near {statistics.fmean(tail[-len(tail) // 4:]):.3f} for {s.stall_window} steps "
+                   f"after the rescue, {gap:.2f}+ nats above its level {rec.target:.3f} before the trouble")
+            return self._rate_plan("stall", why, step, now, None, began=rec.since)
+        rec.losses = rec.losses[-s.stall_window:]
+        return None
+
+    # ------------------------------------------------------------------ planning
+
+    def _said(self, action: str) -> str:
+        return f"watch: would {action}" if self.settings.mode == "watch" and action != "none" else action
+
+    def _held(self) -> list[HostSnapshot]:
+        return [slot for slot in self.slots if slot.step is not None]
+
+    def _skip_plan(self, why: str, began: int, bad: list[int], now: int) -> Plan:
+        """Restore the newest state taken before the first bad batch; keep the rate."""
+        good = [slot for slot in self._held() if slot.step < began]
+        slot = max(good, key=lambda x: x.step) if good else None
+        action = self._said("skip" if slot is not None else "none")
+        if slot is None:
+            why += "; no calm state held before them, so they stay"
+        rec = record("data_spike", action, why, began, self.acts, slot, now, cap=self.rate.cap,
+                     rate_from="the rate kept: bad batches say nothing about it", skipped_steps=bad)
+        return Plan(now, rec, slot, None, began)
+
+    def _rate_plan(self, kind: str, why: str, step: int, now: int, warned: Callable | None,
+                   began: int | None = None) -> Plan:
+        """Rewind before the damage with a rate from the evidence, or stop past the floor."""
+        s = self.settings
+        began = self.watch.trouble_began() if began is None else began
+        extra = warned(began) if warned is not None else None
+        warning = None
+        if extra is not None and extra[0] < began:
+            began, warning = extra[0], f"{extra[1]} at step {extra[0]}"
+            why = f"{why} (the doctor warned of {warning})"
+        held = self._held()
+        if kind == "stall":  # an earlier state than the one that stalled
+            older = [x for x in held if self.last_restored is None or x.step < self.last_restored.step]
+            slot = max(older, key=lambda x: x.step) if older else min(held, key=lambda x: x.step, default=None)
+        else:
+            good = [x for x in held if x.step < began - 1]  # the loss of the step after it was calm
+            slot = max(good, key=lambda x: x.step) if good else min(held, key=lambda x: x.step, default=None)
+        cap, rate_from = blowup_rate(self, kind, began)
+        asked = rate_of(self.rate.asked[0]) if self.rate.asked else cap
+        if self.first_rate is None:
+            self.first_rate = rate_of(self.rate.applied) if self.rate.applied is not None else asked
+        number = self.acts + 1
+        stop = slot is None or number > s.max_rescues or cap < s.floor * self.first_rate
+        if stop:
+            why += "; " + ("no state held to go back to" if slot is None else
+                           f"rescue {number} is past max_rescues ({s.max_rescues})" if number > s.max_rescues else
+                           f"the rate {cap:.3g} would be below the floor ({s.floor:g} x {self.first_rate:.3g})")
+            slot = slot if slot is not None else None
+            rec = record(kind, self._said("stop"), why, began, number, slot, now, cap=self.rate.cap,
+                         rate_from=rate_from)
+            rec["restored_step"] = None if slot is None else slot.step
+            return Plan(now, rec, slot, None, began)
+        factor = min(1.0, cap / asked) if asked > 0 else 1.0
+        rec = record(kind, self._said("rewind"), why, began, number, slot, now, cap=cap, factor=factor,
+                     rate_from=rate_from)
+        if warning is not None:
+            rec["warned"] = warning
+        level = self.recovery.target if self.recovery is not None else self.watch.level()
+        return Plan(now, rec, slot, cap, began, target=level)
+
+    def _maybe_lift(self, step: int, now: int) -> Plan | None:
+        """A capped run calm for `lift_after` steps since it recovered: the cap doubled (or gone)."""
+        s, cap = self.settings, self.rate.cap
+        if cap is None or self.calm_from is None or step - self.calm_from < s.lift_after:
+            return None
+        ceiling = 0.5 * self.unsafe if self.unsafe is not None else math.inf
+        new = min(2 * cap, ceiling)
+        peak = self.rate.peak()
+        if new <= cap * (1 + 1e-9):
+            self.calm_from = None  # as high as the evidence allows: stays
+            return None
+        gone = peak is not None and new >= peak
+        why = f"calm for {step - self.calm_from} steps at the cap {cap:.3g}"
+        rate_from = "the cap doubled" + (f", never above half the rate {self.unsafe:.3g} that blew up"
+                                         if new == ceiling else "")
+        last = next((r for r in reversed(self.rescues) if r["action"] in ("rewind",)), None)
+        kind = last["kind"] if last else "rate_blowup"
+        rec = record(kind, self._said("lift"), why, step, self.acts, None, now, cap=None if gone else new,
+                     factor=None, rate_from=rate_from)
+        self.calm_from = step
+        return Plan(now, rec, None, None if gone else new, step)
+
+    # ------------------------------------------------------------------ snapshots
 
     def keep(self, step: int) -> None:
-        """A snapshot of the state now (that of `step`), if `every` steps passed since the last and
-        the loss is calm."""
-        if self._kept is not None and step - self._kept < self.settings.every or not self.watch.calm(step):
+        """A snapshot of the state now (that of `step`), if `every` steps passed since the last, the
+        step is calm and the run is not still heading back after a rewind."""
+        if self._kept is not None and step - self._kept < self.settings.every:
             return
-        held = [s for s in self.slots if s.step is not None]
-        slot = next((s for s in self.slots if s.step is None), None) or min(held, key=lambda s: s.step)
-        slot.take(step, self.model, self.optimizer, self.scaler, lrs=self.asked)
+        if not self.watch.calm(step) or self.recovery is not None or self.quiet:
+            return
+        held = self._held()
+        slot = next((x for x in self.slots if x.step is None), None)
+        if slot is None:
+            spare = [x for x in held if x is not self.last_restored]
+            slot = min(spare, key=lambda x: x.step)
+        slot.take(step, self.model, self.optimizer, self.scaler, lrs=list(self.rate.asked))
         self._kept = step
 
     @property
     def held_since(self) -> int | None:
         """The step of the oldest snapshot held (how far back a rewind can reach)."""
-        return min((s.step for s in self.slots if s.step is not None), default=None)
+        return min((x.step for x in self._held()), default=None)
 
     @property
     def snapshot_bytes(self) -> int:
-        return sum(s.nbytes for s in self.slots)
+        return sum(x.nbytes for x in self.slots)
 
     # ------------------------------------------------------------------ acting
 
-    def plan(self, step: int, why: str, warned: tuple[int, str] | None = None) -> Plan:
-        """What to do for trouble seen at `step`, nothing done yet: which state to restore (the
-        newest taken before the trouble began, else the oldest held), the new caps, or a stop.
-        `warned`: (step, what) of the doctor's early warning, when one came before the loss's
-        trouble (an internal grown ten-fold): the trouble began there."""
-        began = self.watch.trouble_began()
-        if warned is not None and warned[0] < began:
-            began = warned[0]
-        held = [s for s in self.slots if s.step is not None]
-        good = [s for s in held if s.step < began - 1]  # the loss of the step after it was calm
-        slot = max(good, key=lambda s: s.step) if good else min(held, key=lambda s: s.step, default=None)
-        number = len(self.rescues) + 1
-        stop = number > self.settings.max_rescues or slot is None
-        record: dict[str, Any] = {"action": "stop" if stop else "rewind", "trigger": why, "trouble_began": began,
-                                  "restored_step": None if slot is None else slot.step, "number": number}
-        if warned is not None and warned[0] == began:
-            record["warned"] = f"{warned[1]} at step {warned[0]}"
-        ceilings = None
-        if not stop:
-            ceilings = self._ceilings(slot, number)
-            user = _number(self.optimizer.param_groups[0]["lr"])
-            record.update({"lr_cap": ceilings[0], "factor": min(1.0, ceilings[0] / user) if user > 0 else 1.0,
-                           "skipped": step - slot.step})
-        if self.settings.mode == "watch":
-            record["action"] = f"watch: would {record['action']}"
-        return Plan(step, record, slot, ceilings, began)
-
-    def _ceilings(self, slot: HostSnapshot, number: int) -> list[float | None]:
-        """The caps of rescue `number`: cut**number times the rate each group's schedule asked for
-        at the restored state, never above a cap already set."""
-        scale = self.settings.cut ** number
-        rates = [_number(lr) for lr in slot.lrs] or [_number(g["lr"]) for g in self.optimizer.param_groups]
-        old = self.ceilings + [None] * (len(rates) - len(self.ceilings))
-        return [scale * r if c is None else min(c, scale * r) for r, c in zip(rates, old)]
-
     def act(self, plan: Plan) -> dict[str, Any]:
-        """Carry the plan out (a watching guard only counts it): restore the state, set the caps,
-        drop the snapshots taken after the trouble began; log its line; return its record."""
-        record, slot = plan.record, plan.slot
-        stop = record["action"].endswith("stop")
-        if self.settings.mode == "watch":
-            self.stopped = stop
-        else:
-            if slot is not None:
-                slot.restore(self.model, self.optimizer, self.scaler)
-                self.undone += record.get("skipped", 0)
-            self.stopped = stop
-            if not stop:
-                self.ceilings, self.peaks, self._since = plan.ceilings, [None] * len(plan.ceilings), 0
-                for other in self.slots:  # states taken after the trouble began are not kept
-                    if other is not slot and other.step is not None and other.step >= plan.began - 1:
-                        other.step = None
+        """Carry the plan out (a watching guard only says it); log its line; return its record."""
+        rec, slot = plan.record, plan.slot
+        action = rec["action"]
+        self.rescues.append({"step": plan.step, **rec})
+        log.warning("%s", rescue_line(plan.step, rec))
+        if action.startswith("watch"):
+            self.stopped = action.endswith("stop")
+            self.quiet = action.endswith(("skip", "rewind"))
+            if rec["kind"] == "data_spike":
+                self.watch.restart(plan.step, plan.began)
+            return rec
+        if action == "none":
+            if rec["kind"] == "data_shift":
+                self.watch.accept(plan.step)
+            return rec
+        if action == "lift":
+            self.rate.lift(plan.cap)
+            return rec
         if slot is not None:
-            self.watch.rewound(slot.step)
-        self.rescues.append({"step": plan.step, **record})
-        log.warning("%s", rescue_line(plan.step, record))
-        return record
+            slot.restore(self.model, self.optimizer, self.scaler)
+            self.undone += rec["skipped"]
+            for other in self.slots:  # states taken after the trouble began are not kept
+                if other is not slot and other.step is not None and other.step >= slot.step \
+                        and other.step >= plan.began - 1:
+                    other.step = None
+        if action == "stop":
+            self.stopped = True
+            return rec
+        self.last_restored = slot
+        self._kept = plan.step  # the next snapshot `every` steps from now
+        if action == "skip":
+            self.skips.append(plan.step)
+            self.watch.restart(plan.step, plan.began)
+            return rec
+        self.acts += 1
+        applied = [r for s_, r in self.rates if s_ >= plan.began]
+        if applied and applied[0] is not None and rec["kind"] == "rate_blowup":
+            rate = rate_of(applied[0])
+            self.unsafe = rate if self.unsafe is None else min(self.unsafe, rate)
+        self.rate.set(plan.cap, ramp=True)
+        self.watch.restart(plan.step, keep_before=-math.inf)
+        self.recovery, self.calm_from = Recovery(plan.step, plan.target), None
+        return rec
 
     def close(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
+        self.rate.close()
 
     def __enter__(self) -> GuardedRun:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-@dataclass
-class Plan:
-    """A rescue decided and not yet carried out (`GuardedRun.plan`, then `act`)."""
-
-    step: int
-    record: dict[str, Any]  # what metrics.jsonl's record of `step` holds under "rescue"
-    slot: HostSnapshot | None  # the state to restore
-    ceilings: list[float | None] | None  # the new caps per param group (None: a stop)
-    began: int  # the step the trouble began
-
-
-def _number(lr: Any) -> float:
-    return float(lr) if not isinstance(lr, torch.Tensor) else float(lr.detach())
-
-
-def rescue_line(step: int, record: dict[str, Any]) -> str:
-    """The one stderr line of a rescue (or a stop, or what a watching guard would do)."""
-    where = f"restored step {record['restored_step']}" if record.get("restored_step") is not None else "no snapshot held"
-    if record["action"].endswith("rewind"):
-        what = (f"{where} ({record['skipped']} batches skipped), learning rate capped at {record['lr_cap']:.3g} "
-                f"(x{record['factor']:.3g} now)")
-    elif record.get("restored_step") is None:
-        what = "no snapshot held to go back to: the run stops"
-    else:
-        what = f"{where}; the run stops (trouble {record['number']}, past the guard's max_rescues)"
-    verb = "would rescue" if record["action"].startswith("watch") else "rescued" if "rewind" in record["action"] \
-        else "stopped"
-    return f"guard: {verb} at step {step}: {record['trigger']} (trouble began at step {record['trouble_began']}); {what}"

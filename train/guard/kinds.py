@@ -1,0 +1,79 @@
+"""What kind of trouble the guard sees (`train.guard`), from numbers on the host: pure functions.
+
+- `data_spike`: a few batches (`patience` or more, over within `hold` steps) far above the level,
+  the run otherwise calm (no growth signal, no third spike within `window` steps): skip them.
+- `rate_blowup`: a non-finite loss, spikes that repeat, a growth signal (update ratios above
+  their band, the gradient norm grown, the doctor's warning from the internals), losses over four
+  times the untrained model's, or a loss that stays high for `hold` steps without falling, above
+  the untrained model's: rewind and lower the rate.
+- `data_shift`: a loss that stays at a new level for `hold` steps and falls there (or stays flat,
+  with nothing growing, below the untrained model's loss): a new level the model learns from.
+- `stall`: after a rescue, a loss flat far above the level before the trouble (`stalled`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+__all__ = ["Excursion", "U_TOP", "classify", "falling", "stalled"]
+
+U_TOP = 1e-2  # the top of the healthy band of update ratios (rms(du)/rms(w)) for SGD and Adam steps
+
+
+@dataclass(frozen=True)
+class Excursion:
+    """A run of spikes and what surrounds it, as the classifier reads it."""
+
+    losses: tuple[float, ...]  # the spikes in a row, oldest first
+    closed: bool  # the loss came back under the spike line after them
+    level: float  # the level before them
+    noise: float  # one step's noise before them
+    first: float | None  # the untrained model's loss
+    growth: str | None = None  # a growth signal seen in or just before them, in words
+    recent_skips: int = 0  # data spikes skipped within `window` steps before
+
+
+def falling(losses: tuple[float, ...] | list[float], noise: float) -> bool:
+    """Whether a loss run falls: its last quarter's mean is clearly below its first quarter's."""
+    n = len(losses)
+    if n < 4:
+        return False
+    quarter = max(1, n // 4)
+    head, tail = statistics.fmean(losses[:quarter]), statistics.fmean(losses[-quarter:])
+    return head - tail > max(3 * noise / math.sqrt(quarter), 0.02 * abs(head))
+
+
+def classify(ex: Excursion, patience: int, hold: int) -> tuple[str, str] | None:
+    """(kind, why in one sentence) of an excursion, or None: not trouble (yet)."""
+    n, top = len(ex.losses), max(ex.losses)
+    if not all(math.isfinite(v) for v in ex.losses):
+        return "rate_blowup", f"the loss is {next(v for v in ex.losses if not math.isfinite(v))}"
+    rise = f"{n} loss(es) up to {top:.3f} against a level of {ex.level:.3f}"
+    if ex.growth is not None:
+        return "rate_blowup", f"{rise}, and {ex.growth}"
+    if n >= patience and ex.first is not None and ex.first > 0 and top > 4 * ex.first:
+        return "rate_blowup", f"{rise}, over four times the untrained model's {ex.first:.3f}: broken weights"
+    if ex.closed:
+        if n < patience:
+            return None  # one that passes by itself
+        if ex.recent_skips >= 2:
+            return "rate_blowup", f"{rise}: spikes repeat ({ex.recent_skips} skipped within the window before)"
+        return "data_spike", f"{rise}, then back to the level: a few bad batches, the run otherwise calm"
+    if n < hold:
+        return None  # wait: a few bad batches end, a shift or a blow-up stays
+    if falling(ex.losses, ex.noise):
+        return "data_shift", f"{rise} for {n} steps, falling: a new level the model learns from"
+    if ex.first is not None and top > ex.first + 0.5:
+        return "rate_blowup", f"{rise} for {n} steps, not falling, above the untrained model's {ex.first:.3f}"
+    return "data_shift", f"{rise} for {n} steps, flat with nothing growing: a new level, not a blow-up"
+
+
+def stalled(losses: list[float], target: float, gap: float, noise: float) -> bool:
+    """After a rescue: the loss flat (not falling over the second half) and `gap` nats or more above
+    `target` (the level before the trouble)."""
+    if len(losses) < 8:
+        return False
+    recent = statistics.fmean(losses[-max(1, len(losses) // 4):])
+    return recent > target + gap and not falling(losses[len(losses) // 2:], noise)
