@@ -57,16 +57,13 @@ class LossWatch:
     def judged(self) -> bool:
         return len(self._losses) >= self.min_history
 
-    def spike_line(self) -> float:
-        """The loss above which a step is a spike."""
+    def lines(self) -> tuple[float, float, float]:
+        """(the loss above which a step is a spike, the loss up to which it is calm, the noise)."""
         if not self.judged():
-            return (self.first if self.first is not None else math.inf) + self.early_rise
-        return self.level() + max(self.sigma * self.noise(), self.min_rise)
-
-    def calm_line(self) -> float:
-        if not self.judged():
-            return self.spike_line()
-        return self.level() + max(3 * self.noise(), self.min_rise / 2)
+            line = (self.first if self.first is not None else math.inf) + self.early_rise
+            return line, line, 0.0
+        level, noise = self.level(), self.noise()
+        return level + max(self.sigma * noise, self.min_rise), level + max(3 * noise, self.min_rise / 2), noise
 
     # ------------------------------------------------------------------ seeing a loss
 
@@ -78,16 +75,15 @@ class LossWatch:
             return True
         if self.first is None:
             self.first = loss
-        spike = loss > self.spike_line()
-        if spike:
+        spike_line, calm_line, noise = self.lines()
+        if loss > spike_line:
             self.excursion.append((step, loss))
             return True
-        calm = loss <= self.calm_line()
+        calm = loss <= calm_line
         self.excursion = []
         if self.judged():
-            values = [v for _, v in self._losses]
             self._avg = loss if self._avg is None else self.ema * loss + (1 - self.ema) * self._avg
-            calm = calm and self._avg <= math.fsum(values) / len(values) + self.noise()
+            calm = calm and self._avg <= math.fsum(v for _, v in self._losses) / len(self._losses) + noise
         if calm:
             self._calm = step
         self._losses.append((step, loss))
