@@ -1,4 +1,4 @@
-"""The trouble table: kinds of trouble x ways of meeting them (the guard, `train.rescue`, and
+"""The trouble table: kinds of trouble x ways of meeting them (the guard, `train.guard`, and
 others' rules), side by side in one run.
 
     python benchmarks/bench_guard.py                  # the report: seeds 0, 1; ~12 min on 2 idle cores
@@ -63,7 +63,7 @@ def run_all(kinds: tuple[str, ...], arms: tuple[str, ...], seeds: tuple[int, ...
             options: dict | None = None, references: bool = True) -> list[Outcome]:
     """Every (case, arm, seed) of `kinds`, plus (`references`) the unwatched runs they are measured against."""
     ids(), ids(upper=True)  # read once, before the workers fork
-    import train.rescue  # noqa: F401 (imported before the fork: every run runs the same code)
+    import train.guard.run  # noqa: F401 (imported before the fork: every run runs the same code)
     chosen = [c for c in cases() if c.kind in kinds]
     needed = {c.reference() for c in chosen} - set(chosen) if references else set()
     jobs = []

@@ -190,12 +190,12 @@ class Guarded(Bare):
     """The guard, as a rank without a Monitor runs it."""
 
     def __init__(self, model: Any, optimizer: Any, options: dict[str, Any]):
-        from train.rescue import Guard
+        from train.guard import Guard
         super().__init__(model, optimizer, options)
         self.run = Guard(**options).attach(model, optimizer)
 
     def after_step(self, step: int, loss: float) -> bool:
-        from train.rescue import GuardStop
+        from train.guard import GuardStop
         try:
             self.run.log(step, train_loss=loss)
         except GuardStop:

@@ -1,4 +1,4 @@
-"""The guard (train.rescue): snapshots restored bitwise, the rate cap around the optimizer's step
+"""The guard (train.guard): snapshots restored bitwise, the rate cap around the optimizer's step
 under any schedule, a healthy run untouched, a spike rescued, escalation to a clean stop, watch
 mode, a snapshot that no longer fits refused; the doctor's and the sweep's reading of a rescue."""
 
@@ -17,9 +17,9 @@ from probes import diagnose
 from probes.sweep_stats import first_nonfinite_step
 from train.host_copy import HostCopy
 from train.monitor import Monitor
-from train.rescue import Guard, GuardStop
-from train.rescue_signal import LossWatch
-from train.rescue_state import HostSnapshot, SnapshotMismatch
+from train.guard import Guard, GuardStop
+from train.guard.loss_watch import LossWatch
+from train.guard.snapshot import HostSnapshot, SnapshotMismatch
 
 CUT = Guard().cut  # the first rescue's rate factor (0.3); the second's is its square
 CFG = PRESETS["transformer4_rms_small"].config.replace(n_layers=1, dropout=0.1)  # dropout: draws random numbers
@@ -211,7 +211,7 @@ def test_a_blow_up_at_a_known_step_is_rescued_from_the_state_before_it(tmp_path,
             if monitor.guard.rescues and "after" not in kept:
                 kept["after"] = state_of(model, optimizer)
                 kept["disk after"] = files(tmp_path / "run")
-        with caplog.at_level(logging.WARNING, logger="train.rescue"):
+        with caplog.at_level(logging.WARNING, logger="train.guard"):
             losses = train(model, optimizer, 60, log, blow_up_at=35)
     rescue = monitor.guard.rescues[0]
     seen = 36 + Guard().patience - 1  # the blow-up's loss shows at 36; `patience` spikes in a row are trouble
@@ -255,7 +255,7 @@ def test_repeated_trouble_cuts_deeper_then_stops_cleanly_and_saves(tmp_path, cap
     model = tiny()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     bad = {12, 17, 23}  # three NaN losses: two rescues, then the stop
-    with pytest.raises(GuardStop) as stop, caplog.at_level(logging.ERROR, logger="train.rescue"):
+    with pytest.raises(GuardStop) as stop, caplog.at_level(logging.ERROR, logger="train.guard"):
         with Monitor(model, optimizer, tmp_path / "run", guard=Guard(every=5), save_every=0, report=False) as monitor:
             for step in range(40):
                 loss = loss_of(model, step)

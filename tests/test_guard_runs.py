@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from models.checkpoint import read_metrics
 from probes.sweep_stats import run_finished, run_outcome
 from train.loop import RANK_DUMP_ENV, main
-from train.rescue import Guard
+from train.guard import Guard
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BLOW_UP = ["--preset", "transformer4_small", "--steps", "30", "--batch-size", "4", "--log-every", "2",
@@ -88,7 +88,7 @@ USER_LOOP = """
     from torch.nn.parallel import DistributedDataParallel
     from models import PRESETS, build_model
     from train.monitor import Monitor
-    from train.rescue import Guard
+    from train.guard import Guard
 
     dist.init_process_group("gloo")
     rank, out = dist.get_rank(), sys.argv[1]

@@ -24,8 +24,8 @@ except ImportError as err:  # pragma: no cover - the extra is installed in dev
 import torch
 
 from train.monitor_core import Monitor
-from train.rescue import GuardStop
-from train.rescue_monitor import monitor_log
+from train.guard import GuardStop
+from train.guard.monitor import monitor_log
 
 __all__ = ["HFCallback", "StepLoss", "TRAINER_KEYS"]
 
@@ -137,7 +137,7 @@ class HFCallback(TrainerCallback):
 
     @contextmanager
     def _guarded(self, control: Any) -> Iterator[None]:
-        """A guard's stop (train.rescue: records written, the last good state restored) ends the
+        """A guard's stop (train.guard: records written, the last good state restored) ends the
         training the Trainer's way, not with an exception through it."""
         try:
             yield

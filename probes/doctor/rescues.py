@@ -1,4 +1,4 @@
-"""What the guard (docs/guard.md) did to a run, as the doctor reports it: each rescue a finding
+"""What the guard (`train.guard`, docs/guard.md) did to a run, as the doctor reports it: each rescue a finding
 ("rescued at step N: ..."), a stop a failure, a watching guard's "would rescue" a warning, a data
 shift it let be an info; and the fix its evidence names. A data spike's fix is the data at the
 steps skipped (the rate was not the cause); a rate blow-up's (or a stall's) is the rate the rescue

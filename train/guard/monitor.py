@@ -13,12 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 from probes.doctor import flags
 from probes.doctor.rescues import no_qk_advice, structural_fix
-from train.rescue import EXIT_STOPPED, MODES, Guard, GuardedRun, GuardStop
+from train.guard.run import GuardedRun
+from train.guard.settings import MODES, Guard
+from train.guard.stop import EXIT_STOPPED, GuardStop
 
 if TYPE_CHECKING:
     from train.monitor_core import Monitor
 
-log = logging.getLogger("train.rescue")
+log = logging.getLogger("train.guard")
 
 __all__ = ["guard_settings", "hook_guard", "monitor_log", "stop_line"]
 
@@ -34,7 +36,7 @@ def guard_settings(value: Any) -> Guard | None:
         return Guard(mode=value)
     if isinstance(value, Guard):
         return value
-    raise ValueError(f"Monitor: guard must be True, False, 'watch' or a train.rescue.Guard, got {value!r}")
+    raise ValueError(f"Monitor: guard must be True, False, 'watch' or a train.guard.Guard, got {value!r}")
 
 
 def hook_guard(monitor: Monitor) -> list[Any]:

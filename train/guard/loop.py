@@ -14,8 +14,9 @@ import torch
 
 from models.checkpoint import snapshot_name
 from train.monitor_save import save_with_view
-from train.rescue import Guard, GuardedRun, Plan
-from train.rescue_monitor import stop_line
+from train.guard.run import GuardedRun, Plan
+from train.guard.settings import Guard
+from train.guard.monitor import stop_line
 
 if TYPE_CHECKING:
     from train.state import TrainState

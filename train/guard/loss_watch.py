@@ -1,4 +1,4 @@
-"""What makes the guard act (`train.rescue`): a loss judged against the run's own recent level.
+"""What makes the guard act (`train.guard`): a loss judged against the run's own recent level.
 Pure Python over numbers already on the host: nothing here reads a tensor.
 
     watch = LossWatch(window=128, sigma=6.0, min_rise=0.3)
