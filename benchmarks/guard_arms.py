@@ -129,7 +129,10 @@ class PaLM(Bare):
         back = [h for h in self.held if h[0] <= step - PALM_BACK]
         at, (weights, opt_state) = back[-1] if back else self.held[0]
         self.model.load_state_dict(weights)
+        lrs = [g["lr"] for g in self.optimizer.param_groups]
         self.optimizer.load_state_dict(opt_state)
+        for g, lr in zip(self.optimizer.param_groups, lrs):  # the schedule goes on where it is: PaLM keeps the rate
+            g["lr"] = lr
         self.rewinds += 1
         self.undone += step - at
         self.held = [h for h in self.held if h[0] <= at]
