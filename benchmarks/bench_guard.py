@@ -21,9 +21,9 @@ loss) above the run it is measured against, then the stops, the false stops (run
 stopped that would have ended within 0.5 nats of their reference unwatched), the guard's goals, and
 every run. The references, per seed: a blow-up or stall against its recipe's healthy run (the
 best), garbage and transient against the clean run, a shift against itself unwatched. Then the
-guard's cost on a healthy run: the bare loop against the guarded one, in adjacent pairs after one
-untimed run of each, medians of wall-clock and CPU time (goal <= 1.05x), the final weights compared
-bitwise.
+guard's cost on a healthy run: the Monitor alone against the Monitor with the guard (--attach: the
+bare loop against Guard.attach), in adjacent pairs after one untimed run of each, medians of
+wall-clock and CPU time (goal <= 1.05x), the final weights compared bitwise with the bare loop's.
 """
 
 from __future__ import annotations
@@ -184,24 +184,28 @@ def per_run(book: Book, kinds: tuple[str, ...], arms: tuple[str, ...]) -> list[s
     return lines
 
 
-def timing(steps: int, repeats: int) -> list[str]:
-    """The bare loop against the guarded one on a healthy run, pairs alternating; the weights compared."""
+def timing(steps: int, repeats: int, options: dict) -> list[str]:
+    """The guard's cost on a healthy run: the Monitor with the guard against the Monitor alone, pairs
+    alternating after one untimed run of each (the attach path: against the bare loop); the final
+    weights against the bare loop's, bitwise."""
     case = Case("healthy", "adamw_warmup", GOOD["adamw_warmup"])
-    results: dict[str, list[tuple[float, float]]] = {"none": [], "guard": []}
-    finals = {}
-    order = ["none", "guard"] + [a for i in range(repeats) for a in (("none", "guard") if i % 2 == 0 else ("guard", "none"))]
+    base = "none" if options.get("via") == "attach" else "monitor"
+    results: dict[str, list[tuple[float, float]]] = {base: [], "guard": []}
+    finals = {"none": _one((case, "none", 0, steps, None, True)).state}
+    order = [base, "guard"] + [a for i in range(repeats) for a in ((base, "guard") if i % 2 == 0 else ("guard", base))]
     for i, arm in enumerate(order):
         t0, c0 = time.perf_counter(), time.process_time()
-        out = _one((case, arm, 0, steps, None, True))
+        out = _one((case, arm, 0, steps, options, True))
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         if i >= 2:  # the first of each is untimed
             results[arm].append((wall, cpu))
         finals[arm] = out.state
     same = all(finals["none"][k].equal(finals["guard"][k]) for k in finals["none"])
-    wall = statistics.median(g[0] for g in results["guard"]) / statistics.median(b[0] for b in results["none"])
-    cpu = statistics.median(g[1] for g in results["guard"]) / statistics.median(b[1] for b in results["none"])
+    wall = statistics.median(g[0] for g in results["guard"]) / statistics.median(b[0] for b in results[base])
+    cpu = statistics.median(g[1] for g in results["guard"]) / statistics.median(b[1] for b in results[base])
     verdict = "meets" if min(wall, cpu) <= GOAL_COST else "misses"
-    return [f"cost on a healthy run ({case.name}, {steps} steps, {repeats} runs a side): guarded / bare "
+    against = "the bare loop" if base == "none" else "the Monitor alone"
+    return [f"cost on a healthy run ({case.name}, {steps} steps, {repeats} runs a side): guarded / {against} "
             f"wall {wall:.3f}x, CPU {cpu:.3f}x ({verdict} the goal of <= {GOAL_COST}x)",
             f"final weights bitwise equal with and without the guard: {same}"]
 
@@ -225,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="timed runs a side (default 3)")
     p.add_argument("--dev", action="store_true", help="the development seeds (100, 101), per --try setting")
     p.add_argument("--quick", action="store_true", help="a smoke run: 40 steps, seed 0, no timing")
+    p.add_argument("--attach", action="store_true",
+                   help="run the guard as a rank without a Monitor does (Guard.attach: the loss alone)")
     p.add_argument("--try", dest="tries", action="append", default=[], metavar="KEY=VALUE,...",
                    help="Guard settings to try (repeatable; the defaults always run)")
     args = p.parse_args(argv)
@@ -240,9 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else (
         (0,) if args.quick else DEV_SEEDS if args.dev else SEEDS)
     t0 = time.perf_counter()
+    via = {"via": "attach"} if args.attach else {}
     watched = tuple(a for a in arms if a != "guard")
     base = run_all(kinds, watched, seeds, steps, args.workers)
-    for options in [{}] + [parse_try(t) for t in args.tries]:
+    for options in [via] + [{**via, **parse_try(t)} for t in args.tries]:
         runs = base + (run_all(kinds, ("guard",), seeds, steps, args.workers, options, False) if "guard" in arms else [])
         book = Book(runs)
         print(f"trouble table: {len(kinds)} kinds x {len(arms)} arms, seeds {','.join(map(str, seeds))}, "
@@ -250,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(table(book, kinds, arms) + guard_goals(book, kinds) + per_run(book, kinds, arms)))
     print(f"(the table: {time.perf_counter() - t0:.0f} s)")
     if timing_steps and "guard" in arms:
-        print("\n".join(timing(timing_steps, args.repeats)))
+        print("\n".join(timing(timing_steps, args.repeats, via)))
     return 0
 
 

@@ -15,8 +15,9 @@ watcher called around the optimizer's step of one plain loop (forward, backward,
   is non-finite, or that is no better than the last one and at least rtol=2 times the running mean
   of the last 10 losses above that mean, is a spike, and the run stops (Lightning raises and
   leaves the batches to skip on a restart to the user);
-- guard: our guard at its defaults (or the `options` given), through `Guard.attach` and
-  `run.log(step, train_loss=loss)`, as a rank without a Monitor uses it.
+- guard: our guard at its defaults (or the `options` given), as users run it:
+  `Monitor(..., guard=Guard(...))` and `monitor.log(step, train_loss=loss)` (`via="attach"` in the
+  options: `Guard.attach`, as a rank without a Monitor runs it).
 """
 
 from __future__ import annotations
@@ -190,25 +191,53 @@ class SpikeRule:
 
 
 class Guarded(Bare):
-    """The guard, as a rank without a Monitor runs it."""
+    """The guard as users run it: `Monitor(model, optimizer, out, guard=Guard(...))` and
+    `monitor.log(step, train_loss=loss)` (the Monitor measures the update ratios and gradient norm
+    the guard reads, every 10 steps), in a temporary run directory; with options' `via="attach"`,
+    as a rank without a Monitor runs it (`Guard.attach`, the loss alone). `monitor=False` in the
+    options: the Monitor alone, no guard (the cost's baseline)."""
 
     def __init__(self, model: Any, optimizer: Any, options: dict[str, Any]):
+        import tempfile
+
         from train.guard import Guard
+        from train.monitor import Monitor
         super().__init__(model, optimizer, options)
-        self.run = Guard(**options).attach(model, optimizer)
+        options = dict(options)
+        via, guarded = options.pop("via", "monitor"), options.pop("guard", True)
+        self.tmp = None
+        if via == "attach":
+            self.run, self.monitor = Guard(**options).attach(model, optimizer), None
+        else:
+            self.tmp = tempfile.TemporaryDirectory()
+            self.monitor = Monitor(model, optimizer, f"{self.tmp.name}/run", report=False,
+                                   guard=Guard(**options) if guarded else False)
+            self.run = self.monitor.guard
 
     def after_step(self, step: int, loss: float) -> bool:
         from train.guard import GuardStop
         try:
-            self.run.log(step, train_loss=loss)
+            (self.monitor or self.run).log(step, train_loss=loss)
         except GuardStop:
             return True
         return False
 
     def report(self, out: Outcome) -> None:
-        report_rescues(self.run.rescues, out)
-        out.snapshot_bytes = getattr(self.run, "snapshot_bytes", 0)
-        self.run.close()
+        if self.run is not None:
+            report_rescues(self.run.rescues, out)
+            out.snapshot_bytes = getattr(self.run, "snapshot_bytes", 0)
+            self.run.close()
+        if self.monitor is not None:
+            self.monitor.close()
+        if self.tmp is not None:
+            self.tmp.cleanup()
+
+
+class Monitored(Guarded):
+    """The Monitor alone, as the guard arm runs it, without a guard: the baseline of its cost."""
+
+    def __init__(self, model: Any, optimizer: Any, options: dict[str, Any]):
+        super().__init__(model, optimizer, {**options, "guard": False})
 
 
 def report_rescues(records: list[dict[str, Any]], out: Outcome) -> None:
@@ -232,4 +261,5 @@ def _nbytes(tree: Any) -> int:
     return 0
 
 
-WATCHERS = {"none": Bare, "palm": PaLM, "skip": SkipStep, "lightning": Lightning, "guard": Guarded}
+WATCHERS = {"none": Bare, "palm": PaLM, "skip": SkipStep, "lightning": Lightning, "guard": Guarded,
+            "monitor": Monitored}

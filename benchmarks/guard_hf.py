@@ -35,6 +35,7 @@ def train_hf(case: Case, arm: str, seed: int, steps: int, options: dict[str, Any
 
     from guard_arms import SpikeRule, report_rescues
     from models.store.run import read_metrics
+    from train.guard import Guard
     from train.monitor import HFCallback
 
     torch.set_num_threads(1)
@@ -52,7 +53,8 @@ def train_hf(case: Case, arm: str, seed: int, steps: int, options: dict[str, Any
         callbacks: list[Any] = []
         rule = SpikeRule()
         if arm == "guard":
-            callbacks.append(HFCallback(f"{tmp}/run", guard=True, report=False, **(options or {})))
+            settings = {k: v for k, v in (options or {}).items() if k != "via"}  # a Trainer's guard is the Monitor's
+            callbacks.append(HFCallback(f"{tmp}/run", guard=Guard(**settings), report=False))
         elif arm == "lightning":
             callbacks.append(StopOnSpike(rule))
         trainer = transformers.Trainer(model=model, args=args, train_dataset=examples, callbacks=callbacks)
