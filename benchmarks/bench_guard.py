@@ -82,7 +82,7 @@ def run_all(kinds: tuple[str, ...], arms: tuple[str, ...], seeds: tuple[int, ...
 
 def _one(job: tuple) -> Outcome:
     for name in ("train", "transformers"):  # a line per rescue or Trainer step: counted here instead
-        logging.getLogger(name).setLevel(logging.ERROR)
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     return train(*job)
 
 
@@ -140,7 +140,7 @@ def table(book: Book, kinds: tuple[str, ...], arms: tuple[str, ...]) -> list[str
             above = statistics.fmean(final(r) - final(book.ref(r)) for r in mine)
             cells.append(f"{sum(map(book.ok, mine))}/{len(mine)} {above:+.3f}".rjust(width))
         lines.append(f"{kind:<10} {GOALS[kind]:<31} " + "".join(cells))
-    for label, count in (("stops", lambda r: r.stopped), ("false stops", book.false_stop),
+    for label, count in (("stops", lambda r: r.stopped), ("false stops", book.false_stop), ("errors", lambda r: bool(r.error)),
                          ("actions", lambda r: r.rescues), ("batches lost", lambda r: r.lost)):
         row = [sum(count(r) for k in kinds for r in book.of(k, a)) for a in arms]
         lines.append(f"{label:<42} " + "".join(f"{v:>{width}}" for v in row))
@@ -163,7 +163,7 @@ def guard_goals(book: Book, kinds: tuple[str, ...]) -> list[str]:
 
 
 def per_run(book: Book, kinds: tuple[str, ...], arms: tuple[str, ...]) -> list[str]:
-    """Every run's final val loss per arm: (n) actions taken, ! stopped, x the kind's goal missed."""
+    """Every run's final val loss per arm: (n) actions taken, ! stopped, E an error, x the kind's goal missed."""
     lines = [f"{'case':<44} {'seed':>4} {'ref':>6} " + "".join(f"{a:>12}" for a in arms)]
     for case in [c for c in cases() if c.kind in kinds]:
         for seed in sorted({s for (c, _, s) in book.runs if c == case}):
@@ -174,13 +174,15 @@ def per_run(book: Book, kinds: tuple[str, ...], arms: tuple[str, ...]) -> list[s
                 if r is None:
                     cells.append(f"{'-':>12}")
                     continue
-                note = (f"({r.rescues})" if r.rescues else "") + ("!" if r.stopped else "") + ("" if book.ok(r) else "x")
+                note = (f"({r.rescues})" if r.rescues else "") + ("!" if r.stopped else "") + ("E" if r.error else "") \
+                    + ("" if book.ok(r) else "x")
                 cells.append(f"{final(r):6.3f}{note:<6}")
             lines.append(f"{case.name:<44} {seed:>4} {final(book.ref(first)):6.3f} " + "".join(cells))
-    guarded = [r for r in book.runs.values() if r.arm == "guard" and r.actions]
+    guarded = [r for r in book.runs.values() if r.arm == "guard" and (r.actions or r.error)]
     if guarded:
-        lines.append("what the guard did (its records' kind/action, in order):")
-        lines += [f"  {r.case.name} seed {r.seed}: {r.actions}" for r in sorted(guarded, key=lambda r: (r.case.name, r.seed))]
+        lines.append("what the guard did (its records' kind/action, in order; an error that ended the run):")
+        lines += [f"  {r.case.name} seed {r.seed}: {r.actions}" + (f" ERROR at {r.error}" if r.error else "")
+                  for r in sorted(guarded, key=lambda r: (r.case.name, r.seed))]
     return lines
 
 

@@ -205,7 +205,7 @@ class Guarded(Bare):
         super().__init__(model, optimizer, options)
         options = dict(options)
         via, guarded = options.pop("via", "monitor"), options.pop("guard", True)
-        self.tmp = None
+        self.tmp, self.error = None, ""
         if via == "attach":
             self.run, self.monitor = Guard(**options).attach(model, optimizer), None
         else:
@@ -220,9 +220,13 @@ class Guarded(Bare):
             (self.monitor or self.run).log(step, train_loss=loss)
         except GuardStop:
             return True
+        except Exception as err:  # a guard that fails ends its run, and the table says so (no table lost)
+            self.error = f"step {step}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            return True
         return False
 
     def report(self, out: Outcome) -> None:
+        out.error = self.error
         if self.run is not None:
             report_rescues(self.run.rescues, out)
             out.snapshot_bytes = getattr(self.run, "snapshot_bytes", 0)

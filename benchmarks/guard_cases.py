@@ -101,6 +101,7 @@ class Outcome:
     snapshot_bytes: int = 0
     state_bytes: int = 0  # the model's parameters and the optimizer's state, for scale
     seconds: float = 0.0
+    error: str = ""  # what failed inside the arm (the run ended there)
     state: Any = field(default=None, repr=False)  # the final state dict, when asked
 
 
