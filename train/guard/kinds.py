@@ -1,13 +1,16 @@
 """What kind of trouble the guard sees (`train.guard`), from numbers on the host: pure functions.
 
-- `data_spike`: a few batches (`patience` or more, over within `hold` steps) far above the level,
-  the run otherwise calm (no growth signal, no third spike within `window` steps): skip them.
+- `data_spike`: a few batches (`patience` or more, over within `hold` steps, not falling: bad
+  batches are about as bad as each other) far above the level, the run otherwise calm (no growth
+  signal, no third spike within `window` steps, each after calm): skip them.
 - `rate_blowup`: a non-finite loss, spikes that repeat, a growth signal (update ratios above
   their band, the gradient norm grown, the doctor's warning from the internals), losses over four
   times the untrained model's, or a loss that stays high for `hold` steps without falling, above
   the untrained model's: rewind and lower the rate.
-- `data_shift`: a loss that stays at a new level for `hold` steps and falls there (or stays flat,
-  with nothing growing, below the untrained model's loss): a new level the model learns from.
+- `data_shift`: a loss that falls from its jump back under the spike line by itself, or stays at a
+  new level for `hold` steps and falls there (or stays flat, with nothing growing, below the
+  untrained model's loss): data the model learns from; a spike again right after a skip, until
+  `hold` bad batches in all, too.
 - `stall`: after a rescue, a loss flat far above the level before the trouble (`stalled`).
 """
 
@@ -32,7 +35,7 @@ class Excursion:
     noise: float  # one step's noise before them
     first: float | None  # the untrained model's loss
     growth: str | None = None  # a growth signal seen in or just before them, in words
-    recent_skips: int = 0  # data spikes skipped within `window` steps before
+    recent_skips: int = 0  # data spikes skipped within `window` steps before, each after calm
 
 
 def falling(losses: tuple[float, ...] | list[float], noise: float) -> bool:
@@ -58,6 +61,8 @@ def classify(ex: Excursion, patience: int, hold: int) -> tuple[str, str] | None:
     if ex.closed:
         if n < patience:
             return None  # one that passes by itself
+        if n >= 4 and falling(ex.losses, ex.noise):
+            return "data_shift", f"{rise}, falling back by itself: data the model learns (or a blip it recovers from)"
         if ex.recent_skips >= 2:
             return "rate_blowup", f"{rise}: spikes repeat ({ex.recent_skips} skipped within the window before)"
         return "data_spike", f"{rise}, then back to the level: a few bad batches, the run otherwise calm"

@@ -1,16 +1,17 @@
 """The rate a rewind sets, from the run's own evidence (`train.guard`).
 
-- A rate blow-up: the highest rate of an update whose update ratios (median rms(du)/rms(w) over
-  the parameters, measured at the Monitor's log steps) were in their healthy band (<= 1e-2); where
-  they never were, the first measured rate scaled by how far its ratio overshot the band (Adam's
-  step is about proportional to its rate); where none was measured, the rate at the last calm
-  step cut by `cut`. Never above `cut` x the rate at which the trouble began.
+- A rate blow-up: the rate that brings the update ratios (median rms(du)/rms(w) over the
+  parameters, measured at the Monitor's log steps) to the top of their healthy band (1e-2): each
+  calm measurement before the trouble gives one (its rate x 1e-2 / its ratio: an Adam or SGD step
+  grows about in proportion to its rate), their median is taken; where none was measured, the
+  rate at the last calm step cut by `cut`. Never above `cut` x the rate at which the trouble began.
 - Trouble again under a cap, or a stall: the cap, cut by `cut` again (the ratios measured since the
   rewind were measured on its ramp, at rates that say nothing of what blew up).
 """
 
 from __future__ import annotations
 
+import statistics
 from typing import TYPE_CHECKING
 
 from train.guard.kinds import U_TOP
@@ -40,16 +41,12 @@ def blowup_rate(run: GuardedRun, kind: str, began: int) -> tuple[float, str]:
         return base * cut, f"the cap {base:.3g} did not bring the loss back: x{cut:g}"
     if run.rate.cap is not None:  # trouble again under a cap: the ratios since the rewind were measured on its ramp
         return run.rate.cap * cut, f"the cap {run.rate.cap:.3g} it blew up under x{cut:g}"
-    measured = [(s, u, rate_of(lr)) for s, u, lr, _ in run.ratios if s < began and lr is not None]
-    in_band = [m for m in measured if m[1] <= U_TOP]
-    if in_band:  # the highest such rate: a warmup's last in the band, not a ramp's after a rewind
-        step, u, lr = max(in_band, key=lambda m: (m[2], m[0]))
-        rate, said = lr, (f"the rate {lr:.3g} at step {step}, the highest at which its update ratios were in "
-                          f"their band (median {u:.2g} <= {U_TOP:g})")
-    elif measured:
-        step, u, lr = measured[0]
-        rate, said = lr * U_TOP / u, (f"the rate {lr:.3g} at step {step} x{U_TOP / u:.2g}, to bring its update "
-                                      f"ratio {u:.2g} into the band (<= {U_TOP:g})")
+    implied = [(rate_of(lr) * U_TOP / u, s) for s, u, lr, was_calm in run.ratios
+               if s < began and was_calm and lr is not None and u > 0]  # the rate that puts each in the band
+    if implied:  # an update ratio grows about in proportion to the rate (Adam's and SGD's steps alike)
+        rate = statistics.median(r for r, _ in implied)
+        said = (f"{rate:.3g}, the rate that brings its update ratios to the top of their band ({U_TOP:g}): the "
+                f"median over {len(implied)} calm measurements (steps {implied[0][1]}-{implied[-1][1]})")
     else:
         rate, said = fallback * cut, (f"the rate {fallback:.3g} at the last calm step x{cut:g} (no update ratios "
                                       "measured: log them with the Monitor)")

@@ -79,7 +79,7 @@ class GuardedRun:
         self.unsafe: float | None = None  # the lowest rate at which a rate blow-up began
         self.first_rate: float | None = None  # the rate when rate trouble first came (the floor's base)
         self.calm_from: int | None = None  # the step since which a capped run has been calm (lifting)
-        self.skips: list[int] = []  # steps of data-spike skips
+        self.skips: list[tuple[int, list[int]]] = []  # data-spike skips: (step, the bad batches' steps)
         self.acts = 0  # rewinds (rate blow-ups and stalls)
         self.last_restored: HostSnapshot | None = None  # kept until the run proved calm after it
         self.quiet = False  # watch mode: an episode said, its consequences not said again
@@ -187,15 +187,23 @@ class GuardedRun:
     def _judge_excursion(self, spikes: list, closed: bool, began: int, step: int, now: int,
                          warned: Callable | None) -> Plan | None:
         s, w = self.settings, self.watch
-        window_skips = sum(1 for k in self.skips if k > step - s.window)
+        apart = sum(1 for k, _ in self.skips if step - s.window < k < began - s.hold)  # each after calm
         ex = Excursion(losses=tuple(v for _, v in spikes), closed=closed, level=w.level() or w.first or 0.0,
-                       noise=w.noise(), first=w.first, growth=growth(self.ratios, self.norms, began, s.read_every), recent_skips=window_skips)
+                       noise=w.noise(), first=w.first, growth=growth(self.ratios, self.norms, began, s.read_every),
+                       recent_skips=apart)
         verdict = classify(ex, s.patience, s.hold)
         if verdict is None:
             return None
         kind, why = verdict
+        bad = [st for st, _ in spikes]
+        if kind == "data_spike" and self.skips and began - self.skips[-1][0] <= s.hold:  # right after a skip
+            bad = self.skips[-1][1] + bad
+            if len(bad) >= s.hold:  # bad batches that do not end: the data changed
+                why = f"{why}; {len(bad)} bad batches right after one another: the data changed"
+                return Plan(now, record("data_shift", "none", why, bad[0], self.acts, None, now, cap=self.rate.cap,
+                                        rate_from="the rate kept"), None, None, bad[0])
         if kind == "data_spike":
-            return self._skip_plan(why, began, [st for st, _ in spikes], now)
+            return self._skip_plan(why, began, bad, now)
         if kind == "data_shift":
             if self.recovery is not None:  # a new level after a rewind that the run does not leave: a stall
                 return self._rate_plan("stall", why.replace("a new level", "a stall after the rescue"), step, now, None)
@@ -362,7 +370,7 @@ class GuardedRun:
         self.last_restored = slot
         self._kept = plan.step  # the next snapshot `every` steps from now
         if action == "skip":
-            self.skips.append(plan.step)
+            self.skips.append((plan.step, rec["skipped_steps"]))
             self.watch.restart(plan.step, plan.began)
             return rec
         self.acts += 1
