@@ -142,9 +142,9 @@ def test_a_rewind_to_the_start_in_a_warmup_caps_at_the_evidence_and_the_cap_lift
 
 @pytest.mark.parametrize("losses, closed, kind", [
     ((5.0,), True, None),  # one spike that passed by itself
-    ((5.0, 5.0), True, "data_spike"),
-    ((5.0, 5.1, 4.9, 5.0, 5.05), True, "data_spike"),  # bad batches: about as bad as each other
-    ((5.0, 4.6, 4.2, 3.8, 3.4), True, "data_shift"),  # falling back by itself: learnt
+    ((5.0, 5.0), True, "data_spike"),  # then 2.05: back at once
+    ((5.0, 4.6, 4.2, 3.8, 3.4), True, "data_spike"),  # bad batches the model fits a little, then back at once
+    ((5.0, 4.2, 3.5, 3.0, 2.6, 2.4), True, "data_shift"),  # then 2.25 (under the line 2.3): coming down
     ((5.0, math.nan), False, "rate_blowup"),
     ((30.0, 30.0), False, "rate_blowup"),  # four times the untrained model's loss
     ((5.0,) * 10, False, None),  # wait: a few bad batches end, a blow-up stays
@@ -153,7 +153,8 @@ def test_a_rewind_to_the_start_in_a_warmup_caps_at_the_evidence_and_the_cap_lift
     (tuple(3.5 - 0.05 * i for i in range(16)), False, "data_shift"),  # falling
 ])
 def test_the_classifier_by_hand(losses, closed, kind):
-    ex = Excursion(losses=losses, closed=closed, level=2.0, noise=0.02, first=4.2)
+    after = (2.25 if losses[-1] < 3 else 2.05) if closed else None  # the loss that came back under the line
+    ex = Excursion(losses=losses, closed=closed, level=2.0, noise=0.02, first=4.2, after=after)
     verdict = classify(ex, patience=2, hold=16)
     assert (verdict[0] if verdict else None) == kind
     grown = classify(Excursion(losses=(5.0,), closed=False, level=2.0, noise=0.02, first=4.2,

@@ -1,13 +1,14 @@
 """What kind of trouble the guard sees (`train.guard`), from numbers on the host: pure functions.
 
-- `data_spike`: a few batches (`patience` or more, over within `hold` steps, not falling: bad
-  batches are about as bad as each other) far above the level, the run otherwise calm (no growth
-  signal, no third spike within `window` steps, each after calm): skip them.
+- `data_spike`: a few batches (`patience` or more, over within `hold` steps and at once: the loss
+  after them drops more than half way back to the level in one step) far above the level, the run
+  otherwise calm (no growth signal, no third spike within `window` steps, each after calm): skip them.
 - `rate_blowup`: a non-finite loss, spikes that repeat, a growth signal (update ratios above
-  their band, the gradient norm grown, the doctor's warning from the internals), losses over four
+  their band, the gradient norm grown, the doctor's warning from the internals), spikes before
+  the run has a level (a nat above the untrained model's loss: its first steps), losses over four
   times the untrained model's, or a loss that stays high for `hold` steps without falling, above
   the untrained model's: rewind and lower the rate.
-- `data_shift`: a loss that falls from its jump back under the spike line by itself, or stays at a
+- `data_shift`: a loss that comes down from its jump under the spike line by itself, or stays at a
   new level for `hold` steps and falls there (or stays flat, with nothing growing, below the
   untrained model's loss): data the model learns from; a spike again right after a skip, until
   `hold` bad batches in all, too.
@@ -36,6 +37,8 @@ class Excursion:
     first: float | None  # the untrained model's loss
     growth: str | None = None  # a growth signal seen in or just before them, in words
     recent_skips: int = 0  # data spikes skipped within `window` steps before, each after calm
+    early: bool = False  # before the run has a level (its first steps, or since a rewind): spikes are the rate's
+    after: float | None = None  # the loss that came back (closed): bad batches end at once, a shift comes down
 
 
 def falling(losses: tuple[float, ...] | list[float], noise: float) -> bool:
@@ -56,13 +59,17 @@ def classify(ex: Excursion, patience: int, hold: int) -> tuple[str, str] | None:
     rise = f"{n} loss(es) up to {top:.3f} against a level of {ex.level:.3f}"
     if ex.growth is not None:
         return "rate_blowup", f"{rise}, and {ex.growth}"
+    if ex.early and n >= patience:
+        return "rate_blowup", f"{rise}, a nat above the untrained model's {ex.first:.3f} before the run has a level"
     if n >= patience and ex.first is not None and ex.first > 0 and top > 4 * ex.first:
         return "rate_blowup", f"{rise}, over four times the untrained model's {ex.first:.3f}: broken weights"
     if ex.closed:
         if n < patience:
             return None  # one that passes by itself
-        if n >= 4 and falling(ex.losses, ex.noise):
-            return "data_shift", f"{rise}, falling back by itself: data the model learns (or a blip it recovers from)"
+        last = ex.losses[-1]
+        if ex.after is not None and last - ex.after < 0.5 * (last - ex.level):
+            return "data_shift", (f"{rise}, coming down by itself to {ex.after:.3f} under the spike line: data the "
+                                  "model learns, or a blip it recovers from")
         if ex.recent_skips >= 2:
             return "rate_blowup", f"{rise}: spikes repeat ({ex.recent_skips} skipped within the window before)"
         return "data_spike", f"{rise}, then back to the level: a few bad batches, the run otherwise calm"

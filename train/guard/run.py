@@ -190,7 +190,7 @@ class GuardedRun:
         apart = sum(1 for k, _ in self.skips if step - s.window < k < began - s.hold)  # each after calm
         ex = Excursion(losses=tuple(v for _, v in spikes), closed=closed, level=w.level() or w.first or 0.0,
                        noise=w.noise(), first=w.first, growth=growth(self.ratios, self.norms, began, s.read_every),
-                       recent_skips=apart)
+                       recent_skips=apart, after=self.watch.last[1] if closed else None, early=not w.judged())
         verdict = classify(ex, s.patience, s.hold)
         if verdict is None:
             return None
