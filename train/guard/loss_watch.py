@@ -38,6 +38,7 @@ class LossWatch:
     _avg: float | None = None  # the moving average
     _calm: int | None = None  # the last calm step
     first: float | None = None  # the first finite loss seen (the untrained model's)
+    best: float | None = None  # the lowest finite loss seen
     excursion: list = field(default_factory=list)  # (step, loss) of the spikes in a row now
     last: tuple[int, float] | None = None  # the last (step, loss) seen
 
@@ -75,6 +76,7 @@ class LossWatch:
             return True
         if self.first is None:
             self.first = loss
+        self.best = loss if self.best is None else min(self.best, loss)
         spike_line, calm_line, noise = self.lines()
         if loss > spike_line:
             self.excursion.append((step, loss))

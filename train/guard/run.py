@@ -286,6 +286,7 @@ class GuardedRun:
         if warning is not None:
             rec["warned"] = warning
         level = self.recovery.target if self.recovery is not None else self.watch.level()
+        level = level if level is not None else self.watch.best  # before the run has a level: its best so far
         return Plan(now, rec, slot, cap, began, target=level)
 
     def _maybe_lift(self, step: int, now: int) -> Plan | None:
