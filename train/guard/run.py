@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from train.guard.kinds import Excursion, classify, growth, stalled
+from train.guard.kinds import Excursion, bad_block, classify, growth, stalled
 from train.guard.loss_watch import LossWatch
 from train.guard.plan import Plan, record, rescue_line
 from train.guard.rate import RateCap, rate_of
@@ -196,6 +196,8 @@ class GuardedRun:
             return None
         kind, why = verdict
         bad = [st for st, _ in spikes]
+        if kind == "data_spike" and not closed:  # the bad block, then the model fine under the untrained loss
+            bad = bad[:bad_block(ex.losses, ex.first, ex.level)]
         if kind == "data_spike" and self.skips and began - self.skips[-1][0] <= s.hold:  # right after a skip
             bad = self.skips[-1][1] + bad
             if len(bad) >= s.hold:  # bad batches that do not end: the data changed
