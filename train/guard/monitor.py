@@ -143,4 +143,5 @@ def stop_line(step: int, rescue: dict[str, Any], run: GuardedRun, saved: Path | 
             f"the model holds step {restored}'s weights" + (f" (saved {saved})" if saved else ""))
     done = sum(1 for r in run.rescues if r["action"] in ("rewind", "skip"))
     again = f"after {done} rescue(s), {rescue['why']}" if done else rescue["why"]
-    return f"guard: stopped the run at step {step}: {again}; {held}. Try: {structural_fix(cap, trainer, qk_norm, stopped=True)}"
+    fix = structural_fix(cap, trainer, qk_norm, stopped=True)
+    return f"guard: stopped the run at step {step}: {again}; {held}. Try: {fix}"
