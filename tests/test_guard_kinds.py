@@ -118,6 +118,14 @@ def test_a_stall_after_a_rescue_acts_again_earlier_and_lower_then_stops():
     assert run.stopped
 
 
+def test_a_loss_that_creeps_a_nat_above_its_lowest_level_without_a_spike_is_a_rate_blowup():
+    losses = calm(range(100)) + [LEVEL + 0.015 * (s - 99) + wiggle(s) for s in range(100, 220)]
+    run, records = stream(Guard(), losses)
+    step, rec = records[0]
+    assert (rec["kind"], rec["action"]) == ("rate_blowup", "rewind") and "crept up" in rec["why"]
+    assert 100 + 1.0 / 0.015 <= step <= 100 + 1.3 / 0.015 and rec["restored_step"] <= 100
+
+
 def test_trouble_soon_after_a_rewind_goes_back_to_the_state_just_restored():
     """Defect 2: the restored snapshot stays the first candidate (it was skipped before)."""
     losses = calm(range(100)) + [math.nan] + calm(range(101, 106)) + [math.nan] + calm(range(107, 130))

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from train.guard.kinds import Excursion, bad_block, classify, growth, stalled
+from train.guard.kinds import Excursion, bad_block, classify, falling, growth, stalled
 from train.guard.loss_watch import LossWatch
 from train.guard.plan import Plan, record, rescue_line
 from train.guard.rate import RateCap, rate_of
@@ -46,6 +46,8 @@ if TYPE_CHECKING:
     from train.guard.settings import Guard
 
 log = logging.getLogger("train.guard")
+
+CREEP = 1.0  # nats a level may creep above the lowest the run had before it is a blow-up that never spiked
 
 __all__ = ["GuardedRun"]
 
@@ -76,6 +78,7 @@ class GuardedRun:
         self.ratios: deque = deque(maxlen=64)  # (step, median update ratio, its update's rate, calm)
         self.norms: deque = deque(maxlen=64)  # (step, gradient norm, calm)
         self.recovery: Recovery | None = None
+        self.best_level: float | None = None  # the lowest level the run had (since its last rewind or shift)
         self.unsafe: float | None = None  # the lowest rate at which a rate blow-up began
         self.first_rate: float | None = None  # the rate when rate trouble first came (the floor's base)
         self.calm_from: int | None = None  # the step since which a capped run has been calm (lifting)
@@ -176,7 +179,7 @@ class GuardedRun:
             return self._judge_excursion(spikes, not spike, began, step, now, warned)
         if self.recovery is not None:
             return self._judge_recovery(step, loss, now)
-        return self._maybe_lift(step, now)
+        return self._judge_creep(step, now, warned) or self._maybe_lift(step, now)
 
     def _measured(self, step: int, grad_norm: float | None, ratio: float | None, calm: bool) -> None:
         if grad_norm is not None:
@@ -212,6 +215,21 @@ class GuardedRun:
             return Plan(now, record(kind, self._said("none"), why, began, self.acts, None, now,
                                     cap=self.rate.cap, rate_from="the rate kept"), None, None, began)
         return self._rate_plan(kind, why, step, now, warned, began)
+
+    def _judge_creep(self, step: int, now: int, warned: Callable | None) -> Plan | None:
+        """A level crept a nat above the lowest level the run had, with no spike and not coming down
+        over the last `hold` steps: the rate (a blow-up that never spiked)."""
+        w, s = self.watch, self.settings
+        level = w.level() if w.judged() else None
+        if level is None:
+            return None
+        self.best_level = level if self.best_level is None else min(self.best_level, level)
+        recent = [v for _, v in list(w._losses)[-s.hold:]]
+        if level - self.best_level < CREEP or falling(recent, w.noise()):
+            return None
+        why = f"the loss crept up to a level of {level:.3f}, {level - self.best_level:.2f} nats above its lowest " \
+              f"level {self.best_level:.3f}, without a spike"
+        return self._rate_plan("rate_blowup", why, step, now, warned)
 
     def _judge_recovery(self, step: int, loss: float, now: int) -> Plan | None:
         """After a rewind: back near the level before the trouble (recovered), a stall, or wait."""
@@ -356,6 +374,7 @@ class GuardedRun:
         if action == "none":
             if rec["kind"] == "data_shift":
                 self.watch.accept(plan.step)
+                self.best_level = None  # a new level: measured from here
             return rec
         if action == "lift":
             self.rate.lift(plan.cap)
@@ -383,7 +402,7 @@ class GuardedRun:
             self.unsafe = rate if self.unsafe is None else min(self.unsafe, rate)
         self.rate.set(plan.cap, ramp=True)
         self.watch.restart(plan.step, keep_before=-math.inf)
-        self.recovery, self.calm_from = Recovery(plan.step, plan.target), None
+        self.recovery, self.calm_from, self.best_level = Recovery(plan.step, plan.target), None, None
         return rec
 
     def close(self) -> None:
