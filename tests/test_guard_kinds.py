@@ -153,7 +153,9 @@ def test_a_rewind_to_the_start_in_a_warmup_caps_at_the_evidence_and_the_cap_lift
     ((5.0, 5.0), True, "data_spike"),  # then 2.05: back at once
     ((5.0, 4.6, 4.2, 3.8, 3.4), True, "data_spike"),  # bad batches the model fits a little, then back at once
     ((5.0, 4.2, 3.5, 3.0, 2.6, 2.4), True, "data_shift"),  # then 2.25 (under the line 2.3): coming down
-    ((6.4, 5.8, 5.3, 4.9, 4.6, 3.4, 3.2), False, "data_spike"),  # worse than untrained, then under it: bad batches
+    ((6.4, 5.8, 5.3, 4.9, 4.6, 3.4, 3.2), False, "data_spike"),  # down at once, then below them: bad batches
+    ((3.9, 4.0, 3.95, 3.9, 4.0, 2.9, 2.8), False, "data_spike"),  # below the untrained model's, the same
+    ((3.9, 3.7, 3.5, 3.3, 3.1, 2.9, 2.7), False, None),  # coming down gradually: wait (a shift, it will be)
     ((5.0, math.nan), False, "rate_blowup"),
     ((30.0, 30.0), False, "rate_blowup"),  # four times the untrained model's loss
     ((5.0,) * 10, False, None),  # wait: a few bad batches end, a blow-up stays

@@ -1,8 +1,8 @@
 """What kind of trouble the guard sees (`train.guard`), from numbers on the host: pure functions.
 
 - `data_spike`: a few batches (`patience` or more) far above the level, over within `hold` steps
-  and at once (the loss after them drops more than half way back to the level in one step, or from
-  above the untrained model's loss to below it: the model is fine on the next batch), the run
+  and at once (the loss after them drops a third of the way back to the level or more in one step
+  and stays below them: the model is fine on the next batch, its damage aside), the run
   otherwise calm (no growth signal, no third spike within `window` steps, each after calm): skip them.
 - `rate_blowup`: a non-finite loss, spikes that repeat, a growth signal (update ratios above
   their band, the gradient norm grown, the doctor's warning from the internals), spikes before
@@ -64,12 +64,13 @@ def classify(ex: Excursion, patience: int, hold: int) -> tuple[str, str] | None:
         return "rate_blowup", f"{rise}, a nat above the untrained model's {ex.first:.3f} before the run has a level"
     if n >= patience and ex.first is not None and ex.first > 0 and top > 4 * ex.first:
         return "rate_blowup", f"{rise}, over four times the untrained model's {ex.first:.3f}: broken weights"
-    worse = bad_block(ex.losses, ex.first, ex.level)
-    if not ex.closed and patience <= worse < n:
+    worse = bad_block(ex.losses, ex.level, patience)
+    if not ex.closed and worse:
         if ex.recent_skips >= 2:
             return "rate_blowup", f"{rise}: spikes repeat ({ex.recent_skips} skipped within the window before)"
-        return "data_spike", (f"{worse} batch(es) worse than the untrained model's {ex.first:.3f}, then the loss at "
-                              f"once under it on the next: bad batches, the run otherwise calm")
+        return "data_spike", (f"{worse} batch(es) up to {max(ex.losses[:worse]):.3f} against a level of "
+                              f"{ex.level:.3f}, then the loss down at once to {ex.losses[worse]:.3f}: bad batches, "
+                              "the run otherwise calm")
     if ex.closed:
         if n < patience:
             return None  # one that passes by itself
@@ -114,17 +115,16 @@ def growth(ratios, norms, began: int, read_every: int) -> str | None:
     return None
 
 
-def bad_block(losses: tuple[float, ...], first: float | None, level: float) -> int:
-    """How many of the first losses lie above the untrained model's (`first`), when the next one
-    drops at once under it (a third of the way back to `level` or more) and all after stay under:
-    batches worse than no training at all, then the model fine on the next (random tokens, shuffled
-    labels; a shift the model learns comes down gradually). 0 otherwise."""
-    if first is None:
-        return 0
-    k = next((i for i, v in enumerate(losses) if not v > first), len(losses))
-    if k == 0 or k == len(losses) or not all(v < first for v in losses[k:]):
-        return 0
-    return k if losses[k - 1] - losses[k] >= 0.3 * (losses[k - 1] - level) else 0
+def bad_block(losses: tuple[float, ...], level: float, patience: int = 1) -> int:
+    """How many of the first losses (`patience` or more) are bad batches: the loss after them drops
+    at once, a third of the way back to `level` or more in one step, and every loss after lies below
+    every one of them (random tokens, shuffled labels: the model is fine on the next good batch, its
+    damage aside; a shift the model learns comes down gradually). 0 when there is no such block."""
+    for k in range(max(1, patience), len(losses)):
+        head, tail = losses[:k], losses[k:]
+        if losses[k - 1] - losses[k] >= 0.3 * (losses[k - 1] - level) and max(tail) < min(head):
+            return k
+    return 0
 
 
 def stalled(losses: list[float], target: float, gap: float, noise: float) -> bool:

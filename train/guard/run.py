@@ -199,8 +199,8 @@ class GuardedRun:
             return None
         kind, why = verdict
         bad = [st for st, _ in spikes]
-        if kind == "data_spike" and not closed:  # the bad block, then the model fine under the untrained loss
-            bad = bad[:bad_block(ex.losses, ex.first, ex.level)]
+        if kind == "data_spike" and not closed:  # the bad block, then the loss down at once
+            bad = bad[:bad_block(ex.losses, ex.level, s.patience)]
         if kind == "data_spike" and self.skips and began - self.skips[-1][0] <= s.hold:  # right after a skip
             bad = self.skips[-1][1] + bad
             if len(bad) >= s.hold:  # bad batches that do not end: the data changed
