@@ -17,7 +17,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-__all__ = ["Excursion", "U_TOP", "classify", "falling", "stalled"]
+__all__ = ["Excursion", "U_TOP", "classify", "falling", "growth", "stalled"]
 
 U_TOP = 1e-2  # the top of the healthy band of update ratios (rms(du)/rms(w)) for SGD and Adam steps
 
@@ -68,6 +68,31 @@ def classify(ex: Excursion, patience: int, hold: int) -> tuple[str, str] | None:
     if ex.first is not None and top > ex.first + 0.5:
         return "rate_blowup", f"{rise} for {n} steps, not falling, above the untrained model's {ex.first:.3f}"
     return "data_shift", f"{rise} for {n} steps, flat with nothing growing: a new level, not a blow-up"
+
+
+def growth(ratios, norms, began: int, read_every: int) -> str | None:
+    """A growth signal in words, or None: an update ratio above the band (3e-2) and three times its
+    calm median, or a gradient norm ten times its calm median, in the measurements of the two
+    `read_every` spans before the trouble began or in the last two since (both: a bad batch's own
+    update is large by its data); a non-finite gradient norm at once. `ratios`: (step, ratio, rate,
+    calm); `norms`: (step, norm, calm)."""
+    before, since = began - 2 * read_every, began
+    calm_u = [u for _, u, _, calm in ratios if calm]
+    calm_g = [g for _, g, calm in norms if calm]
+    u_line = max(3e-2, 3 * statistics.median(calm_u)) if calm_u else math.inf
+    g_line = 10 * statistics.median(calm_g) if calm_g else math.inf
+    for name, values, line, calm in (("update ratio", [(s, u) for s, u, _, _ in ratios], u_line, calm_u),
+                                     ("gradient norm", [(s, g) for s, g, _ in norms], g_line, calm_g)):
+        if name == "gradient norm" and any(not math.isfinite(v) for s, v in values if s >= before):
+            return "the gradient norm is not finite"
+        grown = [(s, v) for s, v in values if before <= s < since and v > line]
+        after = [(s, v) for s, v in values if s >= since]
+        if not grown and len(after) >= 2 and all(v > line for _, v in after[-2:]):
+            grown = after[-1:]
+        if grown:
+            s, v = grown[-1]
+            return f"the {name} rose to {v:.3g} at step {s} ({v / statistics.median(calm):.0f}x its calm median)"
+    return None
 
 
 def stalled(losses: list[float], target: float, gap: float, noise: float) -> bool:

@@ -1,11 +1,12 @@
 """The rate a rewind sets, from the run's own evidence (`train.guard`).
 
-- A rate blow-up: the rate of the last update whose update ratios (median rms(du)/rms(w) over the
-  parameters, measured at the Monitor's log steps) were in their healthy band (<= 1e-2); where
+- A rate blow-up: the highest rate of an update whose update ratios (median rms(du)/rms(w) over
+  the parameters, measured at the Monitor's log steps) were in their healthy band (<= 1e-2); where
   they never were, the first measured rate scaled by how far its ratio overshot the band (Adam's
   step is about proportional to its rate); where none was measured, the rate at the last calm
   step cut by `cut`. Never above `cut` x the rate at which the trouble began.
-- A stall: the cap it stalled at, cut by `cut` again.
+- Trouble again under a cap, or a stall: the cap, cut by `cut` again (the ratios measured since the
+  rewind were measured on its ramp, at rates that say nothing of what blew up).
 """
 
 from __future__ import annotations
@@ -37,25 +38,22 @@ def blowup_rate(run: GuardedRun, kind: str, began: int) -> tuple[float, str]:
     if kind == "stall":
         base = run.rate.cap if run.rate.cap is not None else fallback
         return base * cut, f"the cap {base:.3g} did not bring the loss back: x{cut:g}"
+    if run.rate.cap is not None:  # trouble again under a cap: the ratios since the rewind were measured on its ramp
+        return run.rate.cap * cut, f"the cap {run.rate.cap:.3g} it blew up under x{cut:g}"
     measured = [(s, u, rate_of(lr)) for s, u, lr, _ in run.ratios if s < began and lr is not None]
     in_band = [m for m in measured if m[1] <= U_TOP]
-    if in_band:
-        step, u, lr = in_band[-1]
-        rate, said = lr, (f"the rate {lr:.3g} at step {step}, the last step its update ratios were in their "
-                          f"band (median {u:.2g} <= {U_TOP:g})")
+    if in_band:  # the highest such rate: a warmup's last in the band, not a ramp's after a rewind
+        step, u, lr = max(in_band, key=lambda m: (m[2], m[0]))
+        rate, said = lr, (f"the rate {lr:.3g} at step {step}, the highest at which its update ratios were in "
+                          f"their band (median {u:.2g} <= {U_TOP:g})")
     elif measured:
         step, u, lr = measured[0]
         rate, said = lr * U_TOP / u, (f"the rate {lr:.3g} at step {step} x{U_TOP / u:.2g}, to bring its update "
                                       f"ratio {u:.2g} into the band (<= {U_TOP:g})")
-    elif run.rate.cap is not None:
-        rate, said = run.rate.cap * cut, f"the cap {run.rate.cap:.3g} it blew up under x{cut:g} (no update ratios measured)"
     else:
         rate, said = fallback * cut, (f"the rate {fallback:.3g} at the last calm step x{cut:g} (no update ratios "
                                       "measured: log them with the Monitor)")
-    if run.rate.cap is not None:  # trouble again under a cap (its ramp too): the cap was not low enough
-        top, what = run.rate.cap, "the cap"
-    else:
-        top, what = (trouble if trouble is not None else fallback), "the rate"
+    top = trouble if trouble is not None else fallback
     if top > 0 and rate > cut * top:
-        rate, said = cut * top, f"{said}; at most x{cut:g} {what} {top:.3g} at which the trouble began"
+        rate, said = cut * top, f"{said}; at most x{cut:g} the rate {top:.3g} at which the trouble began"
     return rate, said

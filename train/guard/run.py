@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from train.guard.kinds import Excursion, classify, stalled
+from train.guard.kinds import Excursion, classify, growth, stalled
 from train.guard.loss_watch import LossWatch
 from train.guard.plan import Plan, record, rescue_line
 from train.guard.rate import RateCap, rate_of
@@ -184,30 +184,12 @@ class GuardedRun:
         if ratio is not None and math.isfinite(ratio):
             self.ratios.append((step, ratio, self.rate.applied, calm))
 
-    def _growth(self, began: int) -> str | None:
-        """A growth signal in or just before the trouble: an update ratio above the band and three
-        times its calm median, a non-finite gradient norm, or the last two three times ... ten times
-        their calm median."""
-        s = self.settings
-        since = began - s.read_every
-        calm_u = [u for _, u, _, calm in self.ratios if calm]
-        for st, u, _, _ in self.ratios:
-            if st >= since and calm_u and u > 3e-2 and u > 3 * statistics.median(calm_u):
-                return f"the update ratio rose to {u:.2g} at step {st} ({u / statistics.median(calm_u):.0f}x its calm median)"
-        recent = [(st, g) for st, g, _ in self.norms if st >= since]
-        if any(not math.isfinite(g) for _, g in recent):
-            return "the gradient norm is not finite"
-        calm_g = [g for _, g, calm in self.norms if calm]
-        if len(recent) >= 2 and calm_g and all(g > 10 * statistics.median(calm_g) for _, g in recent[-2:]):
-            return f"the gradient norm grew to {recent[-1][1]:.3g} ({recent[-1][1] / statistics.median(calm_g):.0f}x its calm median)"
-        return None
-
     def _judge_excursion(self, spikes: list, closed: bool, began: int, step: int, now: int,
                          warned: Callable | None) -> Plan | None:
         s, w = self.settings, self.watch
         window_skips = sum(1 for k in self.skips if k > step - s.window)
         ex = Excursion(losses=tuple(v for _, v in spikes), closed=closed, level=w.level() or w.first or 0.0,
-                       noise=w.noise(), first=w.first, growth=self._growth(began), recent_skips=window_skips)
+                       noise=w.noise(), first=w.first, growth=growth(self.ratios, self.norms, began, s.read_every), recent_skips=window_skips)
         verdict = classify(ex, s.patience, s.hold)
         if verdict is None:
             return None
