@@ -154,7 +154,9 @@ def test_the_hf_callback_guards_the_trainer_and_stops_it_the_trainers_way(tmp_pa
     trainer = transformers.Trainer(model=hf_gpt2(), args=args, train_dataset=examples, callbacks=[callback, PoisonAt()])
     trainer.train()
     rescues = [(r["step"], r["rescue"]["action"]) for r in read_metrics(tmp_path / "run") if "rescue" in r]
-    assert [a for _, a in rescues] == ["rewind"] * Guard().max_rescues + ["stop"] and 6 <= rescues[0][0] <= 8
+    actions = [a for _, a in rescues]  # each step's own loss is judged: the rate floor may stop it before max_rescues
+    assert actions[-1] == "stop" and set(actions[:-1]) == {"rewind"} and len(actions) - 1 <= Guard().max_rescues
+    assert 6 <= rescues[0][0] <= 8
     assert trainer.state.global_step < 20  # stopped early, the Trainer's way (no exception through it)
 
 
