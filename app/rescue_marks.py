@@ -1,4 +1,4 @@
-"""The guard's rescues (`train.rescue`) on the loss chart: a solid rule at each step the guard
+"""The guard's rescues (`train.guard`) on the loss chart: a solid rule at each step the guard
 rewound the run (green), at a stop (red), or where a watching guard would have acted (grey), its
 record in the tooltip. Read from the records themselves, so the marks show before any diagnosis."""
 

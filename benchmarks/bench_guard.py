@@ -1,30 +1,29 @@
-"""The guard (`train.rescue`) against three other ways of meeting a diverging run, on one
-learning-rate sweep, side by side in one run.
+"""The trouble table: kinds of trouble x ways of meeting them (the guard, `train.guard`, and
+others' rules), side by side in one run.
 
-    python benchmarks/bench_guard.py                # 7 rates x 3 seeds x 4 arms: 5 min on 2 idle cores, 15+ shared
-    python benchmarks/bench_guard.py --dev          # the development sweep the defaults were tuned on
-    python benchmarks/bench_guard.py --steps 30 --rates 1e-2,3 --seeds 0 --timing-steps 20   # a smoke run
+    python benchmarks/bench_guard.py                  # the report: seeds 0, 1; ~12 min on 2 idle cores
+    python benchmarks/bench_guard.py --dev            # the development seeds (100, 101) the guard is tuned on
+    python benchmarks/bench_guard.py --quick          # a smoke run: 40 steps, one seed, no timing (~2 min)
+    python benchmarks/bench_guard.py --dev --kinds garbage,shift --try patience=3   # one setting on some kinds
 
-The sweep: a 2-layer, 64-d GPT of ours (2 heads of 32, LayerNorm, GELU, no QK-norm) on Tiny
-Shakespeare's characters, batch 16 x 64, AdamW (betas 0.9, 0.99, weight decay 0.1), a tenth of
-the steps of linear warmup then cosine down to a tenth, at 7 peak rates over three decades
-(3e-3 ... 3) and 3 seeds, in four arms (benchmarks/guard_arms.py): none, PaLM's rewind made
-automatic, OLMo-core's skip-step rule, the guard at its defaults. Per arm it prints:
+The cases (benchmarks/guard_cases.py): a small GPT of ours on Tiny Shakespeare's characters, 300
+steps, in four recipes (AdamW with warmup and cosine, AdamW at a constant rate, SGD with momentum,
+Adam under OneCycleLR), each at its good rate (healthy) and at 10x, 100x and 1000x it (blowup);
+AdamW at a constant 30x (stall); the good AdamW run with 5 garbage batches at mid-run (random
+tokens; shuffled labels), with its text upper-cased from mid-run (shift), with its rate x20 for 3
+steps at mid-run (transient); a transformers GPT-2 in a Trainer at 0.1 (hf, benchmarks/guard_hf.py).
+The arms (benchmarks/guard_arms.py): none, PaLM's rewind-and-skip made automatic, OLMo-core's
+skip-step, Lightning's SpikeDetection (it stops the run), the guard at its defaults.
 
-- the rescue rate: of the runs that diverged without a guard (the train loss went non-finite or
-  rose a nat above its lowest so far), how many ended within 0.05 and within 0.5 nats of the best
-  unguarded run of the same seed (final val loss on 64 fixed held-out windows);
-- Wortsman et al.'s LR sensitivity of the sweep (`probes.sweep_stats.lr_sensitivity`: a run that
-  ended non-finite counts as its initial loss), the mean over the seeds;
-- healthy runs changed: runs that did not diverge without a guard but ended elsewhere with it;
-- steps recomputed (updates undone by rewinds) and batches skipped (never learned from);
-- snapshot memory (the largest of any run), against the model and optimizer state it copies.
-
-Then the guard's cost on a healthy run (the best-behaved rate, 1e-2): the bare loop against the
-same loop with the guard at its defaults, in adjacent pairs after one untimed run of each,
-medians of wall-clock and CPU time (goal <= 1.05x); the two runs' final weights are compared
-bitwise (a healthy run is untouched). --dev runs seeds 100 and 101 at 1e-2, 0.3, 1 and 3 for each
---try setting (KEY=VALUE,...; repeatable), the sweep the defaults were chosen on.
+Per kind and arm it prints how many runs met the kind's goal and the mean final val loss (64 fixed
+held-out windows; a run that ended non-finite or above its initial loss counts as that initial
+loss) above the run it is measured against, then the stops, the false stops (runs
+stopped that would have ended within 0.5 nats of their reference unwatched), the guard's goals, and
+every run. The references, per seed: a blow-up or stall against its recipe's healthy run (the
+best), garbage and transient against the clean run, a shift against itself unwatched. Then the
+guard's cost on a healthy run: the Monitor alone against the Monitor with the guard (--attach: the
+bare loop against Guard.attach), in adjacent pairs after one untimed run of each, medians of
+wall-clock and CPU time (goal <= 1.05x), the final weights compared bitwise with the bare loop's.
 """
 
 from __future__ import annotations
@@ -43,96 +42,173 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from guard_arms import ARMS, Outcome, ids, train  # noqa: E402
+from guard_arms import ARMS  # noqa: E402
+from guard_cases import GOOD, KINDS, Case, Outcome, cases, ids, train  # noqa: E402
+from guard_hf import HF_ARMS  # noqa: E402
 
-RATES = (3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0)
-SEEDS = (0, 1, 2)
-DEV_RATES, DEV_SEEDS = (1e-2, 3e-1, 1.0, 3.0), (100, 101)
-GOAL = 1.05
-NEAR = (0.05, 0.5)  # nats from the best unguarded run of the seed that count as rescued
+SEEDS, DEV_SEEDS = (0, 1), (100, 101)
+GOAL_COST = 1.05
+GOALS = {  # kind -> what a run must do (said in the table)
+    "healthy": "bitwise the unwatched run",
+    "blowup": "<= best + 0.5",
+    "stall": "<= best + 0.5",
+    "garbage": "<= clean + 0.05, <= none + 0.01",
+    "shift": "no stop, <= none + 0.05",
+    "transient": "no stop, <= none + 0.05",
+    "hf": "<= best + 0.5",
+}
 
 
-def sweep(arms: tuple[str, ...], rates: tuple[float, ...], seeds: tuple[int, ...], steps: int, workers: int,
-          guard_options: dict | None = None) -> list[Outcome]:
-    ids()  # read once, before the workers fork
-    import train.rescue  # noqa: F401 (imported before the fork: every run of the sweep runs the same code)
-    jobs = [(arm, lr, seed, steps, guard_options if arm in ("guard", "palm") else None)
-            for seed in seeds for lr in rates for arm in arms]
+def run_all(kinds: tuple[str, ...], arms: tuple[str, ...], seeds: tuple[int, ...], steps: int, workers: int,
+            options: dict | None = None, references: bool = True) -> list[Outcome]:
+    """Every (case, arm, seed) of `kinds`, plus (`references`) the unwatched runs they are measured against."""
+    ids(), ids(upper=True)  # read once, before the workers fork
+    import train.guard.run  # noqa: F401 (imported before the fork: every run runs the same code)
+    chosen = [c for c in cases() if c.kind in kinds]
+    needed = {c.reference() for c in chosen} - set(chosen) if references else set()
+    jobs = []
+    for seed in seeds:
+        for case in chosen:
+            for arm in arms:
+                if case.family != "hf" or arm in HF_ARMS:
+                    jobs.append((case, arm, seed, steps, options if arm == "guard" else None))
+        jobs += [(case, "none", seed, steps, None) for case in needed]
+    jobs.sort(key=lambda j: j[0].family != "hf")  # the slowest first: the pool ends together
+    if workers <= 1:
+        return [_one(j) for j in jobs]
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("fork")) as pool:
         return list(pool.map(_one, jobs))
 
 
 def _one(job: tuple) -> Outcome:
-    logging.getLogger("train.rescue").setLevel(logging.ERROR)  # one line per rescue: counted here instead
+    for name in ("train", "transformers"):  # a line per rescue or Trainer step: counted here instead
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     return train(*job)
 
 
-def table(runs: list[Outcome], arms: tuple[str, ...]) -> list[str]:
-    """One line per arm: rescue rates, LR sensitivity, healthy runs changed, steps, memory."""
-    from probes.sweep_stats import lr_sensitivity
-
-    bare = {(r.lr, r.seed): r for r in runs if r.arm == "none"}
-    best = {seed: min((r.final_val for r in bare.values() if r.seed == seed and math.isfinite(r.final_val)),
-                      default=math.nan) for seed in {r.seed for r in runs}}
-    diverged = {k for k, r in bare.items() if r.rose}
-    lines = [f"{'arm':<6} {'rescued <=0.05':>15} {'rescued <=0.5':>14} {'LR sensitivity':>15} {'healthy changed':>16} "
-             f"{'rescues':>8} {'recomputed':>11} {'skipped':>8} {'stops':>6} {'snapshot MiB':>13}"]
-    for arm in arms:
-        mine = {(r.lr, r.seed): r for r in runs if r.arm == arm}
-        near = [sum(1 for k in diverged if mine[k].final_val - best[k[1]] <= d) for d in NEAR]
-        by_seed = {}
-        for (lr, seed), r in sorted(mine.items()):
-            by_seed.setdefault(seed, ([], []))
-            by_seed[seed][0].append(r.final_val if math.isfinite(r.final_val) else None)
-            by_seed[seed][1].append(r.init_val)
-        sens = [s for losses, inits in by_seed.values() if (s := lr_sensitivity(losses, inits)) is not None]
-        changed = sum(1 for k, r in mine.items() if k not in diverged and r.final_val != bare[k].final_val)
-        healthy = len(mine) - len(diverged)
-        lines.append(f"{arm:<6} {near[0]:>9}/{len(diverged):<5} {near[1]:>8}/{len(diverged):<5} "
-                     f"{statistics.fmean(sens) if sens else math.nan:>15.3f} {changed:>10}/{healthy:<5} "
-                     f"{sum(r.rescues for r in mine.values()):>8} {sum(r.recomputed for r in mine.values()):>11} "
-                     f"{sum(r.skipped for r in mine.values()):>8} {sum(r.stopped for r in mine.values()):>6} "
-                     f"{max(r.snapshot_bytes for r in mine.values()) / 2**20:>13.2f}")
-    state = max(r.state_bytes for r in runs) / 2**20
-    lines.append(f"(model + optimizer state: {state:.2f} MiB; runs that diverged without a guard: "
-                 f"{len(diverged)} of {len(bare)}; best unguarded final val loss per seed: "
-                 + ", ".join(f"{s}: {v:.3f}" for s, v in sorted(best.items())) + ")")
-    return lines
+def final(r: Outcome) -> float:
+    """The final val loss, no higher than the initial one: a run that ended non-finite or worse than
+    it started counts as its initial loss (as Wortsman et al.'s LR sensitivity counts it)."""
+    return min(r.final_val, r.init_val) if math.isfinite(r.final_val) else r.init_val
 
 
-def per_run(runs: list[Outcome], arms: tuple[str, ...]) -> list[str]:
-    """Final val loss of every (rate, seed) per arm, the ones that diverged unguarded marked *."""
-    bare = {(r.lr, r.seed): r for r in runs if r.arm == "none"}
-    got = {(r.arm, r.lr, r.seed): r for r in runs}
-    lines = [f"{'rate':>6} {'seed':>4}  " + "  ".join(f"{a:>12}" for a in arms)]
-    for (lr, seed), b in sorted(bare.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+class Book:
+    """The runs by (case, arm, seed), and each run's reference and unwatched twin."""
+
+    def __init__(self, runs: list[Outcome]):
+        self.runs = {(r.case, r.arm, r.seed): r for r in runs}
+
+    def ref(self, r: Outcome) -> Outcome:
+        return self.runs[(r.case.reference(), "none", r.seed)]
+
+    def bare(self, r: Outcome) -> Outcome:
+        return self.runs[(r.case, "none", r.seed)]
+
+    def ok(self, r: Outcome) -> bool:
+        """Whether run `r` met its kind's goal (GOALS)."""
+        kind, value, ref, bare = r.case.kind, final(r), final(self.ref(r)), final(self.bare(r))
+        finite = math.isfinite(r.final_val)
+        if kind == "healthy":
+            return r.weights == self.bare(r).weights
+        if kind in ("blowup", "stall", "hf"):
+            return finite and value <= ref + 0.5
+        if kind == "garbage":
+            return finite and value <= ref + 0.05 and value <= bare + 0.01
+        return finite and not r.stopped and value <= bare + 0.05  # shift, transient
+
+    def false_stop(self, r: Outcome) -> bool:
+        """Stopped a run that, unwatched, ended within 0.5 nats of its reference (or is healthy data)."""
+        return r.stopped and (r.case.kind in ("healthy", "garbage", "shift", "transient")
+                              or final(self.bare(r)) <= final(self.ref(r)) + 0.5)
+
+    def of(self, kind: str, arm: str) -> list[Outcome]:
+        return [r for (c, a, _), r in sorted(self.runs.items(), key=lambda kv: (kv[0][0].name, kv[0][2]))
+                if c.kind == kind and a == arm]
+
+
+def table(book: Book, kinds: tuple[str, ...], arms: tuple[str, ...]) -> list[str]:
+    """Per kind and arm: runs that met the goal, and the mean final val loss above the reference."""
+    width = 16
+    lines = [f"{'kind':<10} {'goal':<31} " + "".join(f"{a:>{width}}" for a in arms)]
+    for kind in kinds:
         cells = []
-        for a in arms:
-            r = got[(a, lr, seed)]
-            note = f"({r.rescues}{'!' if r.stopped else ''})" if a != "none" and r.rescues else ""
-            cells.append(f"{r.final_val:7.3f}{note:>5}")
-        lines.append(f"{lr:>6g} {seed:>4}{'*' if b.rose else ' '} " + "  ".join(f"{c:>12}" for c in cells))
+        for arm in arms:
+            mine = book.of(kind, arm)
+            if not mine:
+                cells.append(f"{'-':>{width}}")
+                continue
+            above = statistics.fmean(final(r) - final(book.ref(r)) for r in mine)
+            cells.append(f"{sum(map(book.ok, mine))}/{len(mine)} {above:+.3f}".rjust(width))
+        lines.append(f"{kind:<10} {GOALS[kind]:<31} " + "".join(cells))
+    for label, count in (("stops", lambda r: r.stopped), ("false stops", book.false_stop), ("errors", lambda r: bool(r.error)),
+                         ("actions", lambda r: r.rescues), ("batches lost", lambda r: r.lost)):
+        row = [sum(count(r) for k in kinds for r in book.of(k, a)) for a in arms]
+        lines.append(f"{label:<42} " + "".join(f"{v:>{width}}" for v in row))
     return lines
 
 
-def timing(steps: int, repeats: int) -> list[str]:
-    """The bare loop against the guarded one on a healthy run, pairs alternating; the weights compared."""
-    results: dict[str, list[tuple[float, float]]] = {"none": [], "guard": []}
-    finals = {}
-    order = ["none", "guard"] + [a for i in range(repeats) for a in (("none", "guard") if i % 2 == 0 else ("guard", "none"))]
+def guard_goals(book: Book, kinds: tuple[str, ...]) -> list[str]:
+    """The issue's goals for the guard, each met or missed."""
+    lines = []
+    for kind, goal, need in (("blowup", "blow-ups within 0.5 nats of the best", 0.9),
+                             ("garbage", "garbage within 0.05 of clean, no worse than unguarded", 1.0),
+                             ("shift", "a healthy shift never stopped, <= unguarded + 0.05", 1.0),
+                             ("healthy", "healthy runs bitwise untouched", 1.0)):
+        mine = book.of(kind, "guard") if kind in kinds else []
+        if mine:
+            met = sum(map(book.ok, mine))
+            verdict = "meets" if met >= need * len(mine) else "misses"
+            lines.append(f"guard: {goal}: {met}/{len(mine)} ({verdict} the goal of {need:.0%})")
+    return lines
+
+
+def per_run(book: Book, kinds: tuple[str, ...], arms: tuple[str, ...]) -> list[str]:
+    """Every run's final val loss per arm: (n) actions taken, ! stopped, E an error, x the kind's goal missed."""
+    lines = [f"{'case':<44} {'seed':>4} {'ref':>6} " + "".join(f"{a:>12}" for a in arms)]
+    for case in [c for c in cases() if c.kind in kinds]:
+        for seed in sorted({s for (c, _, s) in book.runs if c == case}):
+            first = book.runs[(case, "none", seed)]
+            cells = []
+            for arm in arms:
+                r = book.runs.get((case, arm, seed))
+                if r is None:
+                    cells.append(f"{'-':>12}")
+                    continue
+                note = (f"({r.rescues})" if r.rescues else "") + ("!" if r.stopped else "") + ("E" if r.error else "") \
+                    + ("" if book.ok(r) else "x")
+                cells.append(f"{final(r):6.3f}{note:<6}")
+            lines.append(f"{case.name:<44} {seed:>4} {final(book.ref(first)):6.3f} " + "".join(cells))
+    guarded = [r for r in book.runs.values() if r.arm == "guard" and (r.actions or r.error)]
+    if guarded:
+        lines.append("what the guard did (its records' kind/action, in order; an error that ended the run):")
+        lines += [f"  {r.case.name} seed {r.seed}: {r.actions}" + (f" ERROR at {r.error}" if r.error else "")
+                  for r in sorted(guarded, key=lambda r: (r.case.name, r.seed))]
+    return lines
+
+
+def timing(steps: int, repeats: int, options: dict) -> list[str]:
+    """The guard's cost on a healthy run: the Monitor with the guard against the Monitor alone, pairs
+    alternating after one untimed run of each (the attach path: against the bare loop); the final
+    weights against the bare loop's, bitwise."""
+    case = Case("healthy", "adamw_warmup", GOOD["adamw_warmup"])
+    base = "none" if options.get("via") == "attach" else "monitor"
+    results: dict[str, list[tuple[float, float]]] = {base: [], "guard": []}
+    finals = {"none": _one((case, "none", 0, steps, None, True)).state}
+    order = [base, "guard"] + [a for i in range(repeats) for a in ((base, "guard") if i % 2 == 0 else ("guard", base))]
     for i, arm in enumerate(order):
         t0, c0 = time.perf_counter(), time.process_time()
-        out = train(arm, 1e-2, 0, steps, keep_weights=True)
+        out = _one((case, arm, 0, steps, options, True))
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         if i >= 2:  # the first of each is untimed
             results[arm].append((wall, cpu))
-        finals[arm] = out.weights
+        finals[arm] = out.state
     same = all(finals["none"][k].equal(finals["guard"][k]) for k in finals["none"])
-    wall = statistics.median(g[0] for g in results["guard"]) / statistics.median(b[0] for b in results["none"])
-    cpu = statistics.median(g[1] for g in results["guard"]) / statistics.median(b[1] for b in results["none"])
-    verdict = "meets" if min(wall, cpu) <= GOAL else "misses"
-    return [f"a healthy run (rate 1e-2, {steps} steps, {repeats} runs a side): guarded / bare "
-            f"wall {wall:.3f}x, CPU {cpu:.3f}x ({verdict} the goal of <= {GOAL}x)",
+    wall = statistics.median(g[0] for g in results["guard"]) / statistics.median(b[0] for b in results[base])
+    cpu = statistics.median(g[1] for g in results["guard"]) / statistics.median(b[1] for b in results[base])
+    verdict = "meets" if min(wall, cpu) <= GOAL_COST else "misses"
+    against = "the bare loop" if base == "none" else "the Monitor alone"
+    return [f"cost on a healthy run ({case.name}, {steps} steps, {repeats} runs a side): guarded / {against} "
+            f"wall {wall:.3f}x, CPU {cpu:.3f}x ({verdict} the goal of <= {GOAL_COST}x)",
             f"final weights bitwise equal with and without the guard: {same}"]
 
 
@@ -147,36 +223,43 @@ def parse_try(text: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=300, help="steps per run (default 300)")
-    p.add_argument("--rates", default=",".join(f"{r:g}" for r in RATES), help="peak rates, comma-separated")
-    p.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="seeds, comma-separated (default 0,1,2)")
+    p.add_argument("--seeds", default=None, help="seeds, comma-separated (default 0,1; --dev: 100,101)")
+    p.add_argument("--kinds", default=",".join(KINDS), help=f"kinds of trouble, comma-separated (default all: {','.join(KINDS)})")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"arms, comma-separated (default all: {','.join(ARMS)})")
     p.add_argument("--workers", type=int, default=2, help="runs trained at once, one thread each (default 2)")
     p.add_argument("--timing-steps", type=int, default=150, help="steps of each timed healthy run (0: no timing)")
-    p.add_argument("--repeats", type=int, default=4, help="timed runs a side (default 4)")
-    p.add_argument("--dev", action="store_true", help="the development sweep (seeds 100, 101), per --try setting")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs a side (default 3)")
+    p.add_argument("--dev", action="store_true", help="the development seeds (100, 101), per --try setting")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 40 steps, seed 0, no timing")
+    p.add_argument("--attach", action="store_true",
+                   help="run the guard as a rank without a Monitor does (Guard.attach: the loss alone)")
     p.add_argument("--try", dest="tries", action="append", default=[], metavar="KEY=VALUE,...",
-                   help="with --dev: Guard settings to try (repeatable; the defaults always run)")
+                   help="Guard settings to try (repeatable; the defaults always run)")
     args = p.parse_args(argv)
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    arms = tuple(a for a in args.arms.split(",") if a)
+    bad = sorted(set(kinds) - set(KINDS)) + sorted(set(arms) - set(ARMS))
+    if bad or "none" not in arms:
+        print(f"bench_guard: unknown kind or arm {', '.join(bad)} (kinds: {', '.join(KINDS)}; arms: "
+              f"{', '.join(ARMS)}, none always among them)" if bad else "bench_guard: --arms must include none",
+              file=sys.stderr)
+        return 2
+    steps, timing_steps = (40, 0) if args.quick else (args.steps, args.timing_steps)
+    seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else (
+        (0,) if args.quick else DEV_SEEDS if args.dev else SEEDS)
     t0 = time.perf_counter()
-    if args.dev:
-        rates, seeds = DEV_RATES, DEV_SEEDS
-        base = sweep(("none",), rates, seeds, args.steps, args.workers)
-        for options in [{}] + [parse_try(t) for t in args.tries]:
-            guarded = sweep(("guard",), rates, seeds, args.steps, args.workers, options)
-            print(f"--- guard {options or 'defaults'}")
-            print("\n".join(table(base + guarded, ("none", "guard"))[1:]))
-            print("\n".join(per_run(base + guarded, ("none", "guard"))))
-        print(f"({time.perf_counter() - t0:.0f} s)")
-        return 0
-    rates = tuple(float(r) for r in args.rates.split(","))
-    seeds = tuple(int(s) for s in args.seeds.split(","))
-    runs = sweep(ARMS, rates, seeds, args.steps, args.workers)
-    print(f"LR sweep: {len(rates)} rates ({', '.join(f'{r:g}' for r in rates)}) x {len(seeds)} seeds x "
-          f"{len(ARMS)} arms, {args.steps} steps each")
-    print("\n".join(table(runs, ARMS)))
-    print("\n".join(per_run(runs, ARMS)))
-    print(f"(the sweep: {time.perf_counter() - t0:.0f} s)")
-    if args.timing_steps:
-        print("\n".join(timing(args.timing_steps, args.repeats)))
+    via = {"via": "attach"} if args.attach else {}
+    watched = tuple(a for a in arms if a != "guard")
+    base = run_all(kinds, watched, seeds, steps, args.workers)
+    for options in [via] + [{**via, **parse_try(t)} for t in args.tries]:
+        runs = base + (run_all(kinds, ("guard",), seeds, steps, args.workers, options, False) if "guard" in arms else [])
+        book = Book(runs)
+        print(f"trouble table: {len(kinds)} kinds x {len(arms)} arms, seeds {','.join(map(str, seeds))}, "
+              f"{steps} steps, guard {options or 'defaults'}" + (" (development seeds)" if args.dev else ""))
+        print("\n".join(table(book, kinds, arms) + guard_goals(book, kinds) + per_run(book, kinds, arms)))
+    print(f"(the table: {time.perf_counter() - t0:.0f} s)")
+    if timing_steps and "guard" in arms:
+        print("\n".join(timing(timing_steps, args.repeats, via)))
     return 0
 
 

@@ -1,164 +1,37 @@
-"""The runs of benchmarks/bench_guard.py: one small GPT trained at one learning rate and seed, in
-one of four arms, each a plain loop (forward, backward, AdamW step, a LambdaLR schedule):
+"""The arms of benchmarks/bench_guard.py: what watches a run of benchmarks/guard_cases.py, each a
+watcher called around the optimizer's step of one plain loop (forward, backward, step, schedule):
 
 - none: nothing watches the run;
-- palm: PaLM's manual recipe made automatic: on a spike (the guard's own detector) restore the
-  snapshot taken about 100 steps before, skip the batches in between, keep the rate (snapshots
-  every 50 steps, 3 held, and the state at the start, as the guard's; at most 20 rewinds);
+- palm: PaLM's manual recipe made automatic (Chowdhery et al. 2022, section 5.1: restart about 100
+  steps before a spike and skip the batches in between): on a spike, restore the snapshot taken
+  about 100 steps before, keep the rate (snapshots every 50 steps, 3 held, and the state at the
+  start; at most 20 rewinds). The spike: two losses in a row more than 6 noise units and 0.3 nats
+  above the mean of the last 16 (the noise: the spread of consecutive differences over 128 steps),
+  or a non-finite loss;
 - skip: OLMo-core's SkipStepOptimizer rule: the update is skipped when the loss or the gradient
-  norm lies more than 6 standard deviations from its mean over the last 128 steps (judged once
-  64 are held);
-- guard: `train.rescue.Guard` (its defaults unless told), through `Guard.attach` and
-  `run.log(step, train_loss=loss.item())`, as a rank without a Monitor uses it.
-
-Every batch is a function of (seed, step) and the same in every arm; the initial weights are a
-function of the seed.
+  norm lies more than 6 standard deviations from its mean over the last 128 steps (judged once 64
+  are held);
+- lightning: Lightning's SpikeDetection rule (its defaults): past a warmup of 1 batch, a loss that
+  is non-finite, or that is no better than the last one and at least rtol=2 times the running mean
+  of the last 10 losses above that mean, is a spike, and the run stops (Lightning raises and
+  leaves the batches to skip on a restart to the user);
+- guard: our guard at its defaults (or the `options` given), as users run it:
+  `Monitor(..., guard=Guard(...))` and `monitor.log(step, train_loss=loss)` (`via="attach"` in the
+  options: `Guard.attach`, as a rank without a Monitor runs it).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 from collections import deque
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-DATA = REPO / "data" / "tinyshakespeare.txt"
-D_MODEL, LAYERS, HEADS, BLOCK, BATCH, VAL_WINDOWS = 64, 2, 2, 64, 16, 64
-BETAS, WEIGHT_DECAY, WARMUP_FRACTION, FLOOR = (0.9, 0.99), 0.1, 0.1, 0.1
-ARMS = ("none", "palm", "skip", "guard")
-PALM_BACK, PALM_MAX = 100, 20  # steps back a PaLM rewind reaches; rewinds before it stops rewinding
+from guard_cases import Outcome
 
-_IDS: Any = None  # the text's character ids, read once per process
-
-
-@dataclass
-class Outcome:
-    """What one run ended with."""
-
-    arm: str
-    lr: float
-    seed: int
-    init_val: float  # the val loss before any update
-    final_val: float  # NaN when the run ended non-finite
-    rose: bool  # the train loss went non-finite or rose a nat above its lowest so far
-    rescues: int = 0  # rewinds (palm, guard), skipped updates (skip)
-    recomputed: int = 0  # updates undone by rewinds (their steps had to be taken again on new batches)
-    skipped: int = 0  # batches whose update was never kept
-    stopped: bool = False  # the guard stopped the run
-    snapshot_bytes: int = 0
-    state_bytes: int = 0  # the model's parameters and the optimizer's state, for scale
-    weights: Any = field(default=None, repr=False)  # the final state dict when asked (the identity check)
-
-
-def ids() -> Any:
-    import torch
-    global _IDS
-    if _IDS is None:
-        text = DATA.read_text(encoding="utf-8")
-        chars = sorted(set(text))
-        index = {c: i for i, c in enumerate(chars)}
-        _IDS = torch.tensor([index[c] for c in text], dtype=torch.long)  # [chars]
-    return _IDS
-
-
-def vocab() -> int:
-    return int(ids().max()) + 1
-
-
-def batch(seed: int, step: int) -> tuple[Any, Any]:
-    """[BATCH BLOCK] inputs and targets of the training split, a function of (seed, step)."""
-    import torch
-    data = ids()
-    split = len(data) * 9 // 10
-    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    starts = torch.randint(split - BLOCK - 1, (BATCH,), generator=g)
-    rows = torch.stack([data[s:s + BLOCK + 1] for s in starts])  # [batch block+1]
-    return rows[:, :-1], rows[:, 1:]
-
-
-def val_windows() -> tuple[Any, Any]:
-    import torch
-    data = ids()
-    split = len(data) * 9 // 10
-    g = torch.Generator().manual_seed(7)
-    starts = torch.randint(split, len(data) - BLOCK - 1, (VAL_WINDOWS,), generator=g)
-    rows = torch.stack([data[s:s + BLOCK + 1] for s in starts])  # [windows block+1]
-    return rows[:, :-1], rows[:, 1:]
-
-
-def build(seed: int) -> Any:
-    """A GPT-style transformer of ours (LayerNorm, GELU, learned positions, no QK-norm)."""
-    import torch
-    from models import build_model
-    from models.config import TransformerConfig
-
-    torch.manual_seed(seed)
-    cfg = TransformerConfig(d_vocab=vocab(), n_ctx=BLOCK, d_model=D_MODEL, n_layers=LAYERS, n_heads=HEADS,
-                            d_head=D_MODEL // HEADS, d_mlp=4 * D_MODEL, act_fn="gelu", attn_scale="sqrt_d_head",
-                            norm="layer", final_norm=True, init="gpt")
-    return build_model(cfg).train()
-
-
-def schedule(steps: int):
-    """Linear warmup over the first tenth, then cosine down to a tenth of the peak."""
-    warmup = max(1, int(steps * WARMUP_FRACTION))
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, steps - 1 - warmup))
-        return FLOOR + (1 - FLOOR) * 0.5 * (1 + math.cos(math.pi * progress))
-    return factor
-
-
-def val_loss(model: Any) -> float:
-    import torch
-    import torch.nn.functional as F
-    x, y = val_windows()
-    with torch.no_grad():
-        model.eval()
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
-        model.train()
-    return loss
-
-
-def train(arm: str, lr: float, seed: int, steps: int, guard_options: dict[str, Any] | None = None,
-          keep_weights: bool = False) -> Outcome:
-    """One run of `arm` at peak rate `lr`; its Outcome."""
-    import torch
-    import torch.nn.functional as F
-
-    torch.set_num_threads(1)
-    model = build(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule(steps))
-    out = Outcome(arm, lr, seed, init_val=val_loss(model), final_val=math.nan, rose=False)
-    watcher = ARM_WATCHERS[arm](model, optimizer, guard_options or {})
-    lowest = math.inf
-    for step in range(steps):
-        x, y = batch(seed, step)
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        value = loss.item()
-        out.rose |= not math.isfinite(value) or value > lowest + 1.0
-        lowest = min(lowest, value)
-        if watcher.before_step(step, value):
-            optimizer.step()
-        scheduler.step()
-        if watcher.after_step(step, value):
-            break  # the guard stopped the run: it holds its last good state
-    out.final_val = val_loss(model)
-    watcher.report(out)
-    out.state_bytes = sum(t.numel() * t.element_size() for t in model.parameters()) + sum(
-        v.numel() * v.element_size() for s in optimizer.state.values() for v in s.values()
-        if isinstance(v, torch.Tensor))
-    if keep_weights:
-        out.weights = {k: v.clone() for k, v in model.state_dict().items()}
-    return out
+ARMS = ("none", "palm", "skip", "lightning", "guard")
+PALM_BACK, PALM_EVERY, PALM_KEEP, PALM_MAX = 100, 50, 3, 20
 
 
 class Bare:
@@ -168,9 +41,11 @@ class Bare:
         self.model, self.optimizer = model, optimizer
 
     def before_step(self, step: int, loss: float) -> bool:
+        """Whether to take this step's update."""
         return True
 
     def after_step(self, step: int, loss: float) -> bool:
+        """Whether the run stops here."""
         return False
 
     def report(self, out: Outcome) -> None:
@@ -203,68 +78,192 @@ class SkipStep(Bare):
         return z <= 6.0  # a NaN compares False: skipped, as OLMo-core's tensor comparison does
 
     def report(self, out: Outcome) -> None:
-        out.rescues = out.skipped = self.skips
+        out.rescues = out.lost = self.skips
+
+
+class Spikes:
+    """PaLM's detector: two losses in a row 6 noise units and 0.3 nats above the mean of the last 16."""
+
+    def __init__(self):
+        self.losses: deque = deque(maxlen=128)
+        self.run = 0
+
+    def see(self, loss: float) -> bool:
+        if not math.isfinite(loss):
+            return True
+        recent = list(self.losses)[-16:]
+        diffs = [b - a for a, b in zip(self.losses, list(self.losses)[1:])]
+        noise = statistics.pstdev(diffs) if len(diffs) > 1 else math.inf
+        high = len(recent) >= 16 and loss > statistics.fmean(recent) + max(6 * noise, 0.3)
+        self.run = self.run + 1 if high else 0
+        if not high:
+            self.losses.append(loss)
+        return self.run >= 2
+
+    def calm(self) -> bool:
+        return self.run == 0
+
+    def restart(self) -> None:
+        self.losses.clear()
+        self.run = 0
 
 
 class PaLM(Bare):
     """Rewind ~100 steps on a spike, skip the batches in between, keep the rate."""
 
     def __init__(self, model: Any, optimizer: Any, options: dict[str, Any]):
-        from train.rescue import Guard
-        from train.rescue_signal import LossWatch
-        from train.rescue_state import HostSnapshot
-
         super().__init__(model, optimizer, options)
-        g = Guard(**options)
-        self.every = g.every
-        self.watch = LossWatch(window=g.window, sigma=g.sigma, min_rise=g.min_rise, patience=g.patience)
-        self.slots = [HostSnapshot() for _ in range(g.keep)]
-        self.slots[0].take(-1, model, optimizer)  # the start, as the guard holds it: where an early blow-up goes back
-        self.kept, self.rewinds, self.undone = 0, 0, 0
+        self.spikes = Spikes()
+        self.held: list[tuple[int, Any]] = [(-1, self.state())]  # (step, state); the start where an early blow-up goes
+        self.kept, self.rewinds, self.undone = -1, 0, 0
+
+    def state(self) -> Any:
+        return copy.deepcopy((self.model.state_dict(), self.optimizer.state_dict()))
 
     def after_step(self, step: int, loss: float) -> bool:
-        why = self.watch.see(step, loss) if self.rewinds < PALM_MAX else None
-        held = [s for s in self.slots if s.step is not None]
-        if why is None:
-            if step - self.kept >= self.every and self.watch.calm(step):
-                slot = next((s for s in self.slots if s.step is None), None) or min(held, key=lambda s: s.step)
-                slot.take(step, self.model, self.optimizer)
+        spike = self.spikes.see(loss) if self.rewinds < PALM_MAX else False
+        if not spike:
+            if step - self.kept >= PALM_EVERY and self.spikes.calm():
+                self.held = (self.held + [(step, self.state())])[-PALM_KEEP:]
                 self.kept = step
             return False
-        back = [s for s in held if s.step <= step - PALM_BACK]
-        slot = max(back, key=lambda s: s.step) if back else min(held, key=lambda s: s.step)
-        slot.restore(self.model, self.optimizer)
+        back = [h for h in self.held if h[0] <= step - PALM_BACK]
+        at, (weights, opt_state) = back[-1] if back else self.held[0]
+        self.model.load_state_dict(weights)
+        lrs = [g["lr"] for g in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(opt_state)
+        for g, lr in zip(self.optimizer.param_groups, lrs):  # the schedule goes on where it is: PaLM keeps the rate
+            g["lr"] = lr
         self.rewinds += 1
-        self.undone += step - slot.step
-        self.watch.rewound(slot.step)
+        self.undone += step - at
+        self.held = [h for h in self.held if h[0] <= at]
+        self.spikes.restart()
         return False
 
     def report(self, out: Outcome) -> None:
-        out.rescues, out.recomputed, out.skipped = self.rewinds, self.undone, self.undone
-        out.snapshot_bytes = sum(s.nbytes for s in self.slots)
+        out.rescues, out.lost = self.rewinds, self.undone
+        out.snapshot_bytes = sum(_nbytes(s) for _, s in self.held)
+
+
+class Lightning(Bare):
+    """Lightning's SpikeDetection at its defaults (window 10, warmup 1, rtol 2, atol None): it stops."""
+
+    def __init__(self, model: Any, optimizer: Any, options: dict[str, Any]):
+        super().__init__(model, optimizer, options)
+        self.detector = SpikeRule(**options)
+
+    def after_step(self, step: int, loss: float) -> bool:
+        return self.detector.spike(step, loss)
+
+    def report(self, out: Outcome) -> None:
+        out.stopped = self.detector.stopped
+
+
+class SpikeRule:
+    """The rule of Lightning's SpikeDetection, in our words: a running mean of the last `window`
+    finite losses; from batch `warmup` on, a loss is a spike when it is non-finite, or when it did
+    not improve on the last loss and lies at least `atol` (when given) and `rtol` times the mean
+    above the mean."""
+
+    def __init__(self, window: int = 10, warmup: int = 1, rtol: float | None = 2.0, atol: float | None = None):
+        self.recent: deque = deque(maxlen=window)
+        self.warmup, self.rtol, self.atol = warmup, rtol, atol
+        self.last = 0.0
+        self.stopped = False
+
+    def spike(self, batch: int, loss: float) -> bool:
+        if batch >= self.warmup and self.recent and self._is_spike(loss):
+            self.stopped = True
+            return True
+        if math.isfinite(loss):
+            self.recent.append(loss)
+            self.last = loss
+        return False
+
+    def _is_spike(self, loss: float) -> bool:
+        if not math.isfinite(loss):
+            return True
+        if loss - self.last <= 0:
+            return False
+        mean = statistics.fmean(self.recent)
+        return (self.atol is None or abs(loss - mean) >= abs(self.atol)) and \
+            (self.rtol is None or abs(loss - mean) >= abs(self.rtol * mean))
 
 
 class Guarded(Bare):
-    """The guard, as a rank without a Monitor runs it."""
+    """The guard as users run it: `Monitor(model, optimizer, out, guard=Guard(...))` and
+    `monitor.log(step, train_loss=loss)` (the Monitor measures the update ratios and gradient norm
+    the guard reads, every 10 steps), in a temporary run directory; with options' `via="attach"`,
+    as a rank without a Monitor runs it (`Guard.attach`, the loss alone). `monitor=False` in the
+    options: the Monitor alone, no guard (the cost's baseline)."""
 
     def __init__(self, model: Any, optimizer: Any, options: dict[str, Any]):
-        from train.rescue import Guard
+        import tempfile
+
+        from train.guard import Guard
+        from train.monitor import Monitor
         super().__init__(model, optimizer, options)
-        self.run = Guard(**options).attach(model, optimizer)
+        options = dict(options)
+        via, guarded = options.pop("via", "monitor"), options.pop("guard", True)
+        self.tmp, self.error = None, ""
+        if via == "attach":
+            self.run, self.monitor = Guard(**options).attach(model, optimizer), None
+        else:
+            self.tmp = tempfile.TemporaryDirectory()
+            self.monitor = Monitor(model, optimizer, f"{self.tmp.name}/run", report=False,
+                                   guard=Guard(**options) if guarded else False)
+            self.run = self.monitor.guard
 
     def after_step(self, step: int, loss: float) -> bool:
-        from train.rescue import GuardStop
+        from train.guard import GuardStop
         try:
-            self.run.log(step, train_loss=loss)
+            (self.monitor or self.run).log(step, train_loss=loss)
         except GuardStop:
+            return True
+        except Exception as err:  # a guard that fails ends its run, and the table says so (no table lost)
+            self.error = f"step {step}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             return True
         return False
 
     def report(self, out: Outcome) -> None:
-        rewinds = [r for r in self.run.rescues if r["action"] == "rewind"]
-        out.rescues, out.recomputed, out.skipped = len(rewinds), self.run.undone, self.run.undone
-        out.stopped, out.snapshot_bytes = self.run.stopped, self.run.snapshot_bytes
-        self.run.close()
+        out.error = self.error
+        if self.run is not None:
+            report_rescues(self.run.rescues, out)
+            out.snapshot_bytes = getattr(self.run, "snapshot_bytes", 0)
+            self.run.close()
+        if self.monitor is not None:
+            self.monitor.close()
+        if self.tmp is not None:
+            self.tmp.cleanup()
 
 
-ARM_WATCHERS = {"none": Bare, "palm": PaLM, "skip": SkipStep, "guard": Guarded}
+class Monitored(Guarded):
+    """The Monitor alone, as the guard arm runs it, without a guard: the baseline of its cost."""
+
+    def __init__(self, model: Any, optimizer: Any, options: dict[str, Any]):
+        super().__init__(model, optimizer, {**options, "guard": False})
+
+
+def report_rescues(records: list[dict[str, Any]], out: Outcome) -> None:
+    """The guard's records (the `rescue` entries of metrics.jsonl) counted into `out`: actions that
+    changed the run (skip, rewind), batches lost, a stop, and what it did in order."""
+    acted = [r for r in records if str(r.get("action", "")) in ("skip", "rewind")]
+    out.rescues = len(acted)
+    out.lost = sum(int(r.get("skipped") or 0) for r in acted)
+    out.stopped = any(r.get("action") == "stop" for r in records)
+    out.actions = ",".join(f"{r['kind']}/{r['action']}" if r.get("kind") else str(r.get("action")) for r in records)
+
+
+def _nbytes(tree: Any) -> int:
+    import torch
+    if isinstance(tree, torch.Tensor):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, dict):
+        return sum(_nbytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(_nbytes(v) for v in tree)
+    return 0
+
+
+WATCHERS = {"none": Bare, "palm": PaLM, "skip": SkipStep, "lightning": Lightning, "guard": Guarded,
+            "monitor": Monitored}

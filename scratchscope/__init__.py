@@ -38,10 +38,12 @@ PACKAGES = ("models", "probes", "train")
 # every module of our `train` the Monitor imports, at once or later inside a function
 # (tests/test_name_clash.py reads them all to check this list)
 MONITOR_MODULES = ("train.monitor", "train.monitor_core", "train.monitor_parts", "train.monitor_tap",
-                   "train.guard", "train.doctor", "train.data", "train.host_copy",
-                   "train.optimizer_kinds", "train.monitor_save", "train.rescue", "train.rescue_monitor",
-                   "train.rescue_signal", "train.rescue_state", "train.monitor_open", "train.monitor_wandb",
-                   "train.monitor_tokenizer", "train.monitor_tiktoken")
+                   "train.run_lock", "train.doctor", "train.data", "train.host_copy",
+                   "train.optimizer_kinds", "train.monitor_save", "train.guard", "train.guard.settings",
+                   "train.guard.run", "train.guard.stop", "train.guard.monitor", "train.guard.loss_watch",
+                   "train.guard.snapshot", "train.guard.kinds", "train.guard.plan", "train.guard.rate",
+                   "train.guard.rates", "train.monitor_open", "train.monitor_wandb", "train.monitor_tokenizer",
+                   "train.monitor_tiktoken")
 NEEDS = {"Monitor": MONITOR_MODULES, "HFCallback": (*MONITOR_MODULES, "train.monitor_hf")}
 
 _bound: dict[str, ModuleType] = {}  # our packages bound by hand (under a data folder's name, or `train`)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from models.checkpoint import list_snapshots, load_snapshot, read_metrics
-from train.guard import LOCK_FILE
+from train.run_lock import LOCK_FILE
 from train.loop import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -164,7 +164,7 @@ def test_the_lock_file_goes_with_a_clean_exit_and_a_failed_fresh_run_leaves_noth
 def test_the_lock_is_exclusive_while_held_and_a_stale_handle_does_not_share_it(tmp_path):
     import fcntl
 
-    from train.guard import RunLock
+    from train.run_lock import RunLock
 
     held = RunLock(tmp_path).acquire()
     with pytest.raises(ValueError, match=f"being trained by another process \\(pid {os.getpid()}\\)"):

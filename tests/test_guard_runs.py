@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from models.checkpoint import read_metrics
 from probes.sweep_stats import run_finished, run_outcome
 from train.loop import RANK_DUMP_ENV, main
-from train.rescue import Guard
+from train.guard import Guard
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BLOW_UP = ["--preset", "transformer4_small", "--steps", "30", "--batch-size", "4", "--log-every", "2",
@@ -45,14 +45,15 @@ def test_train_guard_rescues_twice_then_stops_with_code_3_leaving_the_snapshot_o
     assert main(["--data", str(text_file), "--out", str(out), *BLOW_UP]) == 3
     records = read_metrics(out)
     rescues = [r["rescue"] for r in records if "rescue" in r]
-    assert [r["action"] for r in rescues] == ["rewind", "rewind", "stop"]
-    assert all(r["restored_step"] == 0 for r in rescues)  # the state training started from
-    cut = Guard().cut
-    assert [r["lr_cap"] for r in rescues[:2]] == pytest.approx([cut * 1e6, cut ** 2 * 1e6])
+    most, cut = Guard().max_rescues, Guard().cut
+    assert [r["action"] for r in rescues] == ["rewind"] * most + ["stop"]
+    assert all(r["restored_step"] == 0 and r["kind"] == "rate_blowup" for r in rescues)  # where training started
+    # no update ratios in our loop's judgement: cut x the rate, then cut x the cap it blew up under
+    assert [r["lr_cap"] for r in rescues[:most]] == pytest.approx([cut ** k * 1e6 for k in range(1, most + 1)])
     assert [r for r in records if r.get("diverged")][0]["step"] == records[-1]["step"]  # only the stop's step
     assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl", "run.json", "step_000000"]
     outcome = run_outcome(out)  # what a sweep records of it
-    assert (outcome["rescues"], outcome["diverged_by"], run_finished(outcome)) == (2, "guard", True)
+    assert (outcome["rescues"], outcome["diverged_by"], run_finished(outcome)) == (most, "guard", True)
     stops = [r.message for r in caplog.records if r.message.startswith("guard: stopped the run")]
     assert len(stops) == 1 and "--set qk_norm=rms" in stops[0] and "python -m train.sweep" in stops[0]
 
@@ -77,7 +78,8 @@ def test_train_guard_under_ddp_rewinds_every_rank_alike(text_file, tmp_path):
     proc = torchrun(["-m", "train", "--data", str(text_file), "--out", str(out), "--device", "cpu", *BLOW_UP],
                     {RANK_DUMP_ENV: str(dumps)})
     assert proc.returncode != 0 and "exitcode  : 3" in proc.stderr, proc.stderr[-3000:]  # torchrun says 1
-    assert [r["rescue"]["action"] for r in read_metrics(out) if "rescue" in r] == ["rewind", "rewind", "stop"]
+    actions = [r["rescue"]["action"] for r in read_metrics(out) if "rescue" in r]
+    assert actions == ["rewind"] * Guard().max_rescues + ["stop"]
     rank0, rank1 = (load_file(str(dumps / f"rank{r}.safetensors")) for r in (0, 1))
     assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)
 
@@ -88,7 +90,7 @@ USER_LOOP = """
     from torch.nn.parallel import DistributedDataParallel
     from models import PRESETS, build_model
     from train.monitor import Monitor
-    from train.rescue import Guard
+    from train.guard import Guard
 
     dist.init_process_group("gloo")
     rank, out = dist.get_rank(), sys.argv[1]
@@ -152,7 +154,9 @@ def test_the_hf_callback_guards_the_trainer_and_stops_it_the_trainers_way(tmp_pa
     trainer = transformers.Trainer(model=hf_gpt2(), args=args, train_dataset=examples, callbacks=[callback, PoisonAt()])
     trainer.train()
     rescues = [(r["step"], r["rescue"]["action"]) for r in read_metrics(tmp_path / "run") if "rescue" in r]
-    assert [a for _, a in rescues] == ["rewind", "rewind", "stop"] and 6 <= rescues[0][0] <= 8
+    actions = [a for _, a in rescues]  # each step's own loss is judged: the rate floor may stop it before max_rescues
+    assert actions[-1] == "stop" and set(actions[:-1]) == {"rewind"} and len(actions) - 1 <= Guard().max_rescues
+    assert 6 <= rescues[0][0] <= 8
     assert trainer.state.global_step < 20  # stopped early, the Trainer's way (no exception through it)
 
 

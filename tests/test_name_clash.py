@@ -119,7 +119,8 @@ def test_a_users_scratchscope_py_is_named_by_pythons_own_error(tmp_path):
 
 def train_imports(module: str) -> set[str]:
     """The `train.X` modules that `module`'s source imports, at its top or inside a function."""
-    tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+    path = ROOT / module.replace(".", "/")
+    tree = ast.parse((path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).read_text())
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("train."):

@@ -42,7 +42,7 @@ def test_distribution_metadata(pyproject: dict) -> None:
 
 def test_packages_models_probes_and_train(pyproject: dict) -> None:
     assert sorted(pyproject["tool"]["setuptools"]["packages"]) == ["models", "models.store", "probes", "probes.doctor",
-                                                                   "scratchscope", "train"]
+                                                                   "scratchscope", "train", "train.guard"]
 
 
 def test_optional_parts_are_extras_that_dev_installs(pyproject: dict) -> None:

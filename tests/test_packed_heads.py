@@ -16,7 +16,7 @@ from torch import nn
 from models import build_model, get_preset
 from models.packed_heads import named_rows, pack_optimizer_state
 from train.config import build_optimizer
-from train.guard import check_optimizer_state
+from train.run_lock import check_optimizer_state
 
 
 def build(name: str = "gpt2_124m_small", seed: int = 0):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from test_sweep import sweep_args, text_file  # noqa: F401  (the fixture)
-from train.guard import RunLock, lock_holder
+from train.run_lock import RunLock, lock_holder
 from train.sweep import main
 
 REPO = Path(__file__).resolve().parent.parent

@@ -80,7 +80,7 @@ def test_run_files_on_a_read_only_file_system(tmp_path, monkeypatch, write):
 
 
 def test_training_into_a_read_only_run_directory_is_one_line(tmp_path, monkeypatch, capsys):
-    import train.guard as guard
+    import train.run_lock as run_lock
     from train.loop import main
 
     data = tmp_path / "t.txt"
@@ -89,7 +89,7 @@ def test_training_into_a_read_only_run_directory_is_one_line(tmp_path, monkeypat
     def read_only(path, *args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system", str(path))
 
-    monkeypatch.setattr(guard.os, "open", read_only)  # the lock file, the run's first write
+    monkeypatch.setattr(run_lock.os, "open", read_only)  # the lock file, the run's first write
     out = tmp_path / "run"
     assert main(["--preset", "transformer4_rms_small", "--data", str(data), "--out", str(out), "-q"]) == 2
     assert capsys.readouterr().err == f"error: cannot write {out}: read-only file system\n"

@@ -40,7 +40,7 @@ from train.doctor import LiveDoctor
 from models.loss import lm_loss_and_z
 from train.data import block_len, lm_loss, predictions_per_block, sample_blocks
 from train.monitor_save import save_with_view
-from train.rescue_loop import attach, judge_steps, stop_run
+from train.guard.loop import attach, judge_steps, stop_run
 from train.records import (console_line, open_monitor, run_description, to_json_line, trim_metrics,
                            write_record)
 from train.start import (lock_run_dir, prepare_run_dir, recipe, restore, setup,  # noqa: F401
@@ -154,7 +154,7 @@ def run_steps(state: TrainState) -> None:
             seen += [loss.detach()] if state.guard is not None else []
             bar.update(1)
             if log_now or eval_now:
-                plan, seen = judge_steps(state, seen), []  # the guard (train.rescue_loop): None if calm
+                plan, seen = judge_steps(state, seen), []  # the guard (train.guard.loop): None if calm
                 mean_loss = float(loss_sum) / n  # syncs the device
                 record = {"step": state.step, "tokens": state.tokens, "lr": lr_at(state.step - 1, tc),
                           "train_loss": dist.mean(mean_loss),
@@ -173,7 +173,7 @@ def run_steps(state: TrainState) -> None:
                             state.doctor.check(failing_only=True)
                 loss_sum.zero_()
                 n = 0
-                if plan is not None and state.guard.act(plan)["action"] == "rewind":  # all ranks alike
+                if plan is not None and state.guard.act(plan)["action"] in ("rewind", "skip"):  # all ranks alike
                     first_bad.fill_(-1)  # the run goes on from a finite state
                     if dist.is_main:
                         state.monitor.first_nonfinite_step = None
@@ -292,7 +292,7 @@ def open_run(state: TrainState) -> None:
 def outcome(state: TrainState) -> int:
     """The exit code of a training that ran its loop, and its last line."""
     if state.guard is not None and state.guard.stopped and state.guard.settings.mode == "act":
-        return EXIT_DIVERGED  # the guard said why and what to change (train.rescue_loop.stop_run)
+        return EXIT_DIVERGED  # the guard said why and what to change (train.guard.loop.stop_run)
     if state.diverged_at is not None and not state.args.keep_going:
         record = next((r for r in reversed(read_metrics(state.args.out)) if r.get("diverged")), {})
         log.error("training diverged at step %d: %s. Saved %s; lower --lr, add a norm "

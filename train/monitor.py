@@ -18,7 +18,7 @@ attention tap and forward hooks (`train.monitor_tap`).
 Two `log` calls for one step make one record. `diagnose_every=N` prints each new finding of the
 doctor once, while the run still lives; the diagnosis is printed when the Monitor closes.
 Our own trainer (`python -m train`) logs through this class too. `guard=True` also acts: a run
-whose loss blows up goes back to its last good state at a lower rate (`train.rescue`, docs/guard.md).
+whose loss blows up goes back to its last good state at a lower rate (`train.guard`, docs/guard.md).
 """
 
 from __future__ import annotations

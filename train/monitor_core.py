@@ -19,10 +19,10 @@ from models.cli import to_jsonable
 from models.store.live import hooked_twin, model_kind, twin_config, unwrap
 from models.store.result import nonfinite_tensors
 from models.store.run import append_metrics, read_metrics, sync_metrics, trim_metrics
-from train.guard import RunLock
+from train.run_lock import RunLock
 from train.monitor_open import open_run
 from train.monitor_wandb import mirror_for
-from train.rescue_monitor import guard_settings, hook_guard, monitor_log
+from train.guard.monitor import guard_settings, hook_guard, monitor_log
 from train.monitor_parts import (EvalReadings, autocast_factory, check_eval_tokens, check_model, divergence_reason,
                                  first_optimizer, grad_squares, group_lrs, monitored_run_json, number, refuse_owned,
                                  setting, step_number, update_readings)
@@ -289,7 +289,7 @@ class Monitor:
             self._last_logged, self._judged = None, True  # its stop saves the state it restored, not this step
             try:
                 if monitor_log(self, step, scalars):
-                    return  # trouble: the step's record holds the guard's rescue (train.rescue_monitor)
+                    return  # trouble: the step's record holds the guard's rescue (train.guard.monitor)
             finally:
                 self._judged = False
         self._last_logged = step

@@ -10,7 +10,7 @@ from typing import Any, Callable
 from models.cli import to_jsonable
 from models.store.files import writing
 from models.store.run import METRICS_FILE, list_snapshots, read_run_json, write_run_json
-from train.guard import RunLock
+from train.run_lock import RunLock
 from train.monitor_parts import resume_mismatch
 
 __all__ = ["open_run"]

@@ -21,7 +21,7 @@ from train.args import parse_sets
 from train.config import DistInfo, build_optimizer, lr_at, model_config
 from train.hyper import resolve_train_config
 from train.data import check_length, load_corpus
-from train.guard import RunLock, check_optimizer_state, clean_leftovers
+from train.run_lock import RunLock, check_optimizer_state, clean_leftovers
 from train.state import TrainState
 
 log = logging.getLogger("train")

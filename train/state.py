@@ -44,7 +44,7 @@ class TrainState:
     doctor: Any = None  # train.doctor.LiveDoctor on rank 0: --diagnose-every and the final report
     monitor: Any = None  # train.monitor.Monitor on rank 0: writes run.json and every record
     z_sum: Any = None  # --z-loss: the term added since the last record, on the device
-    guard: Any = None  # train.rescue.GuardedRun on every rank with --guard (train.rescue_loop)
+    guard: Any = None  # train.guard.run.GuardedRun on every rank with --guard (train.guard.loop)
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)

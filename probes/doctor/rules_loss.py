@@ -12,6 +12,7 @@ from probes.doctor.advice import clip_advice, decayed, divergence_fix, lr_text
 from probes.doctor.finding import (MAKEMORE_INIT, MAKEMORE_SPLITS, PASCANU, SERIES_RMSNORM, WORTSMAN, Finding,
                                    NotChecked, rule)
 from probes.doctor.log_file import LOSS_KINDS
+from probes.doctor.rescues import last_weights_reset
 from probes.doctor.run_history import RunHistory, as_float, is_finite
 from probes.doctor.rescues import rewound
 from probes.doctor.signals import first_nonfinite, growth_signals, max_group_log10_u, max_value
@@ -234,12 +235,15 @@ def before_failure(h: RunHistory, step: int) -> dict[str, Any]:
 def overfit(h: RunHistory, t: DoctorThresholds) -> tuple[int, float, float, float, float] | None:
     """(best step, best val loss, last val loss, train loss at best, last train loss) when the val
     loss rose `overfit_rise` above its best while the train loss kept falling; else None."""
-    val = finite_series(h, "val_loss")
+    val, train = finite_series(h, "val_loss"), finite_series(h, "train_loss")
+    reset = last_weights_reset(h)
+    if reset is not None:  # the guard put earlier weights back: a val loss from before is another run's
+        val, train = [(s, v) for s, v in val if s > reset], [(s, v) for s, v in train if s > reset]
     if len(val) < 3:
-        raise NotChecked("not enough data: fewer than 3 eval steps with a val loss")
+        since = f" since the guard's rewind at step {reset}" if reset is not None else ""
+        raise NotChecked(f"not enough data{since}: fewer than 3 eval steps with a val loss")
     best_step, best = min(val, key=lambda sv: sv[1])
     last = val[-1][1]
-    train = finite_series(h, "train_loss")
     train_then = [v for s, v in train if s <= best_step] or [v for s, v in train[:1]]
     train_now = train[-1][1] if train else math.nan
     if last - best < t.overfit_rise or not train_then or not train_now < train_then[-1]:

@@ -13,12 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 from probes.doctor import flags
 from probes.doctor.rescues import no_qk_advice, structural_fix
-from train.rescue import EXIT_STOPPED, MODES, Guard, GuardedRun, GuardStop
+from train.guard.run import GuardedRun
+from train.guard.settings import MODES, Guard
+from train.guard.stop import EXIT_STOPPED, GuardStop
 
 if TYPE_CHECKING:
     from train.monitor_core import Monitor
 
-log = logging.getLogger("train.rescue")
+log = logging.getLogger("train.guard")
 
 __all__ = ["guard_settings", "hook_guard", "monitor_log", "stop_line"]
 
@@ -34,7 +36,7 @@ def guard_settings(value: Any) -> Guard | None:
         return Guard(mode=value)
     if isinstance(value, Guard):
         return value
-    raise ValueError(f"Monitor: guard must be True, False, 'watch' or a train.rescue.Guard, got {value!r}")
+    raise ValueError(f"Monitor: guard must be True, False, 'watch' or a train.guard.Guard, got {value!r}")
 
 
 def hook_guard(monitor: Monitor) -> list[Any]:
@@ -48,39 +50,47 @@ def hook_guard(monitor: Monitor) -> list[Any]:
 
 
 def monitor_log(monitor: Monitor, step: int, scalars: dict[str, Any]) -> bool:
-    """Judge `step` (the loss logged, the gradient norm the Monitor measured at its log steps); on
-    trouble make the step's record with the rescue in it and act. True when the record is made."""
+    """Judge `step` (the loss logged; the gradient norm and update ratios the Monitor measured at its
+    log steps); when the guard acts or says something, make the step's record with the `rescue`
+    entry in it and act. True when the record is made."""
     run, pending = monitor.guard, monitor._pending
     if run.stopped or pending is not None and pending["step"] == step and "rescue" in pending:
         return False  # judged already (the Trainer's log line after its step): the values join the record
     capture = monitor._captures.get(step) or {}  # the Monitor's measurement of this step's update (log steps)
-    measured = capture["update"].get()["grad_norm"] if "update" in capture else None  # read once, kept for the record
-    loss, grad = run.read(step, scalars.get("train_loss"), scalars.get("grad_norm", measured), monitor.due(step))
+    update = capture["update"].get() if "update" in capture else {}  # read once, kept for the record
+    loss, grad = run.read(step, scalars.get("train_loss"), scalars.get("grad_norm", update.get("grad_norm")),
+                          monitor.due(step))
     if loss is not None and "train_loss" in scalars:
         scalars["train_loss"] = loss  # a tensor read once, here
-    why = run.judge(step, *run.everyone(loss, grad))
-    if why is None:
+    loss, grad, ratio = run.everyone(loss, grad, median_ratio(update.get("gwu")))
+    plan = run.observe(step, loss, grad, ratio, warned=lambda began: doctor_warning(monitor, run, began))
+    if plan is None:
         run.keep(step)
         return False
-    plan = run.plan(step, why, doctor_warning(monitor, run))
     # the record (and an eval step's internals) of the state in trouble, with the rate of its update (the
     # Monitor would take the rate at the next record's flush: a capped one)
     monitor.record(step, **{"lr": monitor._step_lr, **scalars})
     rescue = monitor._pending["rescue"] = run.act(plan)  # a name the Monitor owns: log() may not write it
-    if rescue["action"] == "rewind":
+    if rescue["action"] in ("rewind", "skip"):
         monitor.first_nonfinite_step = None  # the run went on from a finite state
     elif rescue["action"] == "stop":
         stop(monitor, step, rescue)
     return True
 
 
-def doctor_warning(monitor: Monitor, run: GuardedRun) -> tuple[int, str] | None:
+def median_ratio(table: dict[str, Any] | None) -> float | None:
+    """The median update ratio u over the parameters of a g/w/u table (None without one)."""
+    values = sorted(row["u"] for row in (table or {}).values() if row.get("u") is not None)
+    return values[len(values) // 2] if values else None
+
+
+def doctor_warning(monitor: Monitor, run: GuardedRun, began: int) -> tuple[int, str] | None:
     """The doctor's earliest early warning from the model's internals (`probes.doctor.signals.
     growth_signals`: attention or output logits or the residual grown ten-fold, a head's entropy
     collapsed, update ratios too high) between the oldest snapshot held and the step the loss's
     trouble began, read from the records written so far; None where the internals are not logged
     (no eval_tokens) or none came in that span."""
-    began, oldest = run.watch.trouble_began(), run.held_since
+    oldest = run.held_since
     if monitor.eval_tokens is None or oldest is None:
         return None
     from probes.doctor.run_history import RunHistory
@@ -91,24 +101,35 @@ def doctor_warning(monitor: Monitor, run: GuardedRun) -> tuple[int, str] | None:
     except ValueError:  # nothing written yet
         return None
     found = [(s, what) for s, what, _ in growth_signals(history, DoctorThresholds(), before=began)
-             if oldest < s and "loss" not in what]  # the loss is the guard's own signal
+             if oldest < s and "loss" not in what and "update ratio" not in what]  # the guard reads these itself
     return found[0] if found else None
 
 
 def stop(monitor: Monitor, step: int, rescue: dict[str, Any]) -> None:
     """Write the records, save the restored state as a snapshot where the Monitor saves snapshots
-    (ours, or any model with save_every and eval_tokens; never over one on disk), say why and what
-    to change, print the diagnosis, end the script."""
-    monitor.flush()
-    saved = None
-    restored = rescue.get("restored_step")
-    if restored is not None and (monitor.config is not None or monitor.any_saver is not None):
-        from models.store.run import snapshot_name
-        path = monitor.out_dir / snapshot_name(restored)
-        saved = path if path.exists() else monitor.save(restored)
+    (ours, or any model with save_every and eval_tokens; never over one on disk; not the state
+    before the first update, step -1, which the model in memory holds), say why and what to
+    change, print the diagnosis, end the script with exit code 3, a run folder that cannot be
+    written to included (said in one line)."""
+    saved, failed = None, None
+    try:
+        monitor.flush()
+        restored = rescue.get("restored_step")
+        if restored is not None and restored >= 0 and (monitor.config is not None or monitor.any_saver is not None):
+            from models.store.run import snapshot_name
+            path = monitor.out_dir / snapshot_name(restored)
+            saved = path if path.exists() else monitor.save(restored)
+    except (OSError, ValueError) as error:  # a read-only or full run folder: CheckpointError is a ValueError
+        failed = error
     qk = no_qk_advice(monitor.config.to_dict() if monitor.config is not None else monitor.tapped_model or {})
     log.error("%s", stop_line(step, rescue, monitor.guard, saved, monitor.trainer, qk))
-    monitor.close()
+    try:
+        monitor.close()
+    except (OSError, ValueError) as error:
+        failed = failed or error
+    if failed is not None:
+        log.error("guard: the run's records or snapshot could not be written to %s: %s", monitor.out_dir,
+                  str(failed).splitlines()[0] if str(failed) else type(failed).__name__)
     raise GuardStop(EXIT_STOPPED)
 
 
@@ -118,7 +139,9 @@ def stop_line(step: int, rescue: dict[str, Any], run: GuardedRun, saved: Path | 
     cap = next((r["lr_cap"] for r in reversed(run.rescues) if r.get("lr_cap") is not None), None)
     restored = rescue.get("restored_step")
     held = ("the model holds no earlier state" if restored is None else
+            "the model holds the state it started from" if restored < 0 else
             f"the model holds step {restored}'s weights" + (f" (saved {saved})" if saved else ""))
-    again = f"after {len(run.rescues) - 1} rescue(s), {rescue['trigger']} again" if len(run.rescues) > 1 \
-        else rescue["trigger"]
-    return f"guard: stopped the run at step {step}: {again}; {held}. Try: {structural_fix(cap, trainer, qk_norm, stopped=True)}"
+    done = sum(1 for r in run.rescues if r["action"] in ("rewind", "skip"))
+    again = f"after {done} rescue(s), {rescue['why']}" if done else rescue["why"]
+    fix = structural_fix(cap, trainer, qk_norm, stopped=True)
+    return f"guard: stopped the run at step {step}: {again}; {held}. Try: {fix}"

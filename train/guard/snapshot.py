@@ -1,4 +1,4 @@
-"""One state of a run held in host memory for the guard (`train.rescue`): the model's parameters and
+"""One state of a run held in host memory for the guard (`train.guard`): the model's parameters and
 buffers, the optimizer's per-parameter state, a GradScaler's scale, and the learning rates of the
 update that made it. Its host buffers are made once and refilled at each take; on a GPU they are
 pinned and filled without waiting (the copy is queued on the stream, so the next step's kernels

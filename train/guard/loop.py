@@ -14,8 +14,9 @@ import torch
 
 from models.checkpoint import snapshot_name
 from train.monitor_save import save_with_view
-from train.rescue import Guard, GuardedRun, Plan
-from train.rescue_monitor import stop_line
+from train.guard.run import GuardedRun, Plan
+from train.guard.settings import Guard
+from train.guard.monitor import stop_line
 
 if TYPE_CHECKING:
     from train.state import TrainState
@@ -33,7 +34,8 @@ def attach(state: TrainState) -> GuardedRun | None:
 
 def judge_steps(state: TrainState, seen: list[torch.Tensor]) -> Plan | None:
     """Judge each step's loss since the last record (`seen`, on the device, the newest last): the
-    plan for the first step in trouble, or None (then a snapshot of the state now, when due)."""
+    plan for the first step that calls for one (carried out at this record's step), or None (then
+    a snapshot of the state now, when due)."""
     guard = state.guard
     if guard is None or guard.stopped or not seen:
         return None
@@ -43,9 +45,9 @@ def judge_steps(state: TrainState, seen: list[torch.Tensor]) -> Plan | None:
         losses /= state.dist.world_size
     first = state.step - len(seen) + 1
     for i, loss in enumerate(losses.tolist()):
-        why = guard.judge(first + i, loss)
-        if why is not None:
-            return guard.plan(state.step, why)
+        plan = guard.observe(first + i, loss, now=state.step)
+        if plan is not None:
+            return plan
     guard.keep(state.step)
     return None
 
@@ -55,7 +57,7 @@ def stop_run(state: TrainState, plan: Plan, per_step: int) -> None:
     snapshot of its own step, say why and what to change."""
     restored = plan.record.get("restored_step")
     saved = None
-    if restored is not None and state.dist.is_main:
+    if restored is not None and restored >= 0 and state.dist.is_main:
         saved = state.args.out / snapshot_name(restored)
         if not saved.exists():
             save_with_view(saved, state.raw_model, state.corpus.tokenizer, step=restored,  # the app opens it first

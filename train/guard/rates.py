@@ -1,0 +1,56 @@
+"""The rate a rewind sets, from the run's own evidence (`train.guard`).
+
+- A rate blow-up: the rate that brings the update ratios (median rms(du)/rms(w) over the
+  parameters, measured at the Monitor's log steps) to the top of their healthy band (1e-2): each
+  calm measurement before the trouble gives one (its rate x 1e-2 / its ratio: an Adam or SGD step
+  grows about in proportion to its rate), their median is taken; where none was measured, the
+  rate at the last calm step cut by `cut`. Never above `cut` x the rate at which the trouble began.
+- Trouble again under a cap, or a stall: the cap, cut by `cut` again (the ratios measured since the
+  rewind were measured on its ramp, at rates that say nothing of what blew up).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING
+
+from train.guard.kinds import U_TOP
+from train.guard.rate import rate_of
+
+if TYPE_CHECKING:
+    from train.guard.run import GuardedRun
+
+__all__ = ["blowup_rate"]
+
+
+def applied_at(run: GuardedRun, began: int) -> tuple[float | None, float | None]:
+    """(the rate of the last update before `began`, the rate of the first update from `began`)."""
+    before = [r for s, r in run.rates if s < began and r is not None]
+    after = [r for s, r in run.rates if s >= began and r is not None]
+    return (rate_of(before[-1]) if before else None), (rate_of(after[0]) if after else None)
+
+
+def blowup_rate(run: GuardedRun, kind: str, began: int) -> tuple[float, str]:
+    """(the new cap of the first param group, what evidence set it, in words)."""
+    cut = run.settings.cut
+    calm, trouble = applied_at(run, began)
+    asked = rate_of(run.rate.asked[0]) if run.rate.asked else None
+    fallback = next((r for r in (calm, trouble, asked) if r is not None), 0.0)
+    if kind == "stall":
+        base = run.rate.cap if run.rate.cap is not None else fallback
+        return base * cut, f"the cap {base:.3g} did not bring the loss back: x{cut:g}"
+    if run.rate.cap is not None:  # trouble again under a cap: the ratios since the rewind were measured on its ramp
+        return run.rate.cap * cut, f"the cap {run.rate.cap:.3g} it blew up under x{cut:g}"
+    implied = [(rate_of(lr) * U_TOP / u, s) for s, u, lr, was_calm in run.ratios
+               if s < began and was_calm and lr is not None and u > 0]  # the rate that puts each in the band
+    if implied:  # an update ratio grows about in proportion to the rate (Adam's and SGD's steps alike)
+        rate = statistics.median(r for r, _ in implied)
+        said = (f"{rate:.3g}, the rate that brings its update ratios to the top of their band ({U_TOP:g}): the "
+                f"median over {len(implied)} calm measurements (steps {implied[0][1]}-{implied[-1][1]})")
+    else:
+        rate, said = fallback * cut, (f"the rate {fallback:.3g} at the last calm step x{cut:g} (no update ratios "
+                                      "measured: log them with the Monitor)")
+    top = trouble if trouble is not None else fallback
+    if top > 0 and rate > cut * top:
+        rate, said = cut * top, f"{said}; at most x{cut:g} the rate {top:.3g} at which the trouble began"
+    return rate, said
