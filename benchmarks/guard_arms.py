@@ -57,25 +57,26 @@ class SkipStep(Bare):
 
     def __init__(self, model: Any, optimizer: Any, options: dict[str, Any]):
         super().__init__(model, optimizer, options)
-        self.losses: deque = deque(maxlen=129)
-        self.norms: deque = deque(maxlen=129)
+        self.losses: deque = deque(maxlen=128)
+        self.norms: deque = deque(maxlen=128)
         self.skips = 0
 
     def before_step(self, step: int, loss: float) -> bool:
         import torch
         norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), math.inf))
-        self.losses.append(loss)
-        self.norms.append(norm)
-        take = len(self.losses) < 64 or (self.calm(self.losses) and self.calm(self.norms))
+        finite = math.isfinite(loss) and math.isfinite(norm)  # a NaN or inf step is skipped, never kept in
+        take = finite and (len(self.losses) < 64 or (self.calm(self.losses, loss) and self.calm(self.norms, norm)))
+        if finite:  # the history the next steps are judged against: only numbers (pstdev fails on NaN)
+            self.losses.append(loss)
+            self.norms.append(norm)
         self.skips += not take
         return take
 
     @staticmethod
-    def calm(values: deque) -> bool:
-        past = list(values)[:-1]
+    def calm(past: deque, value: float) -> bool:
         mean, std = statistics.fmean(past), statistics.pstdev(past)
-        z = abs(values[-1] - mean) / std if std > 0 else (0.0 if values[-1] == mean else math.inf)
-        return z <= 6.0  # a NaN compares False: skipped, as OLMo-core's tensor comparison does
+        z = abs(value - mean) / std if std > 0 else (0.0 if value == mean else math.inf)
+        return z <= 6.0
 
     def report(self, out: Outcome) -> None:
         out.rescues = out.lost = self.skips
