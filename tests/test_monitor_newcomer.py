@@ -15,6 +15,7 @@ from newcomer_gpts import EinsumGPT
 
 from models.checkpoint import list_snapshots, load_checkpoint
 from models.tokenizers import CharTokenizer
+from train.guard import Guard
 from train.monitor import Monitor
 
 TEXT = "the king and the queen shall not be what thou art.\n"
@@ -169,7 +170,7 @@ def test_a_log_call_that_took_no_step_records_no_step_time(tmp_path):
 def test_the_guards_stop_leaves_no_snapshot_of_the_stopped_step(tmp_path):
     """The guard's stop saves the state it restored (step 50, taken at its calm check); the Monitor
     it closes then saves nothing under step 78, whose weights the model no longer holds."""
-    m = monitor(tmp_path, None, save_every=1000, guard=True)  # the guard's defaults: a state kept every 50 steps
+    m = monitor(tmp_path, None, save_every=1000, guard=Guard(every=50, max_rescues=2))  # a state kept every 50 steps
     net, bad = m.model, {62, 70, 78}  # three NaN losses: two rescues, then the stop
     with pytest.raises(SystemExit), m:
         for step in range(100):
