@@ -7,6 +7,7 @@ findings come from `probes.diagnose`, on what training just logged."""
 from __future__ import annotations
 
 import logging
+import sys
 import math
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from probes.doctor.thresholds import DoctorThresholds
 
 log = logging.getLogger("train")
 
-__all__ = ["LiveDoctor"]
+__all__ = ["LiveDoctor", "show_doctor_lines"]
 
 
 def finding_line(f: Finding) -> str:
@@ -100,3 +101,14 @@ class LiveDoctor:
         for f in result.findings:
             log.log(logging.INFO if f.severity == "info" else logging.WARNING, "    %s", finding_line(f)[8:])
         return result
+
+
+def show_doctor_lines() -> None:
+    """The doctor speaks through the "train" logger; in a script that configured no logging, its
+    lines (a healthy verdict is INFO) would be lost: give it a plain stderr handler then."""
+    doctor_log = logging.getLogger("train")
+    if not logging.getLogger().hasHandlers() and not doctor_log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        doctor_log.addHandler(handler)
+        doctor_log.setLevel(logging.INFO)

@@ -7,7 +7,6 @@ import atexit
 import logging
 import math
 import os
-import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -24,24 +23,13 @@ from train.monitor_open import open_run
 from train.monitor_wandb import mirror_for
 from train.guard.monitor import guard_settings, hook_guard, monitor_log
 from train.monitor_parts import (EvalReadings, autocast_factory, check_eval_tokens, check_model, divergence_reason,
-                                 first_optimizer, grad_squares, group_lrs, monitored_run_json, number, refuse_owned,
-                                 setting, step_number, update_readings)
+                                 first_optimizer, grad_squares, group_lrs, monitored_run_json, number, placed_internals,
+                                 refuse_owned, setting, step_number, update_readings)
 
 log = logging.getLogger("train.monitor")
 SYNC_EVERY_S = 10.0  # the longest a written record waits for its fsync
 
-__all__ = ["Monitor", "show_doctor_lines"]
-
-
-def show_doctor_lines() -> None:
-    """The doctor speaks through the "train" logger; in a script that configured no logging, its
-    lines (a healthy verdict is INFO) would be lost: give it a plain stderr handler then."""
-    doctor_log = logging.getLogger("train")
-    if not logging.getLogger().hasHandlers() and not doctor_log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        doctor_log.addHandler(handler)
-        doctor_log.setLevel(logging.INFO)
+__all__ = ["Monitor"]
 
 
 class Monitor:
@@ -78,7 +66,8 @@ class Monitor:
         self.eval_tokens = check_eval_tokens(eval_tokens, self.config)
         self.plan, self.tapped_model = None, None  # a model the store cannot rebuild: read by the tap
         if self.config is None and self.eval_tokens is not None:
-            self._plan_tap(autocast)
+            from train.monitor_tap import read_model
+            self.plan, self.tapped_model = read_model(self.model, self.eval_tokens, autocast)
         from train.monitor_tokenizer import saveable_tokenizer  # models.tokenizers only when one is given
         self.tokenizer = None if tokenizer is None else saveable_tokenizer(
             tokenizer, getattr(self.config, "d_vocab", None) or (self.tapped_model or {}).get("d_vocab"), save_every)
@@ -91,7 +80,7 @@ class Monitor:
         self.resume, self.report_at_close, self.autocast, self.guard = resume, report, autocast, guard_settings(guard)
         self.doctor = None
         if diagnose_every or report:
-            from train.doctor import LiveDoctor
+            from train.doctor import LiveDoctor, show_doctor_lines
             self.doctor = LiveDoctor(self.out_dir, diagnose_every)
             show_doctor_lines()
         self.mirror = mirror_for(writer, self.trainer)  # the user's W&B run / SummaryWriter (train.monitor_wandb)
@@ -118,29 +107,6 @@ class Monitor:
         atexit.register(self._close_at_exit)  # a script that never closes it still gets its records
 
     # ------------------------------------------------------------------ set-up and close
-
-    def _plan_tap(self, autocast: Any) -> None:
-        """The blocks, unembedding and activations of a model we never rebuilt, and what run.json
-        says of it, from one forward on the eval tokens (a failing forward is refused here)."""
-        from train.monitor_tap import dims, plan
-        self.plan = plan(self.model)
-        try:
-            self.tapped_model = dims(self.plan, self.eval_tokens, autocast)
-            self.tapped_model["parameter_groups"] = self._groups_by_layout()
-        except (IndexError, RuntimeError, ValueError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ValueError(f"Monitor: the {type(self.model).__name__} failed on eval_tokens of shape "
-                             f"{list(self.eval_tokens.shape)}: {first}") from None
-
-    def _groups_by_layout(self) -> dict[str, str]:
-        """Each parameter's g/w/u group from the layout found (`probes.update_groups`); {} where
-        it cannot be found, as where the tap reads no attention (the name patterns judge then)."""
-        from probes.update_groups import parameter_groups
-        try:
-            return parameter_groups(self.model, self.eval_tokens.to(next(self.model.parameters()).device))
-        except (ValueError, RuntimeError, IndexError) as err:  # TapError is a ValueError
-            logging.getLogger("train.monitor").info("parameter groups by name only: %s", err)
-            return {}
 
     def _open(self, run_info: dict[str, Any] | None, lock: bool) -> None:
         """Open the run directory (`train.monitor_open.open_run`), then hook the optimizer."""
@@ -353,7 +319,7 @@ class Monitor:
             record["tokens"] = tokens if tokens <= 2**63 - 1 else float(tokens)
         if self.eval_every and step % self.eval_every == 0 or step == self.steps:
             # at the step's first call: nanoGPT logs its eval before taking the step; measured now,
-            # read when the record is written, after the keys made so far (`_with_internals`)
+            # read when the record is written, after the keys made so far (`placed_internals`)
             self._pending_internals = (list(record), self._internals())
         # kept when the save below fails: the step's record is written all the same
         self._pending, self._pending_steps = record, self._optimizer_steps
@@ -369,7 +335,7 @@ class Monitor:
         record, self._pending = self._pending, None
         if record is None:
             return None
-        record = self._with_internals(record)
+        record, self._pending_internals = placed_internals(record, self._pending_internals), None
         step = record["step"]
         capture = self._captures.get(step)
         measured = capture["update"].get() if capture and "update" in capture else {}
@@ -406,17 +372,6 @@ class Monitor:
                 if self.mirror is not None:
                     self.mirror.findings(found)
         return record
-
-    def _with_internals(self, record: dict[str, Any]) -> dict[str, Any]:
-        """The pending record with its eval step's internals read (one wait for their transfer),
-        placed where they were measured: after the step and tokens, before the values given."""
-        pending, self._pending_internals = self._pending_internals, None
-        if pending is None:
-            return record
-        head, internals = pending
-        internals = internals.get() if internals is not None else {}
-        first = {k: record[k] for k in head if k in record}
-        return {**first, **internals, **{k: v for k, v in record.items() if k not in first}}  # given values win
 
     def _internals(self) -> Any:
         """The model's internals on the eval tokens, measured now on the device: a HostCopy (read

@@ -17,7 +17,7 @@ from train.optimizer_kinds import optimizer_kinds
 
 __all__ = ["EvalReadings", "INT64_MAX", "OWNED", "activation_windows", "autocast_factory", "check_eval_tokens", "check_model", "check_tokens", "describe_model",
            "divergence_reason", "first_optimizer", "grad_norm", "grad_squares", "group_lrs", "hyperparameters",
-           "internal_stats", "monitored_run_json", "norm_from_squares", "number", "param_groups_json", "refuse_owned",
+           "internal_stats", "monitored_run_json", "norm_from_squares", "number", "param_groups_json", "placed_internals", "refuse_owned",
            "resume_mismatch", "setting", "short", "step_number", "update_readings"]
 
 
@@ -356,3 +356,15 @@ def monitored_run_json(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             "eval_tokens": None if eval_tokens is None else list(eval_tokens.shape),
             "torch": torch.__version__,
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def placed_internals(record: dict[str, Any], pending: tuple[list[str], Any] | None) -> dict[str, Any]:
+    """`record` with its eval step's internals (`pending`: the keys made before they were measured,
+    and their HostCopy) read, one wait for their transfer, and placed where they were measured:
+    after the step and tokens, before the values given (given values win)."""
+    if pending is None:
+        return record
+    head, internals = pending
+    internals = internals.get() if internals is not None else {}
+    first = {k: record[k] for k in head if k in record}
+    return {**first, **internals, **{k: v for k, v in record.items() if k not in first}}

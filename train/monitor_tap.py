@@ -37,7 +37,7 @@ from train.host_copy import HostCopy
 
 log = logging.getLogger("train.monitor")
 
-__all__ = ["Plan", "dims", "measure", "plan"]
+__all__ = ["Plan", "dims", "measure", "plan", "read_model"]
 
 ACTIVATIONS = {nn.ReLU: "relu", nn.GELU: "gelu", nn.SiLU: "silu", nn.Tanh: "tanh"}
 # Hugging Face's activation modules (transformers.activations), by class name: act_fn -> names
@@ -245,3 +245,29 @@ def dims(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext) -> dict[str
     if p.tap_error:
         out["attention"] = f"not measured: {p.tap_error}"
     return out
+
+
+def read_model(model: nn.Module, eval_tokens: torch.Tensor, autocast: Any) -> tuple[Plan, dict[str, Any]]:
+    """The blocks, unembedding and activations of a model the store cannot rebuild, and what
+    run.json says of it (with each parameter's g/w/u group by the layout found), from one forward
+    on `eval_tokens` [batch pos]; a failing forward is refused here, in one line."""
+    found = plan(model)
+    try:
+        described = dims(found, eval_tokens, autocast)
+        described["parameter_groups"] = groups_by_layout(model, eval_tokens)
+    except (IndexError, RuntimeError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"Monitor: the {type(model).__name__} failed on eval_tokens of shape "
+                         f"{list(eval_tokens.shape)}: {first}") from None
+    return found, described
+
+
+def groups_by_layout(model: nn.Module, eval_tokens: torch.Tensor) -> dict[str, str]:
+    """Each parameter's g/w/u group from the layout found (`probes.update_groups`); {} where it
+    cannot be found, as where the tap reads no attention (the name patterns judge then)."""
+    from probes.update_groups import parameter_groups
+    try:
+        return parameter_groups(model, eval_tokens.to(next(model.parameters()).device))
+    except (ValueError, RuntimeError, IndexError) as err:  # TapError is a ValueError
+        logging.getLogger("train.monitor").info("parameter groups by name only: %s", err)
+        return {}
