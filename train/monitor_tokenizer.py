@@ -75,7 +75,7 @@ def as_ours(tokenizer: Any) -> Tokenizer:
                      "the model's ids")
     if hasattr(tokenizer, "convert_ids_to_tokens"):
         raise refuse(f"is a slow Hugging Face {name}: give its fast version (AutoTokenizer.from_pretrained(..., "
-                     "use_fast=True)), whose tokenizer.json a snapshot saves")
+                     "use_fast=True, trust_remote_code=False)), whose tokenizer.json a snapshot saves")
     return char_tokenizer(tokenizer, name)
 
 
