@@ -394,7 +394,8 @@ class Monitor:
             saved = self.any_saver.save(self.out_dir / snapshot_name(step), step, tokens)
         else:
             from train.monitor_save import save_with_view
-            saved = save_with_view(self.out_dir / snapshot_name(step), hooked_twin(self.model, self.config),
+            twin = hooked_twin(self.model, self.config, cached=self._eval._twin if self._eval else None)  # the eval steps'
+            saved = save_with_view(self.out_dir / snapshot_name(step), twin,
                                    self.tokenizer, step=step, tokens_seen=tokens)
         self._last_saved = step
         return saved

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from models.store.files import (CheckpointError, dumps_json, read_json_object,  # noqa: F401
+from models.store.files import (CheckpointError, dumps_json, fsync_file, read_json_object,  # noqa: F401
                                 write_bytes_atomic, writing)
 from models.store.record_check import (MetricsLog, RunShape, Skipped, in_order, out_of_order, problem,
                                        run_shape)
@@ -285,5 +285,4 @@ def sync_metrics(run_dir: str | Path) -> None:
     """fsync the run's ``metrics.jsonl`` (lines appended with `sync=False` reach the disk), if it exists."""
     path = _metrics_path(run_dir)
     if path.is_file():
-        with open(path, "rb") as f:
-            os.fsync(f.fileno())
+        fsync_file(path)
