@@ -28,7 +28,14 @@ import statistics
 from collections import deque
 from typing import Any
 
-from guard_cases import Outcome
+from guard_cases import Outcome, val_windows
+
+EVAL_ROWS = 8  # eval tokens the Monitor measures the internals on (and the guard the attention): 8 val windows
+
+
+def eval_tokens() -> Any:
+    """[EVAL_ROWS BLOCK] held-out windows (never trained on), as a user gives the Monitor `eval_tokens`."""
+    return val_windows()[0][:EVAL_ROWS]
 
 ARMS = ("none", "palm", "skip", "lightning", "guard")
 PALM_BACK, PALM_EVERY, PALM_KEEP, PALM_MAX = 100, 50, 3, 20
@@ -211,7 +218,7 @@ class Guarded(Bare):
             self.run, self.monitor = Guard(**options).attach(model, optimizer), None
         else:
             self.tmp = tempfile.TemporaryDirectory()
-            self.monitor = Monitor(model, optimizer, f"{self.tmp.name}/run", report=False,
+            self.monitor = Monitor(model, optimizer, f"{self.tmp.name}/run", report=False, eval_tokens=eval_tokens(),
                                    guard=Guard(**options) if guarded else False)
             self.run = self.monitor.guard
 

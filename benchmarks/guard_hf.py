@@ -33,7 +33,7 @@ def train_hf(case: Case, arm: str, seed: int, steps: int, options: dict[str, Any
     import torch
     import transformers
 
-    from guard_arms import SpikeRule, report_rescues
+    from guard_arms import SpikeRule, eval_tokens, report_rescues
     from models.store.run import read_metrics
     from train.guard import Guard
     from train.monitor import HFCallback
@@ -54,7 +54,7 @@ def train_hf(case: Case, arm: str, seed: int, steps: int, options: dict[str, Any
         rule = SpikeRule()
         if arm == "guard":
             settings = {k: v for k, v in (options or {}).items() if k != "via"}  # a Trainer's guard is the Monitor's
-            callbacks.append(HFCallback(f"{tmp}/run", guard=Guard(**settings), report=False))
+            callbacks.append(HFCallback(f"{tmp}/run", guard=Guard(**settings), report=False, eval_tokens=eval_tokens()))
         elif arm == "lightning":
             callbacks.append(StopOnSpike(rule))
         trainer = transformers.Trainer(model=model, args=args, train_dataset=examples, callbacks=callbacks)

@@ -32,14 +32,14 @@ def test_a_second_run_picked_is_overlaid_and_named_in_the_legends(server, browse
     page.get_by_role("option", name="mha4").first.click()
     page.keyboard.press("Escape")
     deadline = time.time() + 120
-    while time.time() < deadline:  # vega redraws a moment after the rerun
+    while time.time() < deadline:  # vega redraws each chart a moment after the rerun, one after another
         page.wait_for_timeout(500)
-        texts = legend_texts(page, 0)
-        if "mha4" in texts and "shakespeare_rms4_adam" not in texts:
+        texts, rate_texts = legend_texts(page, 0), legend_texts(page, 1)
+        if "mha4" in texts and "shakespeare_rms4_adam" not in texts and "mha4" in rate_texts:
             break
     assert {"shakespeare_rms4", "mha4"} <= set(texts), texts
     assert {"train loss", "val loss"} <= set(texts)  # the dash legend: train solid, val dashed
-    assert {"shakespeare_rms4", "mha4"} <= set(legend_texts(page, 1))  # the learning rate too
+    assert {"shakespeare_rms4", "mha4"} <= set(rate_texts), rate_texts  # the learning rate too
     drawn = page.locator(f"{CHARTS} svg, {CHARTS} canvas").count()
     assert drawn >= 6, drawn  # loss, learning rate, entropy per layer and u per group at least
     assert page.locator('[data-testid="stException"]').count() == 0

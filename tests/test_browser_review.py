@@ -95,8 +95,9 @@ def test_a_typed_path_is_named_in_the_address_and_a_bad_one_changes_nothing(serv
     path = page.locator('[data-testid="stSidebar"] input[type="text"]').first
     path.fill(str(REPO / "checkpoints" / "char_mlp"))
     path.press("Enter")
+    # the selectbox is briefly absent while the page reruns: wait for it to exist and show the run
     page.wait_for_function("() => document.querySelector('[data-testid=\"stSidebar\"] input[aria-label=\"run\"]')"
-                           ".value == 'char_mlp'", timeout=60_000)
+                           "?.value == 'char_mlp'", timeout=60_000)
     opened(page, "Overview")
     page.wait_for_url("**?run=char_mlp", timeout=30_000)
     path.fill(str(REPO / "no such run"))

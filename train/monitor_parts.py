@@ -296,6 +296,24 @@ class EvalReadings:
         self._twin = hooked_twin(self.model, self.config, cached=self._twin)
         return internal_stats(self._twin, *self._inputs(next(self._twin.parameters()).device), self.autocast)
 
+    @torch.no_grad()
+    def attention(self) -> dict[str, list[float]]:
+        """Each head's attention entropy on the eval tokens, read now on the host ({layer: [head]};
+        empty for a model without attention): the guard's collapse check at its snapshot steps."""
+        if self.plan is not None:
+            return self.measure().get().get("attn_entropy") or {}
+        from models.store.live import hooked_twin
+        from train.data import forward_stats  # by its full name: `train` may be a user's train.py now
+        self._twin = hooked_twin(self.model, self.config, cached=self._twin)
+        was_training = self._twin.training
+        self._twin.eval()
+        try:
+            with self.autocast():
+                return forward_stats(self._twin, self._inputs(next(self._twin.parameters()).device)[0],
+                                     doctor=False).get("attn_entropy") or {}
+        finally:
+            self._twin.train(was_training)
+
     def _inputs(self, device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         if self._on is None or self._on[0] != device:
             windows = None if self.windows is None else [w.to(device) for w in self.windows]

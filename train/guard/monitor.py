@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from probes.doctor import flags
 from probes.doctor.rescues import no_qk_advice, structural_fix
+from train.guard.ranks import everyone
 from train.guard.run import GuardedRun
 from train.guard.settings import MODES, Guard
 from train.guard.stop import EXIT_STOPPED, GuardStop
@@ -51,7 +52,7 @@ def hook_guard(monitor: Monitor) -> list[Any]:
 
 def monitor_log(monitor: Monitor, step: int, scalars: dict[str, Any]) -> bool:
     """Judge `step` (the loss logged; the gradient norm and update ratios the Monitor measured at its
-    log steps); when the guard acts or says something, make the step's record with the `rescue`
+    log steps; every `every` steps, the attention entropy on the eval tokens, where it has some); when the guard acts or says something, make the step's record with the `rescue`
     entry in it and act. True when the record is made."""
     run, pending = monitor.guard, monitor._pending
     if run.stopped or pending is not None and pending["step"] == step and "rescue" in pending:
@@ -62,8 +63,11 @@ def monitor_log(monitor: Monitor, step: int, scalars: dict[str, Any]) -> bool:
                           monitor.due(step))
     if loss is not None and "train_loss" in scalars:
         scalars["train_loss"] = loss  # a tensor read once, here
-    loss, grad, ratio = run.everyone(loss, grad, median_ratio(update.get("gwu")))
-    plan = run.observe(step, loss, grad, ratio, warned=lambda began: doctor_warning(monitor, run, began))
+    collapsed = None
+    if monitor._eval is not None and run.attention_due(step):  # the series' failure: attention gone one-hot
+        collapsed = run.see_attention(step, monitor._eval.attention(), int(monitor.eval_tokens.shape[-1]))
+    loss, grad, ratio, collapsed = everyone(run.model, loss, grad, median_ratio(update.get("gwu")), collapsed)
+    plan = run.observe(step, loss, grad, ratio, collapsed, warned=lambda began: doctor_warning(monitor, run, began))
     if plan is None:
         run.keep(step)
         return False

@@ -5,6 +5,8 @@
   calm measurement before the trouble gives one (its rate x 1e-2 / its ratio: an Adam or SGD step
   grows about in proportion to its rate), their median is taken; where none was measured, the
   rate at the last calm step cut by `cut`. Never above `cut` x the rate at which the trouble began.
+- Attention collapsed fast (`attention`): the rate at the last reading where it was still spread,
+  at most `cut` x the rate where it had collapsed.
 - Trouble again under a cap, or a stall: the cap, cut by `cut` again (the ratios measured since the
   rewind were measured on its ramp, at rates that say nothing of what blew up).
 """
@@ -20,7 +22,7 @@ from train.guard.rate import rate_of
 if TYPE_CHECKING:
     from train.guard.run import GuardedRun
 
-__all__ = ["blowup_rate"]
+__all__ = ["blowup_rate", "collapse_rate"]
 
 
 def applied_at(run: GuardedRun, began: int) -> tuple[float | None, float | None]:
@@ -53,4 +55,24 @@ def blowup_rate(run: GuardedRun, kind: str, began: int) -> tuple[float, str]:
     top = trouble if trouble is not None else fallback
     if top > 0 and rate > cut * top:
         rate, said = cut * top, f"{said}; at most x{cut:g} the rate {top:.3g} at which the trouble began"
+    return rate, said
+
+
+def collapse_rate(run: GuardedRun, spread: int, step: int) -> tuple[float, str]:
+    """(the new cap, in words) after attention collapsed between the reading at `spread` and `step`:
+    the rate of the last update at or before `spread` (attention was still spread there), at most
+    `cut` x the rate at `step` (where it had collapsed); under a cap already, the cap cut again."""
+    cut = run.settings.cut
+    if run.rate.cap is not None:
+        return run.rate.cap * cut, f"the cap {run.rate.cap:.3g} it collapsed under x{cut:g}"
+    spread_rates = [r for s, r in run.rates if s <= spread and r is not None]
+    now = rate_of(run.rate.applied) if run.rate.applied is not None else None
+    top = cut * now if now is not None else None
+    if spread_rates:
+        rate = rate_of(spread_rates[-1])
+        said = f"{rate:.3g}, the rate at step {spread}, where its attention was still spread"
+    else:
+        rate, said = (top or 0.0), f"x{cut:g} the rate {now:.3g} at which its attention collapsed"
+    if top is not None and rate > top:
+        rate, said = top, f"x{cut:g} the rate {now:.3g} at which its attention collapsed"
     return rate, said

@@ -34,11 +34,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from train.guard.attention import collapse, normalized
 from train.guard.kinds import Excursion, bad_block, classify, falling, growth, stalled
 from train.guard.loss_watch import LossWatch
 from train.guard.plan import Plan, record, rescue_line
 from train.guard.rate import RateCap, rate_of
-from train.guard.rates import blowup_rate
+from train.guard.ranks import everyone
+from train.guard.rates import blowup_rate, collapse_rate
 from train.guard.snapshot import HostSnapshot
 from train.guard.stop import EXIT_STOPPED, GuardStop
 
@@ -77,6 +79,9 @@ class GuardedRun:
         self.rates: deque = deque(maxlen=s.window)  # (step, the rate its update applied), raw
         self.ratios: deque = deque(maxlen=64)  # (step, median update ratio, its update's rate, calm)
         self.norms: deque = deque(maxlen=64)  # (step, gradient norm, calm)
+        self.readings: deque = deque(maxlen=8)  # (step, each head's attention entropy over uniform's) (`attention`)
+        self._read_at: int | None = None  # the step of the last attention reading
+        self._collapse_why: str | None = None  # what the last reading found collapsed, in words
         self.recovery: Recovery | None = None
         self.best_level: float | None = None  # the lowest level the run had (since its last rewind or shift)
         self.unsafe: float | None = None  # the lowest rate at which a rate blow-up began
@@ -120,40 +125,38 @@ class GuardedRun:
             values.append(None if value is None else float(value))
         return values[0], values[1]
 
-    def everyone(self, loss: float | None, grad_norm: float | None,
-                 ratio: float | None = None) -> tuple[float | None, float | None, float | None]:
-        """(the loss, the gradient norm, the update ratio) alike on every rank under torchrun: the
-        loss averaged, the gradient norm nan where any rank's is non-finite, the measured ones from
-        the ranks that measured them (rank 0's Monitor), so every rank decides alike."""
-        dist = torch.distributed
-        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-            return loss, grad_norm, ratio
-        bad = grad_norm is not None and not math.isfinite(grad_norm)
-        device = next(self.model.parameters()).device if dist.get_backend() == "nccl" else torch.device("cpu")
-        values = [0.0 if loss is None else loss, float(loss is not None), float(bad),
-                  0.0 if grad_norm is None or bad else grad_norm, float(grad_norm is not None and not bad),
-                  0.0 if ratio is None else ratio, float(ratio is not None)]
-        t = torch.tensor(values, dtype=torch.float64, device=device)
-        dist.all_reduce(t)
-        total, given, bads, norms, norm_count, ratios, ratio_count = t.tolist()
-        world = dist.get_world_size()
-        norm = math.nan if bads > 0 else (norms / norm_count if norm_count else None)
-        return (total / world if given == world else None), norm, (ratios / ratio_count if ratio_count else None)
-
     def check(self, step: int, loss: float | None, grad_norm: float | None = None,
               ratio: float | None = None) -> dict[str, Any] | None:
         """Judge `step` and act: the record of what was done, or None (then a snapshot when due)."""
-        plan = self.observe(step, *self.everyone(loss, grad_norm, ratio))
+        plan = self.observe(step, *everyone(self.model, loss, grad_norm, ratio))
         if plan is None:
             self.keep(step)
             return None
         return self.act(plan)
 
+    def attention_due(self, step: int) -> bool:
+        """Whether to read the attention now (every `every` steps, the first logged step included)."""
+        return not self.stopped and not self.quiet and (self._read_at is None or step - self._read_at >= self.settings.every)
+
+    def see_attention(self, step: int, entropy: dict[str, list[Any]] | None, positions: int) -> int | None:
+        """Take an attention reading (`EvalReadings.attention`: {layer: [head entropy]} on `positions`
+        eval positions); the step of the newest reading before a fast collapse it shows, else None."""
+        self._read_at = step
+        reading = normalized(entropy, positions)
+        if not reading:
+            return None
+        self.readings.append((step, reading))
+        found = collapse(list(self.readings), span=2 * self.settings.every)
+        self._collapse_why = found[1] if found else None
+        return found[0] if found else None
+
     # ------------------------------------------------------------------ judging
 
     def observe(self, step: int, loss: float | None, grad_norm: float | None = None, ratio: float | None = None,
-                warned: Callable[[int], tuple[int, str] | None] | None = None, now: int | None = None) -> Plan | None:
+                collapse: int | None = None, warned: Callable[[int], tuple[int, str] | None] | None = None,
+                now: int | None = None) -> Plan | None:
         """Take `step`'s numbers; the plan when something is to be done (or said), else None.
+        `collapse`: the step of the last attention reading before a fast collapse (`see_attention`);
         `warned(began)`: the doctor's early warning before `began`, asked only when trouble is judged;
         `now`: the step the plan is carried out at (our loop judges a few steps at once)."""
         if self.stopped:
@@ -177,6 +180,9 @@ class GuardedRun:
             spikes = self.watch.excursion if spike else open_before
             began = self.watch.trouble_began() if spike else began_before
             return self._judge_excursion(spikes, not spike, began, step, now, warned)
+        if collapse is not None:  # attention gone one-hot fast, the loss quiet: the rate (the series' failure)
+            why = self._collapse_why or f"a head's attention collapsed after step {collapse}"
+            return self._rate_plan("rate_blowup", why, step, now, warned, began=collapse + 1, newest=collapse)
         if self.recovery is not None:
             return self._judge_recovery(step, loss, now)
         return self._judge_creep(step, now, warned) or self._maybe_lift(step, now)
@@ -269,9 +275,12 @@ class GuardedRun:
         return Plan(now, rec, slot, None, began)
 
     def _rate_plan(self, kind: str, why: str, step: int, now: int, warned: Callable | None,
-                   began: int | None = None) -> Plan:
-        """Rewind before the damage with a rate from the evidence, or stop past the floor."""
+                   began: int | None = None, newest: int | None = None) -> Plan:
+        """Rewind before the damage with a rate from the evidence, or stop past the floor. `newest`:
+        the newest state known good (an attention collapse: its last spread reading); else the one
+        before the step before `began` (the loss of the step after it was calm)."""
         s = self.settings
+        collapsed = newest is not None
         began = self.watch.trouble_began() if began is None else began
         extra = warned(began) if warned is not None else None
         warning = None
@@ -283,9 +292,10 @@ class GuardedRun:
             older = [x for x in held if self.last_restored is None or x.step < self.last_restored.step]
             slot = max(older, key=lambda x: x.step) if older else min(held, key=lambda x: x.step, default=None)
         else:
-            good = [x for x in held if x.step < began - 1]  # the loss of the step after it was calm
+            newest = began - 2 if newest is None or warning is not None else newest  # the step after it was calm
+            good = [x for x in held if x.step <= newest]
             slot = max(good, key=lambda x: x.step) if good else min(held, key=lambda x: x.step, default=None)
-        cap, rate_from = blowup_rate(self, kind, began)
+        cap, rate_from = collapse_rate(self, began - 1, step) if collapsed else blowup_rate(self, kind, began)
         asked = rate_of(self.rate.asked[0]) if self.rate.asked else cap
         if self.first_rate is None:
             self.first_rate = rate_of(self.rate.applied) if self.rate.applied is not None else asked
@@ -307,7 +317,8 @@ class GuardedRun:
             rec["warned"] = warning
         level = self.recovery.target if self.recovery is not None else self.watch.level()
         level = level if level is not None else self.watch.best  # before the run has a level: its best so far
-        return Plan(now, rec, slot, cap, began, target=level)
+        unsafe = rate_of(self.rate.applied) if collapsed and self.rate.applied is not None else None
+        return Plan(now, rec, slot, cap, began, target=level, unsafe=unsafe)
 
     def _maybe_lift(self, step: int, now: int) -> Plan | None:
         """A capped run calm for `lift_after` steps since it recovered: the cap doubled (or gone)."""
@@ -386,6 +397,10 @@ class GuardedRun:
                 if other is not slot and other.step is not None and other.step >= slot.step \
                         and other.step >= plan.began - 1:
                     other.step = None
+            # the attention now is that of the restored state: its newest reading, dated now
+            kept = [r for st, r in self.readings if st <= slot.step][-1:]
+            self.readings = deque([(plan.step, r) for r in kept], maxlen=self.readings.maxlen)
+            self._read_at = plan.step
         if action == "stop":
             self.stopped = True
             return rec
@@ -397,8 +412,8 @@ class GuardedRun:
             return rec
         self.acts += 1
         applied = [r for s_, r in self.rates if s_ >= plan.began]
-        if applied and applied[0] is not None and rec["kind"] == "rate_blowup":
-            rate = rate_of(applied[0])
+        if plan.unsafe is not None or applied and applied[0] is not None and rec["kind"] == "rate_blowup":
+            rate = plan.unsafe if plan.unsafe is not None else rate_of(applied[0])
             self.unsafe = rate if self.unsafe is None else min(self.unsafe, rate)
         self.rate.set(plan.cap, ramp=True)
         self.watch.restart(plan.step, keep_before=-math.inf)

@@ -1,0 +1,116 @@
+"""The guard sees attention collapse fast (train.guard.attention, train.guard.run): hand-made
+readings whose verdict is known on paper (a head going one-hot within a span; one sharpening slowly;
+one sharp from the start), then a guard on a still model (its optimizer steps with no gradients:
+the hooks and the rates are real, the readings ours) rewinding to the last spread state."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from train.guard import Guard
+from train.guard.attention import COLLAPSED, DROP, collapse, normalized
+
+POSITIONS = 16
+UNIFORM = math.lgamma(POSITIONS + 1) / POSITIONS  # ln(16!)/16: the series entropy of uniform causal attention
+
+
+def reading(*heads: float) -> dict[str, list[float]]:
+    """One layer's heads at these fractions of uniform attention's entropy, in nats (as the Monitor reads them)."""
+    return {"0": [h * UNIFORM for h in heads]}
+
+
+def fractions(*heads: float) -> dict[str, list[float]]:
+    """One layer's heads as `collapse` reads them: fractions of uniform attention's entropy."""
+    return {"0": list(heads)}
+
+
+def test_normalized_is_one_for_uniform_attention_and_zero_for_one_hot():
+    pattern = torch.tril(torch.ones(POSITIONS, POSITIONS))
+    pattern = pattern / pattern.sum(-1, keepdim=True)  # [q k] uniform over what each row sees
+    from probes.entropy import series_entropy
+    uniform = float(series_entropy(pattern[None, None])[0])  # the probe's own entropy of that pattern
+    one_hot = torch.eye(POSITIONS)[None, None]
+    got = normalized({"0": [uniform, float(series_entropy(one_hot)[0]), None, math.inf]}, POSITIONS)
+    assert got["0"][0] == pytest.approx(1.0, rel=1e-5)  # float32 sums of 16 rows: ~1e-7 relative
+    assert abs(got["0"][1]) < 1e-6 and math.isnan(got["0"][2]) and math.isnan(got["0"][3])
+    assert normalized(None, POSITIONS) == {} and normalized({"0": [1.0]}, 1) == {}
+
+
+@pytest.mark.parametrize("readings,found", [
+    ([(0, fractions(1.0, 0.98)), (25, fractions(0.99, 0.2))], 0),  # one-hot within a span: the last spread reading
+    ([(0, fractions(1.0)), (25, fractions(0.8)), (50, fractions(0.25))], 0),  # lost 0.75 within 50 steps
+    ([(0, fractions(1.0)), (25, fractions(0.9)), (50, fractions(0.6)), (75, fractions(0.4)), (100, fractions(0.29))], None),
+    ([(0, fractions(0.1)), (25, fractions(0.05))], None),  # sharp from the start: not the rate's doing
+    ([(0, fractions(1.0)), (100, fractions(0.1))], None),  # further apart than the span: nothing to compare
+    ([(0, fractions(1.0))], None),
+])
+def test_collapse_on_hand_readings(readings, found):
+    got = collapse(readings, span=50)
+    assert (got[0] if got else None) == found
+    if got:
+        assert "head" in got[1] and "layer 0" in got[1]
+
+
+def test_the_lines_keep_the_healthy_runs_measured_apart():
+    """The thresholds' margin: a head that loses a third of uniform's entropy within a span and ends
+    at a quarter of it (the healthy runs' worst) is not collapsed; two thirds down to 0.2 is."""
+    assert DROP > 1 / 3 and COLLAPSED < 1.0 - DROP + 0.01
+    assert collapse([(0, fractions(0.58)), (25, fractions(0.25))], span=50) is None
+    assert collapse([(0, fractions(0.85)), (25, fractions(0.2))], span=50) is not None
+
+
+def still_run(schedule, guard: Guard):
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    return guard.attach(model, optimizer), optimizer, scheduler
+
+
+def feed(run, optimizer, scheduler, step: int, loss: float, heads: tuple[float, ...] | None):
+    optimizer.step()  # no gradients: nothing moves; the guard's hooks see the rate applied
+    scheduler.step()
+    collapsed = run.see_attention(step, reading(*heads), POSITIONS) if heads and run.attention_due(step) else None
+    plan = run.observe(step, loss, collapse=collapsed)
+    if plan is None:
+        run.keep(step)
+        return None
+    return run.act(plan)
+
+
+def test_a_collapse_in_a_warmup_rewinds_to_the_last_spread_state_at_its_rate():
+    """A warmup from 0.01 to 1 over 100 steps; the loss quiet throughout; one head spread (0.95)
+    at the readings of steps 0 and 25, one-hot (0.05) at step 50: rewind to the state of step 25
+    (the newest snapshot at or before the last spread reading), cap at the rate applied there
+    (0.26; at most cut x 0.51, the rate at step 50, which it remembers as the one that collapsed it)."""
+    run, optimizer, scheduler = still_run(lambda s: min(1.0, (s + 1) / 100), Guard(every=25, cut=0.9))
+    records = []
+    for step in range(51):
+        heads = (0.95,) if step < 50 else (0.05,)
+        rec = feed(run, optimizer, scheduler, step, 2.0 + 0.01 * ((step * 7) % 5), heads)
+        if rec is not None:
+            records.append((step, rec))
+    [(step, rec)] = records
+    assert step == 50 and (rec["kind"], rec["action"]) == ("rate_blowup", "rewind")
+    assert "collapsed" in rec["why"] and rec["trouble_began"] == 26 and rec["restored_step"] == 25
+    assert rec["lr_cap"] == pytest.approx(26 / 100) and run.unsafe == pytest.approx(51 / 100)
+    assert run.readings[-1][0] == 50 and len(run.readings) == 1  # the restored state's reading, dated now
+    again, optimizer, scheduler = still_run(lambda s: min(1.0, (s + 1) / 100), Guard(every=25, cut=0.3))
+    caps = [r["lr_cap"] for step in range(51) if (r := feed(again, optimizer, scheduler, step, 2.0,
+                                                            (0.95,) if step < 50 else (0.05,))) is not None]
+    assert caps == [pytest.approx(0.3 * 51 / 100)]  # the spread state's rate 0.26 is above cut x 0.51
+
+
+def test_a_collapse_again_under_the_cap_cuts_it_and_never_touches_a_run_whose_heads_stay_spread():
+    run, optimizer, scheduler = still_run(lambda s: 1.0, Guard(every=10, cut=0.5))
+    spread = [None] * 200
+    for step in range(200):
+        heads = (0.9,) if step % 60 < 30 else (0.05,)  # collapses at 30, and again 60 steps later
+        spread[step] = feed(run, optimizer, scheduler, step, 2.0, heads)
+    rewinds = [r for r in spread if r is not None and r["action"] == "rewind"]
+    assert len(rewinds) >= 2 and rewinds[1]["lr_cap"] == pytest.approx(rewinds[0]["lr_cap"] * 0.5)
+    calm, optimizer, scheduler = still_run(lambda s: 1.0, Guard(every=10))
+    assert all(feed(calm, optimizer, scheduler, step, 2.0, (0.9 - 0.002 * step,)) is None for step in range(200))
+    assert calm.ceilings == [] and len(calm.readings) == 8  # slowly sharper: read every 10 steps, never acted on
