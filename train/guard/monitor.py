@@ -91,9 +91,11 @@ def median_ratio(table: dict[str, Any] | None) -> float | None:
 def doctor_warning(monitor: Monitor, run: GuardedRun, began: int) -> tuple[int, str] | None:
     """The doctor's earliest early warning from the model's internals (`probes.doctor.signals.
     growth_signals`: attention or output logits or the residual grown ten-fold, a head's entropy
-    collapsed, update ratios too high) between the oldest snapshot held and the step the loss's
-    trouble began, read from the records written so far; None where the internals are not logged
-    (no eval_tokens) or none came in that span."""
+    collapsed) within `every` steps before the step the loss's trouble began (and after the oldest
+    snapshot held), read from the records written so far; None where the internals are not logged
+    (no eval_tokens) or none came in that span. Only a recent one: these grow ten-fold from the
+    untrained model in healthy runs too (a residual at step 100 moved a 3-step rate bump's rewind
+    75 steps back)."""
     oldest = run.held_since
     if monitor.eval_tokens is None or oldest is None:
         return None
@@ -105,7 +107,8 @@ def doctor_warning(monitor: Monitor, run: GuardedRun, began: int) -> tuple[int, 
     except ValueError:  # nothing written yet
         return None
     found = [(s, what) for s, what, _ in growth_signals(history, DoctorThresholds(), before=began)
-             if oldest < s and "loss" not in what and "update ratio" not in what]  # the guard reads these itself
+             if max(oldest, began - run.settings.every - 1) < s
+             and "loss" not in what and "update ratio" not in what]  # the guard reads these itself
     return found[0] if found else None
 
 
