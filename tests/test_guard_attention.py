@@ -72,7 +72,7 @@ def still_run(schedule, guard: Guard):
 def feed(run, optimizer, scheduler, step: int, loss: float, heads: tuple[float, ...] | None):
     optimizer.step()  # no gradients: nothing moves; the guard's hooks see the rate applied
     scheduler.step()
-    collapsed = run.see_attention(step, reading(*heads), POSITIONS) if heads and run.attention_due(step) else None
+    collapsed = run.attention.see(step, reading(*heads), POSITIONS) if heads and run.attention_due(step) else None
     plan = run.observe(step, loss, collapse=collapsed)
     if plan is None:
         run.keep(step)
@@ -96,7 +96,7 @@ def test_a_collapse_in_a_warmup_rewinds_to_the_last_spread_state_at_its_rate():
     assert step == 50 and (rec["kind"], rec["action"]) == ("rate_blowup", "rewind")
     assert "collapsed" in rec["why"] and rec["trouble_began"] == 26 and rec["restored_step"] == 25
     assert rec["lr_cap"] == pytest.approx(26 / 100) and run.unsafe == pytest.approx(51 / 100)
-    assert run.readings[-1][0] == 50 and len(run.readings) == 1  # the restored state's reading, dated now
+    assert run.attention.held[-1][0] == 50 and len(run.attention.held) == 1  # the restored state's reading, dated now
     again, optimizer, scheduler = still_run(lambda s: min(1.0, (s + 1) / 100), Guard(every=25, cut=0.3))
     caps = [r["lr_cap"] for step in range(51) if (r := feed(again, optimizer, scheduler, step, 2.0,
                                                             (0.95,) if step < 50 else (0.05,))) is not None]
@@ -113,4 +113,4 @@ def test_a_collapse_again_under_the_cap_cuts_it_and_never_touches_a_run_whose_he
     assert len(rewinds) >= 2 and rewinds[1]["lr_cap"] == pytest.approx(rewinds[0]["lr_cap"] * 0.5)
     calm, optimizer, scheduler = still_run(lambda s: 1.0, Guard(every=10))
     assert all(feed(calm, optimizer, scheduler, step, 2.0, (0.9 - 0.002 * step,)) is None for step in range(200))
-    assert calm.ceilings == [] and len(calm.readings) == 8  # slowly sharper: read every 10 steps, never acted on
+    assert calm.ceilings == [] and len(calm.attention.held) == 8  # slowly sharper: read every 10 steps, never acted on

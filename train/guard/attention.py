@@ -14,9 +14,10 @@ over the tokens' positions (ln(n!) / n), so 1 is uniform and 0 one-hot.
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import Any
 
-__all__ = ["COLLAPSED", "DROP", "collapse", "normalized"]
+__all__ = ["COLLAPSED", "DROP", "Readings", "collapse", "normalized"]
 
 COLLAPSED = 0.3  # a head below this fraction of uniform attention's entropy is collapsed ...
 DROP = 0.6  # ... fast: it lost this fraction or more within `span` steps (healthy runs: a third at most)
@@ -49,3 +50,36 @@ def collapse(readings: list[tuple[int, dict[str, list[float]]]], span: int) -> t
                                          f"{was:.2f} to {value:.2f} of uniform attention's between steps "
                                          f"{before_step} and {step}")
     return None
+
+
+class Readings:
+    """A guard's attention readings, one every `every` steps (the newest `held`), and what the
+    newest found collapsed."""
+
+    def __init__(self, every: int, held: int = 8):
+        self.every = every
+        self.held: deque = deque(maxlen=held)  # (step, each head's entropy over uniform's), oldest first
+        self.read_at: int | None = None  # the step of the last reading
+        self.why: str | None = None  # what the newest reading found collapsed, in words
+
+    def due(self, step: int) -> bool:
+        """Whether to read now (every `every` steps, the first step seen included)."""
+        return self.read_at is None or step - self.read_at >= self.every
+
+    def see(self, step: int, entropy: dict[str, list[Any]] | None, positions: int) -> int | None:
+        """Take a reading ({layer: [head entropy, nats]} on `positions` positions); the step of the
+        newest reading before a fast collapse it shows (`collapse`, span 2 x `every`), else None."""
+        self.read_at = step
+        reading = normalized(entropy, positions)
+        if not reading:
+            return None
+        self.held.append((step, reading))
+        found = collapse(list(self.held), span=2 * self.every)
+        self.why = found[1] if found else None
+        return found[0] if found else None
+
+    def restored(self, state_step: int, now: int) -> None:
+        """The state of `state_step` went back in at `now`: its newest reading is the attention now."""
+        kept = [r for s, r in self.held if s <= state_step][-1:]
+        self.held = deque([(now, r) for r in kept], maxlen=self.held.maxlen)
+        self.read_at = now

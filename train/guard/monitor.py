@@ -65,7 +65,7 @@ def monitor_log(monitor: Monitor, step: int, scalars: dict[str, Any]) -> bool:
         scalars["train_loss"] = loss  # a tensor read once, here
     collapsed = None
     if monitor._eval is not None and run.attention_due(step):  # the series' failure: attention gone one-hot
-        collapsed = run.see_attention(step, monitor._eval.attention(), int(monitor.eval_tokens.shape[-1]))
+        collapsed = run.attention.see(step, monitor._eval.attention(), int(monitor.eval_tokens.shape[-1]))
     loss, grad, ratio, collapsed = everyone(run.model, loss, grad, median_ratio(update.get("gwu")), collapsed)
     plan = run.observe(step, loss, grad, ratio, collapsed, warned=lambda began: doctor_warning(monitor, run, began))
     if plan is None:
@@ -91,11 +91,11 @@ def median_ratio(table: dict[str, Any] | None) -> float | None:
 def doctor_warning(monitor: Monitor, run: GuardedRun, began: int) -> tuple[int, str] | None:
     """The doctor's earliest early warning from the model's internals (`probes.doctor.signals.
     growth_signals`: attention or output logits or the residual grown ten-fold, a head's entropy
-    collapsed) within `every` steps before the step the loss's trouble began (and after the oldest
-    snapshot held), read from the records written so far; None where the internals are not logged
-    (no eval_tokens) or none came in that span. Only a recent one: these grow ten-fold from the
-    untrained model in healthy runs too (a residual at step 100 moved a 3-step rate bump's rewind
-    75 steps back)."""
+    collapsed) within two snapshot spans (2 x `every` steps) before the step the loss's trouble
+    began (and after the oldest snapshot held), read from the records written so far; None where
+    the internals are not logged (no eval_tokens) or none came in that span. Only a recent one:
+    these grow ten-fold from the untrained model in healthy runs too (a residual ten-fold at step
+    100 sent the rewind of a 3-step rate bump at step 150 back to step 75)."""
     oldest = run.held_since
     if monitor.eval_tokens is None or oldest is None:
         return None
@@ -107,7 +107,7 @@ def doctor_warning(monitor: Monitor, run: GuardedRun, began: int) -> tuple[int, 
     except ValueError:  # nothing written yet
         return None
     found = [(s, what) for s, what, _ in growth_signals(history, DoctorThresholds(), before=began)
-             if max(oldest, began - run.settings.every - 1) < s
+             if max(oldest, began - 2 * run.settings.every) < s
              and "loss" not in what and "update ratio" not in what]  # the guard reads these itself
     return found[0] if found else None
 

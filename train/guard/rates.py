@@ -7,22 +7,26 @@
   rate at the last calm step cut by `cut`. Never above `cut` x the rate at which the trouble began.
 - Attention collapsed fast (`attention`): the rate at the last reading where it was still spread,
   at most `cut` x the rate where it had collapsed.
+- Once a rescued run is back and calm for `lift_after` steps: the cap doubled (`lift_plan`), never
+  above half the rate that blew up, until it is gone.
 - Trouble again under a cap, or a stall: the cap, cut by `cut` again (the ratios measured since the
   rewind were measured on its ramp, at rates that say nothing of what blew up).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import TYPE_CHECKING
 
 from train.guard.kinds import U_TOP
+from train.guard.plan import Plan, record
 from train.guard.rate import rate_of
 
 if TYPE_CHECKING:
     from train.guard.run import GuardedRun
 
-__all__ = ["blowup_rate", "collapse_rate"]
+__all__ = ["blowup_rate", "collapse_rate", "lift_plan"]
 
 
 def applied_at(run: GuardedRun, began: int) -> tuple[float | None, float | None]:
@@ -76,3 +80,26 @@ def collapse_rate(run: GuardedRun, spread: int, step: int) -> tuple[float, str]:
     if top is not None and rate > top:
         rate, said = top, f"x{cut:g} the rate {now:.3g} at which its attention collapsed"
     return rate, said
+
+
+def lift_plan(run: GuardedRun, step: int, now: int) -> Plan | None:
+    """A capped run calm for `lift_after` steps since it recovered: the cap doubled (or gone)."""
+    s, cap = run.settings, run.rate.cap
+    if cap is None or run.calm_from is None or step - run.calm_from < s.lift_after:
+        return None
+    ceiling = 0.5 * run.unsafe if run.unsafe is not None else math.inf
+    new = min(2 * cap, ceiling)
+    peak = run.rate.peak()
+    if new <= cap * (1 + 1e-9):
+        run.calm_from = None  # as high as the evidence allows: stays
+        return None
+    gone = peak is not None and new >= peak
+    why = f"calm for {step - run.calm_from} steps at the cap {cap:.3g}"
+    rate_from = "the cap doubled" + (f", never above half the rate {run.unsafe:.3g} that blew up"
+                                     if new == ceiling else "")
+    last = next((r for r in reversed(run.rescues) if r["action"] in ("rewind",)), None)
+    kind = last["kind"] if last else "rate_blowup"
+    rec = record(kind, run._said("lift"), why, step, run.acts, None, now, cap=None if gone else new,
+                 factor=None, rate_from=rate_from)
+    run.calm_from = step
+    return Plan(now, rec, None, None if gone else new, step)

@@ -19,7 +19,8 @@ it is gone (never back to half the rate that blew up).
 
 A healthy run is untouched: the snapshots only copy, the rate is never written, no random number
 is drawn. The decision reads numbers already on the host (the logged loss; the gradient norm and
-update ratios the Monitor measures at its log steps). Under torchrun every rank holds a guard and
+update ratios the Monitor measures at its log steps; with eval tokens, each head's attention entropy
+the Monitor reads every `every` steps: a head gone one-hot fast is a rate blow-up, `attention`). Under torchrun every rank holds a guard and
 the loss is averaged over the ranks at each check, so every rank decides alike.
 """
 
@@ -34,13 +35,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from train.guard.attention import collapse, normalized
+from train.guard.attention import Readings
 from train.guard.kinds import Excursion, bad_block, classify, falling, growth, stalled
 from train.guard.loss_watch import LossWatch
 from train.guard.plan import Plan, record, rescue_line
 from train.guard.rate import RateCap, rate_of
 from train.guard.ranks import everyone
-from train.guard.rates import blowup_rate, collapse_rate
+from train.guard.rates import blowup_rate, collapse_rate, lift_plan
 from train.guard.snapshot import HostSnapshot
 from train.guard.stop import EXIT_STOPPED, GuardStop
 
@@ -79,9 +80,7 @@ class GuardedRun:
         self.rates: deque = deque(maxlen=s.window)  # (step, the rate its update applied), raw
         self.ratios: deque = deque(maxlen=64)  # (step, median update ratio, its update's rate, calm)
         self.norms: deque = deque(maxlen=64)  # (step, gradient norm, calm)
-        self.readings: deque = deque(maxlen=8)  # (step, each head's attention entropy over uniform's) (`attention`)
-        self._read_at: int | None = None  # the step of the last attention reading
-        self._collapse_why: str | None = None  # what the last reading found collapsed, in words
+        self.attention = Readings(s.every)  # each head's attention entropy, read by the Monitor every `every` steps
         self.recovery: Recovery | None = None
         self.best_level: float | None = None  # the lowest level the run had (since its last rewind or shift)
         self.unsafe: float | None = None  # the lowest rate at which a rate blow-up began
@@ -135,20 +134,8 @@ class GuardedRun:
         return self.act(plan)
 
     def attention_due(self, step: int) -> bool:
-        """Whether to read the attention now (every `every` steps, the first logged step included)."""
-        return not self.stopped and not self.quiet and (self._read_at is None or step - self._read_at >= self.settings.every)
-
-    def see_attention(self, step: int, entropy: dict[str, list[Any]] | None, positions: int) -> int | None:
-        """Take an attention reading (`EvalReadings.attention`: {layer: [head entropy]} on `positions`
-        eval positions); the step of the newest reading before a fast collapse it shows, else None."""
-        self._read_at = step
-        reading = normalized(entropy, positions)
-        if not reading:
-            return None
-        self.readings.append((step, reading))
-        found = collapse(list(self.readings), span=2 * self.settings.every)
-        self._collapse_why = found[1] if found else None
-        return found[0] if found else None
+        """Whether the Monitor is to read the attention now (`Readings.see` takes it)."""
+        return not self.stopped and not self.quiet and self.attention.due(step)
 
     # ------------------------------------------------------------------ judging
 
@@ -156,7 +143,7 @@ class GuardedRun:
                 collapse: int | None = None, warned: Callable[[int], tuple[int, str] | None] | None = None,
                 now: int | None = None) -> Plan | None:
         """Take `step`'s numbers; the plan when something is to be done (or said), else None.
-        `collapse`: the step of the last attention reading before a fast collapse (`see_attention`);
+        `collapse`: the step of the last attention reading before a fast collapse (`attention.see`);
         `warned(began)`: the doctor's early warning before `began`, asked only when trouble is judged;
         `now`: the step the plan is carried out at (our loop judges a few steps at once)."""
         if self.stopped:
@@ -181,11 +168,11 @@ class GuardedRun:
             began = self.watch.trouble_began() if spike else began_before
             return self._judge_excursion(spikes, not spike, began, step, now, warned)
         if collapse is not None:  # attention gone one-hot fast, the loss quiet: the rate (the series' failure)
-            why = self._collapse_why or f"a head's attention collapsed after step {collapse}"
+            why = self.attention.why or f"a head's attention collapsed after step {collapse}"
             return self._rate_plan("rate_blowup", why, step, now, warned, began=collapse + 1, newest=collapse)
         if self.recovery is not None:
             return self._judge_recovery(step, loss, now)
-        return self._judge_creep(step, now, warned) or self._maybe_lift(step, now)
+        return self._judge_creep(step, now, warned) or lift_plan(self, step, now)
 
     def _measured(self, step: int, grad_norm: float | None, ratio: float | None, calm: bool) -> None:
         if grad_norm is not None:
@@ -320,28 +307,6 @@ class GuardedRun:
         unsafe = rate_of(self.rate.applied) if collapsed and self.rate.applied is not None else None
         return Plan(now, rec, slot, cap, began, target=level, unsafe=unsafe)
 
-    def _maybe_lift(self, step: int, now: int) -> Plan | None:
-        """A capped run calm for `lift_after` steps since it recovered: the cap doubled (or gone)."""
-        s, cap = self.settings, self.rate.cap
-        if cap is None or self.calm_from is None or step - self.calm_from < s.lift_after:
-            return None
-        ceiling = 0.5 * self.unsafe if self.unsafe is not None else math.inf
-        new = min(2 * cap, ceiling)
-        peak = self.rate.peak()
-        if new <= cap * (1 + 1e-9):
-            self.calm_from = None  # as high as the evidence allows: stays
-            return None
-        gone = peak is not None and new >= peak
-        why = f"calm for {step - self.calm_from} steps at the cap {cap:.3g}"
-        rate_from = "the cap doubled" + (f", never above half the rate {self.unsafe:.3g} that blew up"
-                                         if new == ceiling else "")
-        last = next((r for r in reversed(self.rescues) if r["action"] in ("rewind",)), None)
-        kind = last["kind"] if last else "rate_blowup"
-        rec = record(kind, self._said("lift"), why, step, self.acts, None, now, cap=None if gone else new,
-                     factor=None, rate_from=rate_from)
-        self.calm_from = step
-        return Plan(now, rec, None, None if gone else new, step)
-
     # ------------------------------------------------------------------ snapshots
 
     def keep(self, step: int) -> None:
@@ -397,10 +362,7 @@ class GuardedRun:
                 if other is not slot and other.step is not None and other.step >= slot.step \
                         and other.step >= plan.began - 1:
                     other.step = None
-            # the attention now is that of the restored state: its newest reading, dated now
-            kept = [r for st, r in self.readings if st <= slot.step][-1:]
-            self.readings = deque([(plan.step, r) for r in kept], maxlen=self.readings.maxlen)
-            self._read_at = plan.step
+            self.attention.restored(slot.step, plan.step)
         if action == "stop":
             self.stopped = True
             return rec
