@@ -176,3 +176,33 @@ def test_the_loss_chart_marks_each_rescue(monkeypatch, tmp_path):
     assert list(marks["step"]) == [36 + Guard().patience - 1] and list(marks["guard"]) == ["rescued"]
     assert "restored step 30" in marks["rescue"][0]
     assert "guard" in json.dumps(spec)
+
+
+def test_train_guard_reads_the_attention_and_rewinds_to_its_last_spread_state(text_file, tmp_path, monkeypatch):
+    """`python -m train --guard` at a healthy rate, its attention read every 25 steps on val blocks
+    (here faked: spread at the readings of steps 5 and 30, one-hot at 55): one rewind at 55, to the
+    newest snapshot before step 31, capped at cut x the rate; every other number the run's own."""
+    import math
+
+    import train.data
+    real, calls = train.data.forward_stats, []
+
+    def faked(model, inputs, doctor=True):
+        if doctor:
+            return real(model, inputs, doctor)
+        calls.append(inputs.shape)
+        n = inputs.shape[1]
+        level = math.lgamma(n + 1) / n * (0.95 if len(calls) < 3 else 0.02)  # nats: spread, then one-hot
+        return {"attn_entropy": {"0": [level] * 4}}
+
+    monkeypatch.setattr(train.data, "forward_stats", faked)
+    out = tmp_path / "run"
+    args = ["--preset", "transformer4_small", "--optimizer", "adam", "--lr", "3e-3", "--steps", "60", "--batch-size", "4",
+            "--log-every", "5", "--eval-every", "100", "--save-every", "0", "--guard"]
+    assert main(["--data", str(text_file), "--out", str(out), *args]) == 0
+    [rescue] = [r["rescue"] for r in read_metrics(out) if "rescue" in r]
+    assert (rescue["kind"], rescue["action"], rescue["trouble_began"]) == ("rate_blowup", "rewind", 31)
+    assert 0 <= rescue["restored_step"] <= 30  # the newest snapshot at or before the last spread reading
+    assert "collapsed" in rescue["why"] and rescue["lr_cap"] == pytest.approx(Guard().cut * 3e-3)  # a constant rate: cut x it
+    from train.guard.loop import ATTENTION_ROWS
+    assert len(calls) == 3 and calls[0][0] == ATTENTION_ROWS  # read at 5, 30, 55 on the first val blocks

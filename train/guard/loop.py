@@ -44,12 +44,35 @@ def judge_steps(state: TrainState, seen: list[torch.Tensor]) -> Plan | None:
         torch.distributed.all_reduce(losses)
         losses /= state.dist.world_size
     first = state.step - len(seen) + 1
+    collapsed = read_attention(state) if guard.attention_due(state.step) else None
     for i, loss in enumerate(losses.tolist()):
-        plan = guard.observe(first + i, loss, now=state.step)
+        plan = guard.observe(first + i, loss, collapse=collapsed if i == len(seen) - 1 else None, now=state.step)
         if plan is not None:
             return plan
     guard.keep(state.step)
     return None
+
+
+ATTENTION_ROWS = 8  # val blocks the attention is read on (the Monitor's eval tokens in a user's loop)
+
+
+@torch.no_grad()
+def read_attention(state: TrainState) -> int | None:
+    """Each head's attention entropy on the first val blocks, read by the guard (`train.guard.attention`):
+    the step of the last reading before a fast collapse, or None. Every rank reads the same
+    replica on the same blocks, so every rank decides alike; a model without heads has nothing to read."""
+    model, blocks = state.raw_model, getattr(state, "val_blocks", None)
+    if blocks is None or not getattr(state.cfg, "n_heads", 0):
+        return None
+    from train.data import forward_stats
+    was_training = model.training
+    model.eval()
+    try:
+        with state.autocast():
+            entropy = forward_stats(model, blocks[:ATTENTION_ROWS, :-1], doctor=False).get("attn_entropy")
+    finally:
+        model.train(was_training)
+    return state.guard.attention.see(state.step, entropy, blocks.shape[-1] - 1)
 
 
 def stop_run(state: TrainState, plan: Plan, per_step: int) -> None:
