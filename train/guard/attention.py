@@ -3,12 +3,13 @@
 The series' first failure: at too high a rate a head's attention goes one-hot within a few dozen
 steps (its entropy from near that of uniform attention to near 0), and the run plateaus far above
 where it would have gone, often without a spike in the loss. A healthy head sharpens too, but
-slowly (in the guard's development runs no head lost more than a third of uniform attention's
-entropy within 50 steps, against 0.7-1.0 in the runs whose rate was 10x to 1000x too high).
+slowly: in the guard's development runs (two seeds, four recipes) no healthy head lost more than
+0.34 of uniform attention's entropy between two readings 25 steps apart (one lost 0.62 over 50
+steps), against 0.71-1.0 in every run whose rate was 10x to 100x too high.
 
-A reading is {layer: [per-head series entropy, nats]} on the Monitor's eval tokens, taken by the
-guard at its snapshot steps (`every`). Each is divided by the entropy of uniform causal attention
-over the tokens' positions (ln(n!) / n), so 1 is uniform and 0 one-hot.
+A reading is {layer: [per-head series entropy, nats]} on the Monitor's eval tokens, taken every
+`EVERY` steps. Each is divided by the entropy of uniform causal attention over the tokens'
+positions (ln(n!) / n), so 1 is uniform and 0 one-hot.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import math
 from collections import deque
 from typing import Any
 
-__all__ = ["COLLAPSED", "DROP", "Readings", "collapse", "normalized"]
+__all__ = ["COLLAPSED", "DROP", "EVERY", "Readings", "collapse", "normalized"]
 
-COLLAPSED = 0.3  # a head below this fraction of uniform attention's entropy is collapsed ...
-DROP = 0.6  # ... fast: it lost this fraction or more within `span` steps (healthy runs: a third at most)
+EVERY = 25  # steps between readings: the drop below is per this many steps
+COLLAPSED = 0.4  # a head below this fraction of uniform attention's entropy is collapsed ...
+DROP = 0.5  # ... fast: it lost this fraction or more since the reading before (healthy runs: 0.34 at most)
+SPAN = EVERY + EVERY // 2  # the most steps between two readings compared (a loop judging every 10 steps reads at 30)
 
 
 def normalized(entropy: dict[str, list[Any]] | None, positions: int) -> dict[str, list[float]]:
@@ -32,49 +35,48 @@ def normalized(entropy: dict[str, list[Any]] | None, positions: int) -> dict[str
                          for h in heads] for layer, heads in entropy.items()}
 
 
-def collapse(readings: list[tuple[int, dict[str, list[float]]]], span: int) -> tuple[int, str] | None:
-    """(the step of the newest reading before the collapse, what collapsed in words), or None: the
-    newest reading has a head below COLLAPSED that stood DROP or more higher at a reading at most
-    `span` steps before it. `readings`: (step, normalized reading), oldest first."""
+def collapse(readings: list[tuple[int, dict[str, list[float]]]]) -> tuple[int, str] | None:
+    """(the step of the reading before, what collapsed in words), or None: the newest reading has a
+    head below COLLAPSED that stood DROP or more higher at the reading before it, at most SPAN steps
+    before. `readings`: (step, normalized reading), oldest first."""
     if len(readings) < 2:
         return None
-    step, now = readings[-1]
-    for before_step, before in reversed(readings[:-1]):
-        if step - before_step > span:
-            break
-        for layer, heads in now.items():
-            for head, value in enumerate(heads):
-                was = before.get(layer, [])[head] if head < len(before.get(layer, [])) else math.nan
-                if value < COLLAPSED and was - value >= DROP:
-                    return before_step, (f"head {head} of layer {layer} collapsed: its attention entropy fell from "
-                                         f"{was:.2f} to {value:.2f} of uniform attention's between steps "
-                                         f"{before_step} and {step}")
+    (before_step, before), (step, now) = readings[-2], readings[-1]
+    if step - before_step > SPAN:
+        return None
+    for layer, heads in now.items():
+        was_heads = before.get(layer, [])
+        for head, value in enumerate(heads):
+            was = was_heads[head] if head < len(was_heads) else math.nan
+            if value < COLLAPSED and was - value >= DROP:
+                return before_step, (f"head {head} of layer {layer} collapsed: its attention entropy fell from "
+                                     f"{was:.2f} to {value:.2f} of uniform attention's between steps "
+                                     f"{before_step} and {step}")
     return None
 
 
 class Readings:
-    """A guard's attention readings, one every `every` steps (the newest `held`), and what the
-    newest found collapsed."""
+    """A guard's attention readings, one every EVERY steps (the newest `held`), and what the newest
+    found collapsed."""
 
-    def __init__(self, every: int, held: int = 8):
-        self.every = every
+    def __init__(self, held: int = 8):
         self.held: deque = deque(maxlen=held)  # (step, each head's entropy over uniform's), oldest first
         self.read_at: int | None = None  # the step of the last reading
         self.why: str | None = None  # what the newest reading found collapsed, in words
 
     def due(self, step: int) -> bool:
-        """Whether to read now (every `every` steps, the first step seen included)."""
-        return self.read_at is None or step - self.read_at >= self.every
+        """Whether to read now (every EVERY steps, the first step seen included)."""
+        return self.read_at is None or step - self.read_at >= EVERY
 
     def see(self, step: int, entropy: dict[str, list[Any]] | None, positions: int) -> int | None:
         """Take a reading ({layer: [head entropy, nats]} on `positions` positions); the step of the
-        newest reading before a fast collapse it shows (`collapse`, span 2 x `every`), else None."""
+        reading before a fast collapse it shows (`collapse`), else None."""
         self.read_at = step
         reading = normalized(entropy, positions)
         if not reading:
             return None
         self.held.append((step, reading))
-        found = collapse(list(self.held), span=2 * self.every)
+        found = collapse(list(self.held))
         self.why = found[1] if found else None
         return found[0] if found else None
 

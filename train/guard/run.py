@@ -80,7 +80,7 @@ class GuardedRun:
         self.rates: deque = deque(maxlen=s.window)  # (step, the rate its update applied), raw
         self.ratios: deque = deque(maxlen=64)  # (step, median update ratio, its update's rate, calm)
         self.norms: deque = deque(maxlen=64)  # (step, gradient norm, calm)
-        self.attention = Readings(s.every)  # each head's attention entropy, read by the Monitor every `every` steps
+        self.attention = Readings()  # each head's attention entropy, read by the Monitor every 25 steps
         self.recovery: Recovery | None = None
         self.best_level: float | None = None  # the lowest level the run had (since its last rewind or shift)
         self.unsafe: float | None = None  # the lowest rate at which a rate blow-up began
