@@ -52,8 +52,9 @@ def hook_guard(monitor: Monitor) -> list[Any]:
 
 def monitor_log(monitor: Monitor, step: int, scalars: dict[str, Any]) -> bool:
     """Judge `step` (the loss logged; the gradient norm and update ratios the Monitor measured at its
-    log steps; every `every` steps, the attention entropy on the eval tokens, where it has some); when the guard acts or says something, make the step's record with the `rescue`
-    entry in it and act. True when the record is made."""
+    log steps; every 25 steps, the attention entropy on the eval tokens, where it has some); when
+    the guard acts or says something, make the step's record with the `rescue` entry in it and
+    act. True when the record is made."""
     run, pending = monitor.guard, monitor._pending
     if run.stopped or pending is not None and pending["step"] == step and "rescue" in pending:
         return False  # judged already (the Trainer's log line after its step): the values join the record

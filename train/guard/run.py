@@ -19,9 +19,10 @@ it is gone (never back to half the rate that blew up).
 
 A healthy run is untouched: the snapshots only copy, the rate is never written, no random number
 is drawn. The decision reads numbers already on the host (the logged loss; the gradient norm and
-update ratios the Monitor measures at its log steps; with eval tokens, each head's attention entropy
-the Monitor reads every `every` steps: a head gone one-hot fast is a rate blow-up, `attention`). Under torchrun every rank holds a guard and
-the loss is averaged over the ranks at each check, so every rank decides alike.
+update ratios the Monitor measures at its log steps; with eval tokens, each head's attention
+entropy the Monitor reads every 25 steps: a head gone one-hot fast is a rate blow-up, `attention`).
+Under torchrun every rank holds a guard and the loss is averaged over the ranks at each check, so
+every rank decides alike.
 """
 
 from __future__ import annotations
