@@ -62,10 +62,10 @@ def blowup_rate(run: GuardedRun, kind: str, began: int) -> tuple[float, str]:
     return rate, said
 
 
-def collapse_rate(run: GuardedRun, spread: int, step: int) -> tuple[float, str]:
-    """(the new cap, in words) after attention collapsed between the reading at `spread` and `step`:
+def collapse_rate(run: GuardedRun, spread: int) -> tuple[float, str]:
+    """(the new cap, in words) after attention collapsed between the reading at `spread` and now:
     the rate of the last update at or before `spread` (attention was still spread there), at most
-    `cut` x the rate at `step` (where it had collapsed); under a cap already, the cap cut again."""
+    `cut` x the rate of the last update (where it had collapsed); under a cap already, the cap cut again."""
     cut = run.settings.cut
     if run.rate.cap is not None:
         return run.rate.cap * cut, f"the cap {run.rate.cap:.3g} it collapsed under x{cut:g}"

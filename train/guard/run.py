@@ -283,7 +283,7 @@ class GuardedRun:
             newest = began - 2 if newest is None or warning is not None else newest  # the step after it was calm
             good = [x for x in held if x.step <= newest]
             slot = max(good, key=lambda x: x.step) if good else min(held, key=lambda x: x.step, default=None)
-        cap, rate_from = collapse_rate(self, began - 1, step) if collapsed else blowup_rate(self, kind, began)
+        cap, rate_from = collapse_rate(self, began - 1) if collapsed else blowup_rate(self, kind, began)
         asked = rate_of(self.rate.asked[0]) if self.rate.asked else cap
         if self.first_rate is None:
             self.first_rate = rate_of(self.rate.applied) if self.rate.applied is not None else asked
