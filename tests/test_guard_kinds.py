@@ -45,13 +45,21 @@ def stream(guard: Guard, losses: list[float], ratios: dict[int, float] | None = 
     return run, records
 
 
+EVERY = 25  # the snapshot cadence these hand-made streams are laid out for (states at 0, 25, 50, ...)
+
+
+def laid_out(**settings) -> Guard:
+    """The guard at its defaults but for the snapshot cadence the streams' answers are derived with."""
+    return Guard(every=EVERY, **settings)
+
+
 CONTRACT = {"kind", "action", "why", "trigger", "trouble_began", "number", "restored_step", "skipped",
             "skipped_steps", "lr_cap", "factor", "rate_from"}
 
 
 def test_a_three_batch_spike_is_skipped_with_the_rate_and_state_kept():
     losses = calm(range(100)) + [5.0, 5.2, 4.9] + calm(range(103, 160))
-    run, records = stream(Guard(), losses)
+    run, records = stream(laid_out(), losses)
     [(step, rec)] = records
     assert set(rec) >= CONTRACT and step == 103  # judged when the loss came back: a few batches, over
     assert (rec["kind"], rec["action"], rec["trouble_began"]) == ("data_spike", "skip", 100)
@@ -60,11 +68,19 @@ def test_a_three_batch_spike_is_skipped_with_the_rate_and_state_kept():
     assert run.ceilings == [] and run.rate.since is None  # no cap, no ramp: the rate is the user's
 
 
+def test_at_the_default_cadence_a_skip_undoes_at_most_every_good_batches_besides_the_bad_ones():
+    """Snapshots every 10 steps (the default): bad batches at 100-102 go back to the state of step
+    90, so 10 good batches are undone with the 3 bad ones (25 at a cadence of 25)."""
+    losses = calm(range(100)) + [5.0, 5.2, 4.9] + calm(range(103, 160))
+    _, [(step, rec)] = stream(Guard(), losses)
+    assert Guard().every == 10 and (rec["kind"], rec["restored_step"], rec["skipped"]) == ("data_spike", 90, 13)
+
+
 def test_spikes_that_repeat_are_a_rate_blowup_on_the_third():
     losses = calm(range(100))
     for start in (100, 130, 160):
         losses += [5.0, 5.0, 5.0] + calm(range(start + 3, start + 30))
-    run, records = stream(Guard(), losses)
+    run, records = stream(laid_out(), losses)
     kinds = [(r["kind"], r["action"]) for _, r in records]
     assert kinds[:3] == [("data_spike", "skip"), ("data_spike", "skip"), ("rate_blowup", "rewind")]
     assert "spikes repeat" in records[2][1]["why"] and records[2][1]["lr_cap"] < 0.1
@@ -80,11 +96,11 @@ def test_growing_update_ratios_make_a_rate_blowup_at_once_and_set_the_rate():
     rate = lambda s: min(1.0, (s + 1) / 100)  # noqa: E731  (the rate of step s's update, lr = 1)
     ratios = {s: 0.1 * rate(s) for s in range(0, 50, 10)} | {50: 0.5}
     losses = calm(range(60), start=4.0) + [6.0] + calm(range(61, 80))
-    run, records = stream(Guard(), losses, ratios, lr=1.0, schedule=warm)
+    run, records = stream(laid_out(), losses, ratios, lr=1.0, schedule=warm)
     step, rec = records[0]
     assert step == 60 and rec["kind"] == "rate_blowup" and rec["action"] == "rewind"
     assert "update ratio rose to 0.5 at step 50" in rec["why"]
-    _, alone = stream(Guard(), losses, {s: 0.1 * rate(s) for s in range(0, 60, 10)} | {60: 0.5}, lr=1.0, schedule=warm)
+    _, alone = stream(laid_out(), losses, {s: 0.1 * rate(s) for s in range(0, 60, 10)} | {60: 0.5}, lr=1.0, schedule=warm)
     assert alone == []  # one spike, its own update large: passes by itself
     assert rec["lr_cap"] == pytest.approx(0.1, rel=1e-9) and "median over 6 calm measurements" in rec["rate_from"]
     assert rec["factor"] == pytest.approx(0.1 / rate(60), rel=1e-9)  # of the rate the schedule asks now
@@ -93,7 +109,7 @@ def test_growing_update_ratios_make_a_rate_blowup_at_once_and_set_the_rate():
 @pytest.mark.parametrize("shape", ["falling", "flat"])
 def test_a_step_to_a_new_level_is_a_data_shift_noted_once_never_a_stop(shape):
     new = calm(range(100, 200), start=3.5, end=2.6) if shape == "falling" else calm(range(100, 200), 3.0, 3.0)
-    run, records = stream(Guard(), calm(range(100), start=4.2) + new)
+    run, records = stream(laid_out(), calm(range(100), start=4.2) + new)
     [(step, rec)] = records
     assert step == 100 + Guard().hold - 1 and (rec["kind"], rec["action"]) == ("data_shift", "none")
     assert rec["restored_step"] is None and rec["skipped"] == 0 and run.undone == 0 and not run.stopped
@@ -104,7 +120,7 @@ def test_a_stall_after_a_rescue_acts_again_earlier_and_lower_then_stops():
     """A NaN at step 100 (a blow-up: back to step 75, rate cut); then the loss sits flat at 3.3, far
     above the level 2.0 it had: a stall, each `stall_window` steps, from an earlier state at a lower
     rate, until max_rescues; then a clean stop."""
-    guard = Guard()
+    guard = laid_out()
     losses = calm(range(100), start=4.2, end=LEVEL) + [math.nan] + [3.3 + wiggle(s) for s in range(101, 600)]
     run, records = stream(guard, losses)
     kinds = [(r["kind"], r["action"]) for _, r in records]
@@ -120,7 +136,7 @@ def test_a_stall_after_a_rescue_acts_again_earlier_and_lower_then_stops():
 
 def test_a_loss_that_creeps_a_nat_above_its_lowest_level_without_a_spike_is_a_rate_blowup():
     losses = calm(range(100)) + [LEVEL + 0.015 * (s - 99) + wiggle(s) for s in range(100, 220)]
-    run, records = stream(Guard(), losses)
+    run, records = stream(laid_out(), losses)
     step, rec = records[0]
     assert (rec["kind"], rec["action"]) == ("rate_blowup", "rewind") and "crept up" in rec["why"]
     assert 100 + 1.0 / 0.015 <= step <= 100 + 1.3 / 0.015 and rec["restored_step"] <= 100
@@ -129,7 +145,7 @@ def test_a_loss_that_creeps_a_nat_above_its_lowest_level_without_a_spike_is_a_ra
 def test_trouble_soon_after_a_rewind_goes_back_to_the_state_just_restored():
     """Defect 2: the restored snapshot stays the first candidate (it was skipped before)."""
     losses = calm(range(100)) + [math.nan] + calm(range(101, 106)) + [math.nan] + calm(range(107, 130))
-    run, records = stream(Guard(), losses)
+    run, records = stream(laid_out(), losses)
     assert [r["restored_step"] for _, r in records] == [75, 75]
 
 
@@ -138,7 +154,7 @@ def test_a_rewind_to_the_start_in_a_warmup_caps_at_the_evidence_and_the_cap_lift
     cap is cut x the rate of step 19's update, not cut x the warmup's first rate; once the run is back
     and calm, the cap is raised (here to half the rate the blow-up began at, the evidence's ceiling)."""
     warm = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100))  # noqa: E731
-    guard = Guard()
+    guard = laid_out()
     losses = calm(range(20), 4.2, 3.0) + [math.nan] + calm(range(21, 300), 3.0, 2.5)
     run, records = stream(guard, losses, lr=1.0, schedule=warm)
     (s1, rescue), (s2, lift) = records
@@ -183,8 +199,8 @@ def test_the_classifier_by_hand(losses, closed, kind):
     calm(range(100)) + [math.nan] + [9.0] * 99,  # a blow-up (here the losses do not heed the rewind)
 ], ids=["data_spike", "data_shift", "rate_blowup"])
 def test_watch_mode_says_what_act_mode_does_first_and_never_more(losses):
-    _, acted = stream(Guard(), losses)
-    _, watched = stream(Guard(mode="watch"), losses)
+    _, acted = stream(laid_out(), losses)
+    _, watched = stream(laid_out(mode="watch"), losses)
     assert watched and acted[0][0] == watched[0][0]
     first_act, first_watch = acted[0][1], watched[0][1]
     assert first_watch["action"] in (f"watch: would {first_act['action']}", first_act["action"])  # "none" is said as is

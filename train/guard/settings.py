@@ -18,7 +18,7 @@ class Guard:
     """The guard's settings. `mode="watch"` logs what it would do and changes nothing."""
 
     mode: str = "act"
-    every: int = 25  # steps between snapshots (taken at a calm step, at most one per `every`)
+    every: int = 10  # steps between snapshots (taken at a calm step, at most one per `every`)
     keep: int = 4  # snapshots held: how far back a rewind can reach (about keep * every steps)
     cut: float = 0.3  # the rate cut where the run gives no better evidence (no update ratios measured)
     rewarm: int = 50  # steps over which the rate climbs back after a rewind (the optimizer's state is shaken)
