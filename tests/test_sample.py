@@ -60,17 +60,23 @@ def test_generation_refuses_bad_settings_and_a_diverged_model():
         generate(nan, torch.tensor([[0]]), 2, greedy=True)
 
 
-def test_sample_cli_on_a_shipped_run_and_bad_input():
-    run = lambda *a: subprocess.run([sys.executable, "-m", "models.sample", "--ckpt",
-                                     "checkpoints/shakespeare_rms4", *a], cwd=REPO,
-                                    capture_output=True, text=True, timeout=120)
-    proc = run("--prompt", "ROMEO:", "--tokens", "20", "--greedy")
+def test_sample_cli_on_a_shipped_run_and_bad_input(capsys):
+    proc = subprocess.run([sys.executable, "-m", "models.sample", "--ckpt", "checkpoints/shakespeare_rms4",
+                           "--prompt", "ROMEO:", "--tokens", "20", "--greedy"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)  # once as users run it
     assert proc.returncode == 0 and proc.stdout.startswith("ROMEO:") and len(proc.stdout) > 20
-    assert run("--prompt", "ROMEO:", "--tokens", "20", "--seed", "1").stdout == \
-        run("--prompt", "ROMEO:", "--tokens", "20", "--seed", "1").stdout
+    from models.sample import main
+
+    def run(*args: str) -> tuple[int, str, str]:  # the same entry point in this process: no second startup
+        code = main(["--ckpt", str(REPO / "checkpoints" / "shakespeare_rms4"), *args])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    assert run("--prompt", "ROMEO:", "--tokens", "20", "--seed", "1")[1] == \
+        run("--prompt", "ROMEO:", "--tokens", "20", "--seed", "1")[1]
     for args, message in ((("--prompt", "héllo"), "é"), (("--prompt", "x", "--temperature", "0"), "temperature")):
-        proc = run(*args)
-        assert proc.returncode == 2 and proc.stderr.startswith("error:") and message in proc.stderr
+        code, _, err = run(*args)
+        assert code == 2 and err.startswith("error:") and message in err
 
 
 def test_pca_of_points_on_a_line_and_a_plane():
