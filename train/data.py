@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,20 @@ def eval_batch_stats(model: Any, block: torch.Tensor, doctor: bool = True) -> di
 def forward_stats(model: Any, inputs: torch.Tensor, doctor: bool = True) -> dict[str, Any]:
     """`eval_batch_stats` on `inputs` [batch pos] themselves (the Monitor's eval tokens)."""
     return HostCopy(forward_readings(model, inputs, doctor), finish_forward_stats).get()
+
+
+@torch.no_grad()
+def attention_entropy(model: Any, inputs: torch.Tensor, autocast: Any = nullcontext) -> dict[str, list[float]]:
+    """Each head's series entropy on `inputs` [batch pos], read on the host ({layer: [head]}; {} for
+    a model without heads), the model in eval mode meanwhile: the guard's collapse readings.
+    `autocast`: a context manager factory (the trainer's bf16 autocast)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with autocast():
+            return forward_stats(model, inputs, doctor=False).get("attn_entropy") or {}
+    finally:
+        model.train(was_training)
 
 
 def forward_readings(model: Any, inputs: torch.Tensor, doctor: bool = True) -> dict[str, Any]:

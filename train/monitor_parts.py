@@ -299,20 +299,16 @@ class EvalReadings:
     @torch.no_grad()
     def attention(self) -> dict[str, list[float]]:
         """Each head's attention entropy on the eval tokens, read now on the host ({layer: [head]};
-        empty for a model without attention): the guard's collapse check at its snapshot steps."""
+        empty for a model without attention): the guard's collapse readings. The tap's forward
+        alone, not its activation statistics, for a model the store cannot rebuild."""
         if self.plan is not None:
-            return self.measure().get().get("attn_entropy") or {}
+            from train.monitor_tap import forward
+            readings = forward(self.plan, self._inputs(next(self.model.parameters()).device)[0], self.autocast)
+            return {layer: [round(h, 6) for h in entropy.tolist()] for layer, entropy in readings.entropy.items()}
         from models.store.live import hooked_twin
-        from train.data import forward_stats  # by its full name: `train` may be a user's train.py now
+        from train.data import attention_entropy  # by its full name: `train` may be a user's train.py now
         self._twin = hooked_twin(self.model, self.config, cached=self._twin)
-        was_training = self._twin.training
-        self._twin.eval()
-        try:
-            with self.autocast():
-                return forward_stats(self._twin, self._inputs(next(self._twin.parameters()).device)[0],
-                                     doctor=False).get("attn_entropy") or {}
-        finally:
-            self._twin.train(was_training)
+        return attention_entropy(self._twin, self._inputs(next(self._twin.parameters()).device)[0], self.autocast)
 
     def _inputs(self, device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         if self._on is None or self._on[0] != device:

@@ -56,22 +56,15 @@ def judge_steps(state: TrainState, seen: list[torch.Tensor]) -> Plan | None:
 ATTENTION_ROWS = 8  # val blocks the attention is read on (the Monitor's eval tokens in a user's loop)
 
 
-@torch.no_grad()
 def read_attention(state: TrainState) -> int | None:
     """Each head's attention entropy on the first val blocks, read by the guard (`train.guard.attention`):
     the step of the last reading before a fast collapse, or None. Every rank reads the same
     replica on the same blocks, so every rank decides alike; a model without heads has nothing to read."""
-    model, blocks = state.raw_model, getattr(state, "val_blocks", None)
-    if blocks is None or not getattr(state.cfg, "n_heads", 0):
+    blocks = getattr(state, "val_blocks", None)
+    if blocks is None:
         return None
-    from train.data import forward_stats
-    was_training = model.training
-    model.eval()
-    try:
-        with state.autocast():
-            entropy = forward_stats(model, blocks[:ATTENTION_ROWS, :-1], doctor=False).get("attn_entropy")
-    finally:
-        model.train(was_training)
+    from train.data import attention_entropy
+    entropy = attention_entropy(state.raw_model, blocks[:ATTENTION_ROWS, :-1], state.autocast)
     return state.guard.attention.see(state.step, entropy, blocks.shape[-1] - 1)
 
 
