@@ -32,7 +32,7 @@ class Plan:
     cap: float | None  # the first group's new cap (a rewind, a lift); None: no change, or none left
     began: int  # the step the trouble began
     target: float | None = None  # the level before the trouble (a rewind: what the run must head back to)
-    unsafe: float | None = None  # the rate known to be too high, where it is not the one at `began` (a collapse)
+    unsafe: float | None = None  # the rate a rewind learns is too high (the cap never lifts past half of it)
 
 
 def record(kind: str, action: str, why: str, began: int, number: int, slot: HostSnapshot | None, step: int,

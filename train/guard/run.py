@@ -305,8 +305,15 @@ class GuardedRun:
             rec["warned"] = warning
         level = self.recovery.target if self.recovery is not None else self.watch.level()
         level = level if level is not None else self.watch.best  # before the run has a level: its best so far
-        unsafe = rate_of(self.rate.applied) if collapsed and self.rate.applied is not None else None
-        return Plan(now, rec, slot, cap, began, target=level, unsafe=unsafe)
+        return Plan(now, rec, slot, cap, began, target=level, unsafe=self._unsafe_rate(kind, began, collapsed))
+
+    def _unsafe_rate(self, kind: str, began: int, collapsed: bool) -> float | None:
+        """The rate a rescue learns is too high: the one that collapsed the attention (the last
+        update's), or that of the first update of a rate blow-up; none for a stall."""
+        if collapsed:
+            return rate_of(self.rate.applied) if self.rate.applied is not None else None
+        first = next((r for s_, r in self.rates if s_ >= began), None) if kind == "rate_blowup" else None
+        return rate_of(first) if first is not None else None
 
     # ------------------------------------------------------------------ snapshots
 
@@ -374,10 +381,8 @@ class GuardedRun:
             self.watch.restart(plan.step, plan.began)
             return rec
         self.acts += 1
-        applied = [r for s_, r in self.rates if s_ >= plan.began]
-        if plan.unsafe is not None or applied and applied[0] is not None and rec["kind"] == "rate_blowup":
-            rate = plan.unsafe if plan.unsafe is not None else rate_of(applied[0])
-            self.unsafe = rate if self.unsafe is None else min(self.unsafe, rate)
+        if plan.unsafe is not None:
+            self.unsafe = plan.unsafe if self.unsafe is None else min(self.unsafe, plan.unsafe)
         self.rate.set(plan.cap, ramp=True)
         self.watch.restart(plan.step, keep_before=-math.inf)
         self.recovery, self.calm_from, self.best_level = Recovery(plan.step, plan.target), None, None
