@@ -143,8 +143,9 @@ def summary(source: data.Source) -> dict[str, Any]:
         return {"run": source.label, "model": "-", "steps": None, "snapshots": None, "last val loss": "-",
                 "state": f"unreadable: {first_line(exc)}", "doctor": "-"}
     if row.pop("is_run"):
+        has_history = (path / "metrics.jsonl").is_file() or logs.foreign_log(path)
+        row.update(doctor_columns(path, row["state"]) if has_history else {"doctor": "-"})
         row["state"] = "training now" if run_files.is_training(path) else row["state"]
-        row["doctor"] = verdict(path) if (path / "metrics.jsonl").is_file() or logs.foreign_log(path) else "-"
     elif logs.foreign_log(path) is not None:
         row.update(foreign_row(path))
     return row
@@ -157,9 +158,22 @@ def foreign_row(path: Path) -> dict[str, Any]:
         d = run_files.diagnosis(path)
     except Exception as exc:  # noqa: BLE001 - one row says so; the Overview says why
         return {"state": f"unreadable: {first_line(exc)}", "doctor": "unreadable"}
-    failed = any(f.code == "divergence" and f.severity == "failed" for f in d.findings)
-    return {"steps": d.last_step, "state": f"{'diverged' if failed else 'logged'} ({d.source})",
+    return {"steps": d.last_step, "state": f"{'diverged' if doctor_says_diverged(d) else 'logged'} ({d.source})",
             "doctor": d.verdict}
+
+
+def doctor_says_diverged(d: Any) -> bool:
+    """The doctor's failed divergence: a loss gone to 59 is as diverged as a NaN, though every number is finite."""
+    return any(f.code == "divergence" and f.severity == "failed" for f in d.findings)
+
+
+def doctor_columns(path: Path, state: str) -> dict[str, Any]:
+    """The doctor's verdict, and "diverged" for a run the files call "logged" whose loss blew up finitely."""
+    try:
+        d = run_files.diagnosis(path)
+    except Exception:  # noqa: BLE001 - one word in the table; the Overview says why
+        return {"doctor": "unreadable"}
+    return {"doctor": d.verdict, "state": "diverged" if state == "logged" and doctor_says_diverged(d) else state}
 
 
 @st.cache_data(max_entries=1024, show_spinner=False)  # a long run list must not thrash it
@@ -223,11 +237,3 @@ def diverged(records: list[dict[str, Any]]) -> bool:
 def shown_loss(value: Any) -> str:
     """2.847, a blown-up 1.2e+05 (a sweep's too-high rate), or NaN."""
     return loss_text(value) if is_finite(value) else "NaN"
-
-
-def verdict(run: Path) -> str:
-    """The run doctor's verdict, cached in `run_files.diagnosis`; "unreadable" when it cannot read the run."""
-    try:
-        return run_files.diagnosis(run).verdict
-    except Exception:  # noqa: BLE001 - one word in the table; the Overview says why
-        return "unreadable"

@@ -169,14 +169,21 @@ def test_the_landing_view_lists_each_run_with_its_state_without_loading_a_model(
     shutil.copytree(SHIPPED / "mha4", live)
     (live / ".train.lock").write_text("12345\n")
     (live / "metrics.jsonl").touch()
+    blown = tmp_path / "blown_up"  # every number finite, the loss gone to 59: diverged all the same
+    shutil.copytree(SHIPPED / "mha4", blown)
+    last = json.loads((blown / "metrics.jsonl").read_text().splitlines()[-1])["step"]
+    with (blown / "metrics.jsonl").open("a") as out:
+        for k, loss in enumerate([8.0, 25.0, 59.0], start=1):
+            out.write(json.dumps({"step": last + 10 * k, "train_loss": loss, "val_loss": loss}) + "\n")
 
     def no_load(*args, **kwargs):
         raise AssertionError("the landing view loaded a model")
     monkeypatch.setattr(models.checkpoint, "load_checkpoint", no_load)  # app.data imports it when it loads
-    at = start([SHIPPED / "transformer4_nan", SHIPPED / "shakespeare_rms4_adam", live])
+    at = start([SHIPPED / "transformer4_nan", SHIPPED / "shakespeare_rms4_adam", live, blown])
     assert at.title[0].value == "Runs" and not at.error
     table = at.dataframe[0].value.set_index("run")
-    assert list(table.index) == ["transformer4_nan", "shakespeare_rms4_adam", "live_run"]
+    assert list(table.index) == ["transformer4_nan", "shakespeare_rms4_adam", "live_run", "blown_up"]
+    assert table.loc["blown_up", "state"] == "diverged" and table.loc["blown_up", "doctor"] == "failed"
     assert table.loc["transformer4_nan", "state"] == "diverged"
     assert table.loc["transformer4_nan", "doctor"] == "failed"
     assert table.loc["transformer4_nan", "last val loss"] == "NaN"
