@@ -25,21 +25,21 @@ ABSENT = "(absent)"  # a config field one run has and another lacks
 # --------------------------------------------------------------------------- which runs, and their x
 
 
-def default_runs(chosen: str | None, families: Mapping[str, tuple[str | None, str | None]]) -> list[str]:
-    """The overlay's first choice: the sidebar's run and the next run after it (wrapping) with its
-    preset, else its model family, else the next run. `families` maps each run's label to
-    (preset, family) in the run list's order; a lone snapshot (`chosen` not a run) gets none."""
+def default_runs(chosen: str | None, families: Mapping[str, tuple[str | None, ...]]) -> list[str]:
+    """The overlay's first choice: the sidebar's run and the next run after it (wrapping) that shares
+    its first known key, else its second, ..., else the next run. `families` maps each run's label to
+    its keys, closest kin first ((preset, model class, family)), in the run list's order: a user's GPT
+    is paired with another run of that class before any other transformer. A lone snapshot (`chosen`
+    not a run) gets none."""
     labels = list(families)
     if chosen not in families:
         return []
     after = labels[labels.index(chosen) + 1:] + labels[:labels.index(chosen)]
-    preset, family = families[chosen]
-    for same in (lambda l: preset is not None and families[l][0] == preset,
-                 lambda l: family is not None and families[l][1] == family, lambda l: True):
-        match = next((l for l in after if same(l)), None)
+    for i, key in enumerate(families[chosen]):
+        match = next((l for l in after if key is not None and families[l][i] == key), None)
         if match is not None:
             return [chosen, match]
-    return [chosen]
+    return [chosen, after[0]] if after else [chosen]
 
 
 def snapshot_b(labels: list[str], here: str, overlaid: list[str]) -> str:

@@ -231,6 +231,9 @@ def test_the_default_second_run_shares_the_preset_else_the_family_else_comes_nex
     assert default_runs("b", {"b": (None, None), "x": ("q", "transformer")}) == ["b", "x"]
     assert default_runs("b", {"b": (None, None)}) == ["b"]
     assert default_runs(None, families) == [] and default_runs("lone/step_0", families) == []
+    # a user's GPT beside our transformers and a run of its own class: its own class first
+    kin = {"mine": (None, "GPT", "transformer"), "ours": ("mha4", None, "transformer"), "again": (None, "GPT", "transformer")}
+    assert default_runs("mine", kin) == ["mine", "again"] and default_runs("ours", kin) == ["ours", "again"]  # the next transformer, wrapping
 
 
 def test_entropy_rows_average_the_heads_and_a_nan_head_makes_the_mean_nan():

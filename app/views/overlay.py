@@ -37,8 +37,7 @@ def section(sel: Selection) -> None:
         st.info("No runs to overlay: the app knows no run directory (only lone snapshots).")
         return
     infos = {label: run_info(source.path) for label, source in runs.items()}
-    families = {label: (info.get("preset"), model.get("family") if isinstance(model := info.get("model"), dict)
-                        else None) for label, info in infos.items()}
+    families = {label: kin(info) for label, info in infos.items()}
     chosen = st.multiselect("runs to overlay", list(runs), key=runs_key(sel),
                             default=overlay_data.default_runs(sel.run.label if sel.run.is_run else None, families),
                             help="Any runs the app knows; each keeps one colour in every chart.")
@@ -47,6 +46,13 @@ def section(sel: Selection) -> None:
         return
     curves(chosen, {label: runs[label].path for label in chosen})
     config_diff(chosen, infos)
+
+
+def kin(info: dict) -> tuple[str | None, str | None, str | None]:
+    """A run's keys for the overlay's default pairing, closest first: preset, model class (a user's
+    GPT, a Hugging Face architecture), family."""
+    model = info.get("model") if isinstance(info.get("model"), dict) else {}
+    return info.get("preset"), model.get("class") or model.get("architecture"), model.get("family")
 
 
 def runs_key(sel: Selection) -> str:
