@@ -123,7 +123,7 @@ def typed(text: str, preset: str | None) -> list[data.Source]:
         raise ValueError(f"{path}: no log here that the run doctor reads; {first_line(logs.unreadable(printed[0]))}")
     raise ValueError(f"{path} is not a run, a snapshot, a nanoGPT, nanochat or Hugging Face checkpoint, "
                      "a .pt state dict or a training log (a *.log, *.txt or *.out printed log, "
-                     "trainer_state.json, TensorBoard events): nothing to open")
+                     "trainer_state.json, TensorBoard events, a W&B run folder or run-<id>.wandb): nothing to open")
 
 
 # --------------------------------------------------------------------------- the landing view

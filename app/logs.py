@@ -19,14 +19,15 @@ from models.store.record_check import MetricsLog
 from models.store.run import METRICS_FILE, is_run_dir, read_metrics_log
 from probes.doctor.read_tensorboard import EVENTS_PREFIX
 from probes.doctor.read_trainer import STATE_FILE
-from probes.doctor.sources import TEXT_LOGS, locate
+from probes.doctor.sources import TEXT_LOGS, WANDB_SUFFIX, locate
 
 
 def is_log_file(path: Path) -> bool:
     """A file the run doctor reads as a log by its name (`probes.doctor.sources.read_log_file`):
-    trainer_state.json, a TensorBoard event file, a printed *.log / *.txt / *.out (nanoGPT's, llm.c's)."""
+    trainer_state.json, a TensorBoard event file, a printed *.log / *.txt / *.out (nanoGPT's, llm.c's),
+    a W&B run-<id>.wandb."""
     return path.is_file() and (path.name == STATE_FILE or path.name.startswith(EVENTS_PREFIX)
-                               or path.suffix in TEXT_LOGS)
+                               or path.suffix in TEXT_LOGS or path.suffix == WANDB_SUFFIX)
 
 
 def logs_in(folder: Path) -> list[Path]:

@@ -44,7 +44,10 @@ def typed_sources() -> list[data.Source]:
     that is none of these is refused there with a message."""
     with st.sidebar.expander("Open a path", expanded=bool(st.session_state.get("typed_path"))):
         path = st.text_input("snapshot, run, nanoGPT ckpt.pt, Hugging Face GPT-2 directory or .pt file",
-                             key="typed_path")
+                             key="typed_path",
+                             help="A training log opens too: a W&B run folder or its run-<id>.wandb, TensorBoard "
+                                  "events, trainer_state.json, a printed nanoGPT or llm.c log (*.log, *.txt, *.out), "
+                                  "or a folder of them.")
         preset = st.text_input("preset (for a .pt state dict)", key="typed_preset")
         if not path:
             return []

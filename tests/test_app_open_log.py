@@ -151,3 +151,22 @@ def test_a_listed_folder_whose_log_is_unreadable_says_so_in_one_line_on_its_over
     assert not at.exception
     assert [e.value for e in at.error] == [f"The run doctor could not read this run: {tmp_path / 'lfs' / 'main.log'}: "
                                            "a Git LFS pointer, not the file: run git lfs pull"]
+
+
+def test_a_typed_wandb_file_opens_as_its_run_folder_does(monkeypatch, tmp_path):
+    """A bare run-<id>.wandb (copied out of its folder, or typed by its name) is a log the doctor reads:
+    the sidebar opens it on the same verdict as its folder, where it was refused."""
+    from wandb_kit import offline_wandb, write_run
+
+    with offline_wandb(tmp_path / "w") as wandb:
+        folder = write_run(wandb, [{"train/loss": 4.2 - 0.01 * i, "iter": i} for i in range(0, 300, 10)])
+    bare = next(folder.glob("run-*.wandb"))
+    at = typed(open_app(monkeypatch, roots=[tmp_path / "none"]), str(bare))
+    assert not at.sidebar.error, [e.value for e in at.sidebar.error]
+    assert at.sidebar.selectbox(key="run").value == bare.name
+    at.switch_page("views/overview.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    expected = diagnose.run(folder)
+    assert diagnose.run(bare).verdict == expected.verdict
+    assert any(f"**{expected.verdict}**" in m.value for m in at.get("markdown") + list(at.error) + list(at.success)
+               + list(at.warning) if m.value.startswith("Verdict"))
