@@ -159,7 +159,8 @@ def test_a_typed_wandb_file_opens_as_its_run_folder_does(monkeypatch, tmp_path):
     from wandb_kit import offline_wandb, write_run
 
     with offline_wandb(tmp_path / "w") as wandb:
-        folder = write_run(wandb, [{"train/loss": 4.2 - 0.01 * i, "iter": i} for i in range(0, 300, 10)])
+        folder = write_run(wandb, [{"train/loss": 4.2 - 0.01 * i, "iter": i, **({"val/bpb": 2.0 - i / 1000}
+                                     if i % 50 == 0 else {})} for i in range(0, 300, 10)])
     bare = next(folder.glob("run-*.wandb"))
     at = typed(open_app(monkeypatch, roots=[tmp_path / "none"]), str(bare))
     assert not at.sidebar.error, [e.value for e in at.sidebar.error]
@@ -170,3 +171,7 @@ def test_a_typed_wandb_file_opens_as_its_run_folder_does(monkeypatch, tmp_path):
     assert diagnose.run(bare).verdict == expected.verdict
     assert any(f"**{expected.verdict}**" in m.value for m in at.get("markdown") + list(at.error) + list(at.success)
                + list(at.warning) if m.value.startswith("Verdict"))
+    # nanochat's val/bpb (bits per byte) has the BPC chart's place, step for step
+    drawn = {int(s): v for chart in at.get("vega_lite_chart") for frame in frames(chart) if "BPB" in frame.columns
+             for s, v in zip(frame["step"], frame["BPB"])}
+    assert drawn and all(math.isclose(drawn[s], 2.0 - s / 1000, rel_tol=1e-6) for s in range(0, 300, 50))

@@ -71,7 +71,8 @@ def curves(sel: Selection, follow: bool = False) -> None:
     st.caption(run_files.records_caption(history))
     mode, weight = curve_controls("loss")
     left, right = st.columns(2)
-    bpc = series.rows(records, {"val BPC": "bpc"}, "BPC")
+    key, column, title = bits_curve(records)
+    bpc = series.rows(records, {f"val {column}": key}, column)
     steps = axes.x_range(r["step"] for r in losses + bpc)  # the two charts side by side share their steps
     y = axes.choose_y([r["loss"] for r in losses], mode)
     loss = charts.smoothed_over_steps(smoothed_frame(losses, "loss", "curve", weight), "loss", "curve",
@@ -80,15 +81,23 @@ def curves(sel: Selection, follow: bool = False) -> None:
     loss = with_rescues(loss, records)  # the guard's rescues, from the records (app.rescue_marks)
     show(charts.with_findings(loss, doctor.marks(sel.run)), left, stretch=True)
     if bpc:
-        y = axes.choose_y([r["BPC"] for r in bpc], mode)
-        show(charts.smoothed_over_steps(smoothed_frame(bpc, "BPC", "curve", weight), "BPC", "curve",
-                                        charts.titled("bits per character", y.note), log=y.log,
-                                        y_title="BPC (bits per character)", x_domain=steps),
+        y = axes.choose_y([r[column] for r in bpc], mode)
+        show(charts.smoothed_over_steps(smoothed_frame(bpc, column, "curve", weight), column, "curve",
+                                        charts.titled(title, y.note), log=y.log,
+                                        y_title=f"{column} ({title})", x_domain=steps),
              right, stretch=True)
     diverged = [r for r in records if r.get("diverged")]
     if diverged:
         d = diverged[0]["diverged"]
         st.error(f"Training diverged at step {diverged[0]['step']}: {d.get('reason')}")
+
+
+def bits_curve(records: list[dict]) -> tuple[str, str, str]:
+    """The second chart's record key, column and title: our BPC, else nanochat's val_bpb (bits per
+    byte: a tokenizer-free loss, so runs with different vocabularies compare on it)."""
+    if not any("bpc" in r for r in records) and any("val_bpb" in r for r in records):
+        return "val_bpb", "BPB", "bits per byte"
+    return "bpc", "BPC", "bits per character"
 
 
 def samples(sel: Selection, cfg) -> None:
