@@ -358,3 +358,29 @@ def test_a_context_manager_reports_at_its_end_only_where_report_says(tmp_path, m
         optimizer.step()
         monitor.log(0, train_loss=1.0)
     assert len(reports) == int(report)  # report=False used to print the report all the same
+
+
+def test_the_last_step_is_recorded_at_close_with_its_own_step_time(tmp_path, monkeypatch):
+    """steps 0..24 logged every 10: the run ended at 24, so its records end there (a run read as still
+    going on kept the findings that need an ended run as warnings), and each record's step time is
+    the loop's own: on a clock that moves 20 ms a step, 20 ms, the record written at close too (it was
+    the ~1 ms between the last log call and the close)."""
+    import train.monitor_core as core
+
+    clock = {"now": 0.0}
+    monkeypatch.setattr(core.time, "perf_counter", lambda: clock["now"])
+    model = nanogpt()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    losses = []
+    with open_monitor(model, optimizer, tmp_path / "run", log_every=10, eval_every=0) as monitor:
+        for step in range(25):
+            loss = backward(model, optimizer, step)
+            losses.append(loss)
+            optimizer.step()
+            clock["now"] = 0.02 * step
+            monitor.log(step, train_loss=loss)
+        clock["now"] += 5.0  # the loop's own teardown before the close: no step's time
+    records = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in records] == [0, 10, 20, 24]
+    assert records[-1]["train_loss"] == losses[24]  # the loop's own number, written once
+    assert [r.get("step_time_ms") for r in records[1:]] == [pytest.approx(20.0)] * 3

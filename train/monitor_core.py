@@ -90,7 +90,9 @@ class Monitor:
         self._said_off_by = False
         self._step_lr: float | None = None
         self._pending: dict[str, Any] | None = None
-        self._last_written: tuple[int, float] | None = None  # (step, time) for step_time_ms
+        self._last_written: tuple[int, float] | None = None  # (step, when its record began) for step_time_ms
+        self._pending_began = 0.0  # perf_counter() when the pending record's step was first logged
+        self._unrecorded: tuple[int, float, dict] | None = None  # the last step logged off the log steps
         self._synced = -math.inf  # perf_counter() of the last fsync of metrics.jsonl
         self._optimizer_steps = 0  # updates taken: a record started after none is no step (a val_loss call)
         self._pending_steps = self._written_steps = 0  # the count when the pending / last written record began
@@ -157,6 +159,7 @@ class Monitor:
         self.closed = True
         result = None
         try:
+            self._record_last_seen()
             self.flush()
             self._save_last()
             sync_metrics(self.out_dir)
@@ -172,6 +175,18 @@ class Monitor:
                 self._lock.release()
                 self._lock = None
         return result
+
+    def _record_last_seen(self) -> None:
+        """The last step the loop logged, when it fell between log steps (steps=500 ends at 499, records
+        every 10): recorded, so the run's records end where the run did."""
+        last = self._pending["step"] if self._pending else self._last_written[0] if self._last_written else None
+        if self._unrecorded is None or (last is not None and self._unrecorded[0] <= last):
+            return
+        step, began, scalars = self._unrecorded
+        self.flush()
+        self._start_record(step)
+        self._pending.update({n: v for n, v in ((n, number(n, v)) for n, v in scalars.items()) if v is not None})
+        self._pending_began = began  # its step time runs to when the loop logged it, not to the close
 
     def _save_last(self) -> None:
         """The snapshot of the last logged step, the run's final weights: save_every=100 over steps
@@ -271,6 +286,8 @@ class Monitor:
                     self.flush()
             if self._save_due(step):  # save_every=3 with log_every=10: step 3 is saved, though not logged
                 self.save(step)
+            self._unrecorded = (step, time.perf_counter(),  # detached: the loop's graph is not kept alive
+                                {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in scalars.items()})
             return
         self.record(step, **scalars)
         if self.doctor is not None and "train_loss" in scalars and self.doctor.alarm(self._pending):
@@ -314,6 +331,7 @@ class Monitor:
         if self.resume and self._last_written is None:
             self._trim_after(step)
         record: dict[str, Any] = {"step": step}
+        self._pending_began = time.perf_counter()
         if self.tokens_per_step:  # past 2**63 as a float: the readers' integer columns are 64-bit
             tokens = step * self.tokens_per_step
             record["tokens"] = tokens if tokens <= 2**63 - 1 else float(tokens)
@@ -348,7 +366,8 @@ class Monitor:
         now = time.perf_counter()
         stepped = self._pending_steps > self._written_steps  # an update since the last record began
         if "step_time_ms" not in record and self._last_written and step > self._last_written[0] and stepped:
-            record["step_time_ms"] = 1000 * (now - self._last_written[1]) / (step - self._last_written[0])
+            # between the loop's first calls for the two steps: the last record, written at close, too
+            record["step_time_ms"] = 1000 * (self._pending_began - self._last_written[1]) / (step - self._last_written[0])
         reason = divergence_reason(record)
         if reason:
             bad = self.first_nonfinite_step
@@ -360,8 +379,8 @@ class Monitor:
         # cost ~1% of a CPU run's wall clock; a killed process keeps every line written
         sync = "rescue" in record or "diverged" in record or now - self._synced >= SYNC_EVERY_S
         append_metrics(self.out_dir, to_jsonable(record), sync=sync)
-        self._last_written, self._written_steps = (step, time.perf_counter()), self._pending_steps
-        self._synced = self._last_written[1] if sync else self._synced
+        self._last_written, self._written_steps = (step, self._pending_began), self._pending_steps
+        self._synced = time.perf_counter() if sync else self._synced
         if self.mirror is not None:
             self.mirror.record(record)
         if self.doctor is not None:  # a failing signal is diagnosed at once; warnings keep the cadence
