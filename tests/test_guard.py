@@ -197,6 +197,33 @@ def test_a_healthy_run_is_bitwise_untouched(tmp_path):
     assert loss_a == loss_b and same(state_a, state_b) and torch.equal(rng_a, rng_b)
 
 
+def test_an_eval_step_reads_the_guards_attention_from_its_internals_in_one_forward(tmp_path, monkeypatch):
+    """The guard reads attention every 25 steps (EVERY), the Monitor its internals every eval step:
+    at steps 0 and 50, both, from one forward (there were two); at step 25, not an eval step, the
+    guard's own. Its readings are the records' attn_entropy, number for number."""
+    from train.guard.attention import EVERY
+    from train.monitor_parts import EvalReadings
+
+    calls = {"measure": 0, "attention": 0}
+    for name in calls:
+        real = getattr(EvalReadings, name)
+        monkeypatch.setattr(EvalReadings, name, lambda self, real=real, name=name: (
+            calls.__setitem__(name, calls[name] + 1), real(self))[1])
+    seen = []
+    model = tiny()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    eval_tokens = batch(999)[:2, :-1]
+    with Monitor(model, optimizer, tmp_path / "run", guard=Guard(every=5), eval_every=2 * EVERY,
+                 eval_tokens=eval_tokens, report=False) as monitor:
+        monkeypatch.setattr(monitor.guard.attention, "see", lambda step, reading, n, real=monitor.guard.attention.see:
+                            (seen.append((step, reading)), real(step, reading, n))[1])
+        train(model, optimizer, 51, lambda s, v: monitor.log(s, train_loss=v))
+    assert [step for step, _ in seen] == [0, 25, 50]  # eval steps 0 and 50
+    assert calls == {"measure": 2, "attention": 1}  # 0 and 50 from the internals; 25 its own
+    entropy = {r["step"]: r["attn_entropy"] for r in read_metrics(tmp_path / "run") if "attn_entropy" in r}
+    assert sorted(entropy) == [0, 50] and all(dict(seen)[step] == entropy[step] for step in (0, 50))
+
+
 def test_a_blow_up_at_a_known_step_is_rescued_from_the_state_before_it(tmp_path, caplog):
     model = tiny()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)

@@ -101,6 +101,7 @@ class Monitor:
         self._closing_on_error = self._judged = False  # _judged: inside the guard's look at a step
         self._said_no_internals = False
         self._pending_internals: Any = None  # the pending record's internals, coming from the device
+        self._measured: tuple[int, Any] | None = None  # (eval step, its internals) measured for the guard first
         self.first_nonfinite_step: int | None = None  # the first step whose train_loss was NaN/inf
         self._handles: list[Any] = []
         self._lock: RunLock | None = None
@@ -335,10 +336,12 @@ class Monitor:
         if self.tokens_per_step:  # past 2**63 as a float: the readers' integer columns are 64-bit
             tokens = step * self.tokens_per_step
             record["tokens"] = tokens if tokens <= 2**63 - 1 else float(tokens)
-        if self.eval_every and step % self.eval_every == 0 or step == self.steps:
+        if self.eval_step(step):
             # at the step's first call: nanoGPT logs its eval before taking the step; measured now,
             # read when the record is written, after the keys made so far (`placed_internals`)
-            self._pending_internals = (list(record), self._internals())
+            measured, self._measured = self._measured, None
+            self._pending_internals = (list(record), measured[1] if measured and measured[0] == step
+                                       else self._internals())
         # kept when the save below fails: the step's record is written all the same
         self._pending, self._pending_steps = record, self._optimizer_steps
         if self._save_due(step):  # the weights of this step, as its internals
@@ -391,6 +394,22 @@ class Monitor:
                 if self.mirror is not None:
                     self.mirror.findings(found)
         return record
+
+    def eval_step(self, step: int) -> bool:
+        """A step whose record holds the model's internals on the eval tokens."""
+        return bool(self.eval_every) and step % self.eval_every == 0 or step == self.steps
+
+    def attention_at(self, step: int) -> dict[str, list[float]]:
+        """Each head's attention entropy on the eval tokens now (the guard's collapse reading): at an
+        eval step, the entropy of the internals its record will hold (one forward there, not two)."""
+        if self._pending is not None and self._pending["step"] == step:  # its record began: measured, or not due
+            measured = self._pending_internals[1] if self._pending_internals else None
+        elif self.eval_step(step):
+            self._measured = (step, self._internals())
+            measured = self._measured[1]
+        else:
+            measured = None
+        return self._eval.attention() if measured is None else measured.get().get("attn_entropy") or {}
 
     def _internals(self) -> Any:
         """The model's internals on the eval tokens, measured now on the device: a HostCopy (read

@@ -66,7 +66,7 @@ def monitor_log(monitor: Monitor, step: int, scalars: dict[str, Any]) -> bool:
         scalars["train_loss"] = loss  # a tensor read once, here
     collapsed = None
     if monitor._eval is not None and run.attention_due(step):  # the series' failure: attention gone one-hot
-        collapsed = run.attention.see(step, monitor._eval.attention(), int(monitor.eval_tokens.shape[-1]))
+        collapsed = run.attention.see(step, monitor.attention_at(step), int(monitor.eval_tokens.shape[-1]))
     loss, grad, ratio, collapsed = everyone(run.model, loss, grad, median_ratio(update.get("gwu")), collapsed)
     plan = run.observe(step, loss, grad, ratio, collapsed, warned=lambda began: doctor_warning(monitor, run, began))
     if plan is None:
