@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from models.layout import layout_of
+from models.stream import StreamReader
 from models.tap_inputs import context_of
 
 __all__ = ["Anatomy", "AnatomyError", "find_anatomy"]
@@ -50,6 +51,11 @@ LAYOUTS = (Layout("nanoGPT", "transformer.wte", "transformer.h", "transformer.ln
            Layout("LLMs-from-scratch", "tok_emb", "trf_blocks", "final_norm", "out_head"),
            Layout("video tutorial", "token_embedding_table", "blocks", "ln_f", "lm_head"))
 KNOWN = "nanochat's GPT, nanoGPT, LLMs-from-scratch's GPTModel, the video tutorial's GPT"
+
+
+def no_norm(x: torch.Tensor) -> torch.Tensor:
+    """The readout of a model with no final norm: the unembedding reads the stream itself."""
+    return x
 
 
 def rms_norm(x: torch.Tensor) -> torch.Tensor:
@@ -94,26 +100,13 @@ class Anatomy:
 
     def residuals(self, model: torch.nn.Module, tokens: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """One forward on [batch pos] tokens: (the model's logits [batch pos d_vocab], the residual
-        stream entering block 0 and leaving each block [batch pos d_model], as the readout sees it)."""
-        kept: dict[int, torch.Tensor] = {}
-
-        def entering(module: Any, args: tuple) -> None:
-            kept[0] = args[0].detach().clone()
-
-        def leaving(index: int) -> Callable[..., None]:
-            def hook(module: Any, args: tuple, output: Any) -> None:
-                out = output[0] if isinstance(output, tuple) else output
-                kept[index + 1] = out.detach().clone()
-            return hook
-
-        handles = [self.blocks[0].register_forward_pre_hook(entering)]
-        handles += [block.register_forward_hook(leaving(i)) for i, block in enumerate(self.blocks)]
-        try:
+        stream entering block 0 and after each block [batch pos d_model], as the readout sees it; a
+        block that returns only what its parent adds reads right too: `models.stream`)."""
+        end = self.final_norm if isinstance(self.final_norm, torch.nn.Module) else \
+            self.unembedding if self.final_norm is no_norm else None  # what reads the last block's stream
+        with StreamReader(self.blocks, end) as reader:
             logits = logits_of(model(tokens))
-        finally:
-            for handle in handles:
-                handle.remove()
-        resid = [kept[i] for i in range(self.n_layers + 1)]
+        resid = reader.residuals()
         if self.backout is not None:  # nanochat: x - lambda * x_backout from that block on
             layer, lam = self.backout
             taken = resid[layer + 1]
@@ -189,7 +182,7 @@ def anatomy_of(model: torch.nn.Module) -> Anatomy | None:
         return None
     embedding = model.get_submodule(layout.token_embedding.rsplit(".", 1)[0])
     head = model.get_submodule(layout.unembedding)
-    norms = {"none": lambda x: x, "function:rms_norm": rms_norm,
+    norms = {"none": no_norm, "function:rms_norm": rms_norm,
              "function:layer_norm": lambda x: F.layer_norm(x, (x.shape[-1],))}
     norm = norms.get(layout.final_norm) or model.get_submodule(layout.final_norm)
     return Anatomy("found by its forward", embedding, tuple(model.get_submodule(b) for b in layout.blocks), norm,

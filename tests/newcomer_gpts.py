@@ -141,6 +141,31 @@ class EinsumGPT(nn.Module):
         return self.out(self.final(x))
 
 
+class DeltaBlock(EinsumBlock):
+    """The tutorial style whose parent adds the residual: the block returns only what it adds."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        added = self.attn(self.norm1(x))
+        return added + self.ff(self.norm2(x + added))
+
+
+class DeltaGPT(EinsumGPT):
+    """EinsumGPT's function with `x = x + block(x)` in the parent: its weights load into one and
+    give the same logits, and the same residual stream at every layer."""
+
+    def __init__(self, vocab: int = 40, d: int = WIDTH, n_heads: int = HEADS, n_layers: int = LAYERS,
+                 context: int = CONTEXT):
+        super().__init__(vocab, d, n_heads, n_layers, context)
+        self.layers = nn.ModuleList(DeltaBlock(d, n_heads, context) for _ in range(n_layers))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        where = torch.arange(idx.shape[1], device=idx.device)
+        x = self.emb["tok"](idx) + self.emb["where"](where)
+        for layer in self.layers:
+            x = x + layer(x)
+        return self.out(self.final(x))
+
+
 def train_with_monitor(model: nn.Module, out, tokenizer, text: str, steps: int = 3, **monitor) -> nn.Module:
     """A few AdamW steps on rows of a whole context of `text` with the Monitor's three lines (a
     snapshot at step 0 and, when it closes, at the last step), as a newcomer's loop would; the model

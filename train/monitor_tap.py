@@ -4,13 +4,15 @@ tokens, read by the attention tap (`models.tap`) and a few forward hooks.
 
 - attn_entropy / attn_logit_max {layer: [per head]}: from each attention call the tap reads, the
   same reductions as our hooked models' (`train.data.forward_stats`);
-- resid_rms {layer: rms}: the output of each block, the children of the model's main ModuleList
-  (or Sequential) of blocks;
+- resid_rms {layer: rms}: the residual stream after each block, the children of the model's main
+  ModuleList (or Sequential) of blocks: its output, or input + output for a block that returns
+  what its parent adds (`models.stream`);
 - logit_max: the largest |logit| at the unembedding module's output (`lm_head`, `out_head`, ...),
   before any softcap the model applies after it (nanochat's 15 tanh(x / 15));
 - activations {module: {dead, saturated, ...}}: where the non-linearity is a module
   (nn.ReLU / GELU / Tanh, Hugging Face's GELU activations); a functional one (nanochat's relu²)
-  and a SiLU gate (Llama's, which passes gradient below zero) are said not measured.
+  and a SiLU gate (Llama's, which passes gradient below zero) are said not measured, and a model
+  with no non-linearity in its forward (attention only) is said to have no MLP.
 
 `plan(model)` finds those modules once; `measure(plan, tokens)` is one eval step's record;
 `dims(...)` is what run.json's `model` says of the model, from the first forward.
@@ -25,9 +27,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
-from models.layout import UNEMBED_NAMES, first_tensor, main_blocks, unembedding
+from models.layout import FUNCTION_NORMS, UNEMBED_NAMES, main_blocks, unembedding
+from models.stream import StreamReader
 from models.tap import TapError, eval_pass, logits_of, tap_forward
 from models.tap_inputs import context_of, forward_inputs
 from probes.activations import LayerStats, compact_row
@@ -43,6 +48,11 @@ ACTIVATIONS = {nn.ReLU: "relu", nn.GELU: "gelu", nn.SiLU: "silu", nn.Tanh: "tanh
 # Hugging Face's activation modules (transformers.activations), by class name: act_fn -> names
 HF_ACTIVATIONS = {"gelu": ("GELUActivation", "NewGELUActivation", "FastGELUActivation", "GELUTanh",
                            "PytorchGELUTanh", "AccurateGELUActivation"), "silu": ("SiLUActivation",)}
+
+
+NONLINEAR = {F.relu, F.relu_, F.gelu, F.silu, F.tanh, F.sigmoid, F.leaky_relu, F.elu, F.mish, F.softplus, F.glu,
+             torch.relu, torch.relu_, torch.tanh, torch.sigmoid, torch.Tensor.relu, torch.Tensor.tanh,
+             torch.Tensor.sigmoid}  # what an MLP calls (softmax is attention's)
 
 
 def act_fn_of(module: nn.Module) -> str | None:
@@ -62,6 +72,7 @@ class Plan:
     resid: bool = True  # one block per attention layer (records must fit run.json's n_layers)
     tap_error: str | None = None  # why the tap read nothing, once known
     trusted: Any = None  # the tap's checked first pass (`dims`): later passes read their calls the same way
+    end: nn.Module | None = None  # what reads the last block's stream (`stream_end`)
 
 
 def plan(model: nn.Module) -> Plan:
@@ -120,14 +131,6 @@ class Readings:
 
 
 def hooks(p: Plan, r: Readings) -> list[Any]:
-    def on_block(i: int):
-        def hook(module, args, output):
-            x = first_tensor(output)  # [batch pos d_model]
-            if x is not None:
-                r.rms[str(i)] = x.float().square().mean().sqrt()
-                r.d_model = x.shape[-1]
-        return hook
-
     def on_unembed(module, args, output):  # [batch pos vocab] (nanochat pads it: cut after)
         if isinstance(output, torch.Tensor) and output.dim() >= 2:
             r.logit_max = output.detach().abs().flatten(0, -2).amax(0)  # [vocab]
@@ -135,9 +138,7 @@ def hooks(p: Plan, r: Readings) -> list[Any]:
     def on_act(name: str):
         return lambda module, args, output: r.acts[name].update(args[0].detach(), output.detach())
 
-    handles = [m.register_forward_hook(on_block(i)) for i, (_, m) in enumerate(p.blocks)]
-    if p.unembed is not None:
-        handles.append(p.unembed[1].register_forward_hook(on_unembed))
+    handles = [p.unembed[1].register_forward_hook(on_unembed)] if p.unembed is not None else []
     handles += [m.register_forward_hook(on_act(n)) for n, m, _ in p.activations]
     return handles
 
@@ -151,8 +152,9 @@ def forward(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext, first: b
     r = Readings(p, windows=first)
     handles = hooks(p, r)
     logits = None
+    stream = StreamReader([m for _, m in p.blocks], p.end)
     try:
-        with autocast():
+        with autocast(), stream:
             if p.tap_error is None:
                 try:
                     result = tap_forward(p.model, tokens, r.attention, trust=None if first else p.trusted)
@@ -170,6 +172,8 @@ def forward(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext, first: b
     if logits is None:  # the tap read nothing: the plain forward from now on
         return forward(p, tokens, autocast, first)
     r.vocab = logits.shape[-1]
+    for i, x in enumerate(residuals(stream)):  # [batch pos d_model] after block i
+        r.rms[str(i)], r.d_model = x.float().square().mean().sqrt(), x.shape[-1]
     # the unembedding's output, if it is the logits (nanochat pads them: its named lm_head may be wider)
     named = p.unembed is not None and p.unembed[0].rsplit(".", 1)[-1] in UNEMBED_NAMES
     seen = r.logit_max
@@ -177,6 +181,44 @@ def forward(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext, first: b
         seen = logits.detach().abs().flatten(0, -2).amax(0)  # [vocab]
     r.logit_max = seen[:r.vocab].float().amax()  # padded vocabulary columns are not logits
     return r
+
+
+def residuals(stream: StreamReader) -> list[torch.Tensor]:
+    """The stream after each block; none where a block was not called with a tensor."""
+    try:
+        return stream.residuals()[1:]
+    except ValueError:
+        return []
+
+
+def stream_end(model: nn.Module) -> nn.Module | None:
+    """The module reading the last block's stream (`models.layout`): the final norm, or the
+    unembedding where there is none; None where a function makes it (nanochat's) or it is not found."""
+    from models.layout import layout_of
+    try:
+        layout = layout_of(model)
+    except Exception:  # noqa: BLE001 - the model's own forward: the blocks' outputs are read then
+        return None
+    name = layout.unembedding if layout.final_norm == "none" else layout.final_norm
+    return model.get_submodule(name) if name and name not in FUNCTION_NORMS else None
+
+
+class NonlinearCalls(TorchFunctionMode):
+    """Whether a forward called any non-linearity (a module's or a function's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = False
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        self.seen = self.seen or func in NONLINEAR
+        return func(*args, **(kwargs or {}))
+
+
+def has_nonlinearity(model: nn.Module, tokens: torch.Tensor) -> bool:
+    with NonlinearCalls() as calls, torch.no_grad():
+        plain_forward(model, tokens)
+    return calls.seen
 
 
 def plain_forward(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
@@ -241,7 +283,9 @@ def dims(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext) -> dict[str
                             f"{', ...' if len(p.blocks) > 3 else ''}) for {len(r.heads)} attention layers")
     if not p.activations:
         out["activations"] = ("not measured: a SiLU gate passes gradient below zero (no dead units to count)"
-                              if p.silu else "not measured: the non-linearity is not a module (a function call)")
+                              if p.silu else "not measured: the non-linearity is not a module (a function call)"
+                              if has_nonlinearity(model, tokens.to(device)) else "not measured: no MLP (no "
+                              "non-linearity in the forward: attention only)")
     if p.tap_error:
         out["attention"] = f"not measured: {p.tap_error}"
     return out
@@ -252,6 +296,7 @@ def read_model(model: nn.Module, eval_tokens: torch.Tensor, autocast: Any) -> tu
     run.json says of it (with each parameter's g/w/u group by the layout found), from one forward
     on `eval_tokens` [batch pos]; a failing forward is refused here, in one line."""
     found = plan(model)
+    found.end = stream_end(model)
     try:
         described = dims(found, eval_tokens, autocast)
         described["parameter_groups"] = groups_by_layout(model, eval_tokens)
