@@ -241,6 +241,15 @@ def counting(device: str):
             torch.cuda.set_sync_debug_mode(0)
 
 
+def spread(ratios: list[float]) -> str:
+    """min, quartiles and max of the pair ratios: how far one round's answer can be from another's."""
+    if len(ratios) < 2:
+        return f"one pair ({ratios[0]:.3f}x): no spread to tell"
+    q1, q2, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return (f"min {min(ratios):.3f}x, quartiles {q1:.3f}x / {q2:.3f}x / {q3:.3f}x, max {max(ratios):.3f}x "
+            f"over {len(ratios)} pairs")
+
+
 def report(times: dict[str, list[Timing]], steps: int, args: argparse.Namespace) -> list[str]:
     import torch
 
@@ -257,6 +266,8 @@ def report(times: dict[str, list[Timing]], steps: int, args: argparse.Namespace)
         lines.append(f"{clock:20}{1e3 * bare / steps:9.2f}{1e3 * monitored / steps:11.2f}"
                      f"{monitored / bare:8.3f}x{pairs:8.3f}x")
     lines.append("(ratio: of the medians; pairs: the median ratio of runs taken one after the other)")
+    for i, clock in ((0, "wall clock"), (1, "CPU time")):
+        lines.append(f"the pairs' spread, {clock}: " + spread([m[i] / b[i] for b, m in zip(times["bare"], times["monitored"])]))
     lines.append(f"opening + closing the Monitor: {median('monitored', 2) * 1e3:.1f} ms once per run "
                  "(with the closing diagnosis)")
     cold = times["cold"][0]
