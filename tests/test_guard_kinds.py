@@ -298,3 +298,13 @@ def test_a_stop_back_to_the_start_ends_with_code_3_even_in_a_read_only_run_folde
         assert "could not be written to" in errors[-1] and "Permission denied" in errors[-1]
     [record] = [r["rescue"] for r in read_metrics(tmp_path / "run") if "rescue" in r]
     assert (record["action"], record["restored_step"]) == ("stop", -1) and not list_snapshots(tmp_path / "run")
+
+
+def test_the_guard_page_states_the_update_ratio_line_the_code_uses():
+    """docs/guard.md said 1e-2 where `growth` used 3e-2: the page names the code's own line."""
+    from pathlib import Path
+
+    from train.guard.kinds import RATIO_LINE
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "guard.md").read_text(encoding="utf-8")
+    assert f"an update ratio above {RATIO_LINE:g} (three times" in page

@@ -90,6 +90,9 @@ def classify(ex: Excursion, patience: int, hold: int) -> tuple[str, str] | None:
     return "data_shift", f"{rise} for {n} steps, flat with nothing growing: a new level, not a blow-up"
 
 
+RATIO_LINE = 3e-2  # an update ratio above this (three times the healthy band's top, 1e-2) can be growth
+
+
 def growth(ratios, norms, began: int, read_every: int) -> str | None:
     """A growth signal in words, or None: an update ratio above the band (3e-2) and three times its
     calm median, or a gradient norm ten times its calm median, in the measurements of the two
@@ -99,7 +102,7 @@ def growth(ratios, norms, began: int, read_every: int) -> str | None:
     before, since = began - 2 * read_every, began
     calm_u = [u for _, u, _, calm in ratios if calm]
     calm_g = [g for _, g, calm in norms if calm]
-    u_line = max(3e-2, 3 * statistics.median(calm_u)) if calm_u else math.inf
+    u_line = max(RATIO_LINE, 3 * statistics.median(calm_u)) if calm_u else math.inf
     g_line = 10 * statistics.median(calm_g) if calm_g else math.inf
     for name, values, line, calm in (("update ratio", [(s, u) for s, u, _, _ in ratios], u_line, calm_u),
                                      ("gradient norm", [(s, g) for s, g, _ in norms], g_line, calm_g)):
