@@ -307,4 +307,4 @@ def test_the_guard_page_states_the_update_ratio_line_the_code_uses():
     from train.guard.kinds import RATIO_LINE
 
     page = (Path(__file__).resolve().parent.parent / "docs" / "guard.md").read_text(encoding="utf-8")
-    assert f"an update ratio above {RATIO_LINE:g} (three times" in page
+    assert f"an update ratio above {RATIO_LINE:.0e}".replace("e-0", "e-") + " (three times" in page
