@@ -195,6 +195,11 @@ def test_a_healthy_run_is_bitwise_untouched(tmp_path):
         assert not any("rescue" in r for r in read_metrics(tmp_path / f"run{guard}"))
     (loss_a, state_a, rng_a), (loss_b, state_b, rng_b) = results
     assert loss_a == loss_b and same(state_a, state_b) and torch.equal(rng_a, rng_b)
+    # a guarded run that never acted is still told from an unguarded one: run.json and the doctor say so
+    unguarded, guarded = (diagnose.run(tmp_path / f"run{guard}") for guard in (False, True))
+    assert not unguarded.guard and "guarded" not in unguarded.format()
+    assert guarded.guard == Guard(every=5).to_json() and guarded.guard["mode"] == "act" and guarded.guard["every"] == 5
+    assert "guarded (act): a snapshot every 5 steps, 4 kept" in guarded.format()
 
 
 def test_an_eval_step_reads_the_guards_attention_from_its_internals_in_one_forward(tmp_path, monkeypatch):

@@ -52,6 +52,7 @@ def test_train_guard_rescues_twice_then_stops_with_code_3_leaving_the_snapshot_o
     assert [r["lr_cap"] for r in rescues[:most]] == pytest.approx([cut ** k * 1e6 for k in range(1, most + 1)])
     assert [r for r in records if r.get("diverged")][0]["step"] == records[-1]["step"]  # only the stop's step
     assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl", "run.json", "step_000000"]
+    assert json.loads((out / "run.json").read_text())["guard"] == Guard(mode="act").to_json()  # its settings
     outcome = run_outcome(out)  # what a sweep records of it
     assert (outcome["rescues"], outcome["diverged_by"], run_finished(outcome)) == (most, "guard", True)
     stops = [r.message for r in caplog.records if r.message.startswith("guard: stopped the run")]

@@ -123,12 +123,14 @@ class Monitor:
             raise
 
     def _run_json(self) -> dict[str, Any]:
-        """What run.json says of a loop the Monitor watches (`train.monitor_parts.monitored_run_json`)."""
+        """What run.json says of a loop the Monitor watches (`train.monitor_parts.monitored_run_json`),
+        and its guard's settings."""
+        guard = {"guard": self.guard.to_json()} if self.guard is not None else {}
         return monitored_run_json(
             self.model, self.optimizer, kind=self.kind, trainer=self.trainer,
             model_json=self.tapped_model if self.config is None else self.config.to_dict(),
             schedule={"steps": self.steps, "log_every": self.log_every, "eval_every": self.eval_every},
-            eval_tokens=self.eval_tokens)
+            eval_tokens=self.eval_tokens) | guard
 
     def __enter__(self) -> Monitor:
         return self

@@ -23,6 +23,7 @@ from train.data import Corpus, evaluate
 from probes.update_report import UpdateReport
 from models.store.run import read_run_json, trim_metrics, write_run_json  # noqa: F401 (trim_metrics re-exported)
 from train.config import DistInfo
+from train.guard.settings import Guard
 from models.cli import to_jsonable
 
 if TYPE_CHECKING:
@@ -70,7 +71,9 @@ def portable_argv(argv: list[str]) -> list[str]:
 def run_description(args: argparse.Namespace, cfg: Any, tc: dict[str, Any], corpus: Corpus,
                     device: torch.device, dist: DistInfo, preset: str | None) -> dict[str, Any]:
     argv = portable_argv(sys.argv[1:] if args.argv is None else list(args.argv))
+    guard = getattr(args, "guard", None)  # --guard: its settings, as a Monitor's guard= records them
     return {"preset": preset, "model": cfg.to_dict(), "overrides": args.set, "train": tc,
+            **({"guard": Guard(mode=guard).to_json()} if guard else {}),
             "data": {**corpus.describe(), "path": portable_path(corpus.path)},
             "tokenizer": {"kind": corpus.tokenizer.kind, "vocab_size": corpus.tokenizer.vocab_size},
             "torch": torch.__version__, "device": str(device), "world_size": dist.world_size,

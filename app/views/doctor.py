@@ -67,6 +67,8 @@ def verdict(diagnosis: Any) -> None:
     span = f"steps {diagnosis.first_step}..{diagnosis.last_step}; read from {diagnosis.source}{diagnosis.skipped_text()}"
     box = {"healthy": st.success, "warning": st.warning, "failed": st.error, "too short": st.info}[diagnosis.verdict]
     box(f"Verdict: **{diagnosis.verdict}** ({found}; {span})")
+    if diagnosis.guard:
+        st.caption(diagnosis.guard_text().capitalize())
 
 
 def first_to_open(findings: list[Finding]) -> Finding | None:

@@ -46,11 +46,13 @@ class Diagnosis:
     points: int = 0  # records that logged a loss
     trainer: str = flags.OURS  # whose words the advice uses (probes.doctor.flags)
     learned: str = ""  # with fewer points than the rules need: what says the run learns ("the val loss fell 59x ...")
+    guard: dict[str, Any] = field(default_factory=dict)  # run.json's guard settings: a guarded run, acted or not
 
     def to_dict(self) -> dict[str, Any]:
         return {"run": self.run, "source": self.source, "verdict": self.verdict, "first_step": self.first_step,
                 "last_step": self.last_step, "upto": self.upto, "skipped_records": self.skipped_records,
                 "points": self.points, **({"learned": self.learned} if self.learned else {}),
+                **({"guard": self.guard} if self.guard else {}),
                 "findings": [f.to_dict() for f in self.findings], "not_checked": self.not_checked}
 
     def skipped_text(self) -> str:
@@ -60,6 +62,15 @@ class Diagnosis:
             and not self.source.startswith(WANDB_SOURCE)  # nanoGPT's W&B run: records
         what = "line" if printed else "record"
         return f"; {n} malformed {what}{'s' if n > 1 else ''} skipped" if n else ""
+
+    def guard_text(self) -> str:
+        """'guarded (act): a snapshot every 10 steps, 4 kept, ...', or '' for an unguarded run."""
+        g = self.guard
+        if not g:
+            return ""
+        return (f"guarded ({g.get('mode', '?')}): a snapshot every {g.get('every', '?')} steps, {g.get('keep', '?')} "
+                f"kept, the rate cut to {g.get('cut', '?')}x where the run gives no better evidence, at most "
+                f"{g.get('max_rescues', '?')} rescues (docs/guard.md)")
 
     def above_info(self) -> list[Finding]:
         return [f for f in self.findings if f.severity != "info"]
@@ -81,6 +92,8 @@ class Diagnosis:
         """A short ranked list (headline, evidence, cause), then what to try with its sources."""
         span = f"steps {self.first_step}-{self.last_step}" + (f", cut at --step {self.upto}" if self.upto is not None else "")
         lines = [f"{self.run} ({span}; read from {self.source}{self.skipped_text()}): {self.verdict.upper()}"]
+        if self.guard:
+            lines.append(f"  {self.guard_text()}")
         if self.verdict == TOO_SHORT:
             lines.append(f"  too short to judge: {self.points} logged loss{'es' if self.points != 1 else ''} "
                          "(the rules below need more)")
@@ -143,7 +156,8 @@ def diagnose_history(history: RunHistory, thresholds: DoctorThresholds | None = 
     fell = rules_level.learned(history, t) if points < t.min_points else ""
     verdict = TOO_SHORT if worst == 0 and points < t.min_points and not fell else VERDICTS[SEVERITIES[worst]]
     return Diagnosis(str(history.path), verdict, findings, history.first_step, history.last_step, history.upto,
-                     not_checked, history.source, history.skipped, points, history.trainer, learned=fell)
+                     not_checked, history.source, history.skipped, points, history.trainer, learned=fell,
+                     guard=guard if isinstance(guard := history.info.get("guard"), dict) else {})
 
 
 def run(run_dir: str | Path | None, step: int | None = None, thresholds: DoctorThresholds | None = None,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 __all__ = ["Guard", "MODES"]
@@ -57,6 +57,12 @@ class Guard:
         if self.scaler is not None and not all(callable(getattr(self.scaler, m, None))
                                                for m in ("scale", "update", "unscale_")):
             raise ValueError(f"Guard: scaler must be a torch.amp.GradScaler or None, got {type(self.scaler).__name__}")
+
+    def to_json(self) -> dict[str, Any]:
+        """What run.json records of a guarded run (its mode and every setting): a guarded run that never
+        acted is told from an unguarded one, and a sweep's recipes compare with their guards."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "scaler"}
+        return {**out, "scaler": self.scaler is not None}
 
     def attach(self, model: Any, optimizer: Any, start_step: int = 0) -> Any:
         """A guard on this model and optimizer without a Monitor (a DDP rank other than 0):
