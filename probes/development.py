@@ -307,7 +307,9 @@ class DevelopmentResult:
             ev = c["evidence"]
             repeat = ev.get("repeat_loss")
             drop = f"; repeat loss {repeat['before']:.2f} -> {repeat['after']:.2f}" if repeat else ""
-            lines.append(f"  step {c['step']}: {c['kind']} ({heads}; steps {ev['from_step']}..{ev['to_step']}{drop})")
+            low, high = ev["crossed_between"]
+            lines.append(f"  step {c['step']} (between the snapshots at {low} and {high}): {c['kind']} ({heads}; "
+                         f"steps {ev['from_step']}..{ev['to_step']}{drop})")
         missing = sorted({m for s in self.snapshots for m in s.get("missing", [])})
         lines += [f"missing: {m}" for m in missing]
         return "\n".join(lines)

@@ -5,8 +5,11 @@ A head's series x_0..x_{S-1} (one value per snapshot) changes sharply where, ove
 `k = max(1, round(window * (S - 1)))` consecutive snapshot intervals, it moves by at least `sharp`
 times its range over the run (max - min), and that range is at least `min_range` (a head whose
 score wanders by 0.02 has no phase). The window is the steepest one (largest x[i+k] - x[i] for a
-rise, smallest for a fall); the change's step is the first snapshot in it past half of the move
-(Olsson et al. 2022 read the induction bump the same way: where the score crosses its midpoint).
+rise, smallest for a fall); the change's step is where the score crosses half of the move, read
+between the two snapshots that bracket the crossing (linearly: a score that crosses half-way between
+snapshots 700 and 800 at a quarter of its step there changed at 725, not at 800; Olsson et al. 2022
+read the induction bump the same way, where the score crosses its midpoint), with that bracket and
+the window in the evidence.
 Changes of the same kind and direction whose steps lie within one snapshot of each other are one
 phase change (its step: that of the largest move among them), listing every head; a head without a
 sharp move of its own joins it where, over the change's window, it moved the same way by at least
@@ -15,6 +18,10 @@ half the change's largest move (and `min_range`): it moved with the others.
 Each is aligned with the loss: the repeated-sequence loss and the in-context score before and after
 the window, and the training loss curve over it (a bump: the curve rising above both ends; a
 plateau's end: the curve flat over the span before the window, then falling in it).
+
+Attention entropy leaving the untrained model is no phase change: every head moves away from near-
+uniform attention as training starts, so an entropy move whose window starts at the first snapshot
+is not reported (the doctor's `attention_collapse` reads a collapse from the records at any step).
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ class Move:
     start: int
     end: int
     mid: int
+    at: float  # where it crossed half its move: a fractional snapshot index in (mid - 1, mid]
     before: float
     after: float
     range: float
@@ -72,10 +80,24 @@ def sharp_moves(series: Sequence[float], *, window: float = WINDOW, sharp: float
     for (delta, i), sign in zip(steepest, (1, -1)):
         if delta * sign < sharp * spread:
             continue
-        half = series[i] + delta / 2
-        mid = next(j for j in range(i + 1, i + k + 1) if (series[j] - half) * delta >= 0)
-        found.append((i, i + k, mid))
+        found.append((i, i + k, crossing(series, i, i + k)[0]))
     return found
+
+
+def crossing(series: Sequence[float], start: int, end: int) -> tuple[int, float]:
+    """(mid, at): the first index past half of the move from `start` to `end`, and where between mid - 1
+    and mid the series crossed that half, read linearly."""
+    delta = series[end] - series[start]
+    half = series[start] + delta / 2
+    mid = next(j for j in range(start + 1, end + 1) if (series[j] - half) * delta >= 0)
+    step = series[mid] - series[mid - 1]
+    return mid, mid - 1 + ((half - series[mid - 1]) / step if step else 1.0)
+
+
+def step_at(steps: Sequence[int], at: float) -> int:
+    """The training step at a fractional snapshot index, between the two snapshots' steps."""
+    i = min(int(at), len(steps) - 2)
+    return round(steps[i] + (at - i) * (steps[i + 1] - steps[i]))
 
 
 def head_moves(grids: Sequence[Sequence[Sequence[float]]], **options: Any) -> list[Move]:
@@ -85,8 +107,8 @@ def head_moves(grids: Sequence[Sequence[Sequence[float]]], **options: Any) -> li
         for head in range(len(grids[0][layer])):
             series = [g[layer][head] for g in grids]
             for start, end, mid in sharp_moves(series, **options):
-                moves.append(Move(layer, head, start, end, mid, series[start], series[end],
-                                  max(series) - min(series)))
+                moves.append(Move(layer, head, start, end, mid, crossing(series, start, end)[1], series[start],
+                                  series[end], max(series) - min(series)))
     return moves
 
 
@@ -141,7 +163,7 @@ def phase_changes(steps: Sequence[int], grids: dict[str, Sequence], *, repeat_lo
     for name, grid in grids.items():
         if name not in KINDS or len(grid) != len(steps):
             continue
-        every = head_moves(grid, **options)
+        every = [m for m in head_moves(grid, **options) if not (name == "entropy" and m.start == 0)]
         for group in group_moves(every):
             rise = [m for m in group if m.after > m.before]
             fall = [m for m in group if m.after <= m.before]
@@ -167,9 +189,8 @@ def companions(grid: Sequence, moves: list[Move], taken: set[tuple[int, int]], m
                 continue
             delta = series[end] - series[start]
             if delta * sign >= max(min_range, 0.5 * largest):
-                half = series[start] + delta / 2
-                mid = next(j for j in range(start + 1, end + 1) if (series[j] - half) * delta >= 0)
-                found.append(Move(layer, head, start, end, mid, series[start], series[end], max(series) - min(series)))
+                mid, at = crossing(series, start, end)
+                found.append(Move(layer, head, start, end, mid, at, series[start], series[end], max(series) - min(series)))
     return found
 
 
@@ -180,13 +201,14 @@ def change(kind: str, score: str, moves: list[Move], steps: Sequence[int], repea
     start, end = min(m.start for m in moves), max(m.end for m in moves)
     evidence: dict[str, Any] = {
         "score": score, "from_step": steps[start], "to_step": steps[end],
+        "crossed_between": [steps[lead.mid - 1], steps[lead.mid]],  # the snapshots bracketing the step
         "per_head": [{"layer": m.layer, "head": m.head, "before": m.before, "after": m.after, "range": m.range,
-                      "step": steps[m.mid]} for m in moves]}
+                      "step": step_at(steps, m.at)} for m in moves]}
     if len(repeat_loss) == len(steps):
         evidence["repeat_loss"] = series_evidence(repeat_loss, start, end)
     if len(icl_score) == len(steps):
         evidence["icl_score"] = series_evidence(icl_score, start, end)
     if loss_curve:
         evidence["loss"] = loss_evidence(loss_curve, steps[start], steps[end])
-    return {"kind": kind, "step": steps[lead.mid], "heads": sorted([m.layer, m.head] for m in moves),
+    return {"kind": kind, "step": step_at(steps, lead.at), "heads": sorted([m.layer, m.head] for m in moves),
             "evidence": evidence}

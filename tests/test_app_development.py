@@ -20,7 +20,8 @@ def test_development_page_on_a_run_with_a_phase_change(monkeypatch, tmp_path):
     assert not at.error, [e.value for e in at.error]
     table = at.dataframe[0].value
     row = table[table["kind"] == "induction_heads"].iloc[0]
-    assert (row["step"], row["heads"]) == (300, "L1H0")
+    # switched on between the snapshots at 200 and 300: read half-way, the link opens the one after
+    assert (row["step"], row["heads"], row["between snapshots"]) == (250, "L1H0", "200..300")
     assert row["attention"] == "attention?run=hand&snapshot=step_000300"
     (spec, frames), = specs(at, "induction (Olsson, on a random repeat) per head over snapshots")
     cells = frames[0]
@@ -28,7 +29,7 @@ def test_development_page_on_a_run_with_a_phase_change(monkeypatch, tmp_path):
     assert spec["encoding"]["href"]["field"] == "link"
     assert "attention?run=hand&snapshot=step_000400" in set(cells["link"])
     (loss_spec, loss_frames), = specs(at, "loss, with the phase changes")
-    assert any(300 in set(f.get("step", [])) and "change" in f for f in loss_frames)
+    assert any(250 in set(f.get("step", [])) and "change" in f for f in loss_frames)
 
 
 def test_a_lone_snapshot_has_no_development(monkeypatch, tmp_path):

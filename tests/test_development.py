@@ -47,8 +47,10 @@ def test_hand_set_heads_scored_on_paper_and_their_phase_change(hand_run):
     assert last["loss"] == pytest.approx(math.log(math.e + V - 1), rel=1e-6)
     assert last["icl_score"] == pytest.approx(0.0, abs=1e-6)
     kinds = {c["kind"]: c for c in result.phase_changes}
-    assert kinds["induction_heads"]["step"] == SWITCHED_ON and kinds["induction_heads"]["heads"] == [[1, 0]]
-    assert kinds["previous_token_heads"]["step"] == SWITCHED_ON
+    # switched on after the snapshot at 200, by the one at 300: the step is read between them, and named so
+    assert 200 < kinds["induction_heads"]["step"] <= SWITCHED_ON and kinds["induction_heads"]["heads"] == [[1, 0]]
+    assert kinds["induction_heads"]["evidence"]["crossed_between"] == [200, SWITCHED_ON]
+    assert 200 < kinds["previous_token_heads"]["step"] <= SWITCHED_ON
     assert kinds["previous_token_heads"]["heads"] == [[0, 0]]
     evidence = kinds["induction_heads"]["evidence"]
     assert (evidence["from_step"], evidence["to_step"]) == (200, 300)
@@ -113,7 +115,8 @@ def test_sharp_moves(series, want):
 
 
 def test_grouped_moves_and_loss_alignment():
-    moves = [Move(1, 0, 2, 4, 4, 0.0, 1.0, 1.0), Move(1, 1, 2, 4, 5, 0.0, 1.0, 1.0), Move(0, 0, 6, 8, 8, 0, 1, 1)]
+    moves = [Move(1, 0, 2, 4, 4, 3.5, 0.0, 1.0, 1.0), Move(1, 1, 2, 4, 5, 4.5, 0.0, 1.0, 1.0),
+             Move(0, 0, 6, 8, 8, 7.5, 0, 1, 1)]
     assert [[(m.layer, m.head) for m in g] for g in group_moves(moves)] == [[(1, 0), (1, 1)], [(0, 0)]]
     curve = [(0, 3.0), (10, 3.0), (20, 3.0), (25, 3.4), (30, 2.0), (40, 1.9)]
     # flat over 10..20, a bump of 0.4 above both ends of 20..30, then the loss falls: a plateau's end
@@ -122,14 +125,39 @@ def test_grouped_moves_and_loss_alignment():
     grid = [[[0.0, 0.0]], [[0.0, 0.0]], [[0.0, 0.0]], [[1.0, 0.9]], [[1.0, 0.9]]]
     changes = phase_changes([0, 10, 20, 30, 40], {"induction": grid}, repeat_loss=[3, 3, 3, 1, 1],
                             loss_curve=curve)
-    assert [(c["kind"], c["step"], c["heads"]) for c in changes] == [("induction_heads", 30, [[0, 0], [0, 1]])]
+    # the scores jump between the snapshots of steps 20 and 30: half-way there, at 25
+    assert [(c["kind"], c["step"], c["heads"]) for c in changes] == [("induction_heads", 25, [[0, 0], [0, 1]])]
+    assert changes[0]["evidence"]["crossed_between"] == [20, 30]
     assert changes[0]["evidence"]["repeat_loss"] == {"before": 3, "after": 1}
     # head 0 steps up 0.6 at 40; head 2 rises 0.4 over the same window (0.44 of its range 0.9: no sharp
     # move of its own) and joins; head 3 rises 0.2 there (under half of 0.6) and does not
     grid = [[[0.6 if i >= 4 else 0.0, 0.0, a, b]] for i, (a, b) in
             enumerate(zip([0, 0.05, 0.1, 0.1, 0.5, 0.5, 0.6, 0.7, 0.9], [0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]))]
     (joined,) = phase_changes(list(range(0, 90, 10)), {"induction": grid})
-    assert (joined["step"], joined["heads"]) == (40, [[0, 0], [0, 2]])
+    assert (joined["step"], joined["heads"]) == (35, [[0, 0], [0, 2]])
+
+
+@pytest.mark.parametrize("middle", [712, 741, 779, 790])
+def test_the_step_is_where_the_score_crosses_half_its_move_between_the_snapshots(middle):
+    """A score rising as a logistic centred at `middle`, read at snapshots every 40 steps: the step is
+    within a quarter of a snapshot of the middle (the first snapshot past half was up to one late: 840
+    for a move half-way at 741, a user's run), the bracketing snapshots hold it."""
+    steps = list(range(0, 1201, 40))
+    scores = [1 / (1 + math.exp(-(s - middle) / 30)) for s in steps]
+    (change,) = phase_changes(steps, {"induction": [[[x]] for x in scores]})
+    low, high = change["evidence"]["crossed_between"]
+    assert abs(change["step"] - middle) <= 10 and low <= middle <= high and high - low == 40
+
+
+def test_entropy_leaving_the_untrained_model_is_no_phase_change():
+    """Every head's entropy falls from near-uniform as training starts (windows from the first snapshot):
+    no change; the same fall later in the run is one."""
+    steps = list(range(0, 200, 20))
+    early = [1.0, 0.7, 0.5, 0.45, 0.45, 0.44, 0.44, 0.44, 0.44, 0.44]
+    late = [1.0, 0.98, 0.97, 0.97, 0.96, 0.6, 0.4, 0.4, 0.4, 0.4]
+    assert phase_changes(steps, {"entropy": [[[x]] for x in early]}) == []
+    (change,) = phase_changes(steps, {"entropy": [[[x]] for x in late]})
+    assert change["kind"] == "entropy_collapse" and 80 < change["step"] <= 100
 
 
 @pytest.mark.slow
@@ -164,7 +192,7 @@ def test_the_doctor_joins_a_collapse_and_a_sink_to_the_loss(tmp_path):
     development.run(run, tokens=TOKENS)
     assert [r["step"] for r in development_readings(run)] == [0, 100, 200, 300, 400]
     found = {f.code: f for f in diagnosis.run(run).findings if f.page == "development"}
-    assert found["head_entropy_collapse"].severity == "info" and found["head_entropy_collapse"].step == SWITCHED_ON
+    assert found["head_entropy_collapse"].severity == "info" and 200 < found["head_entropy_collapse"].step <= SWITCHED_ON
     assert found["head_entropy_collapse"].evidence["with_a_role"] == 2
     # now the readings say: L0H0 collapses onto position 0 at 300, the loss bumping from 3.0 to 3.5 at 250
     for path in sorted(run.glob("step_*/development.json")):
@@ -181,9 +209,10 @@ def test_the_doctor_joins_a_collapse_and_a_sink_to_the_loss(tmp_path):
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     found = {f.code: f for f in diagnosis.run(run).findings if f.page == "development"}
     collapse, sink = found["head_entropy_collapse"], found["sink_forming"]
-    assert (collapse.severity, collapse.step, collapse.where) == ("warning", SWITCHED_ON, ("L0H0",))
+    # read between the snapshots at 200 and 300 that bracket the switch: half-way, at 250
+    assert (collapse.severity, collapse.step, collapse.where) == ("warning", 250, ("L0H0",))
     assert collapse.evidence["loss_bump"] == pytest.approx(0.5)
-    assert (sink.step, sink.where) == (SWITCHED_ON, ("L0H0",))
+    assert (sink.step, sink.where) == (250, ("L0H0",))
 
 
 def test_the_repetition_run_reads_its_own_text(tmp_path, capsys):

@@ -126,9 +126,10 @@ def changes_table(result: dict[str, Any], sel: Selection) -> None:
         ev = c["evidence"]
         repeat = ev.get("repeat_loss") or {}
         rows.append({"step": c["step"], "kind": c["kind"], "heads": heads_text(c["heads"]),
+                     "between snapshots": "{}..{}".format(*ev["crossed_between"]),
                      "window": f"{ev['from_step']}..{ev['to_step']}",
                      "repeat loss": (f"{repeat['before']:.2f} -> {repeat['after']:.2f}" if repeat else "not read"),
-                     "attention": attention_link(sel.run.label, by_step[c["step"]])})
+                     "attention": attention_link(sel.run.label, by_step[ev["crossed_between"][1]])})
     st.dataframe(pd.DataFrame(rows), hide_index=True, column_config={
         "attention": st.column_config.LinkColumn("attention", display_text="open at this step")})
 
