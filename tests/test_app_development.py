@@ -51,3 +51,15 @@ def test_a_run_without_attention_is_said_in_the_page(monkeypatch, tmp_path):
         save_snapshot(tmp_path / "mlp" / f"step_{step:06d}", model, None, step=step)
     at = open_app(monkeypatch, [tmp_path], page="development", run="mlp")
     assert [e.value for e in at.error] and "no attention" in at.error[0].value
+
+
+def test_the_heat_map_names_every_head():
+    """Vega drops overlapping axis labels by default: the heat map said L1H0 and not L1H1 (the strongest
+    induction head of a user's run). Its head axis keeps every label, each row tall enough for one."""
+    from app.views.development import heatmap
+
+    snapshots = [{"step": s, "snapshot": f"step_{s:06d}", "entropy": [[0.5] * 4, [0.5] * 4]} for s in (0, 10)]
+    spec = heatmap(snapshots, "entropy", "run").to_dict()
+    assert spec["encoding"]["y"]["axis"]["labelOverlap"] is False
+    assert spec["height"] >= 11 * 8  # 8 heads, each row at least one label's font size high
+    assert spec["encoding"]["y"]["sort"] == [f"L{l}H{h}" for l in range(2) for h in range(4)]

@@ -78,11 +78,12 @@ def heatmap(snapshots: list[dict[str, Any]], kind: str, run: str) -> Any:
     heads = list(dict.fromkeys(frame["head"]))
     return alt.Chart(frame, title=f"{TYPES[kind]} per head over snapshots").mark_rect().encode(
         x=alt.X("step:O", title="snapshot step"),
-        y=alt.Y("head:N", sort=heads, title=None),
+        # every head named: vega drops overlapping labels by default, and half the rows went unnamed
+        y=alt.Y("head:N", sort=heads, title=None, axis=alt.Axis(labelOverlap=False, labelFontSize=11)),
         color=alt.Color("score:Q", scale=alt.Scale(domain=[0, 1], scheme="viridis"), title=None),
         href="link:N",
         tooltip=["head", "step", alt.Tooltip("score:Q", format=".3f"), "snapshot"],
-    ).properties(height=max(80, 18 * len(heads)))
+    ).properties(height=max(80, 20 * len(heads)))
 
 
 def loss_chart(result: dict[str, Any]) -> None:
