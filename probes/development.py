@@ -218,6 +218,10 @@ def run_inputs(latest: Path, tokens: Any = None, data: Path | None = None, sampl
 
     snap = load_checkpoint(latest)
     if sample_only(snap):
+        if tokens is not None or data is not None:  # not silently: the user asked for other text
+            log.warning("%s: its snapshots hold a model saved without its code, read from what each saved "
+                        "(its sample and repeat): the %s given is not read", latest.parent,
+                        "tokens" if tokens is not None else f"--data {data}")
         return Inputs(None, None, "each snapshot's saved sample and repeat", saved=True)
     n_ctx, d_vocab = int(snap.config.n_ctx), int(snap.config.d_vocab)
     length = n_ctx // 2

@@ -57,7 +57,7 @@ def test_a_folder_of_hugging_face_trainer_checkpoints(tmp_path):
     close(result.snapshots[1]["entropy"], by_probe)
 
 
-def test_the_monitors_snapshots_of_a_model_without_its_code(tmp_path):
+def test_the_monitors_snapshots_of_a_model_without_its_code(tmp_path, caplog):
     from any_model_kit import SplitGPT
     from models.tokenizers import CharTokenizer
     from train.monitor import Monitor
@@ -93,3 +93,9 @@ def test_the_monitors_snapshots_of_a_model_without_its_code(tmp_path):
         losses = F.cross_entropy(logits[:, :-1].transpose(1, 2), repeat[:, 1:], reduction="none")
     assert last["repeat_loss"] == pytest.approx(float(losses[:, length:].mean()), rel=1e-5)
     assert result.loss_curve and result.loss_curve[0][0] == 0
+    # other text cannot be read without the code: said in one line, not silently ignored
+    (tmp_path / "other.txt").write_text("abcde " * 40)
+    with caplog.at_level("WARNING", logger="probes.development"):
+        development.run(tmp_path / "run", data=tmp_path / "other.txt", samples=32)
+    said = [r.getMessage() for r in caplog.records if "saved without its code" in r.getMessage()]
+    assert len(said) == 1 and "--data" in said[0] and "other.txt" in said[0]
