@@ -29,7 +29,7 @@ from probes.doctor.log_file import Log, check_user_tags, kind_of_losses, require
 from probes.doctor.wandb_file import Walk, fields, walk_wandb_records
 from probes.errors import ProbeInputError
 
-__all__ = ["MIRROR", "SOURCE", "STEP_KEYS", "WANDB_KEYS", "find_wandb_run", "read_wandb", "read_wandb_file"]
+__all__ = ["MIRROR", "MIRROR_STEP", "SOURCE", "STEP_KEYS", "WANDB_KEYS", "find_wandb_run", "read_wandb", "read_wandb_file"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ SUMMARY_FILE, CONFIG_FILE = "files/wandb-summary.json", "files/config.yaml"
 # the run's own step key, by trainer: nanoGPT's train.py, nanochat's scripts, the Trainer's WandbCallback
 STEP_KEYS = {"iter": "nanogpt", "step": "unknown", "train/global_step": "hf"}
 MIRROR = "scratchscope/"  # the Monitor's keys in a W&B run (train.monitor_wandb)
+MIRROR_STEP = MIRROR + "step"  # the Monitor's step of the mirror's keys in a row: they join the user's rows
 SOURCE = "the W&B run"  # how the doctor names one, before its folder's name
 W_STEP = "_step"  # W&B's own row counter: the axis only when the run logs none of STEP_KEYS
 WANDB_KEYS = {MIRROR + "grad_norm": "grad_norm",  # the Monitor's mirror (train.monitor_wandb); the user's own wins
@@ -208,13 +209,13 @@ def merged(segments: list[Segment], step_key: str, mapping: dict[str, str], summ
         rows = [segment.summary] if summary_only else segment.rows
         mine: dict[int, dict[str, Any]] = {}
         for row in rows:
-            step = step_of(row.get(step_key))
-            if step is None:
-                missing += 1
-                continue
-            values = {ours: float(v) for name, ours in mapping.items() if is_number(v := row.get(name))}
-            if values:
-                mine.setdefault(step, {"step": step}).update(values)
+            for step, names in row_steps(row, step_key, mapping):
+                if step is None:
+                    missing += 1
+                    continue
+                values = {ours: float(v) for name, ours in names.items() if is_number(v := row.get(name))}
+                if values:
+                    mine.setdefault(step, {"step": step}).update(values)
         if mine:
             first = min(mine)
             by_step = {s: r for s, r in by_step.items() if s < first}
@@ -222,6 +223,19 @@ def merged(segments: list[Segment], step_key: str, mapping: dict[str, str], summ
     if missing:
         log.info("W&B run: %d history rows without %s left out", missing, step_key)
     return [by_step[s] for s in sorted(by_step)]
+
+
+def row_steps(row: dict[str, Any], step_key: str, mapping: dict[str, str]) -> list[tuple[int | None, dict[str, str]]]:
+    """A row's (step, names read at it): the Monitor's keys at its own step where the row holds it
+    (they join whichever row the user logs, train.monitor_wandb), the user's at their step key."""
+    if MIRROR_STEP not in row:
+        return [(step_of(row.get(step_key)), mapping)]
+    ours = {name: v for name, v in mapping.items() if name.startswith(MIRROR)}
+    theirs = {name: v for name, v in mapping.items() if not name.startswith(MIRROR)}
+    out = [(step_of(row[MIRROR_STEP]), ours)]
+    if step_key in row or any(name in row for name in theirs):
+        out.append((step_of(row.get(step_key)), theirs))
+    return out
 
 
 def step_of(value: Any) -> int | None:
