@@ -18,17 +18,16 @@ opened (a FIFO named run-x.wandb would block the open forever).
 from __future__ import annotations
 
 import mmap
-import os
-import stat
 import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from probes.doctor.text_log import check_regular_file
 from probes.errors import ProbeInputError
 
-__all__ = ["FORMAT_VERSION", "Walk", "fields", "message_fields", "regular_file", "varint", "walk_wandb_records"]
+__all__ = ["FORMAT_VERSION", "Walk", "fields", "message_fields", "varint", "walk_wandb_records"]
 
 IDENT, MAGIC, FORMAT_VERSION = b":W&B", 0xBEE1, 0
 FILE_HEADER = 7
@@ -58,20 +57,6 @@ class Walk:
         self.first_damage = at if self.first_damage is None else self.first_damage
 
 
-def regular_file(path: Path) -> os.stat_result:
-    """The stat of a user's file that is safe to open: a FIFO, a device or a socket never is (its
-    open or read waits forever, or reads without end): ProbeInputError naming it."""
-    try:
-        found = path.stat()
-    except OSError as err:
-        raise ProbeInputError(f"{path}: cannot read ({err.strerror or err})") from None
-    if not stat.S_ISREG(found.st_mode):
-        kind = ("a folder" if stat.S_ISDIR(found.st_mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(found.st_mode)
-                else "a device or socket")
-        raise ProbeInputError(f"{path}: {kind}, not a regular file: not read")
-    return found
-
-
 def check_header(path: Path, head: bytes) -> None:
     """One line for a file that is not a W&B run file of the version read here."""
     if not head:
@@ -89,7 +74,8 @@ def check_header(path: Path, head: bytes) -> None:
 def walk_wandb_records(path: Path, walk: Walk) -> Iterator[bytes]:
     """The serialized `Record`s of a run file, in order. ProbeInputError for an empty file, a
     file of another kind or another format version; a cut end stops quietly (`walk.cut_at`)."""
-    size = regular_file(path).st_size
+    check_regular_file(path, "a W&B run file")  # a FIFO's open would wait forever
+    size = path.stat().st_size
     with path.open("rb") as f:
         check_header(path, f.read(FILE_HEADER))
         if size == FILE_HEADER:
