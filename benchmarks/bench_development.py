@@ -8,6 +8,13 @@ A run of `--snapshots` snapshots of the preset (random weights, each snapshot a 
 into a temporary directory; `probes.development.run` is timed once cold (no development.json: every
 snapshot loaded and read, then cached) and `--repeats` times from the caches (median and min). The
 target (issue 51): a 50-snapshot run opens in under 2 s from its caches.
+
+    python benchmarks/bench_development.py --compare-threads --snapshots 1000   # issue 60
+
+With --compare-threads, the cold read instead, side by side on two copies of the run at torch's own
+thread count (as the CLI runs): a tiny model read on one thread (`probes.common.one_thread_if_tiny`,
+the probe's way) against on torch's threads. The target (issue 60): 1000 tiny snapshots read cold in
+under a minute on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -43,11 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="mha4", help="model preset (default mha4)")
     parser.add_argument("--repeats", type=int, default=5, help="cached opens timed (default 5)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1, as the app)")
+    parser.add_argument("--compare-threads", action="store_true",
+                        help="time the cold read of a tiny model on one thread against torch's threads")
     args = parser.parse_args(argv)
     import torch
 
     from probes import development
 
+    if args.compare_threads:
+        return compare_threads(args)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
@@ -69,6 +80,29 @@ def main(argv: list[str] | None = None) -> int:
     print(f"cold (every snapshot read, then cached): {cold_s:8.2f} s  ({per_snapshot:.0f} ms a snapshot)")
     print(f"from the caches: median {median:8.3f} s, min {min(cached):.3f} s over {args.repeats}  "
           f"({cold_s / median:.0f}x faster; target < 2 s)")
+    return 0
+
+
+def compare_threads(args: argparse.Namespace) -> int:
+    import shutil
+
+    import torch
+
+    from probes import common, development
+
+    with tempfile.TemporaryDirectory() as tmp:
+        make_run(Path(tmp) / "one", args.preset, args.snapshots)
+        shutil.copytree(Path(tmp) / "one", Path(tmp) / "torch")
+        timed = {}
+        for name, tiny in (("torch", 0), ("one", common.TINY_WEIGHTS)):  # 0: no model is tiny
+            common.TINY_WEIGHTS = tiny
+            started = time.perf_counter()
+            development.run(Path(tmp) / name, progress=False)
+            timed[name] = time.perf_counter() - started
+    print(f"{args.snapshots} snapshots of {args.preset}, read cold, torch's threads: {torch.get_num_threads()}")
+    print(f"on torch's threads: {timed['torch']:8.2f} s  ({1000 * timed['torch'] / args.snapshots:.0f} ms a snapshot)")
+    print(f"on one thread:      {timed['one']:8.2f} s  ({1000 * timed['one'] / args.snapshots:.0f} ms a snapshot)"
+          f"  {timed['torch'] / timed['one']:.1f}x faster")
     return 0
 
 

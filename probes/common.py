@@ -184,6 +184,25 @@ def progress_bar(batches: Sequence[torch.Tensor], progress: bool | None, desc: s
     return tqdm(batches, desc=desc, unit="batch", file=sys.stderr)
 
 
+TINY_WEIGHTS = 16 * 2**20  # bytes of weights (4M float32 parameters) below which a model reads on one thread
+
+
+@contextmanager
+def one_thread_if_tiny(weights: Path | None) -> Iterator[None]:
+    """Torch on one thread while a tiny model (its weights file under TINY_WEIGHTS) is read: on
+    matrices this small torch's threads cost more than they give (on a busy 2-core machine a
+    product took 20 ms instead of 10 us: benchmarks/bench_development.py)."""
+    tiny = weights is not None and weights.stat().st_size < TINY_WEIGHTS
+    before = torch.get_num_threads()
+    if tiny:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if tiny:
+            torch.set_num_threads(before)
+
+
 def check_batch_size(batch_size: int) -> None:
     if batch_size < 1:
         raise ProbeInputError(f"batch size must be >= 1, got {batch_size}")
@@ -212,7 +231,12 @@ def sample_windows(ids: Sequence[int], n_ctx: int, samples: int, seed: int = 0) 
 
 
 def read_text_file(path: Path) -> str:
-    """The file's text, at most MAX_TEXT_BYTES of it (a device like /dev/zero never ends)."""
+    """The file's text, at most MAX_TEXT_BYTES of it; a FIFO or a device (/dev/zero never ends) is
+    refused unopened: a FIFO's open waits for a writer forever."""
+    from probes.doctor.text_log import check_regular_file
+
+    if Path(path).exists() and not Path(path).is_dir():  # those are said below, in the other causes' words
+        check_regular_file(Path(path), "a text file", "--text-file / --data")
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_TEXT_BYTES + 1)

@@ -41,6 +41,7 @@ import logging
 import math
 import re
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ import torch
 
 from probes.args import development_parser as build_parser
 from probes.errors import ProbeInputError
-from probes.development_cache import cache_path, read_cache, weights_key, write_cache
+from probes.development_cache import cache_path, read_cache, weights_file, weights_key, write_cache
 from probes.phase_changes import phase_changes
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ log = logging.getLogger(__name__)
 __all__ = ["DevelopmentResult", "icl_score", "main", "read_snapshot", "repeat_half_loss", "run", "snapshot_paths"]
 
 REPEAT_SAMPLES = 8
+SAY_COST_S = 60.0  # a read expected to take longer says so after its first snapshot
 HF_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 CANNOT = ("it cannot read a folder of the series' .pt state dicts (each needs --preset: one snapshot at a time), "
           "nor snapshots of different models as one run")
@@ -142,36 +144,57 @@ def measure(model: Any, tokens: torch.Tensor, repeat: tuple[torch.Tensor, int]) 
     return reading
 
 
-def read_snapshot(path: Path, inputs: "Inputs", *, cache: bool = True) -> dict[str, Any]:
-    """The reading of the snapshot at `path`: from its cache when it matches, else measured (and cached)."""
+def read_snapshot(path: Path, inputs: "Inputs", *, cache: bool = True, from_cache: bool = True) -> dict[str, Any]:
+    """The reading of the snapshot at `path`: from its cache when it matches (and `from_cache`), else
+    measured (and cached, with `cache`). Its step is the snapshot's own, never the cache's."""
     key = weights_key(path)
     where = cache_path(path)
-    if cache and key is not None:
+    if cache and from_cache and key is not None:
         found = read_cache(where, key, inputs.key)
         if found is not None:
-            return {**found, "from": "cache"}
+            step = step_in_name(path)  # a snapshot copied to another step with its cache: the folder's
+            return {**found, "step": found["step"] if step is None else step, "snapshot": path.name, "from": "cache"}
     from models.checkpoint import load_checkpoint
 
     snap = load_checkpoint(path)
     tokens, repeat = inputs.for_snapshot(snap)
+    check_vocabulary(path, snap, inputs, tokens, repeat[0])
     with torch.no_grad():
-        reading = measure(snap.model, tokens, repeat)
+        try:
+            reading = measure(snap.model, tokens, repeat)
+        except ProbeInputError as err:  # which snapshot of which run
+            raise ProbeInputError(f"{path}: {err}") from None
     reading = {"step": snapshot_step_of(path, snap), "snapshot": path.name, **reading}
     if cache and key is not None:
         write_cache(where, key, inputs.key, reading)
     return {**reading, "from": "computed"}
 
 
-def snapshot_step_of(path: Path, snap: Any = None) -> int:
+def step_in_name(path: Path) -> int | None:
+    """The step a snapshot's name gives (step_000500, ckpt_500.pt, checkpoint-500), else None."""
     from models.store.run import snapshot_step
 
     found = snapshot_step(path)
     match = HF_CHECKPOINT.match(path.name)
-    if found is None and match:
-        found = int(match.group(1))
+    return int(match.group(1)) if found is None and match else found
+
+
+def snapshot_step_of(path: Path, snap: Any = None) -> int:
+    found = step_in_name(path)
     if found is None and snap is not None and isinstance(snap.step, int):
         found = snap.step
     return found or 0
+
+
+def check_vocabulary(path: Path, snap: Any, inputs: "Inputs", *tokens: torch.Tensor) -> None:
+    """The run's text, tokenized for its latest snapshot, fits this one's vocabulary: else one line
+    naming the snapshot and the run's text (snapshots of different vocabularies are no one run)."""
+    vocab = getattr(getattr(snap, "config", None), "d_vocab", None)
+    top = max((int(t.max()) for t in tokens if t.numel()), default=-1)
+    if isinstance(vocab, int) and top >= vocab:
+        raise ProbeInputError(f"{path}: a vocabulary of {vocab} tokens, but the run's text ({inputs.source}, "
+                              f"tokenized for its latest snapshot) holds token id {top}: the run's snapshots "
+                              f"have different vocabularies; {CANNOT}")
 
 
 # ---------------------------------------------------------------- the inputs every snapshot reads
@@ -335,20 +358,43 @@ def grids_of(snapshots: list[dict[str, Any]]) -> dict[str, list]:
     return out
 
 
+def shape_of(reading: dict[str, Any]) -> str:
+    return json.dumps([len(row) for row in reading["entropy"]])
+
+
+def read_all(paths: list[Path], inputs: Inputs, cache: bool, shown: Any) -> dict[Path, dict[str, Any]]:
+    """Each snapshot's reading; after the second one measured (the first pays for warming up), a
+    long read says what it will cost."""
+    read: dict[Path, dict[str, Any]] = {}
+    measured = 0
+    for n, p in enumerate(shown):
+        start = time.perf_counter()
+        read[p] = read_snapshot(p, inputs, cache=cache)
+        took, left = time.perf_counter() - start, len(paths) - n - 1
+        measured += read[p]["from"] == "computed"
+        if measured == 2 and read[p]["from"] == "computed" and took * left > SAY_COST_S:
+            log.warning("development: %d more snapshots to read, about %.0f s (%.2f s each); each reading is "
+                        "cached beside its snapshot, so the next look is quick", left, took * left, took)
+    return read
+
+
 def run(run_path: str | Path, *, tokens: Any = None, data: str | Path | None = None, samples: int = 8,
         seed: int = 0, cache: bool = True, progress: bool | None = None) -> DevelopmentResult:
     """The development of the run at `run_path` (see the module's docstring); `tokens` ([batch pos]
     ids) or `data` (a text file) replace the run's own text; `cache=False` neither reads nor writes caches."""
-    from probes.common import progress_bar
+    from probes.common import one_thread_if_tiny, progress_bar
 
     path = Path(run_path)
     paths = snapshot_paths(path)
     inputs = run_inputs(paths[-1], tokens, None if data is None else Path(data), samples, seed)
-    snapshots = []
-    for p in progress_bar(paths, progress, "development"):
-        snapshots.append(read_snapshot(p, inputs, cache=cache))
-    snapshots.sort(key=lambda s: s["step"])
-    if len({json.dumps([len(row) for row in s["entropy"]]) for s in snapshots}) > 1:
+    with one_thread_if_tiny(weights_file(paths[-1])):
+        read = read_all(paths, inputs, cache, progress_bar(paths, progress, "development"))
+        if len({shape_of(s) for s in read.values()}) > 1:  # a cached reading of another shape is stale
+            log.warning("%s: readings of different layers or heads: the cached ones recomputed", path)
+            read.update({p: read_snapshot(p, inputs, cache=cache, from_cache=False)
+                         for p, s in read.items() if s["from"] == "cache"})
+    snapshots = sorted(read.values(), key=lambda s: s["step"])
+    if len({shape_of(s) for s in snapshots}) > 1:
         raise ProbeInputError(f"{path}: its snapshots have different layers or heads; one model's run is read")
     curve = loss_curve(path if paths[0] != path else path.parent)
     grids = grids_of(snapshots)

@@ -6,6 +6,7 @@ Works with an editable install (``pip install -e ".[dev]"``) or from the checkou
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,15 @@ def seed() -> int:
     value = 0
     torch.manual_seed(value)
     return value
+
+
+@pytest.fixture
+def no_hang():
+    """A FIFO opened for reading blocks until a writer comes: fail the test instead of hanging."""
+    def stop(*_):
+        raise TimeoutError("blocked reading a FIFO")
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(10)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import signal
 import stat
 
 import pytest
@@ -138,18 +137,6 @@ def fifo(tmp_path, name: str = "train.log"):
     path = tmp_path / name
     os.mkfifo(path)
     return path
-
-
-@pytest.fixture
-def no_hang():
-    """A FIFO opened for reading blocks until a writer comes: fail the test instead of hanging."""
-    def stop(*_):
-        raise TimeoutError("blocked reading a FIFO")
-    old = signal.signal(signal.SIGALRM, stop)
-    signal.alarm(10)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -262,7 +262,7 @@ def snap_dir(tmp_path_factory) -> Path:
     (("--device", "mps"), "MPS is not available"),
     (("--device", "cpu:1"), "device 'cpu:1' does not exist: this machine has only cpu"),
     (("--batch-size", "100000000"), "batch size 100000000"),
-    (("--text-file", "/dev/zero"), "larger than 256 MB"),
+    (("--text-file", "/dev/zero"), "/dev/zero: a character device, not a regular file"),
 ])
 def test_probe_inputs_that_crashed_are_one_line(args, message, snap_dir, capsys):
     from probes import entropy

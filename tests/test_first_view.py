@@ -20,7 +20,7 @@ from nanogpt_ref import GPT, GPTConfig
 
 from models.checkpoint import list_snapshots, load_checkpoint
 from models.store.files import CheckpointError
-from models.store.view_file import VIEW_FILE, read_view, write_view
+from models.store.view_file import VIEW_FILE, VIEW_VERSION, read_view, write_view
 from models.tokenizers import CharTokenizer
 from probes import page_view
 from probes.first_view import PAGE_TEXT, pack, page_ids, unpack
@@ -80,7 +80,7 @@ def test_the_view_file_is_checked_against_the_weights_and_read_whole_or_refused(
     digest = hashlib.sha256(b"the weights").hexdigest()
     write_view(tmp_path, {"float32": np.arange(3, dtype=np.float32)}, {"weights_sha256": digest, "parts": {}})
     arrays, info = read_view(tmp_path, digest)
-    assert arrays["float32"].tolist() == [0.0, 1.0, 2.0] and info["format_version"] == 1
+    assert arrays["float32"].tolist() == [0.0, 1.0, 2.0] and info["format_version"] == VIEW_VERSION
     assert read_view(tmp_path, "def") is None  # read from other weights: stale, not used
     assert read_view(tmp_path / "elsewhere", digest) is None  # none saved
     weights.write_bytes(b"the weig")  # truncated after the view was saved: the model's loader must say so
@@ -93,6 +93,48 @@ def test_the_view_file_is_checked_against_the_weights_and_read_whole_or_refused(
     with pytest.raises(CheckpointError, match=f"{VIEW_FILE}: not a first view") as err:
         read_view(tmp_path, digest)
     assert "\n" not in str(err.value)
+
+
+def rewritten(path: Path, change) -> None:
+    """The view file with its arrays or JSON changed by `change(arrays, meta)`, its recorded hash kept."""
+    from safetensors.numpy import load_file, save_file
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as f:
+        meta = json.loads(f.metadata()["first_view"])
+    arrays = load_file(str(path))
+    change(arrays, meta)
+    save_file(arrays, str(path), metadata={"first_view": json.dumps(meta)})
+
+
+def moved(grid: list) -> None:  # [dtype, start, shape, kind, mask]: the grid read from one number on
+    grid[1] += 1
+
+
+TAMPERED = {  # a view changed after it was written: each drawn as the model's unless the whole view is hashed
+    "a head's verdict": lambda arrays, meta: meta["parts"]["attention"]["verdicts"][0].__setitem__(0, "collapsed"),
+    "a grid's offset": lambda arrays, meta: moved(meta["parts"]["attention"]["evidence"]["max_prob"]["@"]),
+    "the view's tokens": lambda arrays, meta: meta.__setitem__("tokens", [9, 9, 9]),
+    "the skipped parts": lambda arrays, meta: meta.__setitem__("skipped", {"lens": "not read"}),
+    "an array": lambda arrays, meta: arrays["float32"].__setitem__(0, arrays["float32"][0] + 1),
+    "format version 1": lambda arrays, meta: meta.__setitem__("format_version", 1),
+}
+
+
+@pytest.mark.parametrize("case", TAMPERED)
+def test_a_view_changed_after_it_was_written_is_never_drawn(tmp_path, caplog, case):
+    (tmp_path / "model.safetensors").write_bytes(b"the weights")
+    digest = hashlib.sha256(b"the weights").hexdigest()
+    arrays, skeleton = pack(PARTS)
+    write_view(tmp_path, arrays, {"weights_sha256": digest, "tokens": [5, 1, 2], "text": "abc", "skipped": {},
+                                  "parts": skeleton})
+    assert read_view(tmp_path, digest) is not None
+    rewritten(tmp_path / VIEW_FILE, lambda a, m: None)  # written again unchanged: still the view
+    assert read_view(tmp_path, digest) is not None
+    rewritten(tmp_path / VIEW_FILE, TAMPERED[case])
+    with caplog.at_level("INFO"):
+        assert read_view(tmp_path, digest) is None
+    assert "not used" in caplog.text
 
 
 @pytest.fixture(scope="module")

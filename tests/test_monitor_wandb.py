@@ -17,7 +17,7 @@ from nanogpt_ref import GPT, GPTConfig
 from wandb_kit import offline_wandb
 
 from models.checkpoint import read_metrics
-from probes.doctor.read_wandb import MIRROR, read_segment
+from probes.doctor.read_wandb import MIRROR, MIRROR_STEP, read_segment
 from probes.doctor.run_history import RunHistory
 from probes.doctor.wandb_file import Walk, walk_wandb_records
 from train.monitor import Monitor
@@ -33,7 +33,8 @@ def user_rows(step: int, loss: float) -> dict:
 
 
 def train(wandb, out: Path | None, writer=None) -> list[dict]:
-    """A nanoGPT-style loop logging to W&B every 5 iters (and, with `out`, a Monitor beside it);
+    """A nanoGPT-style loop logging to W&B every iter (and, with `out`, a Monitor beside it, every 5:
+    a record reaches the mirror when the next begins, and joins the user's next row);
     the user's rows as given to wandb.log."""
     torch.manual_seed(0)
     model = GPT(CONFIG)
@@ -49,9 +50,8 @@ def train(wandb, out: Path | None, writer=None) -> list[dict]:
         loss.backward()
         optimizer.step()
         lossf = math.nan if it >= NAN_FROM else loss.item()
-        if it % 5 == 0:
-            logged.append(user_rows(it, lossf))
-            wandb.log(logged[-1])
+        logged.append(user_rows(it, lossf))
+        wandb.log(logged[-1])
         if monitor is not None:
             monitor.log(it, train_loss=lossf)
     if monitor is not None:
@@ -69,9 +69,35 @@ def mirrored(tmp_path_factory) -> dict:
         logged = train(wandb, root / "monitored")
         folder = (root / "wandb" / "latest-run").resolve()
         hf = train_hf(wandb, root / "hf")  # in the same wandb session: its core starts once
+        styles = {style: (log_in_style(wandb, style, False), log_in_style(wandb, style, True)) for style in STYLES}
     assert folder != plain_folder
     return {"folder": folder, "plain": plain_folder, "logged": logged, "out": root / "monitored", "hf": hf,
-            "hf_run": root / "hf" / "run"}
+            "hf_run": root / "hf" / "run", "styles": styles}
+
+
+STYLES = {  # how users call wandb.log in their loop (it: their step), each a list of calls (row, kwargs)
+    "step=": lambda it: [({"train/loss": 1 / (it + 1), "iter": it}, {"step": it})],
+    "step= twice a step": lambda it: [({"train/loss": 1 / (it + 1), "iter": it}, {"step": it}),
+                                      ({"val/loss": 2 / (it + 1)}, {"step": it})],  # after the Monitor's record
+    "commit=False": lambda it: [({"iter": it, "train/loss": 1 / (it + 1)}, {"commit": False}), ({"lr": 0.01}, {})],
+    "a step key": lambda it: [({"iter": it, "train/loss": 1 / (it + 1)}, {})],
+    "none": lambda it: [({"train/loss": 1 / (it + 1)}, {})],
+}
+
+
+def log_in_style(wandb, style: str, mirrored: bool) -> Path:
+    """Six iterations logged in `style`, with the Monitor's mirror recording after the user's first
+    call of each (its grad_norm = the step) or without it; the run folder."""
+    run = wandb.init(project="scratchscope-tests", settings=wandb.Settings(console="off"))
+    mirror = mirror_for(None) if mirrored else None
+    for it in range(6):
+        calls = STYLES[style](it)
+        for n, (row, kwargs) in enumerate(calls):
+            wandb.log(row, **kwargs)
+            if mirror is not None and n == 0:
+                mirror.record({"step": it, "grad_norm": float(it)})
+    run.finish()
+    return Path(run.dir).parent
 
 
 def train_hf(wandb, out: Path) -> Path | None:
@@ -121,19 +147,31 @@ def records_of(folder: Path, kind: str) -> list:
     return found
 
 
+def users_rows(folder: Path) -> list[list[tuple[str, bytes]]]:
+    """Each history row's keys and values of the user's own, W&B's bookkeeping and ours left out."""
+    rows = [sorted((k, v) for k, v in row if k not in OWN and not k.startswith(MIRROR)) for row in raw_items(folder)]
+    return [row for row in rows if row]
+
+
 def test_the_users_rows_are_byte_for_byte_those_of_a_run_without_the_monitor(mirrored):
-    def users(folder):  # the rows holding the user's own keys, W&B's bookkeeping keys left out
-        return [sorted((k, v) for k, v in row if k not in OWN) for row in raw_items(folder)
-                if any(k == "train/loss" for k, _ in row)]
-    theirs, without = users(mirrored["folder"]), users(mirrored["plain"])
-    assert len(theirs) == len(mirrored["logged"]) == 4 and theirs == without
-    ours = [row for row in raw_items(mirrored["folder"]) if any(k.startswith(MIRROR) for k, _ in row)]
-    assert ours and all(k.startswith(MIRROR) or k in OWN or k == "iter" for row in ours for k, _ in row)
+    theirs, without = users_rows(mirrored["folder"]), users_rows(mirrored["plain"])
+    assert len(theirs) == len(mirrored["logged"]) == STEPS and theirs == without
 
 
-def test_our_readings_are_on_the_users_step_key_read_back_by_our_reader(mirrored):
+@pytest.mark.parametrize("style", STYLES)
+def test_in_any_logging_style_the_users_keys_are_never_written(mirrored, style):
+    plain, folder = mirrored["styles"][style]
+    assert users_rows(folder) == users_rows(plain) and len(users_rows(plain)) == 6  # every value, every row
+    assert [dict(row)["_step"] for row in raw_items(folder) if any(k == "train/loss" for k, _ in row)] == \
+        [dict(row)["_step"] for row in raw_items(plain) if any(k == "train/loss" for k, _ in row)]  # never advanced
+    doctor = RunHistory.read(folder)  # ours read back at the Monitor's steps, whichever row they joined
+    assert dict(doctor.series("grad_norm")) == {it: float(it) for it in range(6)}
+    assert len(doctor.series("train_loss")) == 6
+
+
+def test_our_readings_are_on_their_own_step_key_read_back_by_our_reader(mirrored):
     rows = read_segment(mirrored["folder"]).rows
-    ours = {int(r["iter"]): {k: v for k, v in r.items() if k.startswith(MIRROR)} for r in rows
+    ours = {int(r[MIRROR_STEP]): {k: v for k, v in r.items() if k.startswith(MIRROR)} for r in rows
             if any(k.startswith(MIRROR) for k in r)}
     written = {r["step"]: readings(r) for r in read_metrics(mirrored["out"])}
     assert sorted(ours) == sorted(written) == [0, 5, 10, 15, STEPS - 1]  # the last step, recorded at close
@@ -148,8 +186,8 @@ def test_our_readings_are_on_the_users_step_key_read_back_by_our_reader(mirrored
     assert sorted(norms) == [0, 5, 10, 15]  # the last step's update is not measured (not a log step)
     assert dict(doctor.series("grad_norm")) == pytest.approx(norms)
     metrics = {m.name: m for m in records_of(mirrored["folder"], "metric")}
-    keys = {k for values in ours.values() for k in values}
-    assert keys <= metrics.keys() and all(metrics[k].step_metric == "iter" for k in keys)
+    keys = {k for values in ours.values() for k in values} - {MIRROR_STEP}
+    assert keys <= metrics.keys() and all(metrics[k].step_metric == MIRROR_STEP for k in keys)
     assert not any("*" in name for name in metrics)  # exact names, never a glob
 
 
@@ -204,7 +242,7 @@ def test_findings_once_a_code_and_each_rescue_are_alerts(monkeypatch):
     from probes.doctor.finding import Finding
     run = FakeRun()
     fake_wandb(monkeypatch, run)
-    mirror = mirror_for(None, "nanogpt")
+    mirror = mirror_for(None)
     spike = Finding("grad_spike", "warning", "a grad norm 12x its median", 40, "", "clip", "")
     mirror.findings([spike, Finding("plateau", "info", "flat", 50, "", "", "")])
     mirror.findings([Finding("grad_spike", "warning", "again", 60, "", "clip", "")])  # the same code: said
@@ -215,51 +253,39 @@ def test_findings_once_a_code_and_each_rescue_are_alerts(monkeypatch):
                        "[warning] grad_spike at step 40: a grad norm 12x its median; try: clip", "WARN"),
                       ("alert", "scratchscope guard: rewind", "the guard's rewind at step 70; trigger: loss spike; "
                        "back to step 60; learning rate capped at 0.001", "WARN")]
-    assert [r for r in run.logged if isinstance(r, dict)] == [{"iter": 70, MIRROR + "rescue": 1.0,
-                                                               MIRROR + "loss_above_best": 0.0}]
+    assert [r for r in run.logged if r[0] == "commit=False"] == [("commit=False", {
+        MIRROR_STEP: 70, MIRROR + "rescue": 1.0, MIRROR + "loss_above_best": 0.0})]
 
 
 def test_with_tensorboard_synced_a_writers_values_reach_wandb_once(monkeypatch):
     fake = fake_wandb(monkeypatch, FakeRun())
     fake.patched = {"tensorboard": [{"root_logdir": "tb"}]}  # wandb.tensorboard.patch() was called
     writer = Writer()
-    mirror = mirror_for(writer, "nanogpt")
+    mirror = mirror_for(writer)
     mirror.record({"step": 5, "grad_norm": 0.5, "train_loss": 2.0})
     assert writer.scalars == [(MIRROR + "grad_norm", 0.5, 5), (MIRROR + "loss_above_best", 0.0, 5)]
     assert fake.run.logged == []  # W&B gets them through its TensorBoard sync: not a second time
-    fake.patched = {"tensorboard": []}  # no sync: both, W&B's row on the user's step key
+    fake.patched = {"tensorboard": []}  # no sync: both, W&B's on our own step key
     mirror.record({"step": 10, "grad_norm": 0.25, "train_loss": 2.5})
-    assert fake.run.logged == [{"iter": 10, MIRROR + "grad_norm": 0.25, MIRROR + "loss_above_best": 0.5}]
+    assert fake.run.logged == [("commit=False", {MIRROR_STEP: 10, MIRROR + "grad_norm": 0.25,
+                                                 MIRROR + "loss_above_best": 0.5})]
 
 
-@pytest.mark.parametrize("trainer, summary, expected", [
-    ("nanogpt", {"_step": 3, "iter": 30, "train/loss": 2.0}, {"iter": 7, MIRROR + "grad_norm": 0.5}),
-    ("unknown", {"_step": 3, "step": 30, "train/loss": 2.0}, {"step": 7, MIRROR + "grad_norm": 0.5}),  # nanochat's
-    ("hf", {}, {"train/global_step": 7, MIRROR + "grad_norm": 0.5}),  # the Trainer's WandbCallback's key
-    # no step key of the user's: W&B's _step is their axis, never advanced: our values join their next row
-    ("unknown", {"_step": 3, "loss": 2.0}, ("commit=False", {MIRROR + "grad_norm": 0.5})),
+@pytest.mark.parametrize("summary", [
+    {"_step": 3, "iter": 30, "train/loss": 2.0}, {"_step": 3, "step": 30}, {"_step": 3, "loss": 2.0},
+    {"_runtime": 0.1},  # the user has logged nothing yet: ours join their first row
 ])
-def test_the_users_step_key(monkeypatch, trainer, summary, expected):
+def test_whatever_the_user_logged_ours_join_their_row_on_our_step_key(monkeypatch, summary):
     fake = fake_wandb(monkeypatch, FakeRun(summary))
-    mirror_for(None, trainer).record({"step": 7, "grad_norm": 0.5})
-    assert fake.run.logged == [expected]
-
-
-def test_before_the_user_logs_anything_the_readings_wait(monkeypatch):
-    fake = fake_wandb(monkeypatch, FakeRun({"_runtime": 0.1}))
-    mirror = mirror_for(None, "nanogpt")
-    mirror.record({"step": 0, "grad_norm": 0.5})
-    assert fake.run.logged == []
-    fake.run.summary.update({"iter": 0, "train/loss": 3.0})
-    mirror.record({"step": 5, "grad_norm": 0.25})
-    assert fake.run.logged == [{"iter": 0, MIRROR + "grad_norm": 0.5}, {"iter": 5, MIRROR + "grad_norm": 0.25}]
+    mirror_for(None).record({"step": 7, "grad_norm": 0.5})
+    assert fake.run.logged == [("commit=False", {MIRROR_STEP: 7, MIRROR + "grad_norm": 0.5})]
 
 
 def test_without_wandb_or_a_writer_there_is_no_mirror(monkeypatch):
     monkeypatch.delitem(sys.modules, "wandb", raising=False)
-    assert mirror_for(None, "unknown") is None
+    assert mirror_for(None) is None
     with pytest.raises(ValueError, match="writer must be a TensorBoard SummaryWriter"):
-        mirror_for("runs/tb", "unknown")
+        mirror_for("runs/tb")
 
 
 def test_a_summary_writer_handed_to_the_monitor_holds_its_readings(tmp_path, monkeypatch):
@@ -290,7 +316,7 @@ def test_a_failing_writer_stops_the_mirror_not_the_training(caplog):
     class Broken(Writer):
         def add_scalar(self, *args, **kwargs):
             raise OSError("disk full")
-    mirror = Mirror(Broken(), "unknown")
+    mirror = Mirror(Broken())
     mirror.record({"step": 0, "grad_norm": 1.0})
     mirror.record({"step": 1, "grad_norm": 1.0})
     assert mirror.off and sum("stopped mirroring" in r.message for r in caplog.records) == 1
@@ -300,12 +326,12 @@ def test_a_failing_writer_stops_the_mirror_not_the_training(caplog):
 def test_the_trainers_callback_mirrors_into_the_run_its_wandb_callback_opened(mirrored):
     if mirrored["hf"] is None:
         pytest.skip("transformers is not installed (the dev extra installs it)")
-    ours = {int(r["train/global_step"]): r for r in read_segment(mirrored["hf"]).rows if MIRROR + "grad_norm" in r}
+    ours = {int(r[MIRROR_STEP]): r for r in read_segment(mirrored["hf"]).rows if MIRROR + "grad_norm" in r}
     norms = {r["step"]: r["grad_norm"] for r in read_metrics(mirrored["hf_run"]) if "gwu" in r}
-    assert sorted(ours) == sorted(norms) == [2, 4]  # the Trainer's steps, on its train/global_step
+    assert sorted(ours) == sorted(norms) == [2, 4]  # the Trainer's steps
     assert all(ours[s][MIRROR + "grad_norm"] == pytest.approx(norms[s], rel=1e-12) for s in norms)
     metrics = {m.name: m.step_metric for m in records_of(mirrored["hf"], "metric")}
-    assert metrics[MIRROR + "grad_norm"] == "train/global_step"
+    assert metrics[MIRROR + "grad_norm"] == MIRROR_STEP
     doctor = RunHistory.read(mirrored["hf"])  # the doctor reads the Trainer's W&B run on its own step key
     losses = {r["step"]: r["train_loss"] for r in read_metrics(mirrored["hf_run"]) if "train_loss" in r}
     assert doctor.trainer == "hf" and "steps: train/global_step" in doctor.source

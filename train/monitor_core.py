@@ -19,6 +19,7 @@ from models.store.live import hooked_twin, model_kind, twin_config, unwrap
 from models.store.result import nonfinite_tensors
 from models.store.run import append_metrics, read_metrics, sync_metrics, trim_metrics
 from train.run_lock import RunLock
+from train.monitor_disk import RunFolderWrites
 from train.monitor_open import open_run
 from train.monitor_wandb import mirror_for
 from train.guard.monitor import guard_settings, hook_guard, monitor_log
@@ -83,7 +84,7 @@ class Monitor:
             from train.doctor import LiveDoctor, show_doctor_lines
             self.doctor = LiveDoctor(self.out_dir, diagnose_every)
             show_doctor_lines()
-        self.mirror = mirror_for(writer, self.trainer)  # the user's W&B run / SummaryWriter (train.monitor_wandb)
+        self.mirror = mirror_for(writer)  # the user's W&B run / SummaryWriter (train.monitor_wandb)
         self._next_step = start_step  # the step number the next optimizer step will be logged under
         self._steps_since_log = 0  # optimizer steps taken since the last log call
         self._captures: dict[int, dict[str, Any]] = {}  # step -> what measuring its update left
@@ -106,6 +107,7 @@ class Monitor:
         self._handles: list[Any] = []
         self._lock: RunLock | None = None
         self.closed = False  # log and record refuse to write once closed (its lock is let go)
+        self.disk = RunFolderWrites(self.out_dir)  # a read-only or full folder stops our writes, not the training
         self._open(run_info, lock)
         atexit.register(self._close_at_exit)  # a script that never closes it still gets its records
 
@@ -165,7 +167,7 @@ class Monitor:
             self._record_last_seen()
             self.flush()
             self._save_last()
-            sync_metrics(self.out_dir)
+            self.disk.write("metrics.jsonl's sync", None, lambda: sync_metrics(self.out_dir))
             if self.doctor is not None and (self.report_at_close if report is None else report):
                 result = self.doctor.report()
             if self.mirror is not None:
@@ -177,6 +179,7 @@ class Monitor:
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
+            self.disk.say_again()
         return result
 
     def _record_last_seen(self) -> None:
@@ -308,12 +311,7 @@ class Monitor:
         if self._pending is not None and step != self._pending["step"]:
             self.flush()
         if self._pending is None:
-            try:
-                self._start_record(step)
-            finally:  # a save that failed at this step raises, and the step's numbers stay in its record
-                if self._pending is not None:
-                    self._pending.update(values)
-            return
+            self._start_record(step)
         self._pending.update(values)
 
     def _checked(self, step: Any, scalars: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -344,14 +342,14 @@ class Monitor:
             measured, self._measured = self._measured, None
             self._pending_internals = (list(record), measured[1] if measured and measured[0] == step
                                        else self._internals())
-        # kept when the save below fails: the step's record is written all the same
         self._pending, self._pending_steps = record, self._optimizer_steps
         if self._save_due(step):  # the weights of this step, as its internals
             self.save(step)
 
     def _trim_after(self, step: int) -> None:
         """resume=True: records at or after the first step logged now are redone: drop them."""
-        trim_metrics(self.out_dir, step - 1)
+        self.disk.write("metrics.jsonl's records from this step on, redone,", step,
+                        lambda: trim_metrics(self.out_dir, step - 1))
 
     def flush(self) -> dict[str, Any] | None:
         """Write the pending record now, with the g/w/u of its step's update; return it."""
@@ -383,7 +381,8 @@ class Monitor:
         # fsync at most every SYNC_EVERY_S (and at once for a rescue or a divergence): one per record
         # cost ~1% of a CPU run's wall clock; a killed process keeps every line written
         sync = "rescue" in record or "diverged" in record or now - self._synced >= SYNC_EVERY_S
-        append_metrics(self.out_dir, to_jsonable(record), sync=sync)
+        line = to_jsonable(record)
+        self.disk.write("the record", step, lambda: append_metrics(self.out_dir, line, sync=sync))
         self._last_written, self._written_steps = (step, self._pending_began), self._pending_steps
         self._synced = time.perf_counter() if sync else self._synced
         if self.mirror is not None:
@@ -424,13 +423,17 @@ class Monitor:
             return None
         return self._eval.measure()
 
-    def save(self, step: int) -> Path:
-        """A snapshot at `step` in the run directory: ours, else of any model (`train.monitor_save`)."""
+    def save(self, step: int) -> Path | None:
+        """A snapshot at `step` in the run directory: ours, else of any model (`train.monitor_save`);
+        None where the run folder cannot be written (said once: `train.monitor_disk`)."""
+        if self.config is None and self.any_saver is None:  # made with save_every and eval_tokens
+            raise ValueError(f"Monitor: give save_every=N and eval_tokens= to save a {type(self.model).__name__}")
+        return self.disk.write("the snapshot", step, lambda: self._save_now(step), snapshot=True)
+
+    def _save_now(self, step: int) -> Path:
         from models.store.run import snapshot_name
         tokens = step * self.tokens_per_step if self.tokens_per_step else 0
         if self.config is None:
-            if self.any_saver is None:  # made with save_every and eval_tokens
-                raise ValueError(f"Monitor: give save_every=N and eval_tokens= to save a {type(self.model).__name__}")
             saved = self.any_saver.save(self.out_dir / snapshot_name(step), step, tokens)
         else:
             from train.monitor_save import save_with_view

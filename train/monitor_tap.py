@@ -300,11 +300,20 @@ def read_model(model: nn.Module, eval_tokens: torch.Tensor, autocast: Any) -> tu
     try:
         described = dims(found, eval_tokens, autocast)
         described["parameter_groups"] = groups_by_layout(model, eval_tokens)
-    except (IndexError, RuntimeError, ValueError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    except (IndexError, RuntimeError, ValueError) as err:  # ids it cannot read (past its vocabulary or context)
         raise ValueError(f"Monitor: the {type(model).__name__} failed on eval_tokens of shape "
-                         f"{list(eval_tokens.shape)}: {first}") from None
+                         f"{list(eval_tokens.shape)}: {first_line(err)}") from None
+    except Exception as err:  # noqa: BLE001 - their forward's own error (a TypeError on a None it needs)
+        raise ValueError(f"Monitor: the {type(model).__name__} failed on eval_tokens of shape {list(eval_tokens.shape)}: "
+                         f"its forward raised {type(err).__name__}: {first_line(err)} when called as model(ids) "
+                         "(eval mode, no_grad): make it work on the ids alone (build what it needs where an "
+                         "argument is None, e.g. attention_mask = torch.ones_like(ids)), or give the Monitor a "
+                         "module whose forward(ids) calls yours with its inputs") from None
     return found, described
+
+
+def first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
 def groups_by_layout(model: nn.Module, eval_tokens: torch.Tensor) -> dict[str, str]:

@@ -41,16 +41,24 @@ def refuse(why: str) -> ValueError:
 
 def saveable_tokenizer(tokenizer: Any, d_vocab: int | None, save_every: int = 1) -> Tokenizer | None:
     """One of ours holding what `tokenizer` does, saved and read back once here; ValueError (one
-    line) for what a snapshot cannot save as data, or for more ids than the model's d_vocab logits.
+    line) for what a snapshot cannot save as data, for more ids than the model's d_vocab logits, or
+    for a tokenizer whose own code raises as it is read (naming what raised).
     With save_every=0 nothing saves it: a warning says so (Monitor.save(step) still can)."""
     if tokenizer is None:
         return None
     if not save_every:
         log.warning("monitor: tokenizer= is saved with each snapshot, and save_every=0 saves none (only a "
                     "call to Monitor.save(step) would)")
-    ours = as_ours(tokenizer)
-    if d_vocab is not None and ours.vocab_size > d_vocab:
-        raise refuse(f"has {ours.vocab_size} ids, more than the model's {d_vocab} logits: text would encode to ids "
+    name = type(tokenizer).__name__
+    try:
+        ours = as_ours(tokenizer)
+        size = their(name, "vocab_size", lambda: ours.vocab_size)
+    except ValueError:
+        raise
+    except Exception as err:  # noqa: BLE001 - their code, wherever it raised: one line naming it
+        raise refuse(f"is a {name} that raised {said(err)} as the Monitor read it") from None
+    if d_vocab is not None and size > d_vocab:
+        raise refuse(f"has {size} ids, more than the model's {d_vocab} logits: text would encode to ids "
                      "the model cannot read (is it the model's own tokenizer?)")
     return read_back(ours, type(tokenizer).__name__)
 
@@ -62,7 +70,7 @@ def as_ours(tokenizer: Any) -> Tokenizer:
     if isinstance(tokenizer, (str, bytes, os.PathLike)):
         raise refuse(f"is a {name} ({str(tokenizer)[:60]!r}): give the tokenizer object itself (with encode and "
                      "decode), not its name or path")
-    backend = getattr(tokenizer, "backend_tokenizer", None)  # a Hugging Face fast tokenizer
+    backend = their(name, "backend_tokenizer", lambda: getattr(tokenizer, "backend_tokenizer", None))  # HF fast
     if backend is None and callable(getattr(tokenizer, "to_str", None)) and hasattr(tokenizer, "get_vocab_size"):
         backend = tokenizer  # a tokenizers.Tokenizer itself
     if backend is not None:
@@ -73,16 +81,29 @@ def as_ours(tokenizer: Any) -> Tokenizer:
     if not (callable(getattr(tokenizer, "encode", None)) and callable(getattr(tokenizer, "decode", None))):
         raise refuse(f"is a {name}, which has no encode and decode: give the tokenizer that turns your text into "
                      "the model's ids")
-    if hasattr(tokenizer, "convert_ids_to_tokens"):
+    if their(name, "convert_ids_to_tokens", lambda: hasattr(tokenizer, "convert_ids_to_tokens")):
         raise refuse(f"is a slow Hugging Face {name}: give its fast version (AutoTokenizer.from_pretrained(..., "
                      "use_fast=True, trust_remote_code=False)), whose tokenizer.json a snapshot saves")
     return char_tokenizer(tokenizer, name)
 
 
+def said(err: BaseException) -> str:
+    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:100]}"
+
+
+def their(name: str, what: str, read: Any) -> Any:
+    """`read()` of the user's tokenizer; what it raises is one line naming the tokenizer and `what`."""
+    try:
+        return read()
+    except Exception as err:  # noqa: BLE001 - their code
+        raise refuse(f"is a {name} whose {what} raised {said(err)}") from None
+
+
 def pieces_of(tokenizer: Any) -> list[Any] | None:
     """The vocabulary in id order from the attributes a hand-written tokenizer has; None if none."""
+    name = type(tokenizer).__name__
     for attr in ("itos", "stoi", "vocab", "chars"):
-        table = getattr(tokenizer, attr, None)
+        table = their(name, attr, lambda: getattr(tokenizer, attr, None))
         if isinstance(table, dict) and table:
             keys_are_ids = all(isinstance(k, int) for k in table)
             by_id = table if keys_are_ids else {i: p for p, i in table.items()}
@@ -91,14 +112,12 @@ def pieces_of(tokenizer: Any) -> list[Any] | None:
             return [by_id[i] for i in range(len(by_id))]
         if isinstance(table, (list, tuple, str)) and len(table):
             return list(table)
-    size = getattr(tokenizer, "vocab_size", None)
-    size = size() if callable(size) else size
+    size = their(name, "vocab_size", lambda: getattr(tokenizer, "vocab_size", None))
+    size = their(name, "vocab_size()", size) if callable(size) else size
     if isinstance(size, int) and 0 < size <= 1 << 20:
-        one = getattr(tokenizer, "id_to_piece", None)
-        try:
-            return [one(i) if callable(one) else tokenizer.decode([i]) for i in range(size)]
-        except Exception:  # noqa: BLE001 - their code: no vocabulary read
-            return None
+        one = their(name, "id_to_piece", lambda: getattr(tokenizer, "id_to_piece", None))
+        what = "id_to_piece(i)" if callable(one) else "decode([i])"
+        return their(name, what, lambda: [one(i) if callable(one) else tokenizer.decode([i]) for i in range(size)])
     return None
 
 
@@ -121,7 +140,7 @@ def char_tokenizer(tokenizer: Any, name: str) -> CharTokenizer:
         same = list(tokenizer.encode(every)) == list(range(len(pieces))) and tokenizer.decode(list(range(len(pieces)))) == every
     except Exception as err:  # noqa: BLE001 - their code, said in one line
         raise refuse(f"is a {name} whose encode/decode failed on its own {len(pieces)} characters "
-                     f"({type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:100]})") from None
+                     f"({said(err)})") from None
     if not same:
         raise refuse(f"is a {name} whose encode/decode do not map each character of its vocabulary to its id: "
                      "a snapshot would read text otherwise than your model was trained on")

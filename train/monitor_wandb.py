@@ -6,15 +6,16 @@ every key under `scratchscope/`, on the user's own step axis.
     monitor = Monitor(model, optimizer, "runs/x")      # finds wandb.run by itself
     monitor = Monitor(model, optimizer, "runs/x", writer=SummaryWriter("tb"))   # TensorBoard
 
-W&B: each key is defined once with the user's step key by its exact name (`define_metric(key,
-step_metric="iter")`, never a glob: W&B matches globs in no set order), and logged in a row of its
-own that carries that step key at the Monitor's step, so the user's rows, keys and values are left
-as they were. The step key is the run's own: `iter` (nanoGPT), `step` (nanochat),
-`train/global_step` (the Trainer), read from what the user logged; a run that logs none of them
-plots against W&B's `_step`, which our rows must then not advance: our values join the user's next
-row (`commit=False`). Until the user has logged anything the step key is unknown and the readings
-wait. The doctor's new findings and the guard's rescues are W&B alerts (and a text entry in
-TensorBoard) naming their step; the verdict goes in the run's summary at close. When W&B syncs
+W&B: every key the mirror writes is its own (`scratchscope/...`), the step too
+(`scratchscope/step`, the Monitor's step: the user's own numbers); each is defined once by its exact
+name with that step key (`define_metric(key, step_metric="scratchscope/step")`, never a glob: W&B
+matches globs in no set order). A user's key (`iter`, `step`, their loss) is never written, and W&B's
+row counter `_step` never advanced: the readings are logged with `commit=False`, so they join the row
+the user has open or logs next, whichever way they log (`step=`, `commit=False`, a step key, none),
+and the user's rows keep their keys, values and boundaries. A row holds one record of ours: where
+the Monitor logs more often than the user, a later record replaces the one still waiting.
+The doctor's new findings and the guard's rescues are W&B alerts (and a text entry in TensorBoard)
+naming their step; the verdict goes in the run's summary at close. When W&B syncs
 TensorBoard (`wandb.init(sync_tensorboard=True)`), what goes to the writer reaches W&B already: it is
 then written once, to the writer. wandb is never imported here: only found in `sys.modules`, where
 the user's own import put it, so a run without it pays one dictionary look-up per record.
@@ -29,15 +30,12 @@ import sys
 from functools import wraps
 from typing import Any, Callable
 
-from probes.doctor.read_wandb import MIRROR, STEP_KEYS
+from probes.doctor.read_wandb import MIRROR, MIRROR_STEP
 from probes.update_report import UpdateReport
 
 log = logging.getLogger("train.monitor")
 
 __all__ = ["Mirror", "mirror_for", "readings"]
-
-WAITING = 64  # records kept while the user's step key is unknown (the user has logged nothing yet)
-
 
 def key_part(name: Any) -> str:
     """A parameter group or layer name as one part of a W&B key: 'attention Q/K' -> 'attention_q_k'."""
@@ -97,7 +95,7 @@ def guarded(method: Callable[..., None]) -> Callable[..., None]:
     return call
 
 
-def mirror_for(writer: Any, trainer: str) -> Mirror | None:
+def mirror_for(writer: Any) -> Mirror | None:
     """A Mirror when there is somewhere to write: a writer given, or wandb imported by the user
     (whose run may start later); else None, and the Monitor pays nothing."""
     if writer is not None and not callable(getattr(writer, "add_scalar", None)):
@@ -105,17 +103,15 @@ def mirror_for(writer: Any, trainer: str) -> Mirror | None:
                          f"got {type(writer).__name__}")
     if writer is None and "wandb" not in sys.modules:
         return None
-    return Mirror(writer, trainer)
+    return Mirror(writer)
 
 
 class Mirror:
     """Writes each record's readings, the doctor's findings and the guard's rescues."""
 
-    def __init__(self, writer: Any, trainer: str):
-        self.writer, self.trainer = writer, trainer
-        self.step_key: str | None = None
+    def __init__(self, writer: Any):
+        self.writer = writer
         self.defined: set[str] = set()
-        self.waiting: list[tuple[int, dict[str, float]]] = []
         self.alerted: set[Any] = set()  # what was alerted: a finding's code, a rescue's (action, step)
         self.best_loss = math.inf  # the early-warning signal: how far the loss is above its best
         self.off = False
@@ -168,37 +164,15 @@ class Mirror:
             for key, value in values.items():
                 self.writer.add_scalar(key, value, global_step=step)
         run = self.to_wandb()
-        if run is None:
-            return
-        self.waiting.append((step, values))
-        del self.waiting[:-WAITING]
-        if self.step_key is None:
-            self.step_key = self.user_step_key(run)
-        if self.step_key is not None:
-            self.send(run)
+        if run is not None:
+            self.send(run, step, values)
 
-    def user_step_key(self, run: Any) -> str | None:
-        """The user's step key, from what they logged (`iter`, `step`, `train/global_step`; the
-        Trainer's callback defines the last); `_step` when they log none of them; None before they
-        have logged anything."""
-        if self.trainer == "hf":
-            return "train/global_step"
-        keys = [k for k in run.summary.keys() if not str(k).startswith(MIRROR)]
-        found = next((k for k in STEP_KEYS if k in keys), None)
-        if found is not None:
-            return found
-        return "_step" if any(not str(k).startswith("_") for k in keys) else None
-
-    def send(self, run: Any) -> None:
-        for step, values in self.waiting:
-            if self.step_key == "_step":  # W&B's own counter is the user's axis: never advance it
-                run.log(values, commit=False)
-                continue
-            for key in values.keys() - self.defined:
-                run.define_metric(key, step_metric=self.step_key)
-                self.defined.add(key)
-            run.log({self.step_key: step, **values})
-        self.waiting.clear()
+    def send(self, run: Any, step: int, values: dict[str, float]) -> None:
+        """Our keys only, into the user's open (or next) row: never a key of theirs, never a commit."""
+        for key in values.keys() - self.defined:
+            run.define_metric(key, step_metric=MIRROR_STEP)
+            self.defined.add(key)
+        run.log({MIRROR_STEP: step, **values}, commit=False)
 
     @guarded
     def findings(self, found: list[Any]) -> None:
@@ -222,12 +196,9 @@ class Mirror:
 
     @guarded
     def close(self, diagnosis: Any) -> None:
-        """The run's end: what still waits for a step key is written (on W&B's `_step` if the user
-        never logged one), the closing findings alerted, the verdict put in the summary."""
+        """The run's end: the closing findings alerted, the verdict put in the summary (our last
+        readings reach W&B with the user's next row, or when their run finishes)."""
         run = self.to_wandb()
-        if run is not None and self.waiting:
-            self.step_key = self.step_key or self.user_step_key(run) or "_step"
-            self.send(run)
         if diagnosis is not None:
             self.findings(diagnosis.above_info())
             if run is not None:

@@ -272,13 +272,25 @@ def append_metrics(run_dir: str | Path, record: dict[str, Any], *, sync: bool = 
     path = _metrics_path(run_dir)
     with writing(path.parent):
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a+b") as f:
+        with open(path, "a+b", buffering=0) as f:  # unbuffered: nothing left to write at close after a failure
             _drop_partial_last_line(f)
-            f.seek(0, os.SEEK_END)
-            f.write(line.encode("utf-8"))
-            f.flush()
+            end = f.seek(0, os.SEEK_END)
+            data = memoryview(line.encode("utf-8"))
+            try:
+                while data:  # a raw write may write part of it
+                    data = data[f.write(data):]
+            except OSError:  # a disk filling up: the part written is cut back, the lines before stay whole
+                _cut_back(f, end)
+                raise
             if sync:
                 os.fsync(f.fileno())
+
+
+def _cut_back(f: Any, end: int) -> None:
+    try:
+        f.truncate(end)
+    except OSError:  # left to the next append (`_drop_partial_last_line`) and the readers
+        pass
 
 
 def sync_metrics(run_dir: str | Path) -> None:

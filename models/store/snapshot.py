@@ -190,7 +190,12 @@ def read_checked(path: Path, recorded: Any, lacking: str) -> dict[str, torch.Ten
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """A safetensors file's tensors on the CPU; a truncated or corrupt file is one CheckpointError."""
+    """A safetensors file's tensors on the CPU; a truncated or corrupt file is one CheckpointError,
+    one we may not read another (safetensors' own words for it may name another cause)."""
+    try:
+        open(path, "rb").close()
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read it ({(exc.strerror or str(exc)).lower()})") from None
     try:
         return load_file(str(path), device="cpu")
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from probes.doctor.log_file import Log, check_user_tags, kind_of_losses, require_loss, user_tags
-from probes.doctor.wandb_file import Walk, fields, walk_wandb_records
+from probes.doctor.wandb_file import Walk, message_fields, walk_wandb_records
 from probes.errors import ProbeInputError
 
-__all__ = ["MIRROR", "SOURCE", "STEP_KEYS", "WANDB_KEYS", "find_wandb_run", "read_wandb", "read_wandb_file"]
+__all__ = ["MIRROR", "MIRROR_STEP", "SOURCE", "STEP_KEYS", "WANDB_KEYS", "find_wandb_run", "read_wandb", "read_wandb_file"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ SUMMARY_FILE, CONFIG_FILE = "files/wandb-summary.json", "files/config.yaml"
 # the run's own step key, by trainer: nanoGPT's train.py, nanochat's scripts, the Trainer's WandbCallback
 STEP_KEYS = {"iter": "nanogpt", "step": "unknown", "train/global_step": "hf"}
 MIRROR = "scratchscope/"  # the Monitor's keys in a W&B run (train.monitor_wandb)
+MIRROR_STEP = MIRROR + "step"  # the Monitor's step of the mirror's keys in a row: they join the user's rows
 SOURCE = "the W&B run"  # how the doctor names one, before its folder's name
 W_STEP = "_step"  # W&B's own row counter: the axis only when the run logs none of STEP_KEYS
 WANDB_KEYS = {MIRROR + "grad_norm": "grad_norm",  # the Monitor's mirror (train.monitor_wandb); the user's own wins
@@ -115,6 +116,7 @@ def read_wandb(path: Path, tags: Iterable[str] | dict[str, str] | None = None) -
     config = {k: v for s in segments for k, v in s.config.items()}
     records = merged(segments, step_key, {**WANDB_KEYS, **given}, summary_only)
     lr_from_multiplier(records, config)
+    require_steps(path, rows, records, step_key)
     require_loss(path, records, users, "W&B keys")
     kind, why = kind_of_losses(records, users)
     walks = [s.walk for s in segments]
@@ -153,7 +155,7 @@ def read_segment(path: Path) -> Segment:
         if segment.walk.cut_at is not None:  # a run still writing: what came before is the history
             log.info("%s: ends inside a record at byte %d (a run still writing?); read the %d before it",
                      file, segment.walk.cut_at, segment.walk.records)
-    if not segment.summary:
+    if not segment.has_file:  # the history holds what the summary says: read only without it
         segment.summary = summary_json(folder)
     if not segment.config:
         segment.config = config_yaml(folder)
@@ -162,13 +164,13 @@ def read_segment(path: Path) -> Segment:
 
 def read_record(data: bytes, segment: Segment) -> None:
     """One Record's history row or config update (ValueError: not a protobuf message)."""
-    record = fields(data, RECORD_FIELDS)
+    record = message_fields(data, RECORD_FIELDS)
     for body in record.get(2, ()):
         segment.rows.append(items(body))
     for body in record.get(5, ()):
         segment.config.update(items(body))
     for body in record.get(17, ()):
-        for config in fields(body, frozenset({4})).get(4, ()):
+        for config in message_fields(body, frozenset({4})).get(4, ()):
             segment.config.update(items(config))
 
 
@@ -176,8 +178,8 @@ def items(body: bytes) -> dict[str, Any]:
     """{key: value} of a history, summary or config message's items (field 1 of each); a nested
     key joins with '.', as W&B shows it; a value is its JSON (NaN, Infinity as JSON writes them)."""
     out = {}
-    for raw in fields(body, frozenset({1})).get(1, ()):
-        item = fields(raw, frozenset({1, 2, 6, 16}))
+    for raw in message_fields(body, frozenset({1})).get(1, ()):
+        item = message_fields(raw, frozenset({1, 2, 6, 16}))
         key = b".".join(item.get(2) or item.get(1) or [b""]).decode("utf-8", "replace")
         if 16 in item:
             out[key] = json_value(item[16][-1])
@@ -186,16 +188,18 @@ def items(body: bytes) -> dict[str, Any]:
     return out
 
 
+JSON_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+
+
 def json_value(raw: bytes) -> Any:
-    """A value's JSON: a number (most are; float() reads JSON's NaN and Infinity too) at C speed,
-    anything else through json; None when it is no JSON."""
-    try:
+    """A value's JSON: a number as JSON writes one (most are) through float() at C speed (float()
+    alone would take "4_0" or " 40"), anything else through json (NaN, Infinity as W&B writes
+    them); None when it is no JSON, or nested past what Python's json reads (RecursionError)."""
+    if JSON_NUMBER.fullmatch(raw):
         return float(raw)
-    except ValueError:
-        pass
     try:
         return json.loads(raw.decode("utf-8", "replace"))
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
@@ -208,13 +212,13 @@ def merged(segments: list[Segment], step_key: str, mapping: dict[str, str], summ
         rows = [segment.summary] if summary_only else segment.rows
         mine: dict[int, dict[str, Any]] = {}
         for row in rows:
-            step = step_of(row.get(step_key))
-            if step is None:
-                missing += 1
-                continue
-            values = {ours: float(v) for name, ours in mapping.items() if is_number(v := row.get(name))}
-            if values:
-                mine.setdefault(step, {"step": step}).update(values)
+            for step, names in row_steps(row, step_key, mapping):
+                if step is None:
+                    missing += 1
+                    continue
+                values = {ours: float(v) for name, ours in names.items() if is_number(v := row.get(name))}
+                if values:
+                    mine.setdefault(step, {"step": step}).update(values)
         if mine:
             first = min(mine)
             by_step = {s: r for s, r in by_step.items() if s < first}
@@ -222,6 +226,31 @@ def merged(segments: list[Segment], step_key: str, mapping: dict[str, str], summ
     if missing:
         log.info("W&B run: %d history rows without %s left out", missing, step_key)
     return [by_step[s] for s in sorted(by_step)]
+
+
+def row_steps(row: dict[str, Any], step_key: str, mapping: dict[str, str]) -> list[tuple[int | None, dict[str, str]]]:
+    """A row's (step, names read at it): the Monitor's keys at its own step where the row holds it
+    (they join whichever row the user logs, train.monitor_wandb), the user's at their step key."""
+    if MIRROR_STEP not in row:
+        return [(step_of(row.get(step_key)), mapping)]
+    ours = {name: v for name, v in mapping.items() if name.startswith(MIRROR)}
+    theirs = {name: v for name, v in mapping.items() if not name.startswith(MIRROR)}
+    out = [(step_of(row[MIRROR_STEP]), ours)]
+    if step_key in row or any(name in row for name in theirs):
+        out.append((step_of(row.get(step_key)), theirs))
+    return out
+
+
+def require_steps(path: Path, rows: list[dict[str, Any]], records: list[dict[str, Any]], step_key: str) -> None:
+    """A run whose step key never holds a step (strings, true, 10.5): said so, not "no loss"."""
+    if any(key in r for r in records for key in ("train_loss", "val_loss")):
+        return
+    bad = [r[step_key] for r in rows if step_key in r and step_of(r[step_key]) is None]
+    if bad:
+        shown = ", ".join(json.dumps(v)[:20] if v is None or isinstance(v, (str, int, float)) else f"a JSON {type(v).__name__}"
+                          for v in bad[:3])
+        raise ProbeInputError(f"{path}: its step key {step_key} holds no whole step number (it has: {shown}); "
+                              f"log {step_key} as an integer, e.g. wandb.log({{'{step_key}': int(step), ...}})")
 
 
 def step_of(value: Any) -> int | None:
@@ -255,7 +284,7 @@ def config_facts(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     out: dict[str, dict[str, Any]] = {"model": {}, "train": {}}
     for where, names in CONFIG_NAMES.items():
         for ours, theirs in names.items():
-            value = next((v for n in theirs if is_number(v := plain(config.get(n)))), None)
+            value = next((v for n in theirs if is_number(v := plain(config.get(n))) and math.isfinite(v)), None)
             if value is not None and (value > 0 or ours == "grad_clip"):
                 out[where][ours] = int(value) if where == "model" or ours in ("steps", "log_every") else float(value)
     return out["model"], out["train"]
@@ -277,13 +306,27 @@ def source_text(path: Path, segments: list[Segment], step_key: str, records: lis
 
 def summary_json(folder: Path) -> dict[str, Any]:
     path = folder / SUMMARY_FILE
-    if not path.is_file():
+    if not path.is_file():  # a regular file only: never a FIFO's open
         return {}
     try:
         found = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ProbeInputError(f"{path}: not read (JSON nested deeper than Python's json reads)") from None
     except (OSError, ValueError) as err:
         raise ProbeInputError(f"{path}: not readable as JSON ({str(err).splitlines()[0]})") from None
     return found if isinstance(found, dict) else {}
+
+
+MAX_DEPTH = 200  # a config's nesting, far past any trainer's
+
+
+def flow_depth(text: str) -> int:
+    """The deepest nesting of YAML's flow brackets ([ and {) in `text` (quotes not told apart)."""
+    depth = deepest = 0
+    for match in re.finditer(r"[\[\]{}]", text):
+        depth = depth + 1 if match[0] in "[{" else max(depth - 1, 0)
+        deepest = max(deepest, depth)
+    return deepest
 
 
 def config_yaml(folder: Path) -> dict[str, Any]:
@@ -297,8 +340,11 @@ def config_yaml(folder: Path) -> dict[str, Any]:
         log.info("%s: not read (PyYAML is not installed)", path)
         return {}
     try:
-        found = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, yaml.YAMLError) as err:
-        log.warning("%s: not read (%s)", path, str(err).splitlines()[0])
+        text = path.read_text(encoding="utf-8")
+        if flow_depth(text) > MAX_DEPTH:  # PyYAML would recurse to Python's limit (seconds), then fail
+            raise ValueError(f"nested more than {MAX_DEPTH} deep")
+        found = yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError, RecursionError) as err:
+        log.warning("%s: not read (%s)", path, (str(err).splitlines() or [type(err).__name__])[0])
         return {}
     return found if isinstance(found, dict) else {}

@@ -35,7 +35,7 @@ KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character dev
          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
-def check_regular_file(path: Path, what: str = "a log file") -> None:
+def check_regular_file(path: Path, what: str = "a log file", reader: str = "the doctor") -> None:
     """A path that exists but is no regular file (a FIFO, /dev/zero, a socket) is refused by
     what it is, without opening it (opening a FIFO blocks until someone writes to it)."""
     try:
@@ -47,7 +47,7 @@ def check_regular_file(path: Path, what: str = "a log file") -> None:
     if stat.S_ISREG(mode):
         return
     kind = next((name for test, name in KINDS if test(mode)), "not a regular file")
-    raise ProbeInputError(f"{path}: {kind}, not a regular file; the doctor reads {what}")
+    raise ProbeInputError(f"{path}: {kind}, not a regular file; {reader} reads {what}")
 
 
 def text_encoding(path: Path, what: str = "a printed log") -> str:

@@ -10,7 +10,9 @@ The CRC is zlib's CRC-32 of the type byte and the data, not masked (checked on f
 wrote). The chunks of one record join into one serialized protobuf `Record`.
 
 A file cut inside its last record (a run still writing, or killed) ends the walk quietly; a
-chunk failing its CRC costs the rest of its block (LevelDB's own reader does the same), counted.
+chunk failing its CRC costs the rest of its block (LevelDB's own reader does the same), counted; so
+does a MIDDLE or LAST chunk whose FIRST is missing (its record is lost). Only a regular file is
+opened (a FIFO named run-x.wandb would block the open forever).
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from probes.doctor.text_log import check_regular_file
 from probes.errors import ProbeInputError
 
-__all__ = ["FORMAT_VERSION", "Walk", "fields", "varint", "walk_wandb_records"]
+__all__ = ["FORMAT_VERSION", "Walk", "fields", "message_fields", "varint", "walk_wandb_records"]
 
 IDENT, MAGIC, FORMAT_VERSION = b":W&B", 0xBEE1, 0
 FILE_HEADER = 7
@@ -38,7 +41,7 @@ class Walk:
     """What walking one file met: records read whole, chunks skipped as damaged, a cut end."""
 
     records: int = 0
-    damaged: int = 0  # blocks whose rest was skipped (a CRC or a chunk type that does not fit)
+    damaged: int = 0  # blocks whose rest was skipped (a CRC or a chunk type that does not fit), records without their start
     first_damage: int | None = None  # byte offset of the first
     cut_at: int | None = None  # offset of a record the file ends inside (still being written?)
 
@@ -46,8 +49,12 @@ class Walk:
         if not self.damaged:
             return ""
         n = self.damaged
-        return (f"{n} damaged block{'s' if n > 1 else ''} skipped (failing its CRC; the first at byte "
-                f"{self.first_damage})")
+        return (f"{n} damaged block{'s' if n > 1 else ''} skipped (failing its CRC, or a record's chunks "
+                f"without its first; the first at byte {self.first_damage})")
+
+    def damage(self, at: int) -> None:
+        self.damaged += 1
+        self.first_damage = at if self.first_damage is None else self.first_damage
 
 
 def check_header(path: Path, head: bytes) -> None:
@@ -67,6 +74,7 @@ def check_header(path: Path, head: bytes) -> None:
 def walk_wandb_records(path: Path, walk: Walk) -> Iterator[bytes]:
     """The serialized `Record`s of a run file, in order. ProbeInputError for an empty file, a
     file of another kind or another format version; a cut end stops quietly (`walk.cut_at`)."""
+    check_regular_file(path, "a W&B run file")  # a FIFO's open would wait forever
     size = path.stat().st_size
     with path.open("rb") as f:
         check_header(path, f.read(FILE_HEADER))
@@ -78,6 +86,7 @@ def walk_wandb_records(path: Path, walk: Walk) -> Iterator[bytes]:
 
 def records_of(view: mmap.mmap, size: int, walk: Walk) -> Iterator[bytes]:
     at, parts, start = FILE_HEADER, [], None  # parts: the chunks of a record begun (FIRST, MIDDLE)
+    resyncing = False  # after a skipped block: the chunks ending its record are no new damage
     while at < size:
         left_in_block = BLOCK - at % BLOCK
         if left_in_block < CHUNK_HEADER:  # the block's zero padding
@@ -95,17 +104,15 @@ def records_of(view: mmap.mmap, size: int, walk: Walk) -> Iterator[bytes]:
             if crc == 0 and length == 0 and kind == 0:  # zeros to the end of a block (a preallocated tail)
                 at += left_in_block
                 continue
-            walk.damaged += 1
-            walk.first_damage = at if walk.first_damage is None else walk.first_damage
-            parts, start = [], None
+            walk.damage(at)
+            parts, start, resyncing = [], None, True
             at += left_in_block  # the rest of the block cannot be trusted: resync on the next one
             continue
         data = view[at + CHUNK_HEADER:end]
         if kind == FULL or kind == FIRST:
             if parts:  # a record begun and never ended: its chunks were lost
-                walk.damaged += 1
-                walk.first_damage = start if walk.first_damage is None else walk.first_damage
-            parts, start = ([], None) if kind == FULL else ([data], at)
+                walk.damage(start)
+            parts, start, resyncing = ([], None, False) if kind == FULL else ([data], at, False)
             if kind == FULL:
                 walk.records += 1
                 yield data
@@ -115,6 +122,9 @@ def records_of(view: mmap.mmap, size: int, walk: Walk) -> Iterator[bytes]:
                 walk.records += 1
                 yield b"".join(parts)
                 parts, start = [], None
+        elif not resyncing:  # a MIDDLE or LAST without its FIRST: a record lost (not the skipped block's own)
+            walk.damage(at)
+            resyncing = True
         at = end
     if parts:
         walk.cut_at = start
@@ -171,3 +181,13 @@ def fields(data: bytes, wanted: frozenset[int] | None = None) -> dict[int, list[
         if wanted is None or number in wanted:
             out.setdefault(number, []).append(value)
     return out
+
+
+def message_fields(data: bytes, wanted: frozenset[int]) -> dict[int, list[bytes]]:
+    """`fields` of a message whose wanted fields all hold bytes (messages, strings, fixed64):
+    ValueError for one of another wire type (a varint where a message belongs)."""
+    found = fields(data, wanted)
+    for number, values in found.items():
+        if any(not isinstance(v, bytes) for v in values):
+            raise ValueError(f"field {number}: a varint where a message or string belongs")
+    return found  # type: ignore[return-value]
