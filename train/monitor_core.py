@@ -164,6 +164,8 @@ class Monitor:
         self.closed = True
         result = None
         try:
+            if self.mirror is not None:
+                self.mirror.closing = True
             self._record_last_seen()
             self.flush()
             self._save_last()

@@ -115,6 +115,8 @@ class Mirror:
         self.alerted: set[Any] = set()  # what was alerted: a finding's code, a rescue's (action, step)
         self.best_loss = math.inf  # the early-warning signal: how far the loss is above its best
         self.off = False
+        self.closing = False  # the Monitor is closing: the user's loop logs no more rows for ours to join
+        self.waiting = False  # a record of the closing sent and not yet in a row of its own
 
     # ------------------------------------------------------------------ where to write
 
@@ -172,7 +174,10 @@ class Mirror:
         for key in values.keys() - self.defined:
             run.define_metric(key, step_metric=MIRROR_STEP)
             self.defined.add(key)
+        if self.waiting:  # two records at close (the last log step's, then the last step's): the first its own row
+            run.log({}, commit=True)
         run.log({MIRROR_STEP: step, **values}, commit=False)
+        self.waiting = self.closing
 
     @guarded
     def findings(self, found: list[Any]) -> None:
