@@ -328,6 +328,10 @@ def development_parser() -> Parser:
     parser.add_argument("--seed", type=int, default=0, metavar="N", help="seed for sampling the text windows")
     parser.add_argument("--no-cache", action="store_true",
                         help="read every snapshot again, neither reading nor writing development.json")
+    parser.add_argument("--ablation", choices=("zero", "mean", "none"), default="zero",
+                        help="ablate each phase change's heads at the snapshot ending it, their z set to 0 (zero, "
+                             "the default) or to its mean (mean), and report the repeat's loss with and without "
+                             "them; none: no ablation")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="show a progress bar over snapshots (default: on a terminal)")
     add_json_argument(parser)

@@ -147,6 +147,28 @@ def test_trained_induction_heads_found_in_layer_1_at_the_loss_drop(tmp_path):
     assert min(abs(c["step"] - drop_step) for c in induction) <= 15  # within one snapshot
     repeat = [s["repeat_loss"] for s in result.snapshots]
     assert repeat[-1] < 0.5 * repeat[0]  # the tool's own repeated sequence: its second half learned too
+    # causal: ablating the change's heads at the snapshot ending it undoes the repeat's learning, and
+    # zero-ablating a head's z is zeroing its rows of W_O by hand (no b_O): the same loss
+    ablation = induction[0]["ablation"]
+    loss = ablation["repeat_loss"]
+    assert loss["without"] > loss["with"] + 1.0, ablation
+    by_hand = zeroed_heads_repeat_loss(tmp_path / "run" / ablation["snapshot"], induction[0]["heads"])
+    assert loss["without"] == pytest.approx(by_hand, rel=1e-5)  # float32 sums in two orders, ~1e-7 each
+
+
+def zeroed_heads_repeat_loss(snapshot, heads) -> float:
+    """The repeat's second-half loss (development's repeat, by its functions) with each head's W_O rows zeroed."""
+    from models.checkpoint import load_checkpoint
+    from probes.heads import random_repeat_tokens
+
+    model = load_checkpoint(snapshot).model
+    d_head = model.cfg.d_head
+    with torch.no_grad():
+        for layer, head in heads:
+            model.blocks[layer].attention.W_O[head * d_head:(head + 1) * d_head] = 0.0
+        length = model.cfg.n_ctx // 2
+        tokens = random_repeat_tokens(model.cfg.d_vocab, length, development.REPEAT_SAMPLES, seed=0)
+        return development.repeat_half_loss(model(tokens), tokens, length)
 
 
 def test_the_doctor_joins_a_collapse_and_a_sink_to_the_loss(tmp_path):
