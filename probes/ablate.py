@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from probes.common import ProbeInputError, eval_mode, model_device, model_tokenizer, text_ids
 from probes.patching.hooked import run_editing
+from probes.patching_args import ablate_parser as build_parser
 
 HOWS = ("zero", "mean")
 
@@ -116,3 +117,45 @@ def run(model: Any, tokens: Any, heads: Any, how: str = "zero", tokenizer: Any =
     return Ablation(how=how, heads=heads, loss=means_per_run[0],
                     each={h: means_per_run[i + 1] for i, h in enumerate(heads)}, together=means_per_run[-1],
                     per_token=(losses[-1] - losses[0]).cpu(), tokens=ids.tolist())
+
+
+# ---------------------------------------------------------------- CLI
+
+def main(argv: list[str] | None = None) -> int:
+    def body() -> int:
+        args = build_parser().parse_args(argv)
+        from models.checkpoint import load_from_args
+        from probes.common import default_windows, no_tokenizer, print_json, refused, sample_only
+        from probes.heads import random_repeat_tokens
+        snap = load_from_args(args)
+        if sample_only(snap):
+            raise refused(snap.model)
+        model = snap.model
+        from probes.patching.engines import model_dims
+        _, _, d_vocab = model_dims(model)
+        n_ctx = int(model.cfg.n_ctx)
+        if args.repeat:
+            length = args.length or n_ctx // 2
+            if 2 * length > n_ctx:
+                raise ProbeInputError(f"--length {length} repeated twice is more than the model's context of {n_ctx}")
+            tokens = random_repeat_tokens(d_vocab, length, batch=args.samples, seed=args.seed)
+        elif args.text is not None:
+            if snap.tokenizer is None:
+                no_tokenizer(snap)
+            tokens = text_ids(model, args.text, snap.tokenizer)[:, :n_ctx]
+        else:
+            tokens, _ = default_windows(snap, snap.tokenizer, n_ctx, args.samples, args.seed)
+        result = run(model, tokens, heads=args.heads, how=args.how)
+        if args.json:
+            print_json(result.to_dict())
+        else:
+            print(result.format())
+        return 0
+
+    from probes.common import run_cli
+    return run_cli(body)
+
+
+if __name__ == "__main__":
+    from models.cli import exit_entry
+    exit_entry(main())

@@ -20,11 +20,13 @@ REPLAY_TOLERANCE = 1e-4  # of the logits' scale: the replay must reproduce the m
 def model_dims(model: Any) -> tuple[int, int, int]:
     """(n_layers, n_heads, d_vocab) of a model the probe can patch, or one line saying why not."""
     cfg = getattr(model, "cfg", None)
+    if getattr(cfg, "family", "transformer") != "transformer":
+        raise ProbeInputError(f"this model ({cfg.family} family) has no attention heads to patch")
     if cfg is None or not all(hasattr(cfg, n) for n in ("n_layers", "n_heads", "d_vocab")):
         raise ProbeInputError(f"{type(model).__name__} is not one of our models or a TransformerBridge: "
                               "patching found no layers and heads to patch")
-    if getattr(cfg, "family", "transformer") != "transformer" or not int(cfg.n_heads):
-        raise ProbeInputError(f"this model ({getattr(cfg, 'family', '?')} family) has no attention heads to patch")
+    if not int(cfg.n_heads):
+        raise ProbeInputError("this model has no attention heads to patch")
     return int(cfg.n_layers), int(cfg.n_heads), int(cfg.d_vocab)
 
 

@@ -64,6 +64,14 @@ class Patching:
         return [{"id": int(i), "piece": token_piece(self._tokenizer, int(i)), "prob": float(p),
                  "logit": float(logits[i])} for p, i in zip(top.values, top.indices)]
 
+    def grid_rows(self) -> list[tuple[str, torch.Tensor]]:
+        """The heat map's rows: (label, values): a row per layer and head over positions for heads by
+        position, else a row per layer (over heads, positions, or one cell)."""
+        norm = self.normalised
+        if self.axes == ["layer", "pos", "head"]:
+            return [(f"L{l}H{h}", norm[l, :, h]) for l in range(norm.shape[0]) for h in range(norm.shape[2])]
+        return [(f"L{l}", norm[l].reshape(-1)) for l in range(norm.shape[0])]
+
     def format(self) -> str:
         """A table of the largest effects and a heat map of `normalised` (layer down the side)."""
         norm = self.normalised
@@ -78,11 +86,19 @@ class Patching:
             index = list(torch.unravel_index(torch.tensor(i), norm.shape))
             where = " ".join(f"{a} {int(v)}" for a, v in zip(self.axes, index))
             lines.append(f"  {where:<26}{float(flat[i]):>9.3f}   metric {float(self.patched.flatten()[i]):.4f}")
-        lines += ["", "heat map of the normalised effect (" + " x ".join(self.axes) + f"; '{SHADES}' = 0..1):"]
-        grid = norm.reshape(norm.shape[0], -1) if norm.dim() > 1 else norm.view(-1, 1)  # [layer cells]
-        for l, row in enumerate(grid.tolist()):
-            lines.append(f"  L{l:<3}" + "".join(shade(v) for v in row))
+        lines += ["", f"heat map of the normalised effect ('{SHADES}' = 0 .. 1, '?' undefined):"]
+        by_pos = "pos" in self.axes
+        if by_pos and self.pieces:
+            lines.append("  " + " " * 6 + "".join(label_char(p) for p in self.pieces))
+        for label, row in self.grid_rows():
+            lines.append(f"  {label:<6}" + "".join(shade(v) for v in row.tolist()))
         return "\n".join(lines)
+
+
+def label_char(piece: str | None) -> str:
+    """One character standing for a token in the heat map's header."""
+    text = (piece or "?").replace("\u0120", " ").replace("\u010a", "\n")
+    return {"\n": "\u00b6", "\t": "\u2192", "": "?"}.get(text[:1], text[:1])
 
 
 def shade(value: float) -> str:

@@ -41,6 +41,9 @@ def run(model: Any, clean: Any, corrupt: Any, metric: Any = None, answer: Any = 
     from probes.patching.engines import model_dims, traced_engine
     n_layers, n_heads, d_vocab = model_dims(model)
     metric_fn = make_metric(metric, answer, wrong, d_vocab, lambda t: one_token(t, tokenizer, d_vocab))
+    n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", None)
+    if n_ctx is not None and clean_ids.shape[1] > int(n_ctx):
+        raise ProbeInputError(f"the inputs are {clean_ids.shape[1]} tokens, more than the model's context of {n_ctx}")
     sweep = Sweep(what, by_position, n_layers, clean_ids.shape[1], n_heads)
     device = model_device(model)
     clean_ids, corrupt_ids = clean_ids.to(device), corrupt_ids.to(device)
