@@ -72,3 +72,15 @@ def test_bad_input_is_one_line_in_the_page(monkeypatch, box, value, said):
     assert not at.exception
     assert [e.value for e in at.error] and said in at.error[0].value and "\n" not in at.error[0].value
     assert not specs(at, MAP)
+
+
+def test_a_run_the_address_names_is_kept(monkeypatch):
+    """Only a visit that asked for no run opens on the induction run; `?run=` is followed, and the
+    defaults come from that run's sidebar text (Shakespeare here, newlines shown as ⏎)."""
+    at = open_app(monkeypatch, [INDUCTION.parent / "attn1_residual", INDUCTION], page="patching",
+                  run="attn1_residual")
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.sidebar.selectbox(key="run").value == "attn1_residual"
+    assert at.text_input(key="patch_clean").value.startswith("ROMEO:⏎But")
+    (_, (cells, *_)), = specs(at, MAP)
+    assert set(cells["row"]) == {"L0H0"}  # its one head, by position
