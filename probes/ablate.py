@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         from models.checkpoint import load_from_args
         from probes.common import default_windows, no_tokenizer, print_json, refused, sample_only
-        from probes.heads import random_repeat_tokens
+        from probes.common import random_repeat_tokens
         snap = load_from_args(args)
         if sample_only(snap):
             raise refused(snap.model)

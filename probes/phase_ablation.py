@@ -9,7 +9,8 @@ the random repeat's second half (the development's `repeat_loss`) with them and 
 "with" is the snapshot's own reading (`probes.development`); "without" adds the mean change of the
 second half's per-token loss that `probes.ablate` measures with the heads ablated (all together, then
 each alone). A snapshot the ablation cannot run on (one saved without its code) gets None, said in
-the returned lines.
+the returned lines. `confirm_induction` ablates each head that scores as an induction head, alone
+(`python -m probes.heads --repeat --confirm`).
 """
 
 from __future__ import annotations
@@ -24,25 +25,48 @@ from probes.errors import ProbeInputError
 
 log = logging.getLogger("probes.development")
 
-__all__ = ["HOWS", "ablate_changes", "repeat_ablation"]
+__all__ = ["HOWS", "ablate_changes", "confirm_induction", "repeat_ablation", "repeat_loss_change"]
 
 HOWS = ("zero", "mean")
+CONFIRM_SCORE = 0.3  # an induction score (Olsson's) from which `confirm_induction` ablates the head
+CONFIRM_RISE = 0.1  # nats the repeat's second-half loss must rise without it for the score to be confirmed
+
+
+def repeat_loss_change(model: Any, repeat: tuple[torch.Tensor, int], heads: list[tuple[int, int]],
+                       how: str = "zero") -> float:
+    """How much the loss on the repeat's second half rises with `heads` ablated together (`probes.ablate`).
+    repeat: (tokens [samples 2*length], length)."""
+    from probes import ablate
+
+    tokens, length = repeat
+    change = ablate.run(model, tokens, heads=heads, how=how).per_token  # [samples 2*length-1]
+    return float(change[:, length:].double().mean())  # row i predicts token i+1: the copy's, first left out
 
 
 def repeat_ablation(model: Any, repeat: tuple[torch.Tensor, int], heads: list[tuple[int, int]], with_heads: float,
                     how: str = "zero") -> dict[str, Any]:
     """The repeat's second-half loss without `heads` (together, then each alone), given `with_heads`,
     the loss with them. repeat: (tokens [samples 2*length], length)."""
-    from probes import ablate
-
-    tokens, length = repeat
-
     def without(group: list[tuple[int, int]]) -> float:
-        change = ablate.run(model, tokens, heads=group, how=how).per_token  # [samples 2*length-1]
-        return with_heads + float(change[:, length:].double().mean())  # row i predicts token i+1
+        return with_heads + repeat_loss_change(model, repeat, group, how)
 
     return {"how": how, "repeat_loss": {"with": with_heads, "without": without(heads)},
             "each": [{"head": list(h), "without": without([h])} for h in heads] if len(heads) > 1 else []}
+
+
+def confirm_induction(model: Any, repeat: tuple[torch.Tensor, int], scores: list[list[float]],
+                      at_least: float = CONFIRM_SCORE) -> list[dict[str, Any]]:
+    """Each head whose Olsson induction score on the repeat (`scores` [layer][head]) is at least
+    `at_least`, zero-ablated alone: the rise of the repeat's second-half loss, and whether it is at
+    least CONFIRM_RISE nats (the head does what its score says), for `probes.heads --confirm`."""
+    found = []
+    for layer, row in enumerate(scores):
+        for head, score in enumerate(row):
+            if score is not None and score >= at_least:
+                rise = repeat_loss_change(model, repeat, [(layer, head)])
+                found.append({"head": [layer, head], "induction_repeat": score, "loss_rise": rise,
+                              "confirmed": rise >= CONFIRM_RISE})
+    return found
 
 
 def ablate_changes(changes: list[dict[str, Any]], snapshots: list[dict[str, Any]], paths: list[Path],

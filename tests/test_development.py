@@ -56,6 +56,17 @@ def test_hand_set_heads_scored_on_paper_and_their_phase_change(hand_run):
     assert set(result.to_dict()) == {"snapshots", "phase_changes"}
 
 
+def test_a_hand_set_induction_head_that_writes_nothing_the_logits_read_is_not_confirmed():
+    """Olsson's score of L1H0 is 1, but its W_O is 0 and the unembedding reads the token alone: removing
+    it leaves every logit as it was, so `probes.heads --confirm` does not confirm it (a rise of exactly 0)."""
+    from probes.heads import random_repeat_tokens
+    from probes.phase_ablation import confirm_induction
+
+    tokens = random_repeat_tokens(V, 4, 4, seed=0)  # [4 8]
+    (found,) = confirm_induction(hand_set(40.0), (tokens, 4), [[0.0], [1.0]])
+    assert found == {"head": [1, 0], "induction_repeat": 1.0, "loss_rise": 0.0, "confirmed": False}
+
+
 def test_olsson_score_of_the_hand_set_induction_head_is_one():
     from probes import heads
 
