@@ -29,15 +29,17 @@ class Trace:
     attn_out: list[torch.Tensor]  # [batch pos d_model]
     mid: list[torch.Tensor]  # resid_mid
     mlp_out: list[torch.Tensor]
+    post: list[torch.Tensor]  # resid_post
     logits: torch.Tensor  # [batch pos vocab]
 
     def act(self, what: str, layer: int) -> torch.Tensor:
         return {"heads": self.z, "resid": self.resid, "attn": self.attn_out, "mlp": self.mlp_out}[what][layer]
 
 
-def attend(attn, x: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor):
+def attend(attn, x: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor, last: bool = False):
     """Causal attention of x [rows m d_model] (positions s.. s+m-1) over the cached keys and values
-    of positions 0..s-1 [rows s head d_head] and its own: (z, k, v), each [rows m head d_head]."""
+    of positions 0..s-1 [rows s head d_head] and its own: (z, k, v), each [rows m head d_head];
+    with `last`, z of the last position alone [rows 1 head d_head] (the others are only keys)."""
     W, b, _ = attn.qkv_weights(model_guard=True)
     q, k, v = attn.project_qkv(x, W, b).unbind(dim=2)  # each [rows m head d_head]
     if "q_norm" in attn._modules:
@@ -45,12 +47,14 @@ def attend(attn, x: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor):
     s, m = past_k.shape[1], x.shape[1]
     keys = torch.cat([past_k, k], 1).transpose(1, 2) if s else k.transpose(1, 2)  # [rows head s+m d_head]
     values = torch.cat([past_v, v], 1).transpose(1, 2) if s else v.transpose(1, 2)
-    mask = None
-    if s:  # query i (position s+i) sees keys 0..s+i
+    if last:  # the last query sees every key
+        z = F.scaled_dot_product_attention(q[:, -1:].transpose(1, 2), keys, values, scale=1.0 / attn.scale)
+    elif s:  # query i (position s+i) sees keys 0..s+i
         mask = torch.arange(s, s + m, device=x.device)[:, None] >= torch.arange(s + m, device=x.device)  # [m s+m]
-    z = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, is_causal=not s,
-                                       scale=1.0 / attn.scale)  # [rows head m d_head]
-    return z.transpose(1, 2), k, v
+        z = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, scale=1.0 / attn.scale)
+    else:
+        z = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, is_causal=True, scale=1.0 / attn.scale)
+    return z.transpose(1, 2), k, v  # z: [rows m|1 head d_head]
 
 
 def mid_of(block, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
@@ -76,7 +80,7 @@ class ReplayEngine:
         self.blocks = list(model.blocks)
 
     def trace(self, tokens: torch.Tensor) -> Trace:
-        t = Trace([], [], [], [], [], [], [], None)
+        t = Trace([], [], [], [], [], [], [], [], None)
         x = self.model.embed(tokens, True)
         empty = x.new_zeros(x.shape[0], 0, 1, 1)
         for block in self.blocks:
@@ -88,6 +92,7 @@ class ReplayEngine:
             t.mid.append(mid_of(block, x, t.attn_out[-1]))
             t.mlp_out.append(mlp_of(block, t.mid[-1]))
             x = post_of(block, t.mid[-1], t.mlp_out[-1])
+            t.post.append(x)
         t.logits = self.model.unembed(x, True)
         return t
 
@@ -97,22 +102,26 @@ class ReplayEngine:
         n = len(cells)
         rows = lambda t: t[:, start:].repeat(n, *([1] * (t.dim() - 1)))  # [n*batch pos-start ...]
         block = self.blocks[layer]
-        if what == "resid":
+        if what == "resid":  # a key of this layer's attention changes: the block runs again
             x = self.resume(base, layer, write_patch(rows(base.resid[layer]), donor.resid[layer], cells, start),
-                            start, n)
+                            start, n, last_only)
+        elif cells[0][0] is not None:  # one position's output changes: this block runs at it alone
+            post = rows(base.post[layer])  # [rows pos-start d_model]
+            where, post_at = self.one_position(base, donor, what, layer, cells)
+            post[torch.arange(post.shape[0]), where - start] = post_at
+            x = self.resume(base, layer + 1, post, start, n, last_only)
         else:
             if what == "mlp":
                 post = post_of(block, rows(base.mid[layer]),
                                write_patch(rows(base.mlp_out[layer]), donor.mlp_out[layer], cells, start))
             else:
                 if what == "heads":
-                    z = write_patch(rows(base.z[layer]), donor.z[layer], cells, start)
-                    attn_out = block.attention.output(z)
+                    attn_out = block.attention.output(write_patch(rows(base.z[layer]), donor.z[layer], cells, start))
                 else:
                     attn_out = write_patch(rows(base.attn_out[layer]), donor.attn_out[layer], cells, start)
                 mid = mid_of(block, rows(base.resid[layer]), attn_out)
                 post = post_of(block, mid, mlp_of(block, mid))
-            x = self.resume(base, layer + 1, post, start, n)
+            x = self.resume(base, layer + 1, post, start, n, last_only)
         if last_only:
             return self.model.unembed(x[:, -1:], True)  # [rows 1 vocab]
         logits = self.model.unembed(x, True)
@@ -120,12 +129,36 @@ class ReplayEngine:
             logits = torch.cat([base.logits[:, :start].repeat(n, 1, 1), logits], 1)
         return logits
 
-    def resume(self, base: Trace, layer: int, x: torch.Tensor, start: int, n: int) -> torch.Tensor:
-        """The residual after the last block, from resid_pre of `layer` at positions start.."""
+    def one_position(self, base: Trace, donor: Trace, what: str, layer: int, cells: list):
+        """Each patched run's position [rows] and its resid_post there [rows d_model], when its cell
+        patches a head, the attention or the MLP of `layer` at one position: nothing else of the
+        block changes (the attention's keys and values are upstream of the patch)."""
+        batch = base.resid[0].shape[0]
+        where = torch.tensor([p for p, _ in cells], device=base.logits.device).repeat_interleave(batch)  # [rows]
+        b = torch.arange(batch, device=where.device).repeat(len(cells))  # [rows]
+        at = lambda acts: acts[layer][b, where].unsqueeze(1)  # [rows 1 ...]
+        block = self.blocks[layer]
+        if what == "mlp":
+            return where, post_of(block, at(base.mid), at(donor.mlp_out))[:, 0]
+        if what == "heads":
+            heads = torch.tensor([h for _, h in cells], device=where.device).repeat_interleave(batch)  # [rows]
+            z = at(base.z).clone()  # [rows 1 head d_head]
+            z[torch.arange(len(heads)), 0, heads] = at(donor.z)[torch.arange(len(heads)), 0, heads]
+            attn_out = block.attention.output(z)
+        else:
+            attn_out = at(donor.attn_out)
+        mid = mid_of(block, at(base.resid), attn_out)
+        return where, post_of(block, mid, mlp_of(block, mid))[:, 0]
+
+    def resume(self, base: Trace, layer: int, x: torch.Tensor, start: int, n: int, last_only: bool) -> torch.Tensor:
+        """The residual after the last block [rows m|1 d_model], from resid_pre of `layer` at positions
+        start..; with `last_only`, the last block runs its queries and MLP at the last position alone."""
         for l in range(layer, len(self.blocks)):
             block = self.blocks[l]
+            last = last_only and l == len(self.blocks) - 1
             past = [c[l][:, :start].repeat(n, 1, 1, 1) for c in (base.k, base.v)]
-            z, _, _ = attend(block.attention, block.norm(1, x, "pre", True), *past)
+            z, _, _ = attend(block.attention, block.norm(1, x, "pre", True), *past, last=last)
+            x = x[:, -1:] if last else x
             mid = mid_of(block, x, block.attention.output(z))
             x = post_of(block, mid, mlp_of(block, mid))
         return x

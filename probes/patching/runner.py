@@ -80,19 +80,47 @@ def run(model: Any, clean: Any, corrupt: Any, metric: Any = None, answer: Any = 
 
 def exact(engine: Any, sweep: Sweep, base: Any, donor: Any, metric: Any, batch: int | None) -> tuple[torch.Tensor, int]:
     """Every cell's patched metric [sweep.shape] and the number of batched forwards it took."""
-    per_patch = patch_rows_bytes(base, sweep, metric.last_only)
-    size = batch or max(1, BUDGET // per_patch)
+    size = batch or max(1, BUDGET // patch_rows_bytes(base, sweep, metric.last_only))
     out = torch.empty(sweep.n_layers, len(sweep.cells()))
     forwards = 0
     for layer in range(sweep.n_layers):
         cells = sweep.cells()
-        for i in range(0, len(cells), size):
-            chunk = cells[i:i + size]
+        unreached = cannot_reach_last(engine, sweep, metric, layer)
+        if unreached:
+            out[layer, :unreached] = float(score(metric, base.logits, 1))
+        for i, chunk in chunks(cells, unreached, size, sweep.n_pos if engine.suffix else 0):
             start = first_position(chunk) if engine.suffix else 0
             logits = engine.patched(base, donor, sweep.what, layer, chunk, start, metric.last_only)
             out[layer, i:i + len(chunk)] = score(metric, logits, len(chunk)).cpu()
             forwards += 1
     return out.view(sweep.shape), forwards
+
+
+def cannot_reach_last(engine: Any, sweep: Sweep, metric: Any, layer: int) -> int:
+    """How many of the layer's first cells cannot change a metric of the last position: in the last
+    block, a head's, attention's or MLP's output at an earlier position reaches no later position
+    (no attention after it). Their patched metric is the base run's."""
+    if not (engine.suffix and metric.last_only and sweep.by_position and sweep.what != "resid"
+            and layer == sweep.n_layers - 1):
+        return 0
+    return sum(1 for pos, _ in sweep.cells() if pos < sweep.n_pos - 1)
+
+
+SPANS = 8  # a by-position layer runs in about this many chunks of neighbouring positions at least
+
+
+def chunks(cells: list, skip: int, size: int, n_pos: int):
+    """(index, cells) chunks of at most `size` consecutive cells from `skip` on; with n_pos (an engine
+    that runs only positions from a chunk's first on), each spans at most n_pos / SPANS positions,
+    so that a chunk of late positions does not run from position 0."""
+    span = -(-n_pos // SPANS) if n_pos else 0
+    i = skip
+    while i < len(cells):
+        j = i + 1
+        while j < len(cells) and j - i < size and (not span or (cells[j][0] or 0) - (cells[i][0] or 0) < span):
+            j += 1
+        yield i, cells[i:j]
+        i = j
 
 
 def patch_rows_bytes(base: Any, sweep: Sweep, last_only: bool) -> int:
