@@ -5,6 +5,7 @@ ablated on the clean text (`app/views/ablation.py`)."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pandas as pd
@@ -126,7 +127,7 @@ def effect_rows(result: Any) -> pd.DataFrame:
     norm, patched, axes = result.normalised, result.patched, result.axes
     pieces = [data.shown(p or "?") for p in result.pieces]
     rows = []
-    for index in torch_indices(norm.shape):
+    for index in itertools.product(*(range(n) for n in norm.shape)):
         cell = dict(zip(axes, index))
         heads_by_pos = "head" in cell and "pos" in cell
         rows.append({"row": f"L{cell['layer']}" + (f"H{cell['head']}" if heads_by_pos else ""),
@@ -134,11 +135,6 @@ def effect_rows(result: Any) -> pd.DataFrame:
                                 f"H{cell['head']}" if "head" in cell else "every position"),
                      CELL: ",".join(map(str, index)), "effect": float(norm[index]), "metric": float(patched[index])})
     return pd.DataFrame(rows)
-
-
-def torch_indices(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
-    import itertools
-    return list(itertools.product(*(range(n) for n in shape)))
 
 
 def heat_map(result: Any, run: str) -> tuple[int, ...]:
