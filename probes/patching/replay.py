@@ -36,14 +36,20 @@ class Trace:
         return {"heads": self.z, "resid": self.resid, "attn": self.attn_out, "mlp": self.mlp_out}[what][layer]
 
 
+def project(attn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k (after a q/k norm) and v of x [... pos d_model]: each [... pos head d_head]."""
+    W, b, _ = attn.qkv_weights(model_guard=True)
+    q, k, v = attn.project_qkv(x, W, b).unbind(dim=-3)
+    if "q_norm" in attn._modules:
+        q, k = attn.q_norm(q, True), attn.k_norm(k, True)
+    return q, k, v
+
+
 def attend(attn, x: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor, last: bool = False):
     """Causal attention of x [rows m d_model] (positions s.. s+m-1) over the cached keys and values
     of positions 0..s-1 [rows s head d_head] and its own: (z, k, v), each [rows m head d_head];
     with `last`, z of the last position alone [rows 1 head d_head] (the others are only keys)."""
-    W, b, _ = attn.qkv_weights(model_guard=True)
-    q, k, v = attn.project_qkv(x, W, b).unbind(dim=2)  # each [rows m head d_head]
-    if "q_norm" in attn._modules:
-        q, k = attn.q_norm(q, True), attn.k_norm(k, True)
+    q, k, v = project(attn, x)  # each [rows m head d_head]
     s, m = past_k.shape[1], x.shape[1]
     keys = torch.cat([past_k, k], 1).transpose(1, 2) if s else k.transpose(1, 2)  # [rows head s+m d_head]
     values = torch.cat([past_v, v], 1).transpose(1, 2) if s else v.transpose(1, 2)
