@@ -28,14 +28,17 @@ def probe_result():
     snap = load_checkpoint(INDUCTION)
     segment = page_text(snap.config.n_ctx)[:16]  # the sidebar's first text is this, twice
     clean, corrupt = segment + segment[:-1], segment[::-1] + segment[:-1]
-    return snap, clean, run(snap.model, clean, corrupt, answer=segment[-1], wrong=segment[-3], what="heads",
-                            tokenizer=snap.tokenizer)
+    results = {method: run(snap.model, clean, corrupt, answer=segment[-1], wrong=segment[-3], what="heads",
+                           method=method, atp_star=method == "attribution", tokenizer=snap.tokenizer)
+               for method in ("attribution", "exact")}  # the page shows AtP* first, exact on request
+    return snap, clean, results
 
 
 def test_the_page_opens_on_the_induction_run_with_its_causal_effect(monkeypatch, probe_result):
     from probes import ablate
 
-    snap, clean, result = probe_result
+    snap, clean, results = probe_result
+    result = results["attribution"]
     at = open_app(monkeypatch, [INDUCTION.parent / "attn1_residual", INDUCTION])
     assert at.sidebar.selectbox(key="run").value == "attn1_residual"  # the run list opens on the first run
     at.switch_page("views/patching.py").run()  # first visit, no run asked for: the showcase run
@@ -49,6 +52,11 @@ def test_the_page_opens_on_the_induction_run_with_its_causal_effect(monkeypatch,
     last = shown[1, -1]  # layer 1 at the last position: every induction head brings the answer back
     assert (last > 0.1).all() and last.max() > 0.3
     strongest = torch.unravel_index(result.normalised.abs().argmax(), result.normalised.shape)
+    at.radio(key="patch_method").set_value("exact").run()  # exact on request: the probe's exact numbers
+    (_, (exact, *_)), = specs(at, MAP)
+    exact_shown = torch.tensor(exact["effect"].tolist()).view(shown.shape)
+    assert torch.allclose(exact_shown, results["exact"].normalised, atol=TOL)
+    assert torch.corrcoef(torch.stack([exact_shown.flatten(), shown.flatten()]))[0, 1] > 0.9  # AtP* tracks it
     top = at.dataframe[0].value
     want = result.top_predictions(tuple(int(i) for i in strongest))
     assert list(top["token"]) == [t["piece"] for t in want]

@@ -19,22 +19,24 @@ from probes.common import ProbeInputError
 
 WHATS = {"heads": "each head's output", "resid": "the residual stream entering each block",
          "attn": "each attention block's output", "mlp": "each MLP's output"}
-METHODS = {"exact": "exact (one patched run per cell)", "attribution": "attribution (an estimate from one backward)"}
+METHODS = {"attribution": "attribution (instant: 2 forwards, 1 backward)", "exact": "exact (one patched run per cell)"}
 SHOWCASE = "induction"  # the shipped run the page opens on when nothing else was asked for
 CELL = "cell"  # the heat map's point selection: a click picks one patched run
 INPUTS = ("patch_clean", "patch_corrupt", "patch_answer", "patch_wrong")
 
 
 @st.cache_resource(max_entries=4, show_spinner="Patching...")
-def patching(path: str, modified: float, ask: tuple[str, str, str, str, str, bool, str], preset: str | None) -> Any:
+def patching(path: str, modified: float, ask: tuple[str, str, str, str, str, bool, str, bool],
+             preset: str | None) -> Any:
     """`probes.patching.run` on the snapshot: ask = (clean, corrupt, answer, wrong, what, by_position,
-    method). A resource, not data: the result keeps the model to run one patch again (its top predictions)."""
+    method, atp_star). A resource, not data: the result keeps the model to run one patch again (its top
+    predictions)."""
     from probes.patching import run
 
-    clean, corrupt, answer, wrong, what, by_position, method = ask
+    clean, corrupt, answer, wrong, what, by_position, method, atp_star = ask
     snap = data.load(path, modified, preset)
     return run(snap.model, clean, corrupt, answer=answer, wrong=wrong or None, what=what, by_position=by_position,
-               method=method, tokenizer=snap.tokenizer)
+               method=method, atp_star=atp_star, tokenizer=snap.tokenizer)
 
 
 @st.cache_data(max_entries=64, show_spinner="Running the patched model...")
@@ -96,9 +98,13 @@ def render(sel: Selection) -> None:
                           "answer's log-probability, not the logit difference answer - wrong")
     what = c3.selectbox("patch", list(WHATS), format_func=WHATS.__getitem__, key="patch_what")
     method = c4.radio("method", list(METHODS), format_func=METHODS.__getitem__, key="patch_method", horizontal=True)
-    by_position = st.checkbox("each position apart", value=True, key="patch_by_position")
+    c1, c2 = st.columns(2)
+    by_position = c1.checkbox("each position apart", value=True, key="patch_by_position")
+    atp_star = method == "attribution" and c2.checkbox(
+        "AtP* (the attention softmax recomputed where a patch moves queries or keys)", value=True,
+        key="patch_atp_star", help="Kramár et al. 2024: plain attribution misjudges attention that saturates")
     ask = (data.real_newlines(clean), data.real_newlines(corrupt), data.real_newlines(answer),
-           data.real_newlines(wrong), what, by_position, method)
+           data.real_newlines(wrong), what, by_position, method, atp_star)
     try:
         result = patching(*sel.key[:2], ask, sel.run.preset)
     except (ProbeInputError, ValueError) as exc:  # texts of two lengths, an answer of two tokens, an empty text
@@ -112,13 +118,13 @@ def render(sel: Selection) -> None:
 
 def summary(result: Any) -> None:
     metric = "logit difference" if result.metric == "logit_diff" else result.metric
-    how = "estimated from 2 forwards and 1 backward" if result.method == "attribution" else \
-        f"{result.forwards} batched forward passes"
+    how = (f"estimated from 2 forwards and 1 backward{', with AtP*' if result.atp_star else ''}"
+           if result.method == "attribution" else f"{result.forwards} batched forward passes")
     st.markdown(f"**{metric}**: clean run {result.clean:.3f}, corrupt run {result.corrupt:.3f}; "
                 f"{result.method} patching ({how}).")
     if result.method == "attribution":
         st.caption("Attribution patching is a first-order estimate: choose exact to measure every patch "
-                   "(it can miss where attention saturates: docs/patching.md).")
+                   "(where it misleads: docs/patching.md). A cell's top predictions are its exact patch.")
 
 
 def effect_rows(result: Any) -> pd.DataFrame:
