@@ -114,14 +114,13 @@ def layer_correction(model: Any, later: int, deltas: torch.Tensor, base: dict,
 
 def qk_correction(model: Any, sweep: Sweep, base: dict, donor_acts: dict) -> torch.Tensor:
     """What AtP* adds to every cell's AtP estimate: [sweep.shape]."""
-    from probes.patching.hooked import HOOKS
     cells = sweep.cells()
     x = base["blocks.0.hook_resid_pre"][0]
     batch, n = x.shape[:2]
     size = max(1, BUDGET // (4 * 4 * batch * sweep.n_heads * n * max(n, x.shape[-1])))
     out = torch.zeros(sweep.n_layers, len(cells))
     for layer in range(sweep.n_layers):
-        act = base[HOOKS[sweep.what].format(layer)][0]
+        act = base[layer][0]
         first = layer if sweep.what == "resid" else layer + 1  # the first attention reading it directly
         for i in range(0, len(cells), size):
             chunk = cells[i:i + size]
