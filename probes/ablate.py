@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from probes.common import ProbeInputError, eval_mode, model_device, model_tokenizer, text_ids
-from probes.patching.hooked import run_editing
+from probes.patching.hooked import editing_engine
 from probes.patching_args import ablate_parser as build_parser
 
 HOWS = ("zero", "mean")
@@ -74,18 +74,6 @@ def check_heads(heads: Any, n_layers: int, n_heads: int) -> list[tuple[int, int]
     return list(dict.fromkeys(out))
 
 
-def head_means(model: Any, tokens: torch.Tensor, layers: set[int]) -> dict[int, torch.Tensor]:
-    """Each layer's z averaged over batch and positions on the unablated run: {layer: [head d_head]}."""
-    means: dict[int, torch.Tensor] = {}
-
-    def keep(layer: int):
-        def hook(z: torch.Tensor, hook: Any) -> None:
-            means[layer] = z.float().mean(dim=(0, 1)).to(z.dtype)
-        return hook
-    model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{l}.attn.hook_z", keep(l)) for l in layers])
-    return means
-
-
 def run(model: Any, tokens: Any, heads: Any, how: str = "zero", tokenizer: Any = None) -> Ablation:
     """Ablate `heads` [(layer, head), ...] of `model` on tokens [batch pos] (or a text)."""
     if how not in HOWS:
@@ -93,6 +81,7 @@ def run(model: Any, tokens: Any, heads: Any, how: str = "zero", tokenizer: Any =
     from probes.patching.engines import model_dims
     n_layers, n_heads, _ = model_dims(model)
     heads = check_heads(heads, n_layers, n_heads)
+    engine = editing_engine(model, "heads", n_layers)
     ids = text_ids(model, tokens, model_tokenizer(model, tokenizer)) if isinstance(tokens, str) else torch.as_tensor(tokens)
     ids = (ids.unsqueeze(0) if ids.dim() == 1 else ids).long().to(model_device(model))  # [batch pos]
     if ids.dim() != 2 or ids.shape[1] < 2:
@@ -100,10 +89,12 @@ def run(model: Any, tokens: Any, heads: Any, how: str = "zero", tokenizer: Any =
     batch, groups = ids.shape[0], len(heads) + 2  # rows: none, each head, all together
     with eval_mode(model), torch.no_grad():
         layers = {l for l, _ in heads}
-        means = head_means(model, ids, layers) if how == "mean" else {}
+        means = {l: a.float().mean(dim=(0, 1)).to(a.dtype) for l, a in engine.trace(ids).acts.items()} \
+            if how == "mean" else {}  # {layer: [head d_head]}
 
         def edit(layer: int):
             def apply(z: torch.Tensor) -> torch.Tensor:  # [groups*batch pos head d_head]
+                z = z.clone()
                 runs = z.unflatten(0, (groups, batch))
                 for g, (l, h) in enumerate(heads):
                     if l == layer:
@@ -111,7 +102,7 @@ def run(model: Any, tokens: Any, heads: Any, how: str = "zero", tokenizer: Any =
                             target[:, :, h] = means[l][h] if how == "mean" else 0.0
                 return z
             return apply
-        logits = run_editing(model, ids.repeat(groups, 1), {f"blocks.{l}.attn.hook_z": edit(l) for l in layers})
+        logits = engine.run(ids.repeat(groups, 1), {l: edit(l) for l in layers})
         losses = token_losses(logits, ids.repeat(groups, 1)).unflatten(0, (groups, batch))  # [groups batch pos-1]
     means_per_run = losses.mean(dim=(1, 2)).tolist()
     return Ablation(how=how, heads=heads, loss=means_per_run[0],

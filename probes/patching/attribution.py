@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from probes.patching.cells import Sweep
-from probes.patching.hooked import HOOKS, HookedEngine
+from probes.patching.hooked import editing_engine
 
 
 def reduce_to_cells(prod: torch.Tensor, sweep: Sweep) -> torch.Tensor:
@@ -30,42 +30,50 @@ def reduce_to_cells(prod: torch.Tensor, sweep: Sweep) -> torch.Tensor:
     return prod.float().sum(dim=dims)
 
 
-def with_gradients(model: Any, tokens: torch.Tensor, names: list[str], metric: Any):
-    """One forward and one backward on tokens: the metric, and each named activation (detached)
-    with d metric / d activation."""
-    leaves: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+def with_gradients(engine: Any, tokens: torch.Tensor, metric: Any, extra: list[str]) -> tuple[float, dict]:
+    """One forward and one backward on tokens: the metric, and {layer (the sweep's activation) or
+    hook name (`extra`, ours only): (activation detached, d metric / d activation)}."""
+    leaves: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def perturb(name: str):
-        def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
+    def perturb(key: Any):
+        def edit(x: torch.Tensor) -> torch.Tensor:
             leaf = torch.zeros_like(x, requires_grad=True)
-            leaves[name] = (x.detach(), leaf)
+            leaves[key] = (x.detach(), leaf)
             return x + leaf
-        return hook
+        return edit
+    edits = {l: perturb(l) for l in range(engine.n_layers)}
     with torch.enable_grad():
-        logits = model.run_with_hooks(tokens, fwd_hooks=[(n, perturb(n)) for n in names])
+        if extra:  # AtP*: our hook points beside the sweep's
+            hooks = [(engine.names[l], lambda x, hook, e=e: e(x)) for l, e in edits.items()]
+            hooks += [(n, lambda x, hook, e=perturb(n): e(x)) for n in extra]
+            logits = engine.model.run_with_hooks(tokens, fwd_hooks=hooks)
+        else:
+            logits = engine.run(tokens, edits)
         value = metric(logits)
-        grads = torch.autograd.grad(value, [leaves[n][1] for n in names], allow_unused=True)
-    return float(value.detach()), {n: (leaves[n][0], torch.zeros_like(leaves[n][0]) if g is None else g)
-                                   for n, g in zip(names, grads)}
+        keys = list(leaves)
+        grads = torch.autograd.grad(value, [leaves[k][1] for k in keys], allow_unused=True)
+    return float(value.detach()), {k: (leaves[k][0], torch.zeros_like(leaves[k][0]) if g is None else g)
+                                   for k, g in zip(keys, grads)}
 
 
 def attribute(model: Any, sweep: Sweep, metric: Any, clean_ids: torch.Tensor, corrupt_ids: torch.Tensor,
               direction: str, atp_star: bool) -> tuple[torch.Tensor, float, float, int]:
     """(patched estimates [sweep.shape], clean metric, corrupt metric, forward passes)."""
     base_ids, donor_ids = (corrupt_ids, clean_ids) if direction == "denoise" else (clean_ids, corrupt_ids)
-    names = [HOOKS[sweep.what].format(l) for l in range(sweep.n_layers)]
-    engine = HookedEngine(model, sweep.what, sweep.n_layers)  # checks the hook points
+    engine = editing_engine(model, sweep.what, sweep.n_layers)
     extra = []
     if atp_star:
         from probes.patching.qk_fix import check_qk_fix, qk_names
         check_qk_fix(model)
-        extra = [n for n in qk_names(sweep.n_layers) if n not in names]
-    base_value, base = with_gradients(model, base_ids, names + extra, metric)
+        extra = [n for n in qk_names(sweep.n_layers) if n not in engine.names]
+    base_value, base = with_gradients(engine, base_ids, metric, extra)
+    if atp_star:  # the QK fix reads activations by hook name, the sweep's own too
+        base.update({engine.names[l]: base[l] for l in range(sweep.n_layers)})
     with torch.no_grad():
         donor = engine.trace(donor_ids)
         donor_value = float(metric(donor.logits))
-        values = torch.stack([reduce_to_cells((donor.acts[l] - base[n][0]) * base[n][1], sweep)
-                              for l, n in enumerate(names)]) + base_value  # [sweep.shape]
+        values = torch.stack([reduce_to_cells((donor.acts[l] - base[l][0]) * base[l][1], sweep)
+                              for l in range(sweep.n_layers)]) + base_value  # [sweep.shape]
         if atp_star:
             from probes.patching.qk_fix import qk_correction
             values += qk_correction(model, sweep, base, donor.acts)

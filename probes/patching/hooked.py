@@ -1,10 +1,16 @@
 """Exact patching through TransformerLens hook points (ours, a TransformerBridge): patched runs
 as rows of one batch, each run's patch written by one hook at the patched layer. Every patched
-run is a whole forward (the model's own forward cannot start at a layer)."""
+run is a whole forward (the model's own forward cannot start at a layer).
+
+Every engine that reads a model from outside (this one, `probes.patching.tapped`) has one way in,
+`run(tokens, edits)`: the logits with layer l's activation x replaced by edits[l](x), the
+activation in the probe's layout ([batch pos head d_head] for heads, [batch pos d_model] else).
+Tracing, patching, attribution's gradients and ablation are all edits.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -13,6 +19,7 @@ from probes.patching.cells import write_patch
 
 HOOKS = {"heads": "blocks.{}.attn.hook_z", "resid": "blocks.{}.hook_resid_pre",
          "attn": "blocks.{}.hook_attn_out", "mlp": "blocks.{}.hook_mlp_out"}
+Edits = dict[int, Callable[[torch.Tensor], torch.Tensor]]
 
 
 class HookedTrace:
@@ -23,9 +30,32 @@ class HookedTrace:
         return self.acts[layer]
 
 
-class HookedEngine:
+class EditingEngine:
+    """What the engines that edit a whole forward share: tracing and patching through `run`."""
     suffix = False
 
+    def run(self, tokens: torch.Tensor, edits: Edits) -> torch.Tensor:
+        raise NotImplementedError
+
+    def trace(self, tokens: torch.Tensor) -> HookedTrace:
+        acts: dict[int, torch.Tensor] = {}
+
+        def keep(layer: int):
+            def edit(x: torch.Tensor) -> torch.Tensor:
+                acts[layer] = x.detach().clone()
+                return x
+            return edit
+        logits = self.run(tokens, {l: keep(l) for l in range(self.n_layers)})
+        return HookedTrace(tokens, acts, logits)
+
+    def patched(self, base: HookedTrace, donor: HookedTrace, what: str, layer: int, cells: list, start: int,
+                last_only: bool) -> torch.Tensor:
+        tokens = base.tokens.repeat(len(cells), 1)  # [cells*batch pos]
+        logits = self.run(tokens, {layer: lambda x: write_patch(x.clone(), donor.acts[layer], cells)})
+        return logits[:, -1:] if last_only else logits
+
+
+class HookedEngine(EditingEngine):
     def __init__(self, model: Any, what: str, n_layers: int):
         self.model, self.what, self.n_layers = model, what, n_layers
         self.names = [HOOKS[what].format(l) for l in range(n_layers)]
@@ -33,31 +63,14 @@ class HookedEngine:
         if missing:
             raise ProbeInputError(f"{type(model).__name__} has no hook point {missing[0]}: cannot patch {what}")
 
-    def trace(self, tokens: torch.Tensor) -> HookedTrace:
-        acts: dict[int, torch.Tensor] = {}
-
-        def keep(layer: int):
-            def hook(x: torch.Tensor, hook: Any) -> None:
-                acts[layer] = x.detach().clone()
-            return hook
-        logits = self.model.run_with_hooks(tokens, fwd_hooks=[(n, keep(l)) for l, n in enumerate(self.names)])
-        return HookedTrace(tokens, acts, logits)
-
-    def patched(self, base: HookedTrace, donor: HookedTrace, what: str, layer: int, cells: list, start: int,
-                last_only: bool) -> torch.Tensor:
-        tokens = base.tokens.repeat(len(cells), 1)  # [cells*batch pos]
-
-        def patch(x: torch.Tensor, hook: Any) -> torch.Tensor:
-            return write_patch(x.clone(), donor.acts[layer], cells)
-        logits = self.model.run_with_hooks(tokens, fwd_hooks=[(self.names[layer], patch)])
-        return logits[:, -1:] if last_only else logits
+    def run(self, tokens: torch.Tensor, edits: Edits) -> torch.Tensor:
+        hooks = [(self.names[l], lambda x, hook, edit=edit: edit(x)) for l, edit in edits.items()]
+        return self.model.run_with_hooks(tokens, fwd_hooks=hooks)
 
 
-def run_editing(model: Any, tokens: torch.Tensor, edits: dict[str, Any]) -> torch.Tensor:
-    """The model's logits on tokens with each named hook point's activation replaced by
-    edit(activation) (TransformerLens hook points: ours, a bridge)."""
-    missing = [n for n in edits if n not in hook_names(model)]
-    if missing:
-        raise ProbeInputError(f"{type(model).__name__} has no hook point {missing[0]}")
-    hooks = [(name, lambda x, hook, edit=edit: edit(x.clone())) for name, edit in edits.items()]
-    return model.run_with_hooks(tokens, fwd_hooks=hooks)
+def editing_engine(model: Any, what: str, n_layers: int) -> EditingEngine:
+    """Hook points where the model has them (ours, a bridge), else the tap's way into any module."""
+    if hook_names(model):
+        return HookedEngine(model, what, n_layers)
+    from probes.patching.tapped import TapEngine
+    return TapEngine(model, what)

@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.func import jvp
 
 from probes.common import ProbeInputError
 from probes.patching.cells import Sweep
@@ -49,20 +48,13 @@ def check_qk_fix(model: Any) -> None:
 
 def residual_deltas(model: Any, sweep: Sweep, layer: int, base: torch.Tensor, donor: torch.Tensor,
                     cells: list) -> torch.Tensor:
-    """What each cell's patch adds to the residual stream: [cells batch pos d_model]."""
+    """What each cell's patch adds to the residual stream: [cells batch pos d_model] at all positions,
+    [cells batch d_model] at the cell's one position when the sweep is by position."""
     diff = donor - base  # [batch pos d_model] or [batch pos head d_head]
     if sweep.what == "heads":  # each head's share of the output projection
         diff = torch.einsum("bphe,hed->hbpd", diff, model.blocks[layer].attention.per_head_W_O())  # [head batch pos d_model]
-    out = []
-    for pos, head in cells:
-        src = diff[head] if sweep.what == "heads" else diff
-        if pos is None:
-            out.append(src)
-        else:
-            one = torch.zeros_like(src)
-            one[:, pos] = src[:, pos]
-            out.append(one)
-    return torch.stack(out)
+    return torch.stack([(diff[head] if sweep.what == "heads" else diff)[:, slice(None) if pos is None else pos]
+                        for pos, head in cells])
 
 
 def pattern_of(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
@@ -73,39 +65,67 @@ def pattern_of(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     return scores.masked_fill(hidden, float("-inf")).softmax(-1)
 
 
-def layer_correction(model: Any, later: int, deltas: torch.Tensor, base: dict) -> torch.Tensor:
-    """The QK fix at attention layer `later` for each cell's residual change deltas [cells batch pos d]: [cells]."""
+def jvp(fn, x: torch.Tensor, tangent: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """fn's outputs' change along `tangent` at x, to first order, by two backward passes (J^T u, then
+    its gradient in u along the tangent): torch.func and forward-mode AD spend ~1.5 s on their first
+    call loading decompositions."""
+    with torch.enable_grad():
+        x = x.detach().requires_grad_(True)
+        outs = fn(x)
+        us = [torch.zeros_like(out, requires_grad=True) for out in outs]
+        (pulled,) = torch.autograd.grad(outs, x, grad_outputs=us, create_graph=True)  # J^T u
+        return torch.autograd.grad(pulled, us, grad_outputs=tangent)  # J tangent, per output
+
+
+def layer_correction(model: Any, later: int, deltas: torch.Tensor, base: dict,
+                     positions: torch.Tensor | None) -> torch.Tensor:
+    """The QK fix at attention layer `later` for each cell's residual change: [cells]. deltas
+    [cells batch pos d] at every position, or [cells batch d] at `positions` [cells] alone (then
+    only that query's row and that key's column of each pattern change)."""
     block = model.blocks[later]
     attn = block.attention
     x, _ = base[f"blocks.{later}.hook_resid_pre"]  # [batch pos d_model]
-    q, g_q = base[f"blocks.{later}.attn.hook_q"]
+    q, g_q = base[f"blocks.{later}.attn.hook_q"]  # [batch pos head d_head]
     k, g_k = base[f"blocks.{later}.attn.hook_k"]
     A, g_A = base[f"blocks.{later}.attn.hook_pattern"]  # [batch head q k]
 
-    def qk(resid):  # [cells batch pos d_model] -> q, k [cells batch pos head d_head]
+    def qk(resid):  # [... d_model] -> q, k [... head d_head]
         q_, k_, _ = project(attn, block.norm(1, resid, "pre", True))
         return q_, k_
-    x_rows = x.expand_as(deltas).contiguous()
-    (q_new, k_new), (dq, dk) = qk(x_rows + deltas), jvp(qk, (x_rows,), (deltas,))[1]
-    exact = ((pattern_of(q_new, k_new, attn.scale) - A) * g_A).sum(dim=(1, 2, 3, 4))
-    linear = (dq * g_q).sum(dim=(1, 2, 3, 4)) + (dk * g_k).sum(dim=(1, 2, 3, 4))
-    return exact - linear
+    if positions is None:
+        x_rows = x.expand_as(deltas).contiguous()  # [cells batch pos d]
+        (q_new, k_new), (dq, dk) = qk(x_rows + deltas), jvp(qk, x_rows, deltas)
+        A_new = pattern_of(q_new, k_new, attn.scale)  # [cells batch head q k]
+        return (((A_new - A) * g_A).sum(dim=(1, 2, 3, 4)) - (dq * g_q).sum(dim=(1, 2, 3, 4))
+                - (dk * g_k).sum(dim=(1, 2, 3, 4)))
+    cells = torch.arange(len(positions))
+    x_at = x[:, positions].transpose(0, 1).contiguous()  # [cells batch d]
+    (q_at, k_at), (dq, dk) = qk(x_at + deltas), jvp(qk, x_at, deltas)  # [cells batch head d_head]
+    scores = torch.einsum("bqhe,bkhe->bhqk", q / attn.scale, k).expand(len(positions), -1, -1, -1, -1).clone()
+    scores[cells, :, :, :, positions] = torch.einsum("bqhe,cbhe->cbhq", q / attn.scale, k_at)  # the key's column
+    scores[cells, :, :, positions, :] = torch.einsum("cbhe,bkhe->cbhk", q_at / attn.scale, k)  # the query's row
+    scores[cells, :, :, positions, positions] = (q_at * k_at).sum(-1) / attn.scale
+    n = q.shape[1]
+    A_new = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu_(1), float("-inf")).softmax(-1)
+    g_q_at, g_k_at = (g[:, positions].transpose(0, 1) for g in (g_q, g_k))  # [cells batch head d_head]
+    return (((A_new - A) * g_A).sum(dim=(1, 2, 3, 4)) - (dq * g_q_at).sum(dim=(1, 2, 3))
+            - (dk * g_k_at).sum(dim=(1, 2, 3)))
 
 
 def qk_correction(model: Any, sweep: Sweep, base: dict, donor_acts: dict) -> torch.Tensor:
     """What AtP* adds to every cell's AtP estimate: [sweep.shape]."""
-    from probes.patching.hooked import HOOKS
     cells = sweep.cells()
     x = base["blocks.0.hook_resid_pre"][0]
     batch, n = x.shape[:2]
     size = max(1, BUDGET // (4 * 4 * batch * sweep.n_heads * n * max(n, x.shape[-1])))
     out = torch.zeros(sweep.n_layers, len(cells))
     for layer in range(sweep.n_layers):
-        act = base[HOOKS[sweep.what].format(layer)][0]
+        act = base[layer][0]
         first = layer if sweep.what == "resid" else layer + 1  # the first attention reading it directly
         for i in range(0, len(cells), size):
             chunk = cells[i:i + size]
             deltas = residual_deltas(model, sweep, layer, act, donor_acts[layer], chunk)
+            positions = torch.tensor([p for p, _ in chunk], device=x.device) if sweep.by_position else None
             for later in range(first, sweep.n_layers):
-                out[layer, i:i + len(chunk)] += layer_correction(model, later, deltas, base).float().cpu()
+                out[layer, i:i + len(chunk)] += layer_correction(model, later, deltas, base, positions).float().cpu()
     return out.view(sweep.shape)
