@@ -143,6 +143,7 @@ def follow_requests(sources: list[data.Source], typed: list[data.Source]) -> Non
         st.session_state["run"] = next(s.label for s in sources if s.path.resolve() == typed[0].path.resolve())
     st.session_state["typed_applied"] = path
     wanted = st.query_params.get("run")
+    st.session_state["asked_run"] = wanted  # what the address named at the start of this load (Patching reads it)
     found = catalog.find(sources, wanted)
     if found is not None and st.session_state.get("linked_run") != wanted:
         st.session_state["run"] = found.label
@@ -190,6 +191,7 @@ def picked() -> None:
     """The user chose a run in the sidebar: the link now names it (shareable, and no stale ?run=)."""
     st.query_params["run"] = st.session_state["run"]
     st.session_state["linked_run"] = st.session_state["run"]
+    st.session_state["run_picked"] = True
 
 
 def address(selection: Selection) -> None:

@@ -24,7 +24,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CLIS = ("probes.entropy", "probes.degenerate", "probes.neighbours", "probes.logit_lens",
-        "probes.updates", "probes.activations", "models.info", "models.sample", "train")
+        "probes.updates", "probes.activations", "probes.patching", "probes.ablate", "models.info",
+        "models.sample", "train")
 BARE = [sys.executable, "-c", "pass"]
 IMPORTS = [sys.executable, "-c", "import torch, transformer_lens"]
 PROBE = [sys.executable, "-m", "probes.entropy", "--ckpt", "checkpoints/shakespeare_rms4",

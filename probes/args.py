@@ -150,6 +150,10 @@ def _repeat_alone(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _confirm_on_repeat(args: argparse.Namespace) -> str | None:
+    return "--confirm ablates heads on the random repeat: add --repeat" if args.confirm and not args.repeat else None
+
+
 def heads_parser() -> Parser:
     parser = probe_parser(
         "heads", "Head types: previous-token, duplicate-token, induction and sink scores in [0, 1] "
@@ -157,7 +161,7 @@ def heads_parser() -> Parser:
         "random tokens repeated twice (--repeat: adds the induction score of Olsson et al.), plus "
         "each head's OV copying score.",
         "--ckpt checkpoints/shakespeare_gpt --repeat", f"--ckpt {RUN} --text 'ROMEO: But soft, ROMEO: But'",
-        f"--ckpt {RUN} --data {DATA} --json", checks=[_repeat_alone])
+        f"--ckpt {RUN} --data {DATA} --json", checks=[_repeat_alone, _confirm_on_repeat])
     add_input_arguments(parser, default_samples=16)
     parser.add_argument("--repeat", action="store_true",
                         help="random token ids from the model's vocabulary (--seed), --length of "
@@ -170,6 +174,9 @@ def heads_parser() -> Parser:
     parser.add_argument("--exclude-bos", action="store_true", help="leave attention to position 0 out")
     parser.add_argument("--exclude-current-token", action="store_true",
                         help="leave attention of each token to itself out")
+    parser.add_argument("--confirm", action="store_true",
+                        help="with --repeat: ablate each head whose induction score is 0.3 or more, alone, and "
+                             "report how much the repeat's second-half loss rises (confirmed from 0.1 nats)")
     return parser
 
 
@@ -328,6 +335,10 @@ def development_parser() -> Parser:
     parser.add_argument("--seed", type=int, default=0, metavar="N", help="seed for sampling the text windows")
     parser.add_argument("--no-cache", action="store_true",
                         help="read every snapshot again, neither reading nor writing development.json")
+    parser.add_argument("--ablation", choices=("zero", "mean", "none"), default="zero",
+                        help="ablate each phase change's heads at the snapshot ending it, their z set to 0 (zero, "
+                             "the default) or to its mean (mean), and report the repeat's loss with and without "
+                             "them; none: no ablation")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="show a progress bar over snapshots (default: on a terminal)")
     add_json_argument(parser)

@@ -361,3 +361,13 @@ def refused(model: SavedModel) -> ProbeInputError:
     return ProbeInputError(f"{model.path.parent.name}/{model.path.name} holds a {model.architecture}'s readings on "
                            f"its saved sample only, not its code: leave the text out to read that sample, or "
                            f"{code_hint(model.meta)} on any text")
+
+
+def random_repeat_tokens(d_vocab: int, length: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
+    """`batch` sequences of `length` uniformly random token ids, each repeated twice: [batch 2*length]
+    (the input of Olsson et al.'s induction score, `probes.heads`, and of `probes.ablate --repeat`)."""
+    if length < 2:
+        raise ProbeInputError(f"--length must be at least 2 to repeat anything, got {length}")
+    gen = torch.Generator().manual_seed(seed)
+    half = torch.randint(0, d_vocab, (batch, length), generator=gen)  # [batch length]
+    return torch.cat([half, half], dim=1)

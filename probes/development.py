@@ -26,7 +26,9 @@ patterns and per-token loss; one saved before the Monitor kept that loss has `re
 in `missing`).
 Each reading is cached beside its snapshot (`development.json`, or `NAME.development.json` beside a
 checkpoint file) keyed by the weights' hash and the inputs' hash; a stale one is recomputed (logged).
-The phase changes are `probes.phase_changes`' (sharp moves of a score, grouped, aligned with the loss).
+The phase changes are `probes.phase_changes`' (sharp moves of a score, grouped, aligned with the loss);
+each one's heads are ablated at the snapshot ending it (`probes.phase_ablation`: the repeat's loss with
+and without them, `ablation`).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import math
 import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,7 @@ import torch
 from probes.args import development_parser as build_parser
 from probes.errors import ProbeInputError
 from probes.development_cache import cache_path, read_cache, weights_file, weights_key, write_cache
+from probes.phase_ablation import ablate_changes
 from probes.phase_changes import phase_changes
 
 log = logging.getLogger(__name__)
@@ -314,6 +317,7 @@ class DevelopmentResult:
     snapshots: list[dict[str, Any]]
     phase_changes: list[dict[str, Any]]
     loss_curve: list[tuple[int, float]]
+    notes: list[str] = field(default_factory=list)  # what could not be ablated
 
     def to_dict(self) -> dict[str, Any]:
         from models.cli import to_jsonable
@@ -337,9 +341,18 @@ class DevelopmentResult:
             low, high = ev["crossed_between"]
             lines.append(f"  step {c['step']} (between the snapshots at {low} and {high}): {c['kind']} ({heads}; "
                          f"steps {ev['from_step']}..{ev['to_step']}{drop})")
-        missing = sorted({m for s in self.snapshots for m in s.get("missing", [])})
+            lines += [f"    {ablation_text(c['ablation'])}"] if c.get("ablation") else []
+        missing = sorted({m for s in self.snapshots for m in s.get("missing", [])}) + self.notes
         lines += [f"missing: {m}" for m in missing]
         return "\n".join(lines)
+
+
+def ablation_text(ablation: dict[str, Any]) -> str:
+    """One line: the repeat's loss at the ablated snapshot with the heads and without them."""
+    loss = ablation["repeat_loss"]
+    each = ", ".join(f"L{e['head'][0]}H{e['head'][1]} {e['without']:.2f}" for e in ablation["each"])
+    return (f"{ablation['how']}-ablated at step {ablation['step']}: repeat loss {loss['with']:.2f} with them, "
+            f"{loss['without']:.2f} without" + (f" (each alone: {each})" if each else ""))
 
 
 def strongest(grid: list[list[float]] | None) -> tuple[int, int, float] | None:
@@ -379,9 +392,10 @@ def read_all(paths: list[Path], inputs: Inputs, cache: bool, shown: Any) -> dict
 
 
 def run(run_path: str | Path, *, tokens: Any = None, data: str | Path | None = None, samples: int = 8,
-        seed: int = 0, cache: bool = True, progress: bool | None = None) -> DevelopmentResult:
+        seed: int = 0, cache: bool = True, progress: bool | None = None, ablation: str | None = "zero") -> DevelopmentResult:
     """The development of the run at `run_path` (see the module's docstring); `tokens` ([batch pos]
-    ids) or `data` (a text file) replace the run's own text; `cache=False` neither reads nor writes caches."""
+    ids) or `data` (a text file) replace the run's own text; `cache=False` neither reads nor writes caches;
+    `ablation`: how each phase change's heads are ablated ("zero", "mean"; None: not ablated)."""
     from probes.common import one_thread_if_tiny, progress_bar
 
     path = Path(run_path)
@@ -401,7 +415,8 @@ def run(run_path: str | Path, *, tokens: Any = None, data: str | Path | None = N
     changes = phase_changes([s["step"] for s in snapshots], grids,
                             repeat_loss=[s["repeat_loss"] for s in snapshots],
                             icl_score=[s["icl_score"] for s in snapshots], loss_curve=curve)
-    return DevelopmentResult(str(path), inputs.source, snapshots, changes, curve)
+    notes = ablate_changes(changes, snapshots, paths, inputs.repeat, ablation) if ablation else []
+    return DevelopmentResult(str(path), inputs.source, snapshots, changes, curve, notes)
 
 
 # ---------------------------------------------------------------- CLI
@@ -413,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         args = build_parser().parse_args(argv)
         result = run(args.ckpt, data=args.data, samples=args.samples, seed=args.seed,
-                     cache=not args.no_cache, progress=args.progress)
+                     cache=not args.no_cache, progress=args.progress,
+                     ablation=None if args.ablation == "none" else args.ablation)
         if args.json:
             print_json(result.to_dict())
         else:

@@ -45,8 +45,8 @@ import torch
 
 from probes.args import heads_parser as build_parser
 from probes.head_rows import first_position_rows, previous_token_rows  # noqa: F401  (re-exported)
-from probes.common import (ProbeInputError, per_query_head, print_json, progress_bar, run_cli, text_ids,
-                           to_jsonable, token_batches)
+from probes.common import (ProbeInputError, per_query_head, print_json, progress_bar, random_repeat_tokens,
+                           run_cli, text_ids, to_jsonable, token_batches)
 from probes.sources import snapshot_source, source_of
 
 log = logging.getLogger(__name__)
@@ -147,15 +147,6 @@ def copying_scores(W_E: torch.Tensor, W_V: torch.Tensor, W_O: torch.Tensor, W_U:
     return eig.real.sum(-1) / eig.abs().sum(-1).clamp_min(1e-30)
 
 
-def random_repeat_tokens(d_vocab: int, length: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
-    """`batch` sequences of `length` uniformly random token ids, each repeated twice: [batch 2*length]."""
-    if length < 2:
-        raise ProbeInputError(f"--length must be at least 2 to repeat anything, got {length}")
-    gen = torch.Generator().manual_seed(seed)
-    half = torch.randint(0, d_vocab, (batch, length), generator=gen)  # [batch length]
-    return torch.cat([half, half], dim=1)
-
-
 # ---------------------------------------------------------------- the runner
 
 @dataclass
@@ -171,6 +162,7 @@ class HeadTypesResult:
     copying: list[list[float]] | None = None  # [layer][head], OV eigenvalue score
     repeat_length: int | None = None
     source: str | None = None
+    confirmed: list[dict[str, Any]] | None = None  # --confirm: induction heads ablated (probes.phase_ablation)
 
     def to_dict(self) -> dict[str, Any]:
         return to_jsonable(dict(self.__dict__))
@@ -190,6 +182,12 @@ class HeadTypesResult:
             grids["copying (OV circuit eigenvalues, -1..1)"] = self.copying
         for name, grid in grids.items():
             lines += [f"{name}:", format_table(layers, heads, grid)]
+        if self.confirmed is not None:
+            lines.append("induction heads ablated alone (the repeat's second-half loss without each):"
+                         if self.confirmed else "no head scores as an induction head: none to ablate")
+            lines += [f"  L{c['head'][0]}H{c['head'][1]} score {c['induction_repeat']:.2f}: loss {c['loss_rise']:+.3f} "
+                      + ("(confirmed)" if c["confirmed"] else "(not confirmed: removing it changes little)")
+                      for c in self.confirmed]
         return "\n".join(lines)
 
 
@@ -279,6 +277,15 @@ def model_copying_scores(model: Any) -> list[list[float]] | None:
 
 # ---------------------------------------------------------------- CLI
 
+def confirmed(snap: Any, result: HeadTypesResult, samples: int, seed: int) -> list[dict[str, Any]]:
+    """--confirm: the heads scoring as induction heads on the repeat, each ablated alone on that repeat."""
+    from probes.phase_ablation import confirm_induction
+
+    length = result.repeat_length
+    tokens = random_repeat_tokens(snap.config.d_vocab, length, samples, seed)  # the repeat run_repeat read
+    return confirm_induction(snap.model, (tokens, length), result.induction_repeat)
+
+
 def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         args = build_parser().parse_args(argv)
@@ -290,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
                        progress=args.progress, name=str(snap.name))
         if args.repeat:
             result = run_repeat(attn, args.length, samples=args.samples or 16, seed=args.seed, **options)
+            if args.confirm:
+                result.confirmed = confirmed(snap, result, args.samples or 16, args.seed)
         else:
             batches, source = token_batches(args, snap.tokenizer, attn.dims.n_ctx, snap)
             result = run(attn, batches, source=source, **options)

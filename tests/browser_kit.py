@@ -27,7 +27,8 @@ CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 PAGES = {"overview": ("Overview", 2), "attention": ("Attention", 6), "dynamics": ("Training dynamics", 5),
-         "embeddings": ("Embeddings", 1), "lens": ("Logit lens", 2), "compare": ("Compare", 16)}
+         "embeddings": ("Embeddings", 1), "lens": ("Logit lens", 2), "compare": ("Compare", 16),
+         "patching": ("Patching", 2)}
 
 
 @pytest.fixture(scope="module")

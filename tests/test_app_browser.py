@@ -1,5 +1,6 @@
 """The app in a real browser (tests/browser_kit.py serves it): every page opened on the shipped
-runs and photographed, a head picked, the landing view, the doctor's verdict, a nanoGPT folder."""
+runs and photographed, a head picked, a cell of the Patching heat map clicked on the induction run, the
+landing view, the doctor's verdict, a nanoGPT folder."""
 
 from __future__ import annotations
 
@@ -16,6 +17,23 @@ def test_every_page_renders_its_charts_and_is_photographed(server, browser, shot
     page = open_page(browser, server, name)
     photograph(page, shots / f"{name}.png")
     assert (shots / f"{name}.png").stat().st_size > 10_000
+    page.close()
+
+
+def test_patching_heat_map_on_the_induction_run_and_a_click_on_a_cell(server, browser):  # noqa: F811
+    """The strongest cell's top predictions first; a click on another cell shows that patched run's."""
+    page = open_page(browser, server, "patching", run="induction")
+    heading = page.locator('[data-testid="stMarkdown"]').filter(has_text="The patched run at")
+    heading.first.wait_for(timeout=60_000)
+    assert "layer 0, pos 2, head 0" in heading.first.inner_text()
+    cell = page.locator('[data-testid="stVegaLiteChart"]').nth(0).locator(
+        'svg path[aria-label*="row: L1H2;"][aria-label*="column: 30: "]')
+    cell.first.wait_for(timeout=60_000)
+    cell.first.scroll_into_view_if_needed()
+    box = cell.first.bounding_box()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    heading.filter(has_text="layer 1, pos 30, head 2").first.wait_for(timeout=60_000)
+    assert page.locator('[data-testid="stAlertContentError"]').count() == 0
     page.close()
 
 

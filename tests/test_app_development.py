@@ -4,6 +4,8 @@ link from each cell, the changes as rules on the loss chart; a run it cannot rea
 
 from __future__ import annotations
 
+import math
+
 from app_kit import open_app
 from chart_kit import specs
 from development_kit import hand_set, save_run
@@ -23,6 +25,10 @@ def test_development_page_on_a_run_with_a_phase_change(monkeypatch, tmp_path):
     # switched on between the snapshots at 200 and 300: read half-way, the link opens the one after
     assert (row["step"], row["heads"], row["between snapshots"]) == (250, "L1H0", "200..300")
     assert row["attention"] == "attention?run=hand&snapshot=step_000300"
+    # the hand-set unembedding reads the token alone: removing the heads leaves the repeat's loss as it was
+    with_heads, without = row["without its heads"].removesuffix(" at step 300").split(" -> ")
+    # each position's loss is ln(e + 15) (target not the current token), or 1 less: the mean lies between
+    assert with_heads == without and math.log(math.e + 15) - 1 <= float(with_heads) <= math.log(math.e + 15) + 0.005
     (spec, frames), = specs(at, "induction (Olsson, on a random repeat) per head over snapshots")
     cells = frames[0]
     assert set(cells["head"]) == {"L0H0", "L1H0"} and len(cells) == 10  # a head's row is its own

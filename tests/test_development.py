@@ -58,6 +58,17 @@ def test_hand_set_heads_scored_on_paper_and_their_phase_change(hand_run):
     assert set(result.to_dict()) == {"snapshots", "phase_changes"}
 
 
+def test_a_hand_set_induction_head_that_writes_nothing_the_logits_read_is_not_confirmed():
+    """Olsson's score of L1H0 is 1, but its W_O is 0 and the unembedding reads the token alone: removing
+    it leaves every logit as it was, so `probes.heads --confirm` does not confirm it (a rise of exactly 0)."""
+    from probes.heads import random_repeat_tokens
+    from probes.phase_ablation import confirm_induction
+
+    tokens = random_repeat_tokens(V, 4, 4, seed=0)  # [4 8]
+    (found,) = confirm_induction(hand_set(40.0), (tokens, 4), [[0.0], [1.0]])
+    assert found == {"head": [1, 0], "induction_repeat": 1.0, "loss_rise": 0.0, "confirmed": False}
+
+
 def test_olsson_score_of_the_hand_set_induction_head_is_one():
     from probes import heads
 
@@ -175,6 +186,28 @@ def test_trained_induction_heads_found_in_layer_1_at_the_loss_drop(tmp_path):
     assert min(abs(c["step"] - drop_step) for c in induction) <= 15  # within one snapshot
     repeat = [s["repeat_loss"] for s in result.snapshots]
     assert repeat[-1] < 0.5 * repeat[0]  # the tool's own repeated sequence: its second half learned too
+    # causal: ablating the change's heads at the snapshot ending it undoes the repeat's learning, and
+    # zero-ablating a head's z is zeroing its rows of W_O by hand (no b_O): the same loss
+    ablation = induction[0]["ablation"]
+    loss = ablation["repeat_loss"]
+    assert loss["without"] > loss["with"] + 1.0, ablation
+    by_hand = zeroed_heads_repeat_loss(tmp_path / "run" / ablation["snapshot"], induction[0]["heads"])
+    assert loss["without"] == pytest.approx(by_hand, rel=1e-5)  # float32 sums in two orders, ~1e-7 each
+
+
+def zeroed_heads_repeat_loss(snapshot, heads) -> float:
+    """The repeat's second-half loss (development's repeat, by its functions) with each head's W_O rows zeroed."""
+    from models.checkpoint import load_checkpoint
+    from probes.heads import random_repeat_tokens
+
+    model = load_checkpoint(snapshot).model
+    d_head = model.cfg.d_head
+    with torch.no_grad():
+        for layer, head in heads:
+            model.blocks[layer].attention.W_O[head * d_head:(head + 1) * d_head] = 0.0
+        length = model.cfg.n_ctx // 2
+        tokens = random_repeat_tokens(model.cfg.d_vocab, length, development.REPEAT_SAMPLES, seed=0)
+        return development.repeat_half_loss(model(tokens), tokens, length)
 
 
 def test_the_doctor_joins_a_collapse_and_a_sink_to_the_loss(tmp_path):
@@ -221,7 +254,8 @@ def test_the_repetition_run_reads_its_own_text(tmp_path, capsys):
     assert repetition.main(["--out", str(tmp_path / "run"), "--steps", "30", "--every", "15"]) == 0
     result = development.run(tmp_path / "run")
     assert [s["step"] for s in result.snapshots] == [0, 15, 30]
-    assert "data.txt (the run's data)" in result.source and len(result.loss_curve) == 30
+    assert "data.txt (the run's data)" in result.source
+    assert [s for s, _ in result.loss_curve] == [5, 10, 15, 20, 25, 30]  # the Monitor's records: every 15 // 3 steps
     assert repetition.main(["--out", str(tmp_path / "run")]) == 2  # never over a run
 
 

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TOUR = ROOT / "notebooks" / "tour.ipynb"
 PROBES = ("entropy.run", "degenerate.run", "entropy.head_pattern", "neighbours.run", "projection.run",
           "logit_lens.run", "updates.from_run", "activations.run", "diagnose.run", "run_with_cache",
-          "heads.run_repeat", "attribution.run", "development.run")
+          "heads.run_repeat", "attribution.run", "development.run", "patching.run", "ablate.run")
 
 
 def code_cells(nb) -> list:
@@ -80,3 +80,6 @@ def test_tour_prints_what_the_probes_compute(executed):
     doctor = printed(doctor_cell).splitlines()
     assert doctor[0] == "attn1_noscale: failed" and "attention_collapse" in doctor[1]
     assert "transformer4_nan: failed" in doctor
+    patch_cell = next(c for c in cells if "patching.run" in c.source)
+    patched = printed(patch_cell)
+    assert patched.startswith("exact patching (denoise) of heads") and "zero ablation" in patched

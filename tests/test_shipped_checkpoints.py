@@ -19,15 +19,20 @@ from probes.doctor.thresholds import DoctorThresholds
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 FOLDERS = sorted(p for p in CHECKPOINTS.iterdir() if p.is_dir()) if CHECKPOINTS.is_dir() else []
 RUNS = [p for p in FOLDERS if not (p / "sweep.json").exists()]  # the sweep: tests/test_shipped_sweep.py
-BUDGET_BYTES = 40 * 1000 * 1000  # the project check: checkpoints/ at most 40 MB (DESIGN.md says 45)
+BUDGET_BYTES = 45 * 1000 * 1000  # DESIGN.md: checkpoints/ at most 45 MB
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n"
 STORY = ["attn1_noscale", "attn1_residual", "mha4", "transformer4_nan", "shakespeare_rms4",
-         "shakespeare_rms4_adam", "shakespeare_gpt", "char_mlp"]
+         "shakespeare_rms4_adam", "shakespeare_gpt", "char_mlp", "induction"]
+INDUCTION = CHECKPOINTS / "induction"  # not Shakespeare: in-context repetition (train.repetition)
+SHAKESPEARE = [r for r in RUNS if r != INDUCTION]
 DIVERGED = {"transformer4_nan"}
 
 
 def tokens_of(snap) -> torch.Tensor:
-    return torch.tensor([snap.tokenizer.encode(TEXT)])  # [1 pos]
+    """[1 pos]: TEXT, or for the induction run (32 characters, no Shakespeare) a window of its own data."""
+    if snap.config.d_vocab == 32:
+        return torch.tensor([snap.tokenizer.encode((INDUCTION / "data.txt").read_text()[:snap.config.n_ctx])])
+    return torch.tensor([snap.tokenizer.encode(TEXT)])
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +51,7 @@ def test_every_run_of_the_story_is_shipped_within_the_budget():
         assert f"### `{name}`" in cards, f"no model card for {name}"
 
 
-@pytest.mark.parametrize("run", RUNS, ids=[r.name for r in RUNS])
+@pytest.mark.parametrize("run", SHAKESPEARE, ids=[r.name for r in SHAKESPEARE])
 def test_run_format_latest_snapshot_and_command(run):
     meta = read_run_json(run)
     assert meta["command"].startswith("python -m train --preset ")
@@ -65,7 +70,7 @@ def first_and_last_val_loss(run: Path) -> tuple[float, float]:
     return evals[0], evals[-1]
 
 
-@pytest.mark.parametrize("run", [r for r in RUNS if r.name not in DIVERGED], ids=lambda r: r.name)
+@pytest.mark.parametrize("run", [r for r in SHAKESPEARE if r.name not in DIVERGED], ids=lambda r: r.name)
 def test_healthy_runs_learned_and_predict_real_text(run, snaps):
     first, last = first_and_last_val_loss(run)
     assert first > 3.5, first  # ln(65) = 4.17 at the start
@@ -160,3 +165,32 @@ def test_every_probe_runs_on_the_shipped_run(run, snaps):
     if snap.config.family == "transformer":
         ent = torch.tensor(entropy.run(snap.model, ids).entropy)
         assert torch.isfinite(ent).all() and ent.shape == (snap.config.n_layers, snap.config.n_heads)
+
+
+def test_the_induction_run_forms_induction_heads_in_layer_1():
+    """checkpoints/induction (its card): `python -m train.repetition`'s run, written by the Monitor; the
+    held-out loss on the repeated part falls from ln 32 to under 0.5 nats, and Olsson et al.'s induction
+    score on a random repeat rises from chance in every head to > 0.5 in a head of layer 1 only."""
+    from probes import heads
+
+    meta = read_run_json(INDUCTION)
+    assert meta["command"].startswith("python -m train.repetition --out checkpoints/induction ")
+    assert meta["tokenizer"] == {"kind": "char", "vocab_size": 32} and meta["source"] == "monitor"
+    snapshots = list_snapshots(INDUCTION)
+    assert not any((p / "optimizer.pt").exists() for p in snapshots) and len(snapshots) >= 15
+    first, last = first_and_last_val_loss(INDUCTION)
+    assert first > 0.95 * math.log(32) and last < 0.5
+    repeat = heads.random_repeat_tokens(32, 16, 8, seed=0)  # [8 32]: 16 random tokens, twice
+    scores = {}
+    for path in (snapshots[0], snapshots[-1]):
+        snap = load_checkpoint(path)
+        assert snap.step == max(r["step"] for r in read_metrics(INDUCTION)) or path == snapshots[0]
+        scores[path] = torch.tensor(heads.run(snap.model, repeat, repeat_period=16).induction_repeat)  # [layer head]
+    assert scores[snapshots[0]].max() < 0.2
+    after = scores[snapshots[-1]]
+    assert after[1].max() > 0.5 and after[0].max() < 0.5 * after[1].max()
+    # the score is causal: ablated alone, an induction head of layer 1 costs the repeat's second half loss
+    from probes.phase_ablation import CONFIRM_RISE, confirm_induction
+    found = confirm_induction(snap.model, (repeat, 16), after.tolist())
+    assert {tuple(c["head"]) for c in found} == {(1, h) for h in range(4) if after[1, h] >= 0.3}
+    assert max(c["loss_rise"] for c in found) > CONFIRM_RISE

@@ -15,7 +15,8 @@ from app.logs import foreign_log, history_only
 
 # (url_path, title) of each page; app/shell.py builds the navigation from views/<url_path>.py
 PAGES = [("home", "Runs"), ("overview", "Overview"), ("attention", "Attention"), ("dynamics", "Training dynamics"),
-         ("embeddings", "Embeddings"), ("lens", "Logit lens"), ("development", "Development"), ("compare", "Compare"), ("sweep", "Sweep")]
+         ("embeddings", "Embeddings"), ("lens", "Logit lens"), ("development", "Development"),
+         ("patching", "Patching"), ("compare", "Compare"), ("sweep", "Sweep")]
 
 
 @dataclass

@@ -24,7 +24,7 @@ def development(path: str, modified: float) -> dict[str, Any]:
     from probes import development as probe
 
     result = probe.run(path)
-    return {**result.to_dict(), "loss_curve": result.loss_curve, "source": result.source}
+    return {**result.to_dict(), "loss_curve": result.loss_curve, "source": result.source, "notes": result.notes}
 
 
 def run_modified(sel: Selection) -> float:
@@ -42,14 +42,15 @@ def render(sel: Selection) -> None:
         st.warning(f"{len(snaps)} snapshots: each is read once (then cached beside it); this may take a while.")
     result = development(str(sel.run.path), run_modified(sel))
     snapshots = result["snapshots"]
-    st.caption(f"{len(snapshots)} snapshots read on {result['source']}. Each cell is one head at one snapshot; "
-               "click one to open that snapshot's Attention page.")
+    st.caption(f"{len(snapshots)} snapshots read on {result['source']}. Each phase change's heads are ablated "
+               "(their output set to zero) at the snapshot ending it: the repeat's loss with them and without them. "
+               "Each cell is one head at one snapshot; click one to open that snapshot's Attention page.")
     changes_table(result, sel)
     loss_chart(result)
     kind = st.radio("score", [k for k in TYPES if k == "entropy" or k in snapshots[0]["scores"]],
                     format_func=TYPES.__getitem__, horizontal=True, key="development_score")
     show(heatmap(snapshots, kind, sel.run.label), stretch=True)
-    missing = sorted({m for s in snapshots for m in s.get("missing") or []})
+    missing = sorted({m for s in snapshots for m in s.get("missing") or []}) + result["notes"]
     for line in missing:
         st.caption(f"Not read: {line}")
 
@@ -115,6 +116,14 @@ def heads_text(heads: list[list[int]]) -> str:
     return ", ".join(f"L{layer}H{head}" for layer, head in heads)
 
 
+def ablation_cell(ablation: dict[str, Any] | None) -> str:
+    """The repeat's loss at the snapshot ending the change, with the heads and with them ablated."""
+    if not ablation:
+        return "not ablated"
+    loss = ablation["repeat_loss"]
+    return f"{loss['with']:.2f} -> {loss['without']:.2f} at step {ablation['step']}"
+
+
 def changes_table(result: dict[str, Any], sel: Selection) -> None:
     changes = result["phase_changes"]
     if not changes:
@@ -130,6 +139,7 @@ def changes_table(result: dict[str, Any], sel: Selection) -> None:
                      "between snapshots": "{}..{}".format(*ev["crossed_between"]),
                      "window": f"{ev['from_step']}..{ev['to_step']}",
                      "repeat loss": (f"{repeat['before']:.2f} -> {repeat['after']:.2f}" if repeat else "not read"),
+                     "without its heads": ablation_cell(c.get("ablation")),
                      "attention": attention_link(sel.run.label, by_step[ev["crossed_between"][1]])})
     st.dataframe(pd.DataFrame(rows), hide_index=True, column_config={
         "attention": st.column_config.LinkColumn("attention", display_text="open at this step")})
