@@ -7,7 +7,7 @@
     result.to_dict()                                   # == python -m probes.development --ckpt runs/mine --json
 
 Per snapshot (`read_snapshot`), on one set of text windows for the whole run (the validation split
-of the run's data, `--data`, or given tokens) and one random repeat (`probes.heads.random_repeat_tokens`,
+of the run's data, `--data`, or given tokens) and one random repeat (`probes.common.random_repeat_tokens`,
 8 sequences of n_ctx // 2 tokens repeated twice, seed 0, as the first view reads):
 - per head: the normalised entropy (`probes.entropy`: H_i / ln k_i, window-aware) and the head-type
   scores of `probes.heads` on the text (previous_token, duplicate_token, induction, sink) plus Olsson
@@ -240,7 +240,7 @@ def run_inputs(latest: Path, tokens: Any = None, data: Path | None = None, sampl
     saved sample. No text anywhere: the repeat stands for the text too (said in the source)."""
     from models.checkpoint import load_checkpoint
     from probes.common import as_batches, default_windows, encode_text, read_text_file, sample_only, sample_windows
-    from probes.heads import random_repeat_tokens
+    from probes.common import random_repeat_tokens
 
     snap = load_checkpoint(latest)
     if sample_only(snap):

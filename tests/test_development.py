@@ -61,7 +61,7 @@ def test_hand_set_heads_scored_on_paper_and_their_phase_change(hand_run):
 def test_a_hand_set_induction_head_that_writes_nothing_the_logits_read_is_not_confirmed():
     """Olsson's score of L1H0 is 1, but its W_O is 0 and the unembedding reads the token alone: removing
     it leaves every logit as it was, so `probes.heads --confirm` does not confirm it (a rise of exactly 0)."""
-    from probes.heads import random_repeat_tokens
+    from probes.common import random_repeat_tokens
     from probes.phase_ablation import confirm_induction
 
     tokens = random_repeat_tokens(V, 4, 4, seed=0)  # [4 8]
@@ -198,7 +198,7 @@ def test_trained_induction_heads_found_in_layer_1_at_the_loss_drop(tmp_path):
 def zeroed_heads_repeat_loss(snapshot, heads) -> float:
     """The repeat's second-half loss (development's repeat, by its functions) with each head's W_O rows zeroed."""
     from models.checkpoint import load_checkpoint
-    from probes.heads import random_repeat_tokens
+    from probes.common import random_repeat_tokens
 
     model = load_checkpoint(snapshot).model
     d_head = model.cfg.d_head

@@ -24,6 +24,7 @@ from transformer_lens import head_detector as hd
 from models import Transformer, TransformerConfig, build_model, get_preset
 from models.tokenizers import CharTokenizer
 from probes import degenerate, heads
+from probes.common import random_repeat_tokens
 from probes.common import ProbeInputError
 
 TL_NAMES = {"previous_token": "previous_token_head", "duplicate_token": "duplicate_token_head",
@@ -187,10 +188,10 @@ def test_a_hand_built_induction_head_scores_above_0_9_and_a_random_one_below_0_2
 
 
 def test_random_repeat_tokens_are_seeded_and_repeat():
-    a = heads.random_repeat_tokens(50, 7, batch=3, seed=5)
+    a = random_repeat_tokens(50, 7, batch=3, seed=5)
     assert a.shape == (3, 14) and torch.equal(a[:, :7], a[:, 7:])
-    assert torch.equal(a, heads.random_repeat_tokens(50, 7, batch=3, seed=5))
-    assert not torch.equal(a, heads.random_repeat_tokens(50, 7, batch=3, seed=6))
+    assert torch.equal(a, random_repeat_tokens(50, 7, batch=3, seed=5))
+    assert not torch.equal(a, random_repeat_tokens(50, 7, batch=3, seed=6))
     assert int(a.max()) < 50
 
 

@@ -8,7 +8,7 @@ that they open without the user's code.
 
 The sample: the first rows and positions of the eval tokens, at most `MAX_POSITIONS` positions
 and as many rows (up to `MAX_ROWS`) as keep each set of patterns under `PATTERN_BYTES`; the
-repeat sample: random tokens repeated twice (`probes.heads.random_repeat_tokens`, seed 0), as many
+repeat sample: random tokens repeated twice (`probes.common.random_repeat_tokens`, seed 0), as many
 rows and as long as the sample. Read in one no-grad, eval-mode pass each (modes put back), in
 float32 without autocast: patterns through the attention tap (`models.tap`), the logit lens
 through the model's own final norm and unembedding (`probes.logit_lens` on its anatomy,
@@ -118,7 +118,7 @@ class AnySaver:
     def readings(self, device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """The readings at this step, and what config.json says of them."""
         from probes import logit_lens
-        from probes.heads import random_repeat_tokens
+        from probes.common import random_repeat_tokens
 
         ids = self.sample.to(device)
         rows, n = ids.shape

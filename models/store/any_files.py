@@ -14,7 +14,7 @@ wrote, nanochat's, a Hugging Face Llama), in a run's ``step_NNNNNN/``:
 - ``readings.safetensors``: what the probes read from the model at save time, on a fixed sample of
   the eval tokens (float32 unless said): ``sample.tokens`` [batch pos] (int64) and
   ``sample.pattern.L`` [batch head q k] per attention layer L; ``repeat.tokens`` [samples 2*length]
-  (random tokens repeated twice, `probes.heads.random_repeat_tokens` with seed 0) and
+  (random tokens repeated twice, `probes.common.random_repeat_tokens` with seed 0) and
   ``repeat.pattern.L`` (and ``sample.loss``, ``repeat.loss`` [batch pos-1], each next token's loss, where the
   model's output gives logits at every position); the logit lens on the sample, one row per point (embed, 0_post, ...):
   ``lens.kl`` [point batch pos], ``lens.cross_entropy`` and ``lens.rank`` [point batch pos-1],
