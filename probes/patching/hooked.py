@@ -68,9 +68,10 @@ class HookedEngine(EditingEngine):
         return self.model.run_with_hooks(tokens, fwd_hooks=hooks)
 
 
-def editing_engine(model: Any, what: str, n_layers: int) -> EditingEngine:
-    """Hook points where the model has them (ours, a bridge), else the tap's way into any module."""
+def editing_engine(model: Any, what: str, n_layers: int, ids: torch.Tensor) -> EditingEngine:
+    """Hook points where the model has them (ours, a bridge), else the tap's way into any module
+    (its parts found from one forward on ids)."""
     if hook_names(model):
         return HookedEngine(model, what, n_layers)
     from probes.patching.tapped import TapEngine
-    return TapEngine(model, what)
+    return TapEngine(model, what, ids)
