@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from probes.common import ProbeInputError, eval_mode, model_device, model_tokenizer, text_ids
-from probes.patching.hooked import editing_engine
+from probes.patching.engines import editing_engine
 from probes.patching_args import ablate_parser as build_parser
 
 HOWS = ("zero", "mean")

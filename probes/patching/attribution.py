@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from probes.patching.cells import Sweep
-from probes.patching.hooked import editing_engine
+from probes.patching.engines import editing_engine
 
 
 def reduce_to_cells(prod: torch.Tensor, sweep: Sweep) -> torch.Tensor:

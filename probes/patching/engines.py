@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
-from probes.common import ProbeInputError
-from probes.patching.hooked import editing_engine
+from probes.common import ProbeInputError, hook_names
+from probes.patching.hooked import EditingEngine, HookedEngine
+from probes.patching.tapped import TapEngine, find_parts
 from probes.patching.replay import ReplayEngine
 
 log = logging.getLogger(__name__)
@@ -22,7 +23,6 @@ def model_dims(model: Any, ids: torch.Tensor | None = None) -> tuple[int, int, i
     module without a cfg (any GPT) is read through the tap on ids [batch pos]."""
     cfg = getattr(model, "cfg", None)
     if cfg is None and isinstance(model, torch.nn.Module) and ids is not None:
-        from probes.patching.tapped import find_parts
         parts = find_parts(model, ids)
         return len(parts.attention), parts.n_heads, parts.d_vocab
     if getattr(cfg, "family", "transformer") != "transformer":
@@ -55,3 +55,11 @@ def traced_engine(model: Any, what: str, n_layers: int, base_ids: torch.Tensor,
                     type(model).__name__)
     engine = editing_engine(model, what, n_layers, base_ids)
     return engine, engine.trace(base_ids), engine.trace(donor_ids)
+
+
+def editing_engine(model: Any, what: str, n_layers: int, ids: torch.Tensor) -> EditingEngine:
+    """Hook points where the model has them (ours, a bridge), else the tap's way into any module
+    (its parts found from one forward on ids)."""
+    if hook_names(model):
+        return HookedEngine(model, what, n_layers)
+    return TapEngine(model, what, ids)
