@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from probes.common import ProbeInputError, eval_mode, model_device, model_tokenizer, text_ids
-from probes.patching.hooked import editing_engine
+from probes.patching.engines import editing_engine
 from probes.patching_args import ablate_parser as build_parser
 
 HOWS = ("zero", "mean")
@@ -78,14 +78,14 @@ def run(model: Any, tokens: Any, heads: Any, how: str = "zero", tokenizer: Any =
     """Ablate `heads` [(layer, head), ...] of `model` on tokens [batch pos] (or a text)."""
     if how not in HOWS:
         raise ProbeInputError(f"how must be one of {', '.join(HOWS)}, got {how!r}")
-    from probes.patching.engines import model_dims
-    n_layers, n_heads, _ = model_dims(model)
-    heads = check_heads(heads, n_layers, n_heads)
-    engine = editing_engine(model, "heads", n_layers)
     ids = text_ids(model, tokens, model_tokenizer(model, tokenizer)) if isinstance(tokens, str) else torch.as_tensor(tokens)
     ids = (ids.unsqueeze(0) if ids.dim() == 1 else ids).long().to(model_device(model))  # [batch pos]
     if ids.dim() != 2 or ids.shape[1] < 2:
         raise ProbeInputError(f"ablation needs tokens [batch pos] with at least 2 positions, got {tuple(ids.shape)}")
+    from probes.patching.engines import model_dims
+    n_layers, n_heads, _ = model_dims(model, ids)
+    heads = check_heads(heads, n_layers, n_heads)
+    engine = editing_engine(model, "heads", n_layers, ids)
     batch, groups = ids.shape[0], len(heads) + 2  # rows: none, each head, all together
     with eval_mode(model), torch.no_grad():
         layers = {l for l, _ in heads}
@@ -123,8 +123,10 @@ def main(argv: list[str] | None = None) -> int:
             raise refused(snap.model)
         model = snap.model
         from probes.patching.engines import model_dims
-        _, _, d_vocab = model_dims(model)
-        n_ctx = int(model.cfg.n_ctx)
+        from models.tap_inputs import context_of
+        _, _, d_vocab = model_dims(model, torch.zeros(1, 2, dtype=torch.long, device=model_device(model)))
+        cfg = getattr(model, "cfg", None)
+        n_ctx = int(cfg.n_ctx) if cfg is not None else (context_of(model) or 256)
         if args.repeat:
             length = args.length or n_ctx // 2
             if 2 * length > n_ctx:

@@ -42,7 +42,8 @@ def test_distribution_metadata(pyproject: dict) -> None:
 
 def test_packages_models_probes_and_train(pyproject: dict) -> None:
     assert sorted(pyproject["tool"]["setuptools"]["packages"]) == ["models", "models.store", "probes", "probes.doctor",
-                                                                   "scratchscope", "train", "train.guard"]
+                                                                   "probes.patching", "scratchscope", "train",
+                                                                   "train.guard"]
 
 
 def test_optional_parts_are_extras_that_dev_installs(pyproject: dict) -> None:
@@ -121,6 +122,7 @@ print(sorted({{m.split(".")[0] for m in sys.modules}} & {{"models", "probes", "t
     ("models", ["models"]),
     ("probes", ["models", "probes"]),
     ("probes.doctor", ["models", "probes"]),
+    ("probes.patching", ["models", "probes"]),
 ])
 def test_imports_run_one_way(package: str, allowed: list[str]) -> None:
     out = subprocess.run([sys.executable, "-c", LAYER_CHECK.format(package=package)],

@@ -195,7 +195,8 @@ def test_ablation_equals_zeroed_and_mean_slices_by_hand(gpt, pair):
                     if l == layer:
                         z[:, :, h] = means[l][h] if how == "mean" else 0.0
                 return z
-            logits = gpt.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{l}.attn.hook_z", hook) for l in (0, 1)])
+            with torch.no_grad():
+                logits = gpt.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{l}.attn.hook_z", hook) for l in (0, 1)])
             return ablate.token_losses(logits, tokens)  # [batch pos-1]
         none = loss_with([])
         assert result.loss == pytest.approx(float(none.mean()), rel=1e-5)
@@ -205,3 +206,15 @@ def test_ablation_equals_zeroed_and_mean_slices_by_hand(gpt, pair):
         assert result.together == pytest.approx(float(both.mean()), rel=1e-5)
         assert_close_to_scale(result.per_token, both - none)
         assert abs(result.together - result.loss) > 1e-3  # the heads matter: the comparison means something
+
+
+def test_a_bridge_patches_as_transformer_lens_does(pair):
+    """A TransformerBridge has TransformerLens's own cfg (device included): its functions run on it as is."""
+    from test_interop import BRIDGE_CFG
+    from transformer_lens import TransformerBridge
+    bridge = TransformerBridge.boot_native(dict(BRIDGE_CFG)).eval()
+    clean, corrupt = pair
+    with torch.no_grad():
+        ref = tlp.get_act_patch_attn_head_out_by_pos(bridge, corrupt, bridge.run_with_cache(clean)[1], logit_diff)
+    assert_close_to_scale(run(bridge, clean, corrupt, metric=logit_diff).patched, ref, rel=1e-4)
+    assert float(ref.std()) > 1e-3 * float(ref.abs().max())

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from probes.patching.cells import Sweep
-from probes.patching.hooked import editing_engine
+from probes.patching.engines import editing_engine
 
 
 def reduce_to_cells(prod: torch.Tensor, sweep: Sweep) -> torch.Tensor:
@@ -60,7 +60,7 @@ def attribute(model: Any, sweep: Sweep, metric: Any, clean_ids: torch.Tensor, co
               direction: str, atp_star: bool) -> tuple[torch.Tensor, float, float, int]:
     """(patched estimates [sweep.shape], clean metric, corrupt metric, forward passes)."""
     base_ids, donor_ids = (corrupt_ids, clean_ids) if direction == "denoise" else (clean_ids, corrupt_ids)
-    engine = editing_engine(model, sweep.what, sweep.n_layers)
+    engine = editing_engine(model, sweep.what, sweep.n_layers, base_ids)
     extra = []
     if atp_star:
         from probes.patching.qk_fix import check_qk_fix, qk_names

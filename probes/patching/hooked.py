@@ -66,11 +66,3 @@ class HookedEngine(EditingEngine):
     def run(self, tokens: torch.Tensor, edits: Edits) -> torch.Tensor:
         hooks = [(self.names[l], lambda x, hook, edit=edit: edit(x)) for l, edit in edits.items()]
         return self.model.run_with_hooks(tokens, fwd_hooks=hooks)
-
-
-def editing_engine(model: Any, what: str, n_layers: int) -> EditingEngine:
-    """Hook points where the model has them (ours, a bridge), else the tap's way into any module."""
-    if hook_names(model):
-        return HookedEngine(model, what, n_layers)
-    from probes.patching.tapped import TapEngine
-    return TapEngine(model, what)

@@ -39,7 +39,7 @@ def run(model: Any, clean: Any, corrupt: Any, metric: Any = None, answer: Any = 
     tokenizer = model_tokenizer(model, tokenizer)
     clean_ids, corrupt_ids = pair_ids(model, clean, corrupt, tokenizer)
     from probes.patching.engines import model_dims, traced_engine
-    n_layers, n_heads, d_vocab = model_dims(model)
+    n_layers, n_heads, d_vocab = model_dims(model, corrupt_ids.to(model_device(model)))
     metric_fn = make_metric(metric, answer, wrong, d_vocab, lambda t: one_token(t, tokenizer, d_vocab))
     n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", None)
     if n_ctx is not None and clean_ids.shape[1] > int(n_ctx):
