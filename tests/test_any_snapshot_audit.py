@@ -149,7 +149,7 @@ def test_a_first_view_whose_arrays_were_changed_is_not_drawn(snapshot, tmp_path,
     (folder / VIEW_FILE).write_bytes(save(forged, metadata=metadata))
     with caplog.at_level("WARNING", logger="models.store.view_file"):
         assert read_view(folder, weights) is None
-    assert "do not hash to what it records" in caplog.text
+    assert "does not hash to what it records" in caplog.text
     (folder / VIEW_FILE).write_bytes(save(arrays, metadata={"first_view": nested(200_000)}))  # every page reads it
     with pytest.raises(CheckpointError, match=r"first_view\.safetensors: not a first view \(RecursionError"):
         read_view(folder, weights)
