@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from train.data import Corpus, evaluate
-from probes.update_report import UpdateReport
+from probes.update_report import UpdateReport, layout_groups_of
 from models.store.run import read_run_json, trim_metrics, write_run_json  # noqa: F401 (trim_metrics re-exported)
 from train.config import DistInfo
 from train.guard.settings import Guard
@@ -166,7 +166,9 @@ def write_record(state: TrainState, record: dict[str, Any], do_eval: bool, first
     record = monitor.flush()
     log.info("%s", console_line(record, state.tc["steps"]))
     if do_eval and record.get("gwu"):
-        report = UpdateReport.from_table(record["gwu"], step=record["step"], lr=record["lr"])
+        # grouped as run.json groups them (a model's roles), as the doctor, the app and the W&B mirror do
+        report = UpdateReport.from_table(record["gwu"], step=record["step"], lr=record["lr"],
+                                         layout_groups=layout_groups_of(read_run_json(state.args.out)))
         if state.args.gwu_table:
             log.info("g / w / u at step %d:\n%s", record["step"], "\n".join(report.table_lines()))
         log.info("    %s", report.summary())
