@@ -116,17 +116,25 @@ def test_the_batch_size_does_not_change_the_answer(gpt, pair):
     assert one.forwards == 2 + one.patched.numel() - (n_pos - 1) * n_heads and many.forwards < one.forwards
 
 
-def hand_model() -> torch.nn.Module:
-    """One layer, two heads reading one-hot embeddings: q = k = 0 (each position attends uniformly
-    to itself and all before it), head 0's v is the embedding's dims 0-1, head 1's dims 2-3, W_O
-    and the unembedding are identities, the MLP writes nothing. So the last position's logits are
-    its own one-hot plus the mean one-hot of the whole prefix."""
-    cfg = TransformerConfig(d_vocab=4, n_ctx=8, d_model=4, n_layers=1, n_heads=2, d_head=2, d_mlp=4,
+def blank_model(n_heads: int) -> torch.nn.Module:
+    """One layer over 4 tokens and 4 dims, no norm, no positions, no scaling, every weight 0: the
+    hand-set models set what they need."""
+    cfg = TransformerConfig(d_vocab=4, n_ctx=8, d_model=4, n_layers=1, n_heads=n_heads, d_head=2, d_mlp=4,
                             attn_scale="none", pos_embed="none")
     model = build_model(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
+    return model
+
+
+def hand_model() -> torch.nn.Module:
+    """One layer, two heads reading one-hot embeddings: q = k = 0 (each position attends uniformly
+    to itself and all before it), head 0's v is the embedding's dims 0-1, head 1's dims 2-3, W_O
+    and the unembedding are identities, the MLP writes nothing. So the last position's logits are
+    its own one-hot plus the mean one-hot of the whole prefix."""
+    model = blank_model(n_heads=2)
+    with torch.no_grad():
         model.embedding.weight.copy_(torch.eye(4))
         model.blocks[0].attention.W_QKV[:, 8:12] = torch.eye(4)  # [d_model (q k v) x (head d_head)]: v only
         model.blocks[0].attention.W_O.copy_(torch.eye(4))

@@ -57,7 +57,8 @@ def heads_by_hand(model, clean, corrupt, projection: str, n_layers: int, n_heads
                     x = args[0].clone()
                     x[:, p, h * width:(h + 1) * width] = kept[l][:, p, h * width:(h + 1) * width]
                     return (x,)
-                out[l, p, h] = metric(logits(model, corrupt, [(projection.format(l), lambda m: m.register_forward_pre_hook(patch))]))
+                hooks = [(projection.format(l), lambda m: m.register_forward_pre_hook(patch))]
+                out[l, p, h] = metric(logits(model, corrupt, hooks))
     return out
 
 

@@ -32,7 +32,8 @@ BUDGET = 64 * 2**20  # bytes of recomputed patterns held at once
 
 def qk_names(n_layers: int) -> list[str]:
     return [name.format(l) for l in range(n_layers) for name in
-            ("blocks.{}.hook_resid_pre", "blocks.{}.attn.hook_q", "blocks.{}.attn.hook_k", "blocks.{}.attn.hook_pattern")]
+            ("blocks.{}.hook_resid_pre", "blocks.{}.attn.hook_q", "blocks.{}.attn.hook_k",
+             "blocks.{}.attn.hook_pattern")]
 
 
 def check_qk_fix(model: Any) -> None:
@@ -52,7 +53,8 @@ def residual_deltas(model: Any, sweep: Sweep, layer: int, base: torch.Tensor, do
     [cells batch d_model] at the cell's one position when the sweep is by position."""
     diff = donor - base  # [batch pos d_model] or [batch pos head d_head]
     if sweep.what == "heads":  # each head's share of the output projection
-        diff = torch.einsum("bphe,hed->hbpd", diff, model.blocks[layer].attention.per_head_W_O())  # [head batch pos d_model]
+        W_O = model.blocks[layer].attention.per_head_W_O()  # [head d_head d_model]
+        diff = torch.einsum("bphe,hed->hbpd", diff, W_O)  # [head batch pos d_model]
     return torch.stack([(diff[head] if sweep.what == "heads" else diff)[:, slice(None) if pos is None else pos]
                         for pos, head in cells])
 
