@@ -3,6 +3,7 @@
     python benchmarks/bench_patching.py                 # shakespeare_gpt, 48 tokens, CPU
     python benchmarks/bench_patching.py --device cuda   # on a GPU
     python benchmarks/bench_patching.py --repeats 1     # a smoke run
+    python benchmarks/bench_patching.py --threads 1     # one CPU thread per side
 
 TransformerLens's `get_act_patch_attn_head_out_by_pos` and `get_act_patch_resid_pre` run one
 forward per patch (on our model, through a cfg that has the `device` they read); ours runs the
@@ -58,9 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ckpt", default=str(REPO / "checkpoints" / "shakespeare_gpt"), help="the run to patch")
     parser.add_argument("--device", default="cpu", help="torch device")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per side (median)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     args = parser.parse_args(argv)
 
     import torch
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from transformer_lens import patching as tlp
     tlp.tqdm = lambda items, *a, **k: items  # its loop draws a progress bar per sweep: not what is timed
 

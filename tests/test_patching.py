@@ -226,3 +226,18 @@ def test_a_bridge_patches_as_transformer_lens_does(pair):
         ref = tlp.get_act_patch_attn_head_out_by_pos(bridge, corrupt, bridge.run_with_cache(clean)[1], logit_diff)
     assert_close_to_scale(run(bridge, clean, corrupt, metric=logit_diff).patched, ref, rel=1e-4)
     assert float(ref.std()) > 1e-3 * float(ref.abs().max())
+
+
+@pytest.mark.parametrize("switches", [dict(qk_norm="rms"), dict(norm="rms"), dict(attn_bias=True),
+                                      dict(norm="layer", norm_placement="post", final_norm=False)])
+def test_the_replay_equals_the_hook_points_on_other_blocks(pair, switches, monkeypatch, caplog):
+    """The replay of our blocks (q/k norm, RMSNorm, biases, post-norm) against whole forwards through
+    the model's hook points, every what."""
+    cfg = get_preset("tiny_shakespeare_gpt_small", d_vocab=VOCAB, n_layers=2, n_ctx=16).replace(**switches)
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    replayed = {what: run(model, *pair, answer=3, wrong=5, what=what).patched for what in ("heads", "resid", "mlp")}
+    assert "does not reproduce" not in caplog.text  # the replay ran: it matched the model's own logits
+    monkeypatch.setattr("probes.patching.engines.is_ours", lambda model: False)
+    for what, patched in replayed.items():
+        assert_close_to_scale(patched, run(model, *pair, answer=3, wrong=5, what=what).patched, rel=1e-4)
