@@ -40,16 +40,19 @@ class Ablation:
     together: float  # all of them at once
     per_token: torch.Tensor  # [batch pos-1]: loss with all ablated minus without, per predicted token
     tokens: list[list[int]] = field(default_factory=list)
+    source: str | None = None  # what the CLI measured on, in words
 
     def to_dict(self) -> dict[str, Any]:
         from models.cli import to_jsonable
         return to_jsonable({"how": self.how, "heads": [list(h) for h in self.heads], "loss": self.loss,
                             "each": [{"head": list(h), "loss": v, "change": v - self.loss}
                                      for h, v in self.each.items()],
-                            "together": self.together, "per_token": self.per_token, "tokens": self.tokens})
+                            "together": self.together, "per_token": self.per_token, "tokens": self.tokens,
+                            "source": self.source})
 
     def format(self) -> str:
-        lines = [f"{self.how} ablation: loss {self.loss:.4f} with nothing ablated, {self.together:.4f} "
+        lines = [f"on {self.source}"] if self.source else []
+        lines += [f"{self.how} ablation: loss {self.loss:.4f} with nothing ablated, {self.together:.4f} "
                  f"({self.together - self.loss:+.4f}) with all {len(self.heads)} together", "each head alone:"]
         lines += [f"  L{l}H{h}   {v:.4f} ({v - self.loss:+.4f})" for (l, h), v in self.each.items()]
         return "\n".join(lines)
@@ -132,13 +135,16 @@ def main(argv: list[str] | None = None) -> int:
             if 2 * length > n_ctx:
                 raise ProbeInputError(f"--length {length} repeated twice is more than the model's context of {n_ctx}")
             tokens = random_repeat_tokens(d_vocab, length, batch=args.samples, seed=args.seed)
+            source = f"{args.samples} sequences of {length} random tokens repeated twice (seed {args.seed})"
         elif args.text is not None:
             if snap.tokenizer is None:
                 no_tokenizer(snap)
-            tokens = text_ids(model, args.text, snap.tokenizer)[:, :n_ctx]
+            tokens, source = text_ids(model, args.text, snap.tokenizer)[:, :n_ctx], "the given text"
         else:
-            tokens, _ = default_windows(snap, snap.tokenizer, n_ctx, args.samples, args.seed)
-        return show(run(model, tokens, heads=args.heads, how=args.how), args.json)
+            tokens, source = default_windows(snap, snap.tokenizer, n_ctx, args.samples, args.seed)
+        result = run(model, tokens, heads=args.heads, how=args.how)
+        result.source = source
+        return show(result, args.json)
 
     from probes.common import run_cli
     return run_cli(body)

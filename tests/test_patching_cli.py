@@ -75,3 +75,9 @@ def test_a_snapshot_of_any_model_patches_with_its_code_and_says_how_without(tmp_
     expected = run(model, "abcab", "abdab", answer="c", tokenizer=CHARS)
     assert_close_to_scale(torch.tensor(out["patched"]), expected.patched)
     assert float(expected.patched.std()) > 1e-4  # the heads differ: the comparison means something
+
+
+def test_the_torch_free_parsers_offer_what_the_runners_take():
+    from probes import patching_args
+    from probes.patching import cells, runner
+    assert (patching_args.WHATS, patching_args.METHODS, patching_args.HOWS) == (cells.WHATS, runner.METHODS, ablate.HOWS)
