@@ -13,7 +13,8 @@ residual plus the patch's change (through the layer's norm, exactly), and
                  [ (A_exact - A) . dm/dA  -  (dm/dq . J_q delta + dm/dk . J_k delta) ]
 
 the second term removing what AtP counted for the same queries and keys to first order (J delta: the
-change of q and k linearised, by forward-mode differentiation). It reads our Transformer's blocks, so
+change of q and k linearised; dm/dq . J_q delta = (J_q^T dm/dq) . delta: one backward pass per layer
+gives it for every cell). It reads our Transformer's blocks, so
 it needs one (pre-norm or no norm, with residual connections).
 """
 
