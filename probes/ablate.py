@@ -40,15 +40,19 @@ class Ablation:
     together: float  # all of them at once
     per_token: torch.Tensor  # [batch pos-1]: loss with all ablated minus without, per predicted token
     tokens: list[list[int]] = field(default_factory=list)
+    source: str | None = None  # what the CLI measured on, in words
 
     def to_dict(self) -> dict[str, Any]:
         from models.cli import to_jsonable
         return to_jsonable({"how": self.how, "heads": [list(h) for h in self.heads], "loss": self.loss,
-                            "each": [{"head": list(h), "loss": v, "change": v - self.loss} for h, v in self.each.items()],
-                            "together": self.together, "per_token": self.per_token, "tokens": self.tokens})
+                            "each": [{"head": list(h), "loss": v, "change": v - self.loss}
+                                     for h, v in self.each.items()],
+                            "together": self.together, "per_token": self.per_token, "tokens": self.tokens,
+                            "source": self.source})
 
     def format(self) -> str:
-        lines = [f"{self.how} ablation: loss {self.loss:.4f} with nothing ablated, {self.together:.4f} "
+        lines = [f"on {self.source}"] if self.source else []
+        lines += [f"{self.how} ablation: loss {self.loss:.4f} with nothing ablated, {self.together:.4f} "
                  f"({self.together - self.loss:+.4f}) with all {len(self.heads)} together", "each head alone:"]
         lines += [f"  L{l}H{h}   {v:.4f} ({v - self.loss:+.4f})" for (l, h), v in self.each.items()]
         return "\n".join(lines)
@@ -78,7 +82,8 @@ def run(model: Any, tokens: Any, heads: Any, how: str = "zero", tokenizer: Any =
     """Ablate `heads` [(layer, head), ...] of `model` on tokens [batch pos] (or a text)."""
     if how not in HOWS:
         raise ProbeInputError(f"how must be one of {', '.join(HOWS)}, got {how!r}")
-    ids = text_ids(model, tokens, model_tokenizer(model, tokenizer)) if isinstance(tokens, str) else torch.as_tensor(tokens)
+    ids = (text_ids(model, tokens, model_tokenizer(model, tokenizer)) if isinstance(tokens, str)
+           else torch.as_tensor(tokens))
     ids = (ids.unsqueeze(0) if ids.dim() == 1 else ids).long().to(model_device(model))  # [batch pos]
     if ids.dim() != 2 or ids.shape[1] < 2:
         raise ProbeInputError(f"ablation needs tokens [batch pos] with at least 2 positions, got {tuple(ids.shape)}")
@@ -115,15 +120,12 @@ def run(model: Any, tokens: Any, heads: Any, how: str = "zero", tokenizer: Any =
 def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         args = build_parser().parse_args(argv)
-        from models.checkpoint import load_from_args
-        from probes.common import default_windows, no_tokenizer, print_json, refused, sample_only
-        from probes.common import random_repeat_tokens
-        snap = load_from_args(args)
-        if sample_only(snap):
-            raise refused(snap.model)
-        model = snap.model
-        from probes.patching.engines import model_dims
         from models.tap_inputs import context_of
+        from probes.common import default_windows, no_tokenizer, random_repeat_tokens
+        from probes.patching.cli import runnable, show
+        from probes.patching.engines import model_dims
+        snap = runnable(args)
+        model = snap.model
         _, _, d_vocab = model_dims(model, torch.zeros(1, 2, dtype=torch.long, device=model_device(model)))
         cfg = getattr(model, "cfg", None)
         n_ctx = int(cfg.n_ctx) if cfg is not None else (context_of(model) or 256)
@@ -132,18 +134,16 @@ def main(argv: list[str] | None = None) -> int:
             if 2 * length > n_ctx:
                 raise ProbeInputError(f"--length {length} repeated twice is more than the model's context of {n_ctx}")
             tokens = random_repeat_tokens(d_vocab, length, batch=args.samples, seed=args.seed)
+            source = f"{args.samples} sequences of {length} random tokens repeated twice (seed {args.seed})"
         elif args.text is not None:
             if snap.tokenizer is None:
                 no_tokenizer(snap)
-            tokens = text_ids(model, args.text, snap.tokenizer)[:, :n_ctx]
+            tokens, source = text_ids(model, args.text, snap.tokenizer)[:, :n_ctx], "the given text"
         else:
-            tokens, _ = default_windows(snap, snap.tokenizer, n_ctx, args.samples, args.seed)
+            tokens, source = default_windows(snap, snap.tokenizer, n_ctx, args.samples, args.seed)
         result = run(model, tokens, heads=args.heads, how=args.how)
-        if args.json:
-            print_json(result.to_dict())
-        else:
-            print(result.format())
-        return 0
+        result.source = source
+        return show(result, args.json)
 
     from probes.common import run_cli
     return run_cli(body)

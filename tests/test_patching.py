@@ -116,17 +116,25 @@ def test_the_batch_size_does_not_change_the_answer(gpt, pair):
     assert one.forwards == 2 + one.patched.numel() - (n_pos - 1) * n_heads and many.forwards < one.forwards
 
 
-def hand_model() -> torch.nn.Module:
-    """One layer, two heads reading one-hot embeddings: q = k = 0 (each position attends uniformly
-    to itself and all before it), head 0's v is the embedding's dims 0-1, head 1's dims 2-3, W_O
-    and the unembedding are identities, the MLP writes nothing. So the last position's logits are
-    its own one-hot plus the mean one-hot of the whole prefix."""
-    cfg = TransformerConfig(d_vocab=4, n_ctx=8, d_model=4, n_layers=1, n_heads=2, d_head=2, d_mlp=4,
+def blank_model(n_heads: int) -> torch.nn.Module:
+    """One layer over 4 tokens and 4 dims, no norm, no positions, no scaling, every weight 0: the
+    hand-set models set what they need."""
+    cfg = TransformerConfig(d_vocab=4, n_ctx=8, d_model=4, n_layers=1, n_heads=n_heads, d_head=2, d_mlp=4,
                             attn_scale="none", pos_embed="none")
     model = build_model(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
+    return model
+
+
+def hand_model() -> torch.nn.Module:
+    """One layer, two heads reading one-hot embeddings: q = k = 0 (each position attends uniformly
+    to itself and all before it), head 0's v is the embedding's dims 0-1, head 1's dims 2-3, W_O
+    and the unembedding are identities, the MLP writes nothing. So the last position's logits are
+    its own one-hot plus the mean one-hot of the whole prefix."""
+    model = blank_model(n_heads=2)
+    with torch.no_grad():
         model.embedding.weight.copy_(torch.eye(4))
         model.blocks[0].attention.W_QKV[:, 8:12] = torch.eye(4)  # [d_model (q k v) x (head d_head)]: v only
         model.blocks[0].attention.W_O.copy_(torch.eye(4))
@@ -218,3 +226,18 @@ def test_a_bridge_patches_as_transformer_lens_does(pair):
         ref = tlp.get_act_patch_attn_head_out_by_pos(bridge, corrupt, bridge.run_with_cache(clean)[1], logit_diff)
     assert_close_to_scale(run(bridge, clean, corrupt, metric=logit_diff).patched, ref, rel=1e-4)
     assert float(ref.std()) > 1e-3 * float(ref.abs().max())
+
+
+@pytest.mark.parametrize("switches", [dict(qk_norm="rms"), dict(norm="rms"), dict(attn_bias=True),
+                                      dict(norm="layer", norm_placement="post", final_norm=False)])
+def test_the_replay_equals_the_hook_points_on_other_blocks(pair, switches, monkeypatch, caplog):
+    """The replay of our blocks (q/k norm, RMSNorm, biases, post-norm) against whole forwards through
+    the model's hook points, every what."""
+    cfg = get_preset("tiny_shakespeare_gpt_small", d_vocab=VOCAB, n_layers=2, n_ctx=16).replace(**switches)
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    replayed = {what: run(model, *pair, answer=3, wrong=5, what=what).patched for what in ("heads", "resid", "mlp")}
+    assert "does not reproduce" not in caplog.text  # the replay ran: it matched the model's own logits
+    monkeypatch.setattr("probes.patching.engines.is_ours", lambda model: False)
+    for what, patched in replayed.items():
+        assert_close_to_scale(patched, run(model, *pair, answer=3, wrong=5, what=what).patched, rel=1e-4)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from any_model_kit import MhaGPT, PerHeadGPT
+from any_model_kit import MhaGPT, PerHeadGPT, hf_model
 from close import assert_close_to_scale
 from hand_gpts import EinsumGPT
 from torch import nn
@@ -57,7 +57,8 @@ def heads_by_hand(model, clean, corrupt, projection: str, n_layers: int, n_heads
                     x = args[0].clone()
                     x[:, p, h * width:(h + 1) * width] = kept[l][:, p, h * width:(h + 1) * width]
                     return (x,)
-                out[l, p, h] = metric(logits(model, corrupt, [(projection.format(l), lambda m: m.register_forward_pre_hook(patch))]))
+                hooks = [(projection.format(l), lambda m: m.register_forward_pre_hook(patch))]
+                out[l, p, h] = metric(logits(model, corrupt, hooks))
     return out
 
 
@@ -72,6 +73,7 @@ def tiny_gpt2():
     (lambda: PerHeadGPT(vocab=VOCAB), "trf_blocks.{}.att.out_proj"),
     (lambda: EinsumGPT(), "layers.{}.mix.to_out"),
     (tiny_gpt2, "transformer.h.{}.attn.c_proj"),
+    (lambda: hf_model("llama"), "model.layers.{}.self_attn.o_proj"),
 ])
 def test_heads_of_any_gpt_equal_hand_patches_on_its_projection(build, projection):
     torch.manual_seed(0)

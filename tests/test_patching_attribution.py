@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 from close import assert_close_to_scale
-from test_patching import gpt, logit_diff, pair  # noqa: F401  (fixtures: a sharpened 2-layer GPT, its inputs)
+from test_patching import blank_model, gpt, logit_diff, pair  # noqa: F401  (fixtures: a sharp 2-layer GPT, inputs)
 
 from models import TransformerConfig, build_model
 from probes.common import ProbeInputError
@@ -53,12 +53,8 @@ def saturating_model(strength: float) -> torch.nn.Module:
     (dim 0), token 1 = (0,1,0,0) the wrong one's (dim 1); token 2 alone has a key (dim 2); token 3 =
     (0,0,0,1) queries it: the score of the last position on token 2 is `strength`, every other 0.
     The logit difference 0 - 1 at the last position is A[last, answer-valued] - A[last, wrong-valued]."""
-    cfg = TransformerConfig(d_vocab=4, n_ctx=8, d_model=4, n_layers=1, n_heads=1, d_head=2, d_mlp=4,
-                            attn_scale="none", pos_embed="none")
-    model = build_model(cfg).eval()
+    model = blank_model(n_heads=1)
     with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
         model.embedding.weight.copy_(torch.tensor([[1., 0, 0, 0], [0, 1, 0, 0], [1, 0, 1, 0], [0, 0, 0, 1]]))
         W = model.blocks[0].attention.W_QKV  # [d_model (q k v) x d_head]
         W[3, 0], W[2, 2] = strength, 1.0  # q reads dim 3, k reads dim 2

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+from close import assert_close_to_scale
 
 from probes import ablate
 from probes.patching.cli import main as patching_main
@@ -52,3 +54,30 @@ def test_ablate_cli(capsys):
     assert [e["head"] for e in out["each"]] == [[1, 0], [1, 2]] and len(out["per_token"]) == 2
     assert ablate.main(["--ckpt", GPT, "--heads", "3.9", "--text", "the king"]) == 2
     assert "outside this model's 4 layers x 6 heads" in capsys.readouterr().err
+
+
+def test_a_snapshot_of_any_model_patches_with_its_code_and_says_how_without(tmp_path, capsys):
+    """The Monitor's snapshot of a user's per-head GPT: without --model-code one line naming it; with
+    it, the CLI's numbers are run() on the trained module's own weights."""
+    from test_any_snapshot import CHARS, USER_CODE, VOCAB, train
+
+    from models.store.model_code import build
+    from probes.patching import run
+    code = tmp_path / "mygpt.py"
+    code.write_text(f"MARK = {str(tmp_path / 'imported.txt')!r}\n" + USER_CODE)
+    torch.manual_seed(0)
+    model = train(build(f"{code}:TinyGPT", {"vocab": VOCAB}), tmp_path / "run", tokenizer=CHARS)
+    argv = ["--ckpt", str(tmp_path / "run"), "--clean", "abcab", "--corrupt", "abdab", "--answer", "c", "--json"]
+    assert patching_main(argv) == 2
+    assert "--model-code path/to/your_file.py:TinyGPT" in capsys.readouterr().err
+    assert patching_main([*argv, "--model-code", f"{code}:TinyGPT"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    expected = run(model, "abcab", "abdab", answer="c", tokenizer=CHARS)
+    assert_close_to_scale(torch.tensor(out["patched"]), expected.patched)
+    assert float(expected.patched.std()) > 1e-4  # the heads differ: the comparison means something
+
+
+def test_the_torch_free_parsers_offer_what_the_runners_take():
+    from probes import patching_args
+    from probes.patching import cells, runner
+    assert (patching_args.WHATS, patching_args.METHODS, patching_args.HOWS) == (cells.WHATS, runner.METHODS, ablate.HOWS)

@@ -24,7 +24,9 @@ Edits = dict[int, Callable[[torch.Tensor], torch.Tensor]]
 
 class HookedTrace:
     def __init__(self, tokens: torch.Tensor, acts: dict[int, torch.Tensor], logits: torch.Tensor):
-        self.tokens, self.acts, self.logits = tokens, acts, logits  # [batch pos], {layer: [batch pos ...]}, [batch pos vocab]
+        self.tokens = tokens  # [batch pos]
+        self.acts = acts  # {layer: [batch pos ...]}
+        self.logits = logits  # [batch pos vocab]
 
     def act(self, what: str, layer: int) -> torch.Tensor:
         return self.acts[layer]

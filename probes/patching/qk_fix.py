@@ -13,7 +13,8 @@ residual plus the patch's change (through the layer's norm, exactly), and
                  [ (A_exact - A) . dm/dA  -  (dm/dq . J_q delta + dm/dk . J_k delta) ]
 
 the second term removing what AtP counted for the same queries and keys to first order (J delta: the
-change of q and k linearised, by forward-mode differentiation). It reads our Transformer's blocks, so
+change of q and k linearised; dm/dq . J_q delta = (J_q^T dm/dq) . delta: one backward pass per layer
+gives it for every cell). It reads our Transformer's blocks, so
 it needs one (pre-norm or no norm, with residual connections).
 """
 
@@ -32,7 +33,8 @@ BUDGET = 64 * 2**20  # bytes of recomputed patterns held at once
 
 def qk_names(n_layers: int) -> list[str]:
     return [name.format(l) for l in range(n_layers) for name in
-            ("blocks.{}.hook_resid_pre", "blocks.{}.attn.hook_q", "blocks.{}.attn.hook_k", "blocks.{}.attn.hook_pattern")]
+            ("blocks.{}.hook_resid_pre", "blocks.{}.attn.hook_q", "blocks.{}.attn.hook_k",
+             "blocks.{}.attn.hook_pattern")]
 
 
 def check_qk_fix(model: Any) -> None:
@@ -52,7 +54,8 @@ def residual_deltas(model: Any, sweep: Sweep, layer: int, base: torch.Tensor, do
     [cells batch d_model] at the cell's one position when the sweep is by position."""
     diff = donor - base  # [batch pos d_model] or [batch pos head d_head]
     if sweep.what == "heads":  # each head's share of the output projection
-        diff = torch.einsum("bphe,hed->hbpd", diff, model.blocks[layer].attention.per_head_W_O())  # [head batch pos d_model]
+        W_O = model.blocks[layer].attention.per_head_W_O()  # [head d_head d_model]
+        diff = torch.einsum("bphe,hed->hbpd", diff, W_O)  # [head batch pos d_model]
     return torch.stack([(diff[head] if sweep.what == "heads" else diff)[:, slice(None) if pos is None else pos]
                         for pos, head in cells])
 
@@ -65,19 +68,21 @@ def pattern_of(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     return scores.masked_fill(hidden, float("-inf")).softmax(-1)
 
 
-def jvp(fn, x: torch.Tensor, tangent: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """fn's outputs' change along `tangent` at x, to first order, by two backward passes (J^T u, then
-    its gradient in u along the tangent): torch.func and forward-mode AD spend ~1.5 s on their first
-    call loading decompositions."""
+def qk_pullback(model: Any, later: int, base: dict) -> torch.Tensor:
+    """What AtP counts for a residual change through layer `later`'s queries and keys, as one vector:
+    d(q . dm/dq + k . dm/dk)/d resid_pre [batch pos d_model] (a change delta counts pullback . delta).
+    One backward pass per layer, whatever the number of cells."""
+    block = model.blocks[later]
+    x, _ = base[f"blocks.{later}.hook_resid_pre"]  # [batch pos d_model]
+    g_q, g_k = base[f"blocks.{later}.attn.hook_q"][1], base[f"blocks.{later}.attn.hook_k"][1]
     with torch.enable_grad():
         x = x.detach().requires_grad_(True)
-        outs = fn(x)
-        us = [torch.zeros_like(out, requires_grad=True) for out in outs]
-        (pulled,) = torch.autograd.grad(outs, x, grad_outputs=us, create_graph=True)  # J^T u
-        return torch.autograd.grad(pulled, us, grad_outputs=tangent)  # J tangent, per output
+        q, k, _ = project(block.attention, block.norm(1, x, "pre", True))  # [batch pos head d_head]
+        (pulled,) = torch.autograd.grad((q * g_q).sum() + (k * g_k).sum(), x)
+    return pulled
 
 
-def layer_correction(model: Any, later: int, deltas: torch.Tensor, base: dict,
+def layer_correction(model: Any, later: int, deltas: torch.Tensor, base: dict, pullback: torch.Tensor,
                      positions: torch.Tensor | None) -> torch.Tensor:
     """The QK fix at attention layer `later` for each cell's residual change: [cells]. deltas
     [cells batch pos d] at every position, or [cells batch d] at `positions` [cells] alone (then
@@ -85,31 +90,26 @@ def layer_correction(model: Any, later: int, deltas: torch.Tensor, base: dict,
     block = model.blocks[later]
     attn = block.attention
     x, _ = base[f"blocks.{later}.hook_resid_pre"]  # [batch pos d_model]
-    q, g_q = base[f"blocks.{later}.attn.hook_q"]  # [batch pos head d_head]
-    k, g_k = base[f"blocks.{later}.attn.hook_k"]
+    q, k = base[f"blocks.{later}.attn.hook_q"][0], base[f"blocks.{later}.attn.hook_k"][0]  # [batch pos head d_head]
     A, g_A = base[f"blocks.{later}.attn.hook_pattern"]  # [batch head q k]
 
     def qk(resid):  # [... d_model] -> q, k [... head d_head]
         q_, k_, _ = project(attn, block.norm(1, resid, "pre", True))
         return q_, k_
     if positions is None:
-        x_rows = x.expand_as(deltas).contiguous()  # [cells batch pos d]
-        (q_new, k_new), (dq, dk) = qk(x_rows + deltas), jvp(qk, x_rows, deltas)
-        A_new = pattern_of(q_new, k_new, attn.scale)  # [cells batch head q k]
-        return (((A_new - A) * g_A).sum(dim=(1, 2, 3, 4)) - (dq * g_q).sum(dim=(1, 2, 3, 4))
-                - (dk * g_k).sum(dim=(1, 2, 3, 4)))
+        A_new = pattern_of(*qk(x + deltas), attn.scale)  # [cells batch head q k]
+        linear = (deltas * pullback).sum(dim=(1, 2, 3))
+        return ((A_new - A) * g_A).sum(dim=(1, 2, 3, 4)) - linear
     cells = torch.arange(len(positions))
-    x_at = x[:, positions].transpose(0, 1).contiguous()  # [cells batch d]
-    (q_at, k_at), (dq, dk) = qk(x_at + deltas), jvp(qk, x_at, deltas)  # [cells batch head d_head]
+    q_at, k_at = qk(x[:, positions].transpose(0, 1) + deltas)  # [cells batch head d_head]
     scores = torch.einsum("bqhe,bkhe->bhqk", q / attn.scale, k).expand(len(positions), -1, -1, -1, -1).clone()
     scores[cells, :, :, :, positions] = torch.einsum("bqhe,cbhe->cbhq", q / attn.scale, k_at)  # the key's column
     scores[cells, :, :, positions, :] = torch.einsum("cbhe,bkhe->cbhk", q_at / attn.scale, k)  # the query's row
     scores[cells, :, :, positions, positions] = (q_at * k_at).sum(-1) / attn.scale
     n = q.shape[1]
     A_new = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu_(1), float("-inf")).softmax(-1)
-    g_q_at, g_k_at = (g[:, positions].transpose(0, 1) for g in (g_q, g_k))  # [cells batch head d_head]
-    return (((A_new - A) * g_A).sum(dim=(1, 2, 3, 4)) - (dq * g_q_at).sum(dim=(1, 2, 3))
-            - (dk * g_k_at).sum(dim=(1, 2, 3)))
+    linear = (deltas * pullback[:, positions].transpose(0, 1)).sum(dim=(1, 2))  # [cells]
+    return ((A_new - A) * g_A).sum(dim=(1, 2, 3, 4)) - linear
 
 
 def qk_correction(model: Any, sweep: Sweep, base: dict, donor_acts: dict) -> torch.Tensor:
@@ -117,8 +117,12 @@ def qk_correction(model: Any, sweep: Sweep, base: dict, donor_acts: dict) -> tor
     cells = sweep.cells()
     x = base["blocks.0.hook_resid_pre"][0]
     batch, n = x.shape[:2]
-    size = max(1, BUDGET // (4 * 4 * batch * sweep.n_heads * n * max(n, x.shape[-1])))
+    d = x.shape[-1]
+    # per cell: a few patterns [batch head pos pos] and its residual changes and q/k [batch pos|1 d]
+    per_cell = 4 * batch * (3 * sweep.n_heads * n * n + 4 * (1 if sweep.by_position else n) * d)
+    size = max(1, BUDGET // per_cell)
     out = torch.zeros(sweep.n_layers, len(cells))
+    pullbacks = [qk_pullback(model, later, base) for later in range(sweep.n_layers)]
     for layer in range(sweep.n_layers):
         act = base[layer][0]
         first = layer if sweep.what == "resid" else layer + 1  # the first attention reading it directly
@@ -127,5 +131,6 @@ def qk_correction(model: Any, sweep: Sweep, base: dict, donor_acts: dict) -> tor
             deltas = residual_deltas(model, sweep, layer, act, donor_acts[layer], chunk)
             positions = torch.tensor([p for p, _ in chunk], device=x.device) if sweep.by_position else None
             for later in range(first, sweep.n_layers):
-                out[layer, i:i + len(chunk)] += layer_correction(model, later, deltas, base, positions).float().cpu()
+                fix = layer_correction(model, later, deltas, base, pullbacks[later], positions)
+                out[layer, i:i + len(chunk)] += fix.float().cpu()
     return out.view(sweep.shape)

@@ -53,15 +53,15 @@ def run(model: Any, clean: Any, corrupt: Any, metric: Any = None, answer: Any = 
             from probes.patching.attribution import attribute
             values, clean_value, corrupt_value, forwards = attribute(model, sweep, metric_fn, clean_ids, corrupt_ids,
                                                                      direction, atp_star)
-            engine = None
+            engine = base = donor = None
         else:
             with torch.no_grad():
                 engine, base, donor = traced_engine(model, what, n_layers, base_ids, donor_ids)
-                base_value, donor_value = (float(score(metric_fn, t.logits, 1)) for t in (base, donor))
                 values, forwards = exact(engine, sweep, base, donor, metric_fn, batch)
+            base_value, donor_value = (float(score(metric_fn, t.logits, 1)) for t in (base, donor))
             clean_value, corrupt_value = ((donor_value, base_value) if direction == "denoise"
                                           else (base_value, donor_value))
-            forwards += 2
+            forwards += 2  # the two traced runs
 
     def rerun(index: tuple[int, ...]) -> torch.Tensor:
         layer, pos, head = sweep.cell_of(index)
@@ -71,8 +71,7 @@ def run(model: Any, clean: Any, corrupt: Any, metric: Any = None, answer: Any = 
             return eng.patched(b, d, what, layer, [(pos, head)], 0, False)
 
     return Patching(what=what, by_position=by_position, method=method, direction=direction, metric=metric_fn.name,
-                    clean=clean_value, corrupt=corrupt_value, patched=values, forwards=forwards,
-                    axes=sweep.axes,
+                    clean=clean_value, corrupt=corrupt_value, patched=values, forwards=forwards, axes=sweep.axes,
                     clean_tokens=clean_ids.tolist(), corrupt_tokens=corrupt_ids.tolist(),
                     pieces=pieces(tokenizer, corrupt_ids[0].tolist()), atp_star=atp_star and method == "attribution",
                     _rerun=rerun, _tokenizer=tokenizer)

@@ -3,8 +3,8 @@ rebuilt with --model-code), through its own modules:
 
 - heads: the tap (`models.tap`) finds each attention layer; the last projection (an `nn.Linear`,
   GPT-2's `Conv1D`: a leaf module with a weight matrix) called inside it whose input splits into its
-  heads is the output projection, and a forward pre-hook on it reads and writes each head's z (its input, [batch pos head*d_head] with heads outermost, as every layout
-  concatenates them);
+  heads is the output projection, and a forward pre-hook on it reads and writes each head's z (its
+  input, [batch pos head*d_head] with heads outermost, as every layout concatenates them);
 - attn: a forward hook on the attention module's output;
 - mlp: a forward hook on the output of the attention's sibling with the most parameters that is not
   a norm;
@@ -152,8 +152,8 @@ class TapEngine(EditingEngine):
     def why(self, what: str, layer: int) -> str:
         attn = self.parts.attention[layer]
         if what == "heads":
-            return (f"no projection (nn.Linear) called inside {attn} takes its {self.parts.n_heads} heads' outputs (an output "
-                    "projection called as a function, as nn.MultiheadAttention's, cannot be read)")
+            return (f"no projection (nn.Linear) called inside {attn} takes its {self.parts.n_heads} heads' outputs "
+                    "(an output projection called as a function, as nn.MultiheadAttention's, cannot be read)")
         if what == "mlp":
             return f"no module beside {attn} (other than norms) was called"
         return f"no block was found for layer {layer} ({attn})"
