@@ -83,7 +83,7 @@ class Monitor:
             from train.doctor import LiveDoctor, show_doctor_lines
             self.doctor = LiveDoctor(self.out_dir, diagnose_every)
             show_doctor_lines()
-        self.mirror = mirror_for(writer, self.trainer)  # the user's W&B run / SummaryWriter (train.monitor_wandb)
+        self.mirror = mirror_for(writer, self.trainer, self.out_dir)  # the user's W&B run / SummaryWriter (train.monitor_wandb)
         self._next_step = start_step  # the step number the next optimizer step will be logged under
         self._steps_since_log = 0  # optimizer steps taken since the last log call
         self._captures: dict[int, dict[str, Any]] = {}  # step -> what measuring its update left

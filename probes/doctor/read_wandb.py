@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from probes.doctor.log_file import Log, check_user_tags, kind_of_losses, require_loss, user_tags
+from probes.doctor.read_mirror import MIRROR, RUN_KEY, mirrored_fields, run_facts, with_run_facts
 from probes.doctor.wandb_file import Walk, fields, walk_wandb_records
 from probes.errors import ProbeInputError
 
@@ -37,7 +38,6 @@ RUN_DIR = re.compile(r"^(?:offline-)?run-(\d{8}_\d{6})-([A-Za-z0-9]+)$")
 SUMMARY_FILE, CONFIG_FILE = "files/wandb-summary.json", "files/config.yaml"
 # the run's own step key, by trainer: nanoGPT's train.py, nanochat's scripts, the Trainer's WandbCallback
 STEP_KEYS = {"iter": "nanogpt", "step": "unknown", "train/global_step": "hf"}
-MIRROR = "scratchscope/"  # the Monitor's keys in a W&B run (train.monitor_wandb)
 SOURCE = "the W&B run"  # how the doctor names one, before its folder's name
 W_STEP = "_step"  # W&B's own row counter: the axis only when the run logs none of STEP_KEYS
 WANDB_KEYS = {MIRROR + "grad_norm": "grad_norm",  # the Monitor's mirror (train.monitor_wandb); the user's own wins
@@ -123,8 +123,9 @@ def read_wandb(path: Path, tags: Iterable[str] | dict[str, str] | None = None) -
         if s.walk.damaged or s.bad:
             log.warning("%s: %s", s.folder, s.walk.damaged_text() or f"{s.bad} records that are no protobuf skipped")
     model, train = config_facts(config)
-    return Log(path, source_text(path, segments, step_key, records, summary_only), records, model, train,
-               STEP_KEYS.get(step_key, "unknown"), kind, why, skipped=skipped)
+    found = Log(path, source_text(path, segments, step_key, records, summary_only), records, model, train,
+                STEP_KEYS.get(step_key, "unknown"), kind, why, skipped=skipped)
+    return with_run_facts(found, run_facts(config.get(RUN_KEY)))
 
 
 def segments_of(folder: Path) -> list[Path]:
@@ -213,6 +214,7 @@ def merged(segments: list[Segment], step_key: str, mapping: dict[str, str], summ
                 missing += 1
                 continue
             values = {ours: float(v) for name, ours in mapping.items() if is_number(v := row.get(name))}
+            values = {**mirrored_fields(row), **values}  # the Monitor's readings; the user's own names win
             if values:
                 mine.setdefault(step, {"step": step}).update(values)
         if mine:

@@ -190,10 +190,9 @@ MIN_WINDOW = 3  # logged g/w/u steps in the later half before the Q/K gap is jud
 
 @rule("update_ratio_high", "update_ratio_low", "slow_qk")
 def update_ratios(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
-    logged = [r for r in before_nonfinite(h) if isinstance(r.get("gwu"), dict) and r["gwu"]]
-    if not logged:
+    reports = [report for r in before_nonfinite(h) if (report := update_report(h, r)) is not None]
+    if not reports:
         raise h.not_logged("g/w/u update ratios", "no g/w/u table in metrics.jsonl")
-    reports = [update_report(h, r) for r in logged]
     window = reports[len(reports) // 2:]  # the later half: past the first steps' transients
     medians = later_half_medians(reports)
     findings = [f for f in (ratio_high(reports, medians, t), ratio_low(reports, window, medians, t)) if f]

@@ -9,6 +9,7 @@ import math
 import statistics
 from typing import Any
 
+from probes.doctor.read_mirror import GroupReport
 from probes.doctor.rescues import rewound
 from probes.doctor.run_history import RunHistory, as_float, is_finite
 from probes.doctor.thresholds import DoctorThresholds
@@ -42,12 +43,14 @@ def max_value(raw: Any) -> float:
     return max(values) if values else math.nan
 
 
-def update_report(h: RunHistory, record: dict[str, Any]) -> UpdateReport | None:
+def update_report(h: RunHistory, record: dict[str, Any]) -> UpdateReport | GroupReport | None:
     """The record's g/w/u table as an UpdateReport (built once per record: several rules read it),
-    each parameter's u on makemore's scale for its own optimizer (probes.doctor.update_scale)."""
+    each parameter's u on makemore's scale for its own optimizer (probes.doctor.update_scale); a
+    record read from the Monitor's mirror has the groups' medians alone (already on that scale)."""
     table = record.get("gwu")
     if not isinstance(table, dict) or not table:
-        return None
+        groups = record.get("u_groups")
+        return GroupReport(record["step"], groups) if isinstance(groups, dict) and groups else None
     key = ("gwu", record["step"])
     if key not in h.cache:
         h.cache[key] = UpdateReport.from_table(adjusted_table(h.info, table), step=record["step"],
