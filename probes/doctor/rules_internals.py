@@ -121,7 +121,7 @@ def attn_logit_growth(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
         for head in range(len(heads)):
             pick = lambda r, l=layer, i=head: (lambda vs: vs[i] if i < len(vs) else math.nan)(  # noqa: E731
                 layer_values(r["attn_logit_max"]).get(l, []))
-            hit = ten_fold(records, pick, t.growth_orders)
+            hit = ten_fold(records, pick, t.growth_orders, t.growth_floor)
             peak = max((v for r in records if math.isfinite(v := pick(r))), default=math.nan)
             if hit and peak >= t.attn_logit_max:
                 flagged.append((int(layer), head, hit[0], pick(records[0]), peak, recent_growth(records, pick)))
@@ -166,7 +166,7 @@ def output_logit_growth(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     if not records:
         raise h.not_logged("max output logit", "logit_max is not in metrics.jsonl (a run trained before it was logged)")
     value = lambda r: as_float(r.get("logit_max"))  # noqa: E731
-    hit = ten_fold(records, value, t.growth_orders)
+    hit = ten_fold(records, value, t.growth_orders, t.growth_floor)
     peak = max((v for r in records if math.isfinite(v := value(r))), default=math.nan)
     if not hit or not peak >= t.output_logit_max:
         return []

@@ -165,10 +165,11 @@ def growth_signals(h: RunHistory, t: DoctorThresholds, before: int | None = None
             if hit:
                 found.append((hit[0], key.replace("_", " "), f"+{hit[1] - start:.2f} nats"))
     scalar = lambda key: (lambda r: as_float(r.get(key)))  # noqa: E731
-    for label, value in (("gradient norm", scalar("grad_norm")), ("max |output logit|", scalar("logit_max")),
-                         ("residual rms", lambda r: max_value(r.get("resid_rms"))),
-                         ("max attention logit", lambda r: max_value(r.get("attn_logit_max")))):
-        hit = ten_fold(records, value, t.growth_orders)
+    for label, value, floor in (("gradient norm", scalar("grad_norm"), 0.0),
+                                ("max |output logit|", scalar("logit_max"), t.growth_floor),
+                                ("residual rms", lambda r: max_value(r.get("resid_rms")), t.growth_floor),
+                                ("max attention logit", lambda r: max_value(r.get("attn_logit_max")), t.growth_floor)):
+        hit = ten_fold(records, value, t.growth_orders, floor)
         if hit:
             found.append((hit[0], label, f"{hit[1]:.0f}x"))
     found += entropy_collapse_signal(h, records, t)
@@ -179,12 +180,14 @@ def growth_signals(h: RunHistory, t: DoctorThresholds, before: int | None = None
     return sorted(found, key=lambda s: s[0])
 
 
-def ten_fold(records: list[dict[str, Any]], value: Any, orders: float) -> tuple[int, float] | None:
-    """(step, growth) where value(record) first reached 10**orders times its first positive value."""
+def ten_fold(records: list[dict[str, Any]], value: Any, orders: float, floor: float = 0.0) -> tuple[int, float] | None:
+    """(step, growth) where value(record) first reached 10**orders times its first positive value,
+    or times `floor` where that is larger (a scale the quantity reaches by learning: thresholds.growth_floor)."""
     series = [(r["step"], v) for r in records if math.isfinite(v := value(r))]
     base = next((v for _, v in series if v > 0), None)
     if base is None:
         return None
+    base = max(base, floor)
     return next(((s, v / base) for s, v in series if v >= base * 10 ** orders), None)
 
 
