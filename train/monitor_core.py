@@ -364,8 +364,8 @@ class Monitor:
         self._synced = self._last_written[1] if sync else self._synced
         if self.mirror is not None:
             self.mirror.record(record)
-        if self.doctor is not None:  # a failing signal is diagnosed at once; warnings keep the cadence
-            alarm, due = self.doctor.alarm(record), self.doctor.due(step)
+        if self.doctor is not None:  # a failing signal is diagnosed at once, warnings with their evidence
+            alarm, due = self.doctor.alarm(record), self.doctor.due(step) or self.doctor.evidence(record)
             self.doctor.note(record)
             if due or alarm:
                 found = self.doctor.check(failing_only=not due)
