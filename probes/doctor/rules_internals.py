@@ -305,6 +305,11 @@ def activations(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
             raise NotChecked(f"{why} (run.json)")
         raise h.not_logged("activation health", "no activation health in metrics.jsonl (no eval steps, or a "
                          "run trained before it was logged)")
+    # the init's reading is no training's doing (and a small eval batch leaves many units unlit then):
+    # judged from the first reading after an update on, so an eval at step 0 changes no verdict
+    logged = [r for r in logged if r["step"] > h.first_step]
+    if not logged:
+        return []
     act_fn = h.model.get("act_fn", "relu")  # our configs and older runs: ReLU unless they say; a Monitor's: what it found
     last = {layer: (as_float(s.get("dead")), as_float(s.get("saturated")))
             for layer, s in logged[-1]["activations"].items() if isinstance(s, dict)}
