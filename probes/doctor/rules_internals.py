@@ -193,6 +193,9 @@ def update_ratios(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     reports = [report for r in before_nonfinite(h) if (report := update_report(h, r)) is not None]
     if not reports:
         raise h.not_logged("g/w/u update ratios", "no g/w/u table in metrics.jsonl")
+    reports = after_first_update(h, reports)
+    if not reports:
+        return []  # the run's first update alone: nothing to judge yet
     window = reports[len(reports) // 2:]  # the later half: past the first steps' transients
     medians = later_half_medians(reports)
     findings = [f for f in (ratio_high(reports, medians, t), ratio_low(reports, window, medians, t)) if f]
@@ -201,6 +204,13 @@ def update_ratios(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
                                                         .get("parameters", [])]))
     gap = slow_qk(h, reports, window, t)
     return findings + ([gap] if gap else [])
+
+
+def after_first_update(h: RunHistory, reports: list[Any]) -> list[Any]:
+    """The reports past the run's first logged step: Adam's first update is lr * sign(g) whatever
+    the gradient (its moments hold one step), u = lr / w, an order above its steady value; with it
+    in the later half, a run cut early (the live doctor at eval_every=10) was warned of that alone."""
+    return [r for r in reports if r.step != h.first_step]
 
 
 def stayed_beyond(reports: list[UpdateReport], group: str, beyond: Any) -> int:
