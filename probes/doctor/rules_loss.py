@@ -12,6 +12,7 @@ from probes.doctor.advice import clip_advice, decayed, divergence_fix, lr_text
 from probes.doctor.finding import (MAKEMORE_INIT, MAKEMORE_SPLITS, PASCANU, SERIES_RMSNORM, WORTSMAN, Finding,
                                    NotChecked, rule)
 from probes.doctor.log_file import LOSS_KINDS
+from probes.doctor.loss_events import rate_jump, val_jump
 from probes.doctor.rescues import last_weights_reset
 from probes.doctor.run_history import RunHistory, as_float, is_finite
 from probes.doctor.rescues import rewound
@@ -226,24 +227,6 @@ def rise_in(h: RunHistory, t: DoctorThresholds, signals: list[tuple[int, str, st
         fix=divergence_fix(h), reference=f"{SERIES_RMSNORM}; {WORTSMAN}", page="dynamics")]
 
 
-RATE_JUMP = 2.0  # a logged learning rate this many times the one logged before it: a step, not a schedule
-
-
-def rate_jump(h: RunHistory, series: list[tuple[int, float]], start: int, rise: float) -> tuple[int, float, float] | None:
-    """(step, lr before, lr after) of the last step up of the logged learning rate (RATE_JUMP or
-    more from one record to the next) at or before `start`, where the loss rose past its best, and
-    after the loss had learned (fallen `rise` below its first value: a warmup's ramp, which also
-    doubles the rate from record to record, comes before that); None where there is none."""
-    logged = h.logged_lr()
-    first = series[0][1]
-    learned = next((s for s, v in series if v <= first - rise), None)
-    if learned is None:
-        return None
-    jumps = [(s, before, after) for (_, before), (s, after) in zip(logged, logged[1:])
-             if learned < s <= start and before > 0 and after >= RATE_JUMP * before]
-    return jumps[-1] if jumps else None
-
-
 def before_failure(h: RunHistory, step: int) -> dict[str, Any]:
     """The last finite gradient norm, largest group update ratio and residual rms before `step`."""
     out: dict[str, Any] = {}
@@ -278,16 +261,6 @@ def overfit(h: RunHistory, t: DoctorThresholds) -> tuple[int, float, float, floa
     if last - best < t.overfit_rise or not train_then or not train_now < train_then[-1]:
         return None
     return best_step, best, last, train_then[-1], train_now
-
-
-def val_jump(h: RunHistory, t: DoctorThresholds, val: list[tuple[int, float]], best_step: int) -> bool:
-    """A val loss that jumped several nats (`spike_nats`) between two evals after its best: a run whose
-    weights were thrown off (a rate x170: 2.3 -> 9.0 in one eval), which no memorising does (a
-    model fitting its training text drifts from held-out text: hf_overfit's val rose at most 1.1
-    nats an eval, 4.5 -> 9.5 over eight)."""
-    if h.loss_kind != "cross_entropy":
-        return False
-    return any(after - before >= t.spike_nats for (_, before), (s, after) in zip(val, val[1:]) if s > best_step)
 
 
 @rule("overfitting")
