@@ -211,41 +211,54 @@ def zeroed_heads_repeat_loss(snapshot, heads) -> float:
 
 
 def test_the_doctor_joins_a_collapse_and_a_sink_to_the_loss(tmp_path):
-    """Read from the development.json files beside the snapshots: the hand-set heads' entropy falls at
-    300 as they take their roles (a note); grids of a head that collapses onto the first position (a sink)
-    with the loss bumping meanwhile and no role gained: a warning and a sink note at the same step."""
+    """Read from the development readings the run's records hold, never from the development.json
+    caches a page leaves: caching them changes nothing. The hand-set heads' entropy falls at 300 as
+    they take their roles (a note); a head that collapses onto the first position (a sink) while
+    the loss rises and no role is gained: a warning and a sink note at the same step; the same with
+    the loss falling, or a head that only sharpens: no warning."""
     from models.checkpoint import append_metrics
     from probes.doctor import diagnosis
-    from probes.doctor.rules_development import development_readings
 
     run = save_run(tmp_path / "run", [(s, hand_set(0.0 if s < SWITCHED_ON else 40.0)) for s in range(0, 500, 100)])
-    for step in range(0, 500, 50):
-        append_metrics(run, {"step": step, "train_loss": 3.0})
-    assert [f.code for f in diagnosis.run(run).findings if f.page == "development"] == []  # no readings yet
-    development.run(run, tokens=TOKENS)
-    assert [r["step"] for r in development_readings(run)] == [0, 100, 200, 300, 400]
-    found = {f.code: f for f in diagnosis.run(run).findings if f.page == "development"}
+
+    def write(losses, readings=()):  # metrics.jsonl: a loss every 50 steps, the readings at their steps
+        (run / "metrics.jsonl").unlink(missing_ok=True)
+        at = {r["step"]: r for r in readings}
+        for step in range(0, 550, 50):
+            append_metrics(run, {"step": step, "train_loss": losses(step),
+                                 **({"development": at[step]} if step in at else {})})
+
+    def development_findings():
+        return {f.code: f for f in diagnosis.run(run).findings if f.page == "development"}
+
+    write(lambda step: 3.0)
+    before = diagnosis.run(run).to_dict()
+    readings = development.run(run, tokens=TOKENS).snapshots  # the page's reading: cached beside each snapshot
+    assert sorted(run.glob("step_*/development.json")) and diagnosis.run(run).to_dict() == before
+    write(lambda step: 3.0, readings)
+    found = development_findings()
     assert found["head_entropy_collapse"].severity == "info" and 200 < found["head_entropy_collapse"].step <= SWITCHED_ON
     assert found["head_entropy_collapse"].evidence["with_a_role"] == 2
-    # now the readings say: L0H0 collapses onto position 0 at 300, the loss bumping from 3.0 to 3.5 at 250
-    for path in sorted(run.glob("step_*/development.json")):
-        saved = json.loads(path.read_text())
-        on = saved["reading"]["step"] >= SWITCHED_ON
-        saved["reading"]["entropy"] = [[0.05 if on else 0.9], [0.9]]
-        saved["reading"]["scores"] = {name: [[0.95 if on and name == "sink" else 0.05], [0.05]]
-                                      for name in ("previous_token", "duplicate_token", "induction", "sink",
-                                                   "induction_repeat")}
-        path.write_text(json.dumps(saved))
-    append_metrics(run, {"step": 500, "train_loss": 3.0})
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    records[5]["train_loss"] = 3.5  # step 250
-    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    found = {f.code: f for f in diagnosis.run(run).findings if f.page == "development"}
+
+    def sink_reading(reading, on_entropy):  # L0H0 onto position 0 from 300, no role gained
+        on = reading["step"] >= SWITCHED_ON
+        scores = {name: [[0.95 if on and name == "sink" else 0.05], [0.05]]
+                  for name in ("previous_token", "duplicate_token", "induction", "sink", "induction_repeat")}
+        return {**reading, "entropy": [[on_entropy if on else 0.9], [0.9]], "scores": scores}
+
+    rising = lambda step: 3.0 + 0.01 * (step % 100 == 50) + (0.5 if step >= 250 else 0.0)  # noqa: E731
+    write(rising, [sink_reading(r, 0.05) for r in readings])
+    found = development_findings()
     collapse, sink = found["head_entropy_collapse"], found["sink_forming"]
     # read between the snapshots at 200 and 300 that bracket the switch: half-way, at 250
     assert (collapse.severity, collapse.step, collapse.where) == ("warning", 250, ("L0H0",))
-    assert collapse.evidence["loss_bump"] == pytest.approx(0.5)
+    assert collapse.evidence["loss_bump"] == pytest.approx(0.5)  # after minus before, the noise 0.01
     assert (sink.step, sink.where) == (250, ("L0H0",))
+    falling = lambda step: 2.27 if step < 250 else 2.17  # noqa: E731
+    write(falling, [sink_reading(r, 0.05) for r in readings])
+    assert development_findings()["head_entropy_collapse"].severity == "info"
+    write(rising, [sink_reading(r, 0.7) for r in readings])  # 0.9 -> 0.7: sharper, not collapsed
+    assert "head_entropy_collapse" not in development_findings()
 
 
 def test_the_repetition_run_reads_its_own_text(tmp_path, capsys):

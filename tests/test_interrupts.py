@@ -129,15 +129,21 @@ def test_sigterm_mid_save_finishes_the_save_then_exits_143(nth_save, line, data,
 
 
 def test_deferred_signals_wait_for_the_block_then_reach_the_handler_before():
+    # the handler the block restores is set here: pytest started as a background job (or under
+    # `trap '' INT`) inherits SIGINT ignored, and the test must not depend on how it was started
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     order = []
-    with pytest.raises(KeyboardInterrupt):
-        with raising_signals():
-            with deferred_signals():
-                os.kill(os.getpid(), signal.SIGINT)
-                time.sleep(0.05)  # a handler runs between bytecodes: it would have run by now
-                order.append("block done")
-    assert order == ["block done"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # all restored
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with raising_signals():
+                with deferred_signals():
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(0.05)  # a handler runs between bytecodes: it would have run by now
+                    order.append("block done")
+        assert order == ["block done"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # all restored
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_an_entry_leaves_with_its_code_at_once_and_runs_atexit_unless_stopped(tmp_path):

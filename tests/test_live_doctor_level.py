@@ -87,3 +87,29 @@ def test_a_failure_is_printed_at_the_step_it_is_seen_and_warnings_at_the_cadence
     said = steps_said(rising, tmp_path / "rise", caplog)
     blown = [line for line in said if "divergence" in line]
     assert len(blown) == 1 and said[blown[0]] == 40 and "rising" in blown[0]
+
+
+def test_a_warning_is_printed_when_its_evidence_arrives_not_at_the_next_tick(tmp_path, caplog):
+    """diagnose_every=100 on a 60-step run: the val loss logged with each record (an eval step's
+    evidence) rises from step 25 while the train loss falls: overfitting, printed at the log call
+    that writes record 25 (step 30), not at a diagnosis tick the run never reaches."""
+    import torch
+
+    from train.monitor import Monitor
+
+    model = torch.nn.Linear(8, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    said: dict[str, int] = {}
+    with caplog.at_level(logging.WARNING, logger="train"), \
+            Monitor(model, optimizer, tmp_path / "run", log_every=5, diagnose_every=100, steps=60,
+                    report=False) as monitor:
+        for step in range(1, 61):
+            optimizer.zero_grad()
+            model(torch.ones(2, 8)).square().mean().backward()
+            optimizer.step()
+            val = 3.0 - step / 100 if step < 25 else 2.8 + (step - 20) / 20
+            monitor.log(step, train_loss=3.0 - step / 50, **({"val_loss": val} if step % 5 == 0 else {}))
+            for r in caplog.records:
+                said.setdefault(r.getMessage(), step)
+    overfit = [line for line in said if "overfitting" in line]
+    assert len(overfit) == 1 and said[overfit[0]] == 30, said

@@ -12,8 +12,11 @@ no instability in the stable run.
 
 Where it diverges is chaotic: over ten seeds and twelve inits perturbed by 1e-6 (what another
 CPU's rounding does) the NaN came at steps 240-500 and the doctor had warned in 21 of 22 runs,
-10 to 280 steps ahead; the seeds below warn 80 (nanoGPT) and 140 (GPT-2) steps ahead, and
-still did under every perturbation tried.
+10 to 280 steps ahead. A warning that exists on one machine and not on another is not a
+measurement, so the early-warning test asserts on cases with a margin: GPT-2 at seed 2 warned 140
+steps ahead on one machine and not at all on another (NaN at 440); at seed 3 its first warning
+(the loss rising, step 220) comes 310 steps before the NaN (530), more than the spread of the
+NaN's step under perturbation; nanoGPT at seed 1 warns 80 steps ahead (at seed 2: 220).
 """
 
 from __future__ import annotations
@@ -117,7 +120,7 @@ def val_losses(out: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["val_loss"]) for r in read_metrics(out) if r.get("val_loss") is not None]
 
 
-@pytest.mark.parametrize("kind, seed", [("nanogpt", 1), ("hf_gpt2", 2)])
+@pytest.mark.parametrize("kind, seed", [("nanogpt", 1), ("hf_gpt2", 3)])
 def test_a_late_divergence_is_warned_of_before_it_happens(tmp_path, shakespeare, kind, seed):
     out = train(kind, tmp_path / "run", shakespeare, DIVERGING_LR, seed)
     result = diagnose.run(out)

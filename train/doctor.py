@@ -1,5 +1,6 @@
-"""The run doctor during training: `--diagnose-every N` reads the run so far every N steps and
-prints each new finding once; a failing signal (a non-finite loss, a loss blown up a nat above its
+"""The run doctor during training: `--diagnose-every N` reads the run so far every N steps, and at
+each record that brings an eval step's readings (what most rules judge), and prints each new finding
+once, at the step its evidence arrived; a failing signal (a non-finite loss, a loss blown up a nat above its
 best) is diagnosed at the record that shows it, off the cadence, and its divergence printed then;
 when training stops (finished, interrupted or diverged) the whole diagnosis is printed. The
 findings come from `probes.diagnose`, on what training just logged."""
@@ -19,7 +20,10 @@ from probes.doctor.thresholds import DoctorThresholds
 
 log = logging.getLogger("train")
 
-__all__ = ["LiveDoctor", "show_doctor_lines"]
+__all__ = ["EVIDENCE", "LiveDoctor", "show_doctor_lines"]
+
+# what an eval step logs besides the loss (train.records, the Monitor's readings): new evidence for the rules
+EVIDENCE = ("val_loss", "attn_entropy", "attn_logit_max", "resid_rms", "logit_max", "activations")
 
 
 def finding_line(f: Finding) -> str:
@@ -61,6 +65,12 @@ class LiveDoctor:
                 if value > self.best[key] + rise:
                     return True
         return False
+
+    def evidence(self, record: dict[str, Any]) -> bool:
+        """Whether a record brings readings the rules judge beyond the train loss (an eval step's val
+        loss and the model's internals): the run is diagnosed at that record, so that a finding is
+        printed at the step its evidence arrived, not at the next diagnosis tick."""
+        return self.every > 0 and any(key in record for key in EVIDENCE)
 
     def note(self, record: dict[str, Any]) -> None:
         """A record written: its finite losses join the run's level that alarm() judges against."""

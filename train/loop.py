@@ -166,11 +166,14 @@ def run_steps(state: TrainState) -> None:
                     record["grad_norm"] = grad_norm
                     record = write_record(state, record, eval_now, first_bad=int(first_bad),
                                           rescue=plan.record if plan else None)
-                    if state.doctor is not None:  # a blow-up said now (a divergence stops the run: on_divergence)
-                        alarm = "diverged" not in record and state.doctor.alarm(record) and not state.doctor.due(state.step)
+                    if state.doctor is not None:  # a blow-up said now (a divergence stops the run: on_divergence),
+                        # a warning at the eval step that brought its evidence
+                        due = state.doctor.due(state.step)
+                        alarm = "diverged" not in record and state.doctor.alarm(record) and not due
+                        evidence = state.doctor.evidence(record) and not due
                         state.doctor.note(record)
-                        if alarm:
-                            state.doctor.check(failing_only=True)
+                        if alarm or evidence:
+                            state.doctor.check(failing_only=not evidence)
                 loss_sum.zero_()
                 n = 0
                 if plan is not None and state.guard.act(plan)["action"] in ("rewind", "skip"):  # all ranks alike

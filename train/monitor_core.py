@@ -84,7 +84,7 @@ class Monitor:
             from train.doctor import LiveDoctor, show_doctor_lines
             self.doctor = LiveDoctor(self.out_dir, diagnose_every)
             show_doctor_lines()
-        self.mirror = mirror_for(writer)  # the user's W&B run / SummaryWriter (train.monitor_wandb)
+        self.mirror = mirror_for(writer, self.out_dir)  # the user's W&B run / SummaryWriter (train.monitor_wandb)
         self._next_step = start_step  # the step number the next optimizer step will be logged under
         self._steps_since_log = 0  # optimizer steps taken since the last log call
         self._captures: dict[int, dict[str, Any]] = {}  # step -> what measuring its update left
@@ -389,8 +389,8 @@ class Monitor:
         self._synced = time.perf_counter() if sync else self._synced
         if self.mirror is not None:
             self.mirror.record(record)
-        if self.doctor is not None:  # a failing signal is diagnosed at once; warnings keep the cadence
-            alarm, due = self.doctor.alarm(record), self.doctor.due(step)
+        if self.doctor is not None:  # a failing signal is diagnosed at once, warnings with their evidence
+            alarm, due = self.doctor.alarm(record), self.doctor.due(step) or self.doctor.evidence(record)
             self.doctor.note(record)
             if due or alarm:
                 found = self.doctor.check(failing_only=not due)

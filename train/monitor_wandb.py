@@ -23,42 +23,47 @@ the user's own import put it, so a run without it pays one dictionary look-up pe
 
 from __future__ import annotations
 
+import json
 import logging
 import math
-import re
 import sys
 from functools import wraps
+from pathlib import Path
 from typing import Any, Callable
 
-from probes.doctor.read_wandb import MIRROR, MIRROR_STEP
-from probes.update_report import UpdateReport
+from models.store.run import list_snapshots, read_run_json, snapshot_step
+
+from probes.doctor.read_mirror import MIRROR, RUN_KEY, key_part
+from probes.doctor.read_wandb import MIRROR_STEP
+from probes.doctor.update_scale import adjusted_table
+from probes.update_report import UpdateReport, layout_groups_of
 
 log = logging.getLogger("train.monitor")
 
 __all__ = ["Mirror", "mirror_for", "readings"]
 
-def key_part(name: Any) -> str:
-    """A parameter group or layer name as one part of a W&B key: 'attention Q/K' -> 'attention_q_k'."""
-    return re.sub(r"[^0-9A-Za-z_.]+", "_", str(name)).strip("_").lower()
 
 
 def finite_or_nan(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
 
 
-def readings(record: dict[str, Any]) -> dict[str, float]:
+def readings(record: dict[str, Any], info: dict[str, Any] | None = None) -> dict[str, float]:
     """The mirrored numbers of one metrics record: the update ratio per parameter group (median
-    log10 u), attention entropy per layer (mean over heads, nats), the largest attention and
-    output logits, residual rms per layer, dead and saturated units per activation, our gradient
-    norm. None of the user's own numbers (loss, lr: they log those themselves)."""
+    log10 u, each parameter on its optimizer's scale and in its group as run.json `info` says: what
+    the doctor's update rules judge), attention entropy per layer (mean over heads, nats) and per
+    head, the largest attention logit per layer and per head, the largest output logit, residual
+    rms per layer, dead and saturated units per activation, our gradient norm. None of the user's
+    own numbers (loss, lr: they log those themselves). probes.doctor.read_mirror reads them back."""
     out: dict[str, float] = {}
     if "grad_norm" in record:
         out[MIRROR + "grad_norm"] = finite_or_nan(record["grad_norm"])
     table = record.get("gwu")
     if isinstance(table, dict) and table:
-        for group, info in UpdateReport.from_table(table).groups.items():
-            if info.get("median_log10_u") is not None:
-                out[f"{MIRROR}update_log10_u/{key_part(group)}"] = float(info["median_log10_u"])
+        report = UpdateReport.from_table(adjusted_table(info or {}, table), layout_groups=layout_groups_of(info))
+        for group, stats in report.groups.items():
+            if stats.get("median_log10_u") is not None:
+                out[f"{MIRROR}update_log10_u/{key_part(group)}"] = float(stats["median_log10_u"])
     for name in ("attn_entropy", "attn_logit_max"):
         per_layer = record.get(name)
         if isinstance(per_layer, dict):
@@ -67,6 +72,8 @@ def readings(record: dict[str, Any]) -> dict[str, float]:
                 if values:
                     value = sum(values) / len(values) if name == "attn_entropy" else max(values)
                     out[f"{MIRROR}{name}/layer_{key_part(layer)}"] = value
+                if len(values) > 1:  # each head too: the doctor judges heads (one head: the layer's is its own)
+                    out.update({f"{MIRROR}{name}/layer_{key_part(layer)}/head_{i}": v for i, v in enumerate(values)})
     if "logit_max" in record:
         out[MIRROR + "logit_max"] = finite_or_nan(record["logit_max"])
     if isinstance(record.get("resid_rms"), dict):
@@ -95,7 +102,7 @@ def guarded(method: Callable[..., None]) -> Callable[..., None]:
     return call
 
 
-def mirror_for(writer: Any) -> Mirror | None:
+def mirror_for(writer: Any, out_dir: Path | None = None) -> Mirror | None:
     """A Mirror when there is somewhere to write: a writer given, or wandb imported by the user
     (whose run may start later); else None, and the Monitor pays nothing."""
     if writer is not None and not callable(getattr(writer, "add_scalar", None)):
@@ -103,14 +110,15 @@ def mirror_for(writer: Any) -> Mirror | None:
                          f"got {type(writer).__name__}")
     if writer is None and "wandb" not in sys.modules:
         return None
-    return Mirror(writer)
+    return Mirror(writer, out_dir)
 
 
 class Mirror:
     """Writes each record's readings, the doctor's findings and the guard's rescues."""
 
-    def __init__(self, writer: Any):
-        self.writer = writer
+    def __init__(self, writer: Any, out_dir: Path | None = None):
+        self.writer, self.out_dir = writer, out_dir
+        self.info: dict[str, Any] | None = None  # run.json, read at the first record: the doctor's facts
         self.defined: set[str] = set()
         self.alerted: set[Any] = set()  # what was alerted: a finding's code, a rescue's (action, step)
         self.best_loss = math.inf  # the early-warning signal: how far the loss is above its best
@@ -146,7 +154,9 @@ class Mirror:
             self.best_loss = min(self.best_loss, loss)
         if self.writer is None and self.wandb_run() is None:  # wandb imported, no run (yet): nothing to do
             return
-        values = readings(record)
+        if self.info is None:
+            self.send_facts()
+        values = readings(record, self.info)
         if number:
             if math.isfinite(self.best_loss):
                 values[MIRROR + "loss_above_best"] = float(loss) - self.best_loss if math.isfinite(loss) else math.inf
@@ -199,10 +209,28 @@ class Mirror:
         if run is not None and wandb is not None:
             run.alert(title=f"scratchscope {title}", text=text, level=getattr(wandb.AlertLevel, level), wait_duration=0)
 
+    def send_facts(self) -> None:
+        """run.json (and the snapshot steps saved so far) under scratchscope/run: the W&B run's config,
+        a TensorBoard text; what the doctor reads of the run besides its records (its model's
+        context and vocabulary, its optimizer, whose trainer), so that it judges it as from the folder."""
+        if self.out_dir is None:
+            self.info = {}
+            return
+        info = read_run_json(self.out_dir) or {}
+        facts = {**info, "snapshot_steps": [s for p in list_snapshots(self.out_dir)
+                                            if (s := snapshot_step(p)) is not None]}
+        self.info = info
+        if self.writer is not None:
+            self.writer.add_text(RUN_KEY, json.dumps(facts), global_step=0)
+        run = self.to_wandb()
+        if run is not None:
+            run.config.update({RUN_KEY: facts}, allow_val_change=True)
+
     @guarded
     def close(self, diagnosis: Any) -> None:
-        """The run's end: the closing findings alerted, the verdict put in the summary (our last
-        readings reach W&B with the user's next row, or when their run finishes)."""
+        """The run's end: run.json as it ends, the closing findings alerted, the verdict put in the
+        summary (our last readings reach W&B with the user's next row, or when their run finishes)."""
+        self.send_facts()  # the snapshots saved since, what the Monitor measured into run.json
         run = self.to_wandb()
         if diagnosis is not None:
             self.findings(diagnosis.above_info())

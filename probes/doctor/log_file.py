@@ -37,6 +37,7 @@ class Log:
     skipped: int = 0  # damaged or unreadable records left out (each file's warning says which)
     formats: dict[str, int] = field(default_factory=dict)  # a printed log's step lines of each trainer's
     # format, the one read first ({"llm.c": 40, "nanoGPT": 40}: probes.doctor.sources says it mixes them)
+    info: dict[str, Any] | None = None  # run.json, where the Monitor mirrored it (probes.doctor.read_mirror)
 
 
 # What a loss that is not a next-token cross-entropy is judged by (probes.doctor.rules_loss):

@@ -20,6 +20,7 @@ from typing import Any, Iterable
 
 from probes.doctor.log_file import (Log, check_not_lfs_pointer, check_user_tags, kind_of_losses, merge_steps,
                                     require_loss, user_tags)
+from probes.doctor.read_mirror import MIRROR, RUN_KEY, mirrored_fields, run_facts, with_run_facts
 from probes.doctor.tfrecord import Damage, walk_records
 from probes.errors import ProbeInputError
 
@@ -65,27 +66,41 @@ def find_event_folder(folder: Path, levels: int = SUBFOLDER_DEPTH) -> Path | Non
 def read_tensorboard(path: Path, tags: Iterable[str] | dict[str, str] | None = None) -> Log:
     """The scalars of a folder of event files (or of one event file) as a Log."""
     given = user_tags(tags)
-    series, skipped = read_scalars(path)
+    texts: dict[str, str] = {}
+    series, skipped = read_scalars(path, texts)
     check_user_tags(path, given, series, "TensorBoard tag")
     mapping = {**TENSORBOARD_TAGS, **{t: "lr" for t in series if t.startswith("lr-")}}
     if any(t.endswith("_step") and mapping.get(t) for t in series):  # per-step values: not the epochs'
         mapping = {t: ours for t, ours in mapping.items() if not t.endswith("_epoch")}
     mapping.update(given)
     # later tags in the mapping overwrite earlier ones at a step: the user's --tag wins
-    records = merge_steps((step, {ours: value}) for tag, ours in mapping.items() if tag in series
-                          for step, value in series[tag])
+    records = merge_steps([*mirrored_steps(series),
+                           *((step, {ours: value}) for tag, ours in mapping.items() if tag in series
+                             for step, value in series[tag])])
     require_loss(path, records, series, "TensorBoard tags")
     lightning = any(t in series for t in LIGHTNING_MARKS) or any(t.endswith(("_step", "_epoch")) for t in series)
     kind, why = kind_of_losses(records, series)
-    return Log(path, SOURCE, records, trainer="lightning" if lightning else "unknown", loss_kind=kind,
-               loss_kind_why=why, skipped=skipped)
+    found = Log(path, SOURCE, records, trainer="lightning" if lightning else "unknown", loss_kind=kind,
+                loss_kind_why=why, skipped=skipped)
+    return with_run_facts(found, run_facts(texts.get(RUN_KEY)))
 
 
-def read_scalars(path: Path) -> tuple[dict[str, list[tuple[int, float]]], int]:
+def mirrored_steps(series: dict[str, list[tuple[int, float]]]) -> list[tuple[int, dict[str, Any]]]:
+    """The Monitor's scratchscope/* scalars (train.monitor_wandb) as metrics.jsonl fields, per step."""
+    rows: dict[int, dict[str, float]] = {}
+    for tag, values in series.items():
+        if tag.startswith(MIRROR):
+            for step, value in values:
+                rows.setdefault(step, {})[tag] = value
+    return [(step, mirrored_fields(row)) for step, row in sorted(rows.items())]
+
+
+def read_scalars(path: Path, texts: dict[str, str] | None = None) -> tuple[dict[str, list[tuple[int, float]]], int]:
     """({tag: [(step, value)]} of every scalar in the events, records skipped as damaged), the
     files read in name order (their names start with the time they were opened). A damaged record
     is skipped and the rest read (tfrecord.walk_records), with one warning per file saying what
-    was lost; one-line errors for what cannot be read at all."""
+    was lost; one-line errors for what cannot be read at all. `texts` gets the Monitor's text
+    summaries (its run.json: probes.doctor.read_mirror), the last of each tag."""
     files = [path] if path.is_file() else event_files(path)
     for file in files:
         check_not_lfs_pointer(file)
@@ -95,7 +110,7 @@ def read_scalars(path: Path) -> tuple[dict[str, list[tuple[int, float]]], int]:
     for file in files:
         damage = Damage()
         try:
-            read_file_scalars(file, event_pb2, found, damage)
+            read_file_scalars(file, event_pb2, found, damage, texts)
         except OSError as err:
             raise ProbeInputError(f"{file}: cannot read the events ({err.strerror or err})") from None
         if damage.records == 0 and damage.any:
@@ -114,7 +129,8 @@ def read_scalars(path: Path) -> tuple[dict[str, list[tuple[int, float]]], int]:
     return found, skipped
 
 
-def read_file_scalars(file: Path, event_pb2: Any, found: dict[str, list[tuple[int, float]]], damage: Damage) -> None:
+def read_file_scalars(file: Path, event_pb2: Any, found: dict[str, list[tuple[int, float]]], damage: Damage,
+                      texts: dict[str, str] | None = None) -> None:
     """One event file's scalars added to `found`; a restart drops what it makes stale, as
     TensorBoard does: a SessionLog.START (file version 2) drops every tag's later steps, a step
     going back (older files) the later steps of the tags it logs."""
@@ -133,6 +149,19 @@ def read_file_scalars(file: Path, event_pb2: Any, found: dict[str, list[tuple[in
             newest = event.step
         for tag, value in values.items():
             found.setdefault(tag, []).append((event.step, value))
+        if texts is not None:
+            texts.update(mirrored_texts(event, plugins))
+
+
+def mirrored_texts(event: Any, plugins: dict[str, str]) -> dict[str, str]:
+    """{tag: text} of the Monitor's text summaries in an event (SummaryWriter.add_text appends
+    '/text_summary' to the tag)."""
+    out = {}
+    for v in event.summary.value:
+        tag = v.tag.removesuffix("/text_summary")
+        if tag.startswith(MIRROR) and plugins.get(v.tag) == "text" and v.tensor.string_val:
+            out[tag] = v.tensor.string_val[0].decode("utf-8", "replace")
+    return out
 
 
 def parse_event(event_pb2: Any, data: bytes) -> Any:

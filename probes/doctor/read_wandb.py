@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from probes.doctor.log_file import Log, check_user_tags, kind_of_losses, require_loss, user_tags
+from probes.doctor.read_mirror import MIRROR, RUN_KEY, mirrored_fields, run_facts, with_run_facts
 from probes.doctor.wandb_file import Walk, message_fields, walk_wandb_records
 from probes.errors import ProbeInputError
 
@@ -37,7 +38,6 @@ RUN_DIR = re.compile(r"^(?:offline-)?run-(\d{8}_\d{6})-([A-Za-z0-9]+)$")
 SUMMARY_FILE, CONFIG_FILE = "files/wandb-summary.json", "files/config.yaml"
 # the run's own step key, by trainer: nanoGPT's train.py, nanochat's scripts, the Trainer's WandbCallback
 STEP_KEYS = {"iter": "nanogpt", "step": "unknown", "train/global_step": "hf"}
-MIRROR = "scratchscope/"  # the Monitor's keys in a W&B run (train.monitor_wandb)
 MIRROR_STEP = MIRROR + "step"  # the Monitor's step of the mirror's keys in a row: they join the user's rows
 SOURCE = "the W&B run"  # how the doctor names one, before its folder's name
 W_STEP = "_step"  # W&B's own row counter: the axis only when the run logs none of STEP_KEYS
@@ -125,8 +125,9 @@ def read_wandb(path: Path, tags: Iterable[str] | dict[str, str] | None = None) -
         if s.walk.damaged or s.bad:
             log.warning("%s: %s", s.folder, s.walk.damaged_text() or f"{s.bad} records that are no protobuf skipped")
     model, train = config_facts(config)
-    return Log(path, source_text(path, segments, step_key, records, summary_only), records, model, train,
-               STEP_KEYS.get(step_key, "unknown"), kind, why, skipped=skipped)
+    found = Log(path, source_text(path, segments, step_key, records, summary_only), records, model, train,
+                STEP_KEYS.get(step_key, "unknown"), kind, why, skipped=skipped)
+    return with_run_facts(found, run_facts(config.get(RUN_KEY)))
 
 
 def segments_of(folder: Path) -> list[Path]:
@@ -212,11 +213,13 @@ def merged(segments: list[Segment], step_key: str, mapping: dict[str, str], summ
         rows = [segment.summary] if summary_only else segment.rows
         mine: dict[int, dict[str, Any]] = {}
         for row in rows:
-            for step, names in row_steps(row, step_key, mapping):
+            for step, names, mirrored in row_steps(row, step_key, mapping):
                 if step is None:
                     missing += 1
                     continue
                 values = {ours: float(v) for name, ours in names.items() if is_number(v := row.get(name))}
+                if mirrored:  # the Monitor's readings at their own step; the user's own names win
+                    values = {**mirrored_fields(row), **values}
                 if values:
                     mine.setdefault(step, {"step": step}).update(values)
         if mine:
@@ -228,16 +231,18 @@ def merged(segments: list[Segment], step_key: str, mapping: dict[str, str], summ
     return [by_step[s] for s in sorted(by_step)]
 
 
-def row_steps(row: dict[str, Any], step_key: str, mapping: dict[str, str]) -> list[tuple[int | None, dict[str, str]]]:
-    """A row's (step, names read at it): the Monitor's keys at its own step where the row holds it
-    (they join whichever row the user logs, train.monitor_wandb), the user's at their step key."""
+def row_steps(row: dict[str, Any], step_key: str,
+              mapping: dict[str, str]) -> list[tuple[int | None, dict[str, str], bool]]:
+    """A row's (step, names read at it, whether the Monitor's readings are at that step): the Monitor's
+    keys at its own step where the row holds it (they join whichever row the user logs,
+    train.monitor_wandb), the user's at their step key; an older mirror's rows: all at the user's."""
     if MIRROR_STEP not in row:
-        return [(step_of(row.get(step_key)), mapping)]
+        return [(step_of(row.get(step_key)), mapping, True)]
     ours = {name: v for name, v in mapping.items() if name.startswith(MIRROR)}
     theirs = {name: v for name, v in mapping.items() if not name.startswith(MIRROR)}
-    out = [(step_of(row[MIRROR_STEP]), ours)]
+    out = [(step_of(row[MIRROR_STEP]), ours, True)]
     if step_key in row or any(name in row for name in theirs):
-        out.append((step_of(row.get(step_key)), theirs))
+        out.append((step_of(row.get(step_key)), theirs, False))
     return out
 
 

@@ -38,15 +38,15 @@ def resid_rms_growth(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     records = [r for r in before_nonfinite(h) if r.get("resid_rms")]
     if not records:
         return []  # the growth rules that read the same eval steps say what was not logged
-    hit = ten_fold(records, largest_rms, t.growth_orders)
+    hit = ten_fold(records, largest_rms, t.growth_orders, t.growth_floor)
     if not hit:
         return []
     start, peak = largest_rms(records[0]), max(v for r in records if math.isfinite(v := largest_rms(r)))
     latest = recent_growth(records, largest_rms)
-    growing = latest >= t.level_growth or peak >= start * 10 ** (2 * t.growth_orders)
+    growing = latest >= t.level_growth or peak >= max(start, t.growth_floor) * 10 ** (2 * t.growth_orders)
     layers = [l for l in sorted(layer_values(records[-1]["resid_rms"]), key=lambda l: (len(l), l))
               if ten_fold(records, lambda r, l=l: (layer_values(r["resid_rms"]).get(l) or [math.nan])[0],
-                          t.growth_orders)]  # the layers that grew ten-fold themselves
+                          t.growth_orders, t.growth_floor)]  # the layers that grew ten-fold themselves
     title = f"the residual stream's rms grew {peak / start:.3g}x, from {start:.3g} to {peak:.3g}"
     return [Finding(
         "resid_rms_growth", "warning" if growing else "info",

@@ -121,7 +121,7 @@ def attn_logit_growth(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
         for head in range(len(heads)):
             pick = lambda r, l=layer, i=head: (lambda vs: vs[i] if i < len(vs) else math.nan)(  # noqa: E731
                 layer_values(r["attn_logit_max"]).get(l, []))
-            hit = ten_fold(records, pick, t.growth_orders)
+            hit = ten_fold(records, pick, t.growth_orders, t.growth_floor)
             peak = max((v for r in records if math.isfinite(v := pick(r))), default=math.nan)
             if hit and peak >= t.attn_logit_max:
                 flagged.append((int(layer), head, hit[0], pick(records[0]), peak, recent_growth(records, pick)))
@@ -166,7 +166,7 @@ def output_logit_growth(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     if not records:
         raise h.not_logged("max output logit", "logit_max is not in metrics.jsonl (a run trained before it was logged)")
     value = lambda r: as_float(r.get("logit_max"))  # noqa: E731
-    hit = ten_fold(records, value, t.growth_orders)
+    hit = ten_fold(records, value, t.growth_orders, t.growth_floor)
     peak = max((v for r in records if math.isfinite(v := value(r))), default=math.nan)
     if not hit or not peak >= t.output_logit_max:
         return []
@@ -190,10 +190,12 @@ MIN_WINDOW = 3  # logged g/w/u steps in the later half before the Q/K gap is jud
 
 @rule("update_ratio_high", "update_ratio_low", "slow_qk")
 def update_ratios(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
-    logged = [r for r in before_nonfinite(h) if isinstance(r.get("gwu"), dict) and r["gwu"]]
-    if not logged:
+    reports = [report for r in before_nonfinite(h) if (report := update_report(h, r)) is not None]
+    if not reports:
         raise h.not_logged("g/w/u update ratios", "no g/w/u table in metrics.jsonl")
-    reports = [update_report(h, r) for r in logged]
+    reports = after_first_update(h, reports)
+    if not reports:
+        return []  # the run's first update alone: nothing to judge yet
     window = reports[len(reports) // 2:]  # the later half: past the first steps' transients
     medians = later_half_medians(reports)
     findings = [f for f in (ratio_high(reports, medians, t), ratio_low(reports, window, medians, t)) if f]
@@ -202,6 +204,13 @@ def update_ratios(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
                                                         .get("parameters", [])]))
     gap = slow_qk(h, reports, window, t)
     return findings + ([gap] if gap else [])
+
+
+def after_first_update(h: RunHistory, reports: list[Any]) -> list[Any]:
+    """The reports past the run's first logged step: Adam's first update is lr * sign(g) whatever
+    the gradient (its moments hold one step), u = lr / w, an order above its steady value; with it
+    in the later half, a run cut early (the live doctor at eval_every=10) was warned of that alone."""
+    return [r for r in reports if r.step != h.first_step]
 
 
 def stayed_beyond(reports: list[UpdateReport], group: str, beyond: Any) -> int:
@@ -306,6 +315,11 @@ def activations(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
             raise NotChecked(f"{why} (run.json)")
         raise h.not_logged("activation health", "no activation health in metrics.jsonl (no eval steps, or a "
                          "run trained before it was logged)")
+    # the init's reading is no training's doing (and a small eval batch leaves many units unlit then):
+    # judged from the first reading after an update on, so an eval at step 0 changes no verdict
+    logged = [r for r in logged if r["step"] > h.first_step]
+    if not logged:
+        return []
     act_fn = h.model.get("act_fn", "relu")  # our configs and older runs: ReLU unless they say; a Monitor's: what it found
     last = {layer: (as_float(s.get("dead")), as_float(s.get("saturated")))
             for layer, s in logged[-1]["activations"].items() if isinstance(s, dict)}

@@ -12,6 +12,7 @@ from probes.doctor.advice import clip_advice, decayed, divergence_fix, lr_text
 from probes.doctor.finding import (MAKEMORE_INIT, MAKEMORE_SPLITS, PASCANU, SERIES_RMSNORM, WORTSMAN, Finding,
                                    NotChecked, rule)
 from probes.doctor.log_file import LOSS_KINDS
+from probes.doctor.loss_events import rate_jump, val_jump
 from probes.doctor.rescues import last_weights_reset
 from probes.doctor.run_history import RunHistory, as_float, is_finite
 from probes.doctor.rescues import rewound
@@ -197,23 +198,32 @@ def rise_in(h: RunHistory, t: DoctorThresholds, signals: list[tuple[int, str, st
     if last - best < rise or last_step <= best_step:
         return []
     start = next(s for s, v in series if s > best_step and v - best >= rise)
-    warning = signals[0][0] if signals else start
+    event = rate_jump(h, series, start, rise)  # the rate stepped up before the loss turned: the cause, and its step
+    warning = event[0] if event else signals[0][0] if signals else start
     d_vocab = h.model.get("d_vocab")
     uniform = math.log(d_vocab) if isinstance(d_vocab, int) and d_vocab > 1 and h.loss_kind == "cross_entropy" \
         else math.inf
-    lost_all = ended(h) and (last > first or last > uniform)
-    above = f"its first value {first:.2f}" if last > first else f"ln({d_vocab}) = {uniform:.2f}, a uniform guess"
-    title = (f"the run diverged: the {name} ended at {last:.2f} (step {last_step}), above {above} "
+    # back at the untrained model's level (within the uniform rule's margin of ln(vocab)): destroyed
+    untrained = uniform - t.uniform_margin * uniform
+    lost_all = ended(h) and (last > first or last > untrained)
+    above = f"its first value {first:.2f}" if last > first else \
+        f"ln({d_vocab}) = {uniform:.2f}, a uniform guess" if last > uniform else \
+        f"the untrained model's level, ln({d_vocab}) = {uniform:.2f}"
+    title = (f"the run diverged: the {name} ended at {last:.2f} (step {last_step}), "
+             f"{'above' if last > uniform or last > first else 'back at'} {above} "
              f"(best {best:.2f} at step {best_step})") if lost_all else \
         f"the {name} is rising: {best:.2f} at step {best_step} -> {last:.2f} at step {last_step}"
+    rate = {"lr_jump_step": event[0], "lr_before": event[1], "lr_after": event[2]} if event else {}
     return [Finding(
-        "divergence", "failed" if lost_all else "warning", title, step=start,
+        "divergence", "failed" if lost_all else "warning", title, step=event[0] if event else start,
         warning_step=min(warning, start), where=(name,),
         evidence={"first_loss": first, "best_loss": best, "best_step": best_step, "last_loss": last,
-                  "rise_nats": last - best,
+                  "rise_nats": last - best, **rate,
                   "signals": "; ".join(f"{label} at step {s} ({by})" for s, label, by in signals[:4]) or "-",
                   **before_failure(h, last_step + 1)},
-        cause="the updates are too large for the loss surface: each step overshoots",
+        cause=(f"the learning rate went from {event[1]:.3g} to {event[2]:.3g} (x{event[2] / event[1]:.3g}) at "
+               f"step {event[0]}, where the loss turned: the updates became too large for the loss surface"
+               if event else "the updates are too large for the loss surface: each step overshoots"),
         fix=divergence_fix(h), reference=f"{SERIES_RMSNORM}; {WORTSMAN}", page="dynamics")]
 
 
@@ -244,6 +254,8 @@ def overfit(h: RunHistory, t: DoctorThresholds) -> tuple[int, float, float, floa
         raise NotChecked(f"not enough data{since}: fewer than 3 eval steps with a val loss")
     best_step, best = min(val, key=lambda sv: sv[1])
     last = val[-1][1]
+    if val_jump(h, t, val, best_step):
+        return None  # the divergence rule's, never memorising
     train_then = [v for s, v in train if s <= best_step] or [v for s, v in train[:1]]
     train_now = train[-1][1] if train else math.nan
     if last - best < t.overfit_rise or not train_then or not train_now < train_then[-1]:

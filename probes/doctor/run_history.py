@@ -81,6 +81,7 @@ class RunHistory:
     skipped: int = 0  # malformed records of metrics.jsonl left out (each warned about with its line)
     loss_kind: str = "cross_entropy"  # what the loss is (probes.doctor.log_file.LOSS_KINDS)
     loss_kind_why: str = ""
+    monitored: bool = False  # a foreign log holding the Monitor's mirrored readings and run.json
 
     @classmethod
     def read(cls, path: str | Path | None, upto: int | None = None, log: str | Path | None = None,
@@ -93,9 +94,14 @@ class RunHistory:
 
     @classmethod
     def from_log(cls, log: Log, upto: int | None = None) -> RunHistory:
+        """A foreign log's history; one the Monitor mirrored into (W&B, TensorBoard) with the
+        run.json it mirrored, so that it reads as the run folder does."""
         kept = cut_at(log.path, log.records, upto)
-        return cls(log.path, kept, {"train": log.train}, log.model, [], upto, log.source, log.trainer,
-                   skipped=log.skipped, loss_kind=log.loss_kind, loss_kind_why=log.loss_kind_why)
+        info = {**log.info, "train": log.train, "model": log.model} if log.info is not None else {"train": log.train}
+        steps = info.get("snapshot_steps") if isinstance(info.get("snapshot_steps"), list) else []
+        steps = [s for s in steps if isinstance(s, int) and (upto is None or s <= upto)]
+        return cls(log.path, kept, info, log.model, steps, upto, log.source, log.trainer, skipped=log.skipped,
+                   loss_kind=log.loss_kind, loss_kind_why=log.loss_kind_why, monitored=log.info is not None)
 
     @classmethod
     def read_run(cls, run_dir: str | Path, upto: int | None = None) -> RunHistory:
@@ -173,8 +179,9 @@ class RunHistory:
 
     @property
     def foreign(self) -> bool:
-        """Read from another trainer's log (which logs no model internals), not from metrics.jsonl."""
-        return self.source != OURS
+        """Read from another trainer's log (which logs no model internals), not from metrics.jsonl
+        nor from the W&B or TensorBoard run the Monitor mirrored its readings into."""
+        return self.source != OURS and not self.monitored
 
     def flag(self, ours: str) -> str:
         """A `python -m train` flag as this run's trainer spells the same setting."""

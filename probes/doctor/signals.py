@@ -9,6 +9,7 @@ import math
 import statistics
 from typing import Any
 
+from probes.doctor.read_mirror import GroupReport
 from probes.doctor.rescues import rewound
 from probes.doctor.run_history import RunHistory, as_float, is_finite
 from probes.doctor.thresholds import DoctorThresholds
@@ -42,12 +43,14 @@ def max_value(raw: Any) -> float:
     return max(values) if values else math.nan
 
 
-def update_report(h: RunHistory, record: dict[str, Any]) -> UpdateReport | None:
+def update_report(h: RunHistory, record: dict[str, Any]) -> UpdateReport | GroupReport | None:
     """The record's g/w/u table as an UpdateReport (built once per record: several rules read it),
-    each parameter's u on makemore's scale for its own optimizer (probes.doctor.update_scale)."""
+    each parameter's u on makemore's scale for its own optimizer (probes.doctor.update_scale); a
+    record read from the Monitor's mirror has the groups' medians alone (already on that scale)."""
     table = record.get("gwu")
     if not isinstance(table, dict) or not table:
-        return None
+        groups = record.get("u_groups")
+        return GroupReport(record["step"], groups) if isinstance(groups, dict) and groups else None
     key = ("gwu", record["step"])
     if key not in h.cache:
         h.cache[key] = UpdateReport.from_table(adjusted_table(h.info, table), step=record["step"],
@@ -162,26 +165,30 @@ def growth_signals(h: RunHistory, t: DoctorThresholds, before: int | None = None
             if hit:
                 found.append((hit[0], key.replace("_", " "), f"+{hit[1] - start:.2f} nats"))
     scalar = lambda key: (lambda r: as_float(r.get(key)))  # noqa: E731
-    for label, value in (("gradient norm", scalar("grad_norm")), ("max |output logit|", scalar("logit_max")),
-                         ("residual rms", lambda r: max_value(r.get("resid_rms"))),
-                         ("max attention logit", lambda r: max_value(r.get("attn_logit_max")))):
-        hit = ten_fold(records, value, t.growth_orders)
+    for label, value, floor in (("gradient norm", scalar("grad_norm"), 0.0),
+                                ("max |output logit|", scalar("logit_max"), t.growth_floor),
+                                ("residual rms", lambda r: max_value(r.get("resid_rms")), t.growth_floor),
+                                ("max attention logit", lambda r: max_value(r.get("attn_logit_max")), t.growth_floor)):
+        hit = ten_fold(records, value, t.growth_orders, floor)
         if hit:
             found.append((hit[0], label, f"{hit[1]:.0f}x"))
     found += entropy_collapse_signal(h, records, t)
-    reports = [report for r in records if (report := update_report(h, r)) is not None]
+    # past the run's first update, as the update-ratio rule judges (rules_internals.after_first_update)
+    reports = [report for r in records if r["step"] != h.first_step and (report := update_report(h, r)) is not None]
     u_hit = first_later_half_above(reports, t.u_high)
     if u_hit is not None:  # where the update-ratio rule, cut there, warns: not one noisy record
         found.append((u_hit, "update ratio", f"a group's median log10 u above {t.u_high} over the later half"))
     return sorted(found, key=lambda s: s[0])
 
 
-def ten_fold(records: list[dict[str, Any]], value: Any, orders: float) -> tuple[int, float] | None:
-    """(step, growth) where value(record) first reached 10**orders times its first positive value."""
+def ten_fold(records: list[dict[str, Any]], value: Any, orders: float, floor: float = 0.0) -> tuple[int, float] | None:
+    """(step, growth) where value(record) first reached 10**orders times its first positive value,
+    or times `floor` where that is larger (a scale the quantity reaches by learning: thresholds.growth_floor)."""
     series = [(r["step"], v) for r in records if math.isfinite(v := value(r))]
     base = next((v for _, v in series if v > 0), None)
     if base is None:
         return None
+    base = max(base, floor)
     return next(((s, v / base) for s, v in series if v >= base * 10 ** orders), None)
 
 

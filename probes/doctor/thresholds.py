@@ -25,6 +25,13 @@ class DoctorThresholds:
     growth_orders=1.0: a series (max attention logit, max |logit|, residual rms, grad norm) that
     grew ten-fold from its first logged value has left its init regime (Wortsman et al. 2023
     watch attention logits grow by orders of magnitude before a loss spike).
+    growth_floor=1.0: the residual rms and the attention and output logits grow from at least 1,
+    not from an untrained model's near-zero values, so that when the first reading came (step 0
+    at eval_every=10 or 100, or later) does not decide the verdict: a layer norm rescales the
+    stream to rms 1 (a GPT-2 init's stream at 0.04 growing to 0.7 is the model using its scale,
+    not a blow-up), and a score or logit gap of 1 nat is where a softmax starts to differ from
+    uniform (scores of 0.1 growing to 1.2 are heads starting to attend). A blow-up starts at or
+    above them: a tutorial GPT's stream at 1.5 -> 16, nanochat's at 12.7 -> 3.6e5.
     attn_logit_max=10.0: softmax over a score gap of 10 puts 99.995% of the mass on one key
     (exp(-10) = 4.5e-5): beyond it a head can only be one-hot.
     level_growth=2.0: heads that grew ten-fold past attn_logit_max are warned about while still
@@ -90,6 +97,7 @@ class DoctorThresholds:
     collapse_fraction: float = 0.01
     uniform_fraction: float = TIMELINE_UNIFORM
     growth_orders: float = 1.0
+    growth_floor: float = 1.0
     attn_logit_max: float = 10.0
     level_growth: float = 2.0
     output_logit_max: float = 30.0
