@@ -44,6 +44,10 @@ __all__ = ["Mirror", "mirror_for", "readings"]
 
 
 
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def finite_or_nan(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
 
@@ -124,7 +128,7 @@ class Mirror:
         self.best_loss = math.inf  # the early-warning signal: how far the loss is above its best
         self.off = False
         self.closing = False  # the Monitor is closing: the user's loop logs no more rows for ours to join
-        self.waiting = False  # a record of the closing sent and not yet in a row of its own
+        self.waiting = False  # a record sent, perhaps still waiting for the user's next row (at close: no more come)
 
     # ------------------------------------------------------------------ where to write
 
@@ -160,6 +164,8 @@ class Mirror:
         if number:
             if math.isfinite(self.best_loss):
                 values[MIRROR + "loss_above_best"] = float(loss) - self.best_loss if math.isfinite(loss) else math.inf
+        if self.closing:  # the run's last step, recorded at close: the user's loop logged no row of it
+            values.update({MIRROR + k: float(record[k]) for k in ("train_loss", "val_loss") if is_number(record.get(k))})
         if "diverged" in record:
             values[MIRROR + "diverged"] = 1.0
         if isinstance(record.get("rescue"), dict):
@@ -184,10 +190,10 @@ class Mirror:
         for key in values.keys() - self.defined:
             run.define_metric(key, step_metric=MIRROR_STEP)
             self.defined.add(key)
-        if self.waiting:  # two records at close (the last log step's, then the last step's): the first its own row
+        if self.closing and self.waiting:  # the loop is over: what waits for a row of the user's gets its own
             run.log({}, commit=True)
         run.log({MIRROR_STEP: step, **values}, commit=False)
-        self.waiting = self.closing
+        self.waiting = True
 
     @guarded
     def findings(self, found: list[Any]) -> None:

@@ -60,7 +60,7 @@ def mirrored_fields(row: dict[str, Any]) -> dict[str, Any]:
             continue
         parts = key[len(MIRROR):].split("/")
         name = parts[0]
-        if name in ("logit_max", "grad_norm") and len(parts) == 1:
+        if name in ("logit_max", "grad_norm", "train_loss", "val_loss") and len(parts) == 1:
             out[name] = value
         elif name == "diverged" and len(parts) == 1:
             out["diverged"] = {"reason": DIVERGED_REASON}
