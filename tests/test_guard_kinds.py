@@ -116,6 +116,28 @@ def test_a_step_to_a_new_level_is_a_data_shift_noted_once_never_a_stop(shape):
     assert run.ceilings == []
 
 
+@pytest.mark.parametrize("after,kind,step", [
+    (0.15, "rate_blowup", 120),  # 30x the calm ratio at 110 and 120: the rate, said when the second comes
+    (5e-3, "data_shift", 118),  # the ratios calm: a shift, noted on its hold as before (never delayed)
+    (None, "data_shift", 120),  # above the line at 110 only (a bad batch's own update): a shift, 2 steps later
+])
+def test_a_blow_up_that_starts_between_log_steps_waits_for_its_second_ratio(after, kind, step):
+    """The loss-only guard (no attention), update ratios measured every 10 steps (the Monitor's log
+    steps); a jump at step 103 to a level that falls (what a rate x30 did at step 253 in issue 59):
+    on its hold (step 118) only the ratio at 110 was measured since it began, one that could be a bad
+    batch's own update. Called a data shift there, the blow-up was never rescued; the guard waits for
+    the ratio at 120 and rewinds to the state before the trouble."""
+    losses = calm(range(103), start=4.2) + calm(range(103, 200), start=3.5, end=2.6)
+    late = {s: (0.15 if after is None and s == 110 else after if after is not None else 5e-3) for s in range(110, 200, 10)}
+    run, records = stream(laid_out(), losses, {s: 5e-3 for s in range(0, 110, 10)} | late)
+    (at, rec), *_ = records
+    assert (at, rec["kind"]) == (step, kind) and rec["trouble_began"] == 103
+    if kind == "rate_blowup":
+        assert rec["action"] == "rewind" and rec["restored_step"] <= 101 and "update ratio rose to 0.15" in rec["why"]
+    else:
+        assert rec["action"] == "none" and run.ceilings == []
+
+
 def test_a_stall_after_a_rescue_acts_again_earlier_and_lower_then_stops():
     """A NaN at step 100 (a blow-up: back to step 75, rate cut); then the loss sits flat at 3.3, far
     above the level 2.0 it had: a stall, each `stall_window` steps, from an earlier state at a lower

@@ -22,7 +22,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-__all__ = ["Excursion", "U_TOP", "bad_block", "classify", "falling", "growth", "stalled"]
+__all__ = ["Excursion", "U_TOP", "bad_block", "classify", "falling", "growth", "growth_pending", "stalled"]
 
 U_TOP = 1e-2  # the top of the healthy band of update ratios (rms(du)/rms(w)) for SGD and Adam steps
 
@@ -102,8 +102,7 @@ def growth(ratios, norms, began: int, read_every: int) -> str | None:
     before, since = began - 2 * read_every, began
     calm_u = [u for _, u, _, calm in ratios if calm]
     calm_g = [g for _, g, calm in norms if calm]
-    u_line = max(RATIO_LINE, 3 * statistics.median(calm_u)) if calm_u else math.inf
-    g_line = 10 * statistics.median(calm_g) if calm_g else math.inf
+    u_line, g_line = lines(calm_u, calm_g)
     for name, values, line, calm in (("update ratio", [(s, u) for s, u, _, _ in ratios], u_line, calm_u),
                                      ("gradient norm", [(s, g) for s, g, _ in norms], g_line, calm_g)):
         if name == "gradient norm" and any(not math.isfinite(v) for s, v in values if s >= before):
@@ -116,6 +115,27 @@ def growth(ratios, norms, began: int, read_every: int) -> str | None:
             s, v = grown[-1]
             return f"the {name} rose to {v:.3g} at step {s} ({v / statistics.median(calm):.0f}x its calm median)"
     return None
+
+
+def lines(calm_u: list[float], calm_g: list[float]) -> tuple[float, float]:
+    """(the update ratio's growth line, the gradient norm's) from their calm measurements."""
+    u_line = max(RATIO_LINE, 3 * statistics.median(calm_u)) if calm_u else math.inf
+    return u_line, 10 * statistics.median(calm_g) if calm_g else math.inf
+
+
+def growth_pending(ratios, began: int, step: int) -> bool:
+    """Whether the update ratios have yet to say what an episode is: one measurement since the
+    trouble began, above the growth line (a bad batch's own update, or the rate's?), and the next
+    due within the measurements' own cadence (the Monitor's log steps). A blow-up that starts off
+    a log step is decided on its hold before the second one (a rate x30 from step 253, ratios at
+    260 and 270, decided at 269): without waiting it would be called a data shift."""
+    calm_u = [u for _, u, _, calm in ratios if calm]
+    steps = [s for s, *_ in ratios]
+    since = [u for s, u, *_ in ratios if s >= began]
+    if len(since) != 1 or len(steps) < 2 or since[0] <= lines(calm_u, [])[0]:
+        return False
+    cadence = max(b - a for a, b in zip(steps[-3:-1], steps[-2:]))  # the gaps between the last measurements
+    return step - steps[-1] < cadence
 
 
 def bad_block(losses: tuple[float, ...], level: float, patience: int = 1) -> int:

@@ -37,12 +37,13 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from train.guard.attention import Readings
-from train.guard.kinds import Excursion, bad_block, classify, falling, growth, stalled
+from train.guard.kinds import Excursion, bad_block, classify, falling, growth, growth_pending, stalled
 from train.guard.loss_watch import LossWatch
 from train.guard.plan import Plan, record, rescue_line
-from train.guard.rate import RateCap, rate_of
+from train.guard.rate import RateCap
 from train.guard.ranks import everyone
-from train.guard.rates import blowup_rate, collapse_rate, lift_plan
+from train.guard.planning import rate_plan, skip_plan
+from train.guard.rates import lift_plan
 from train.guard.snapshot import HostSnapshot
 from train.guard.stop import EXIT_STOPPED, GuardStop
 
@@ -153,7 +154,7 @@ class GuardedRun:
         self.rates.append((step, self.rate.applied))
         if loss is None:
             if grad_norm is not None and not math.isfinite(grad_norm) and not self.quiet:
-                return self._rate_plan("rate_blowup", "the gradient norm is not finite", step, now, warned)
+                return rate_plan(self, "rate_blowup", "the gradient norm is not finite", step, now, warned)
             return None
         open_before = list(self.watch.excursion)
         began_before = self.watch.trouble_began() if open_before else None
@@ -163,14 +164,14 @@ class GuardedRun:
             self.quiet = spike
             return None
         if spike and not math.isfinite(loss):
-            return self._rate_plan("rate_blowup", f"the loss is {loss}", step, now, warned)
+            return rate_plan(self, "rate_blowup", f"the loss is {loss}", step, now, warned)
         if spike or open_before:
             spikes = self.watch.excursion if spike else open_before
             began = self.watch.trouble_began() if spike else began_before
             return self._judge_excursion(spikes, not spike, began, step, now, warned)
         if collapse is not None:  # attention gone one-hot fast, the loss quiet: the rate (the series' failure)
             why = self.attention.why or f"a head's attention collapsed after step {collapse}"
-            return self._rate_plan("rate_blowup", why, step, now, warned, began=collapse + 1, newest=collapse)
+            return rate_plan(self, "rate_blowup", why, step, now, warned, began=collapse + 1, newest=collapse)
         if self.recovery is not None:
             return self._judge_recovery(step, loss, now)
         return self._judge_creep(step, now, warned) or lift_plan(self, step, now)
@@ -189,8 +190,8 @@ class GuardedRun:
                        noise=w.noise(), first=w.first, growth=growth(self.ratios, self.norms, began, s.read_every),
                        recent_skips=apart, after=self.watch.last[1] if closed else None, early=not w.judged())
         verdict = classify(ex, s.patience, s.hold)
-        if verdict is None:
-            return None
+        if verdict is None or verdict[0] == "data_shift" and not closed and growth_pending(self.ratios, began, step):
+            return None  # a shift is no shift while the ratio measured since says the rate: wait for the next
         kind, why = verdict
         bad = [st for st, _ in spikes]
         if kind == "data_spike" and not closed:  # the bad block, then the loss down at once
@@ -202,13 +203,13 @@ class GuardedRun:
                 return Plan(now, record("data_shift", "none", why, bad[0], self.acts, None, now, cap=self.rate.cap,
                                         rate_from="the rate kept"), None, None, bad[0])
         if kind == "data_spike":
-            return self._skip_plan(why, began, bad, now)
+            return skip_plan(self, why, began, bad, now)
         if kind == "data_shift":
             if self.recovery is not None:  # a new level after a rewind that the run does not leave: a stall
-                return self._rate_plan("stall", why.replace("a new level", "a stall after the rescue"), step, now, None)
+                return rate_plan(self, "stall", why.replace("a new level", "a stall after the rescue"), step, now, None)
             return Plan(now, record(kind, self._said("none"), why, began, self.acts, None, now,
                                     cap=self.rate.cap, rate_from="the rate kept"), None, None, began)
-        return self._rate_plan(kind, why, step, now, warned, began)
+        return rate_plan(self, kind, why, step, now, warned, began)
 
     def _judge_creep(self, step: int, now: int, warned: Callable | None) -> Plan | None:
         """A level crept a nat above the lowest level the run had, with no spike and not coming down
@@ -223,7 +224,7 @@ class GuardedRun:
             return None
         why = f"the loss crept up to a level of {level:.3f}, {level - self.best_level:.2f} nats above its lowest " \
               f"level {self.best_level:.3f}, without a spike"
-        return self._rate_plan("rate_blowup", why, step, now, warned)
+        return rate_plan(self, "rate_blowup", why, step, now, warned)
 
     def _judge_recovery(self, step: int, loss: float, now: int) -> Plan | None:
         """After a rewind: back near the level before the trouble (recovered), a stall, or wait."""
@@ -239,7 +240,7 @@ class GuardedRun:
         if stalled(tail, rec.target, gap, self.watch.noise()):
             why = (f"the loss stayed near {statistics.fmean(tail[-len(tail) // 4:]):.3f} for {s.stall_window} steps "
                    f"after the rescue, {gap:.2f}+ nats above its level {rec.target:.3f} before the trouble")
-            return self._rate_plan("stall", why, step, now, None, began=rec.since)
+            return rate_plan(self, "stall", why, step, now, None, began=rec.since)
         rec.losses = rec.losses[-s.stall_window:]
         return None
 
@@ -250,70 +251,6 @@ class GuardedRun:
 
     def _held(self) -> list[HostSnapshot]:
         return [slot for slot in self.slots if slot.step is not None]
-
-    def _skip_plan(self, why: str, began: int, bad: list[int], now: int) -> Plan:
-        """Restore the newest state taken before the first bad batch; keep the rate."""
-        good = [slot for slot in self._held() if slot.step < began]
-        slot = max(good, key=lambda x: x.step) if good else None
-        action = self._said("skip" if slot is not None else "none")
-        if slot is None:
-            why += "; no calm state held before them, so they stay"
-        rec = record("data_spike", action, why, began, self.acts, slot, now, cap=self.rate.cap,
-                     rate_from="the rate kept: bad batches say nothing about it", skipped_steps=bad)
-        return Plan(now, rec, slot, None, began)
-
-    def _rate_plan(self, kind: str, why: str, step: int, now: int, warned: Callable | None,
-                   began: int | None = None, newest: int | None = None) -> Plan:
-        """Rewind before the damage with a rate from the evidence, or stop past the floor. `newest`:
-        the newest state known good (an attention collapse: its last spread reading); else the one
-        before the step before `began` (the loss of the step after it was calm)."""
-        s = self.settings
-        collapsed = newest is not None
-        began = self.watch.trouble_began() if began is None else began
-        extra = warned(began) if warned is not None else None
-        warning = None
-        if extra is not None and extra[0] < began:
-            began, warning = extra[0], f"{extra[1]} at step {extra[0]}"
-            why = f"{why} (the doctor warned of {warning})"
-        held = self._held()
-        if kind == "stall":  # an earlier state than the one that stalled
-            older = [x for x in held if self.last_restored is None or x.step < self.last_restored.step]
-            slot = max(older, key=lambda x: x.step) if older else min(held, key=lambda x: x.step, default=None)
-        else:
-            newest = began - 2 if newest is None or warning is not None else newest  # the step after it was calm
-            good = [x for x in held if x.step <= newest]
-            slot = max(good, key=lambda x: x.step) if good else min(held, key=lambda x: x.step, default=None)
-        cap, rate_from = collapse_rate(self, began - 1) if collapsed else blowup_rate(self, kind, began)
-        asked = rate_of(self.rate.asked[0]) if self.rate.asked else cap
-        if self.first_rate is None:
-            self.first_rate = rate_of(self.rate.applied) if self.rate.applied is not None else asked
-        number = self.acts + 1
-        stop = slot is None or number > s.max_rescues or cap < s.floor * self.first_rate
-        if stop:
-            why += "; " + ("no state held to go back to" if slot is None else
-                           f"rescue {number} is past max_rescues ({s.max_rescues})" if number > s.max_rescues else
-                           f"the rate {cap:.3g} would be below the floor ({s.floor:g} x {self.first_rate:.3g})")
-            slot = slot if slot is not None else None
-            rec = record(kind, self._said("stop"), why, began, number, slot, now, cap=self.rate.cap,
-                         rate_from=rate_from)
-            rec["restored_step"] = None if slot is None else slot.step
-            return Plan(now, rec, slot, None, began)
-        factor = min(1.0, cap / asked) if asked > 0 else 1.0
-        rec = record(kind, self._said("rewind"), why, began, number, slot, now, cap=cap, factor=factor,
-                     rate_from=rate_from)
-        if warning is not None:
-            rec["warned"] = warning
-        level = self.recovery.target if self.recovery is not None else self.watch.level()
-        level = level if level is not None else self.watch.best  # before the run has a level: its best so far
-        return Plan(now, rec, slot, cap, began, target=level, unsafe=self._unsafe_rate(kind, began, collapsed))
-
-    def _unsafe_rate(self, kind: str, began: int, collapsed: bool) -> float | None:
-        """The rate a rescue learns is too high: the one that collapsed the attention (the last
-        update's), or that of the first update of a rate blow-up; none for a stall."""
-        if collapsed:
-            return rate_of(self.rate.applied) if self.rate.applied is not None else None
-        first = next((r for s_, r in self.rates if s_ >= began), None) if kind == "rate_blowup" else None
-        return rate_of(first) if first is not None else None
 
     # ------------------------------------------------------------------ snapshots
 
