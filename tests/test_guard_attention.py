@@ -95,11 +95,11 @@ def still_run(schedule, guard: Guard):
     return guard.attach(model, optimizer), optimizer, scheduler
 
 
-def feed(run, optimizer, scheduler, step: int, loss: float, heads: tuple[float, ...] | None):
+def feed(run, optimizer, scheduler, step: int, loss: float, heads: tuple[float, ...] | None, ratio=None):
     optimizer.step()  # no gradients: nothing moves; the guard's hooks see the rate applied
     scheduler.step()
     collapsed = run.attention.see(step, reading(*heads), POSITIONS) if heads and run.attention_due(step) else None
-    plan = run.observe(step, loss, collapse=collapsed)
+    plan = run.observe(step, loss, ratio=ratio, collapse=collapsed)
     if plan is None:
         run.keep(step)
         return None
@@ -140,3 +140,21 @@ def test_a_collapse_again_under_the_cap_cuts_it_and_never_touches_a_run_whose_he
     calm, optimizer, scheduler = still_run(lambda s: 1.0, Guard(every=10))
     assert all(feed(calm, optimizer, scheduler, step, 2.0, (0.9 - 0.002 * step,)) is None for step in range(200))
     assert calm.ceilings == [] and len(calm.attention.held) == 8  # slowly sharper: read every 25 steps (EVERY), never acted on
+
+
+@pytest.mark.parametrize("loss,ratio,rewound", [
+    (lambda s: 4.0 - 0.03 * s, None, False),  # the loss falling through the collapse: a phase change, left alone
+    (lambda s: 2.0, None, True),  # flat: the series' failure (the run plateaus), rewound
+    (lambda s: 2.0 + 0.004 * s, None, True),  # creeping up, under the spike line: rewound
+    (lambda s: 4.0 - 0.03 * s, 0.1, True),  # falling, but the update ratios out of band (0.1 at step 40): the rate
+])
+def test_a_fast_collapse_is_trouble_only_when_the_loss_stops_falling_or_the_ratios_grew(loss, ratio, rewound):
+    """One head spread (0.95) at the readings of steps 0 and 25, one-hot (0.05) at step 50, a constant
+    rate: a head taking its job fast while the model still learns (an induction head forming) is no
+    rate blow-up; with the loss flat or rising, or the update ratios above their growth line, it is."""
+    run, optimizer, scheduler = still_run(lambda s: 1.0, Guard(every=25))
+    records = [r for step in range(51) if (r := feed(run, optimizer, scheduler, step, loss(step) + 0.01 * ((step * 7) % 5),
+                                                     (0.95,) if step < 50 else (0.05,),
+                                                     ratio if step == 40 else 5e-3 if step % 10 == 0 else None))]
+    assert [(r["kind"], r["action"]) for r in records] == ([("rate_blowup", "rewind")] if rewound else [])
+    assert (run.ceilings != []) == rewound and "collapsed" in run.attention.why

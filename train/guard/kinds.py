@@ -22,7 +22,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-__all__ = ["Excursion", "U_TOP", "bad_block", "classify", "falling", "growth", "growth_pending", "stalled"]
+__all__ = ["Excursion", "RATIO_LINE", "U_TOP", "bad_block", "classify", "falling", "growth", "growth_pending", "stalled"]
 
 U_TOP = 1e-2  # the top of the healthy band of update ratios (rms(du)/rms(w)) for SGD and Adam steps
 
