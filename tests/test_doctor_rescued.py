@@ -49,8 +49,9 @@ def test_a_rewind_is_not_read_as_overfitting(tmp_path, after, overfits):
     assert "divergence" not in codes(d, "warning")  # the rescued step is no divergence
 
 
-def test_a_data_spike_is_read_as_bad_batches_with_no_rate_advice(tmp_path):
-    spike = {"kind": "data_spike", "action": "skip", "why": "5 batches' loss was 4 nats above the model's on "
+@pytest.mark.parametrize("action", ["skip", "refuse"])
+def test_a_data_spike_is_read_as_bad_batches_with_no_rate_advice(tmp_path, action):
+    spike = {"kind": "data_spike", "action": action, "why": "5 batches' loss was 4 nats above the model's on "
              "other data", "trigger": "a loss spike", "trouble_began": 150, "number": 1, "restored_step": None,
              "skipped": 5, "skipped_steps": [150, 151, 152, 153, 154], "lr_cap": None, "factor": None,
              "rate_from": None}
@@ -61,6 +62,7 @@ def test_a_data_spike_is_read_as_bad_batches_with_no_rate_advice(tmp_path):
     d = diagnose.run(write_run(tmp_path / "run", records))
     rescued = finding(d, "rescued")
     assert rescued.severity == "warning" and "150-154" in rescued.title
+    assert ("refused the update(s) of 5 batch(es)" in rescued.title) == (action == "refuse")  # their updates never taken
     assert "check the data at steps 150-154" in rescued.fix
     assert "learning rate" not in rescued.fix.replace("the learning rate was not the cause", "")
     assert all("lower the peak" not in f.fix for f in d.findings if f.fix)  # no finding advises a rate

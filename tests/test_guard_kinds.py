@@ -279,6 +279,48 @@ def test_a_tiny_real_run_skips_garbage_batches_and_never_stops_a_shift(trouble, 
         assert monitor.guard.undone == 0 and not monitor.guard.stopped
 
 
+def test_a_loop_that_asks_first_refuses_only_the_bad_updates_and_undoes_nothing(tmp_path):
+    """The same tiny run, random tokens at steps 60-62, the loop asking `monitor.check(loss, step)`
+    before each `optimizer.step()` (OLMo-core's skip-step): the three bad updates refused, one
+    record saying so, no state restored, no good batch undone; the weights bitwise those of the same
+    loop that leaves out the updates of 60-62 by hand with no Monitor at all."""
+    import torch.nn.functional as F
+
+    from models import PRESETS, build_model
+    from models.checkpoint import read_metrics
+    from train.monitor import Monitor
+
+    cfg = PRESETS["transformer4_rms_small"].config.replace(n_layers=1)
+
+    def train(model, optimizer, ask, log=lambda step, loss: None):
+        for step in range(80):
+            rows = noisy_count(step, 1, cfg.d_vocab, cfg.n_ctx)
+            if 60 <= step < 63:
+                rows = torch.randint(0, cfg.d_vocab, rows.shape, generator=torch.Generator().manual_seed(step))
+            loss = F.cross_entropy(model(rows[:, :-1]).flatten(0, 1), rows[:, 1:].flatten())
+            optimizer.zero_grad()
+            loss.backward()
+            if ask(step, loss):
+                optimizer.step()
+            log(step, loss)
+
+    def fresh():
+        torch.manual_seed(0)
+        model = build_model(cfg).train()
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    asked, optimizer = fresh()
+    with Monitor(asked, optimizer, tmp_path / "run", guard=Guard(every=10), report=False) as monitor:
+        train(asked, optimizer, lambda step, loss: monitor.check(loss, step),
+              lambda step, loss: monitor.log(step, train_loss=loss.item()))
+    [rescue] = [r["rescue"] for r in read_metrics(tmp_path / "run") if "rescue" in r]
+    assert (rescue["kind"], rescue["action"], rescue["skipped_steps"]) == ("data_spike", "refuse", [60, 61, 62])
+    assert rescue["restored_step"] is None and monitor.guard.undone == 0 and monitor.guard.refused == {60, 61, 62}
+    plain, optimizer = fresh()
+    train(plain, optimizer, lambda step, loss: not 60 <= step < 63)
+    assert all(torch.equal(a, b) for a, b in zip(asked.state_dict().values(), plain.state_dict().values()))
+
+
 # ------------------------------------------------------------------ stops that must end cleanly (defect 7)
 
 

@@ -201,9 +201,10 @@ def one_rescue(h: RunHistory, step: int, rescue: dict[str, Any], fix: str) -> Fi
                        f"and the run learns from it: a change of data, not trouble ({why})",
                        cause="the data changed and the model is learning it", reference=PALM, **common)
     cause, reference = CAUSES.get("attention" if by_attention(rescue) else kind, CAUSES["rate_blowup"])
-    if action == "skip":
+    if action in ("skip", "refuse"):
         steps = skipped_steps(rescue)
-        title = f"{why}; skipped {len(steps) or rescue.get('skipped', '?')} batch(es) ({_steps(steps)}), rate kept"
+        done = "refused the update(s) of" if action == "refuse" else "skipped"
+        title = f"{why}; {done} {len(steps) or rescue.get('skipped', '?')} batch(es) ({_steps(steps)}), rate kept"
         return Finding("rescued", "warning", title, warning_step=rescue.get("trouble_began"), cause=cause,
                        reference=reference, **common)
     if action == "rewind":

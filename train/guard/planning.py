@@ -15,8 +15,13 @@ if TYPE_CHECKING:
 __all__ = ["rate_plan", "skip_plan"]
 
 
-def skip_plan(run: GuardedRun, why: str, began: int, bad: list[int], now: int) -> Plan:
-    """Restore the newest state taken before the first bad batch; keep the rate."""
+def skip_plan(run: GuardedRun, why: str, began: int, bad: list[int], now: int, refused: bool = False) -> Plan:
+    """Restore the newest state taken before the first bad batch; keep the rate. `refused`: their
+    updates were never taken (`GuardedRun.refuse`): nothing to restore."""
+    if refused:
+        rec = record("data_spike", "refuse", why, began, run.acts, None, now, cap=run.rate.cap,
+                     rate_from="the rate kept: bad batches say nothing about it", skipped_steps=bad)
+        return Plan(now, rec, None, None, began)
     good = [slot for slot in run._held() if slot.step < began]
     slot = max(good, key=lambda x: x.step) if good else None
     action = run._said("skip" if slot is not None else "none")

@@ -89,6 +89,7 @@ class GuardedRun:
         self.first_rate: float | None = None  # the rate when rate trouble first came (the floor's base)
         self.calm_from: int | None = None  # the step since which a capped run has been calm (lifting)
         self.skips: list[tuple[int, list[int]]] = []  # data-spike skips: (step, the bad batches' steps)
+        self.refused: set[int] = set()  # steps whose update the loop refused on the guard's word (`refuse`)
         self.acts = 0  # rewinds (rate blow-ups and stalls)
         self.last_restored: HostSnapshot | None = None  # kept until the run proved calm after it
         self.quiet = False  # watch mode: an episode said, its consequences not said again
@@ -134,6 +135,30 @@ class GuardedRun:
             self.keep(step)
             return None
         return self.act(plan)
+
+    def refuse(self, step: int, loss: float | None) -> bool:
+        """Whether to refuse `step`'s update before it is taken (OLMo-core's skip-step; the loop asks
+        before `optimizer.step()`, `Monitor.check`): its loss above the spike line of a run that has a
+        level, fewer than `hold` - 1 refused in a row before it (a loss that stays high is no bad batch:
+        a shift or the rate, judged when logged). A non-finite loss is left to the rewind. Every rank
+        decides alike; a watching guard only says it."""
+        loss = everyone(self.model, loss, None)[0]
+        row = 0
+        while step - 1 - row in self.refused:
+            row += 1
+        w = self.watch
+        if loss is None or not math.isfinite(loss) or self.stopped or not w.judged() or row >= self.settings.hold - 1:
+            return False
+        line = w.lines()[0]
+        if loss <= line:
+            return False
+        said = f"the loss {loss:.3f} is above the spike line {line:.3f}"
+        if self.settings.mode == "watch":
+            log.warning("guard: would have refused the update of step %d: %s", step, said)
+            return False
+        self.refused.add(step)
+        log.info("guard: refused the update of step %d: %s", step, said)
+        return True
 
     def attention_due(self, step: int) -> bool:
         """Whether the Monitor is to read the attention now (`Readings.see` takes it)."""
@@ -213,8 +238,8 @@ class GuardedRun:
                 why = f"{why}; {len(bad)} bad batches right after one another: the data changed"
                 return Plan(now, record("data_shift", "none", why, bad[0], self.acts, None, now, cap=self.rate.cap,
                                         rate_from="the rate kept"), None, None, bad[0])
-        if kind == "data_spike":
-            return skip_plan(self, why, began, bad, now)
+        if kind == "data_spike":  # refused before they were taken (`refuse`): nothing to undo
+            return skip_plan(self, why, began, bad, now, refused=set(bad) <= self.refused)
         if kind == "data_shift":
             if self.recovery is not None:  # a new level after a rewind that the run does not leave: a stall
                 return rate_plan(self, "stall", why.replace("a new level", "a stall after the rescue"), step, now, None)
@@ -310,6 +335,10 @@ class GuardedRun:
             return rec
         if action == "lift":
             self.rate.lift(plan.cap)
+            return rec
+        if action == "refuse":  # the bad updates were never taken: nothing restored, the run goes on
+            self.skips.append((plan.step, rec["skipped_steps"]))
+            self.watch.restart(plan.step, plan.began)
             return rec
         if slot is not None:
             slot.restore(self.model, self.optimizer, self.scaler)
