@@ -110,30 +110,49 @@ def test_growing_update_ratios_make_a_rate_blowup_at_once_and_set_the_rate():
 def test_a_step_to_a_new_level_is_a_data_shift_noted_once_never_a_stop(shape):
     new = calm(range(100, 200), start=3.5, end=2.6) if shape == "falling" else calm(range(100, 200), 3.0, 3.0)
     run, records = stream(laid_out(), calm(range(100), start=4.2) + new)
-    [(step, rec)] = records
-    assert step == 100 + Guard().hold - 1 and (rec["kind"], rec["action"]) == ("data_shift", "none")
+    [(step, rec)] = records  # on its hold, and one update more: no ratio logged, the guard reads the next one's
+    assert step == 100 + Guard().hold and (rec["kind"], rec["action"]) == ("data_shift", "none")
     assert rec["restored_step"] is None and rec["skipped"] == 0 and run.undone == 0 and not run.stopped
     assert run.ceilings == []
 
 
-@pytest.mark.parametrize("after,kind,step", [
-    (0.15, "rate_blowup", 120),  # 30x the calm ratio at 110 and 120: the rate, said when the second comes
-    (5e-3, "data_shift", 118),  # the ratios calm: a shift, noted on its hold as before (never delayed)
-    (None, "data_shift", 120),  # above the line at 110 only (a bad batch's own update): a shift, 2 steps later
+def moving(losses: list[float], ratios: dict[int, float], x30: bool):
+    """`stream` on a model that moves as an update ratio says: SGD at 0.1 on weights of ones, a
+    gradient of +-0.05 a step (an update ratio of 5e-3), its rate x30 from step 103 where `x30`."""
+    model = torch.nn.Linear(4, 4, bias=False)
+    torch.nn.init.ones_(model.weight)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 30.0 if x30 and s >= 103 else 1.0)
+    run, records = laid_out().attach(model, optimizer), []
+    for step, loss in enumerate(losses):
+        model.weight.grad = torch.full_like(model.weight, 0.05 if step % 2 else -0.05)
+        optimizer.step()
+        scheduler.step()
+        record = run.check(step, loss, None, ratios.get(step))
+        if record is not None:
+            records.append((step, record))
+    return run, records
+
+
+@pytest.mark.parametrize("logged,x30,kind,step", [
+    # the Monitor's ratios every 10 steps: 30x at 110; the guard reads 119's update itself: the rate
+    (True, True, "rate_blowup", 119),
+    (True, False, "data_shift", 118),  # the ratio at 110 calm: a shift, noted on its hold as before
+    (False, True, "rate_blowup", 120),  # the loss-only guard (no ratios logged): 119's and 120's read
+    (False, False, "data_shift", 119),  # ... a real shift: 119's update in its band, noted a step later
 ])
-def test_a_blow_up_that_starts_between_log_steps_waits_for_its_second_ratio(after, kind, step):
-    """The loss-only guard (no attention), update ratios measured every 10 steps (the Monitor's log
-    steps); a jump at step 103 to a level that falls (what a rate x30 did at step 253 in issue 59):
-    on its hold (step 118) only the ratio at 110 was measured since it began, one that could be a bad
-    batch's own update. Called a data shift there, the blow-up was never rescued; the guard waits for
-    the ratio at 120 and rewinds to the state before the trouble."""
+def test_a_blow_up_that_starts_between_log_steps_is_told_from_a_shift_by_the_next_updates(logged, x30, kind, step):
+    """A jump at step 103 to a level that falls (what a rate x30 from step 253 did in issue 59): on its
+    hold (step 118) the Monitor had measured one update ratio since, at 110, or none at all (a rank
+    without a Monitor): called a data shift there, the blow-up was never rescued. The guard measures
+    the next updates' ratios itself until they can tell, and rewinds to the state before the trouble."""
     losses = calm(range(103), start=4.2) + calm(range(103, 200), start=3.5, end=2.6)
-    late = {s: (0.15 if after is None and s == 110 else after if after is not None else 5e-3) for s in range(110, 200, 10)}
-    run, records = stream(laid_out(), losses, {s: 5e-3 for s in range(0, 110, 10)} | late)
+    ratios = {s: 5e-3 * (30 if x30 and s > 103 else 1) for s in range(0, 200, 10)} if logged else {}
+    run, records = moving(losses, ratios, x30)
     (at, rec), *_ = records
     assert (at, rec["kind"]) == (step, kind) and rec["trouble_began"] == 103
     if kind == "rate_blowup":
-        assert rec["action"] == "rewind" and rec["restored_step"] <= 101 and "update ratio rose to 0.15" in rec["why"]
+        assert rec["action"] == "rewind" and rec["restored_step"] <= 101 and "update ratio rose to 0.1" in rec["why"]
     else:
         assert rec["action"] == "none" and run.ceilings == []
 

@@ -22,7 +22,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-__all__ = ["Excursion", "RATIO_LINE", "U_TOP", "bad_block", "classify", "falling", "growth", "growth_pending", "stalled"]
+__all__ = ["Excursion", "RATIO_LINE", "U_TOP", "bad_block", "classify", "falling", "growth", "ratios_say", "stalled"]
 
 U_TOP = 1e-2  # the top of the healthy band of update ratios (rms(du)/rms(w)) for SGD and Adam steps
 
@@ -95,7 +95,7 @@ RATIO_LINE = 3e-2  # an update ratio above this (three times the healthy band's 
 
 def growth(ratios, norms, began: int, read_every: int) -> str | None:
     """A growth signal in words, or None: an update ratio above the band (3e-2) and three times its
-    calm median, or a gradient norm ten times its calm median, in the measurements of the two
+    calm median (3e-2 alone where none was measured calm), or a gradient norm ten times its calm median, in the measurements of the two
     `read_every` spans before the trouble began or in the last two since (both: a bad batch's own
     update is large by its data); a non-finite gradient norm at once. `ratios`: (step, ratio, rate,
     calm); `norms`: (step, norm, calm)."""
@@ -113,29 +113,26 @@ def growth(ratios, norms, began: int, read_every: int) -> str | None:
             grown = after[-1:]
         if grown:
             s, v = grown[-1]
-            return f"the {name} rose to {v:.3g} at step {s} ({v / statistics.median(calm):.0f}x its calm median)"
+            times = f"{v / statistics.median(calm):.0f}x its calm median" if calm else f"above {line:g}"
+            return f"the {name} rose to {v:.3g} at step {s} ({times})"
     return None
 
 
 def lines(calm_u: list[float], calm_g: list[float]) -> tuple[float, float]:
     """(the update ratio's growth line, the gradient norm's) from their calm measurements."""
-    u_line = max(RATIO_LINE, 3 * statistics.median(calm_u)) if calm_u else math.inf
+    u_line = max(RATIO_LINE, 3 * statistics.median(calm_u)) if calm_u else RATIO_LINE  # none calm: the line alone
     return u_line, 10 * statistics.median(calm_g) if calm_g else math.inf
 
 
-def growth_pending(ratios, began: int, step: int) -> bool:
-    """Whether the update ratios have yet to say what an episode is: one measurement since the
-    trouble began, above the growth line (a bad batch's own update, or the rate's?), and the next
-    due within the measurements' own cadence (the Monitor's log steps). A blow-up that starts off
-    a log step is decided on its hold before the second one (a rate x30 from step 253, ratios at
-    260 and 270, decided at 269): without waiting it would be called a data shift."""
+def ratios_say(ratios, began: int) -> bool:
+    """Whether the update ratios measured since the trouble began can tell the rate from the data:
+    two or more (growth wants two: a bad batch's own update is large by its data), or one under the
+    growth line. A blow-up that starts off a log step is decided on its hold before its second (a
+    rate x30 from step 253, ratios at 260 and 270, decided at 269): the guard measures the next
+    update's itself (`update_probe`) until they can."""
     calm_u = [u for _, u, _, calm in ratios if calm]
-    steps = [s for s, *_ in ratios]
     since = [u for s, u, *_ in ratios if s >= began]
-    if len(since) != 1 or len(steps) < 2 or since[0] <= lines(calm_u, [])[0]:
-        return False
-    cadence = max(b - a for a, b in zip(steps[-3:-1], steps[-2:]))  # the gaps between the last measurements
-    return step - steps[-1] < cadence
+    return len(since) >= 2 or len(since) == 1 and since[0] <= lines(calm_u, [])[0]
 
 
 def bad_block(losses: tuple[float, ...], level: float, patience: int = 1) -> int:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from train.guard.attention import Readings
-from train.guard.kinds import RATIO_LINE, Excursion, bad_block, classify, falling, growth, growth_pending, stalled
+from train.guard.kinds import RATIO_LINE, Excursion, bad_block, classify, falling, growth, ratios_say, stalled
 from train.guard.loss_watch import LossWatch
 from train.guard.plan import Plan, record, rescue_line
 from train.guard.rate import RateCap
@@ -45,6 +45,7 @@ from train.guard.ranks import everyone
 from train.guard.planning import rate_plan, skip_plan
 from train.guard.rates import lift_plan
 from train.guard.snapshot import HostSnapshot
+from train.guard.update_probe import UpdateProbe
 from train.guard.stop import EXIT_STOPPED, GuardStop
 
 if TYPE_CHECKING:
@@ -76,6 +77,7 @@ class GuardedRun:
         self.watch = LossWatch(window=s.window, sigma=s.sigma, min_rise=s.min_rise)
         self.slots = [HostSnapshot() for _ in range(s.keep)]
         self.rate = RateCap(optimizer, s.rewarm)
+        self.probe = UpdateProbe(optimizer)  # the next update's ratio, when an episode waits on it
         self.rescues: list[dict[str, Any]] = []  # every record, with its "step"
         self.undone = 0  # updates undone by skips and rewinds (their batches are not replayed)
         self.stopped = False
@@ -99,7 +101,7 @@ class GuardedRun:
 
     @property
     def handles(self) -> list[Any]:
-        return self.rate.handles
+        return self.rate.handles + self.probe.handles
 
     @property
     def ceilings(self) -> list[float | None]:
@@ -184,7 +186,8 @@ class GuardedRun:
         open_before = list(self.watch.excursion)
         began_before = self.watch.trouble_began() if open_before else None
         spike = self.watch.see(step, loss)
-        self._measured(step, grad_norm, ratio, calm=not spike and not open_before)
+        probed = self.probe.take()  # the guard's own reading of this step's update, when it asked for one
+        self._measured(step, grad_norm, ratio if ratio is not None else probed, calm=not spike and not open_before)
         if self.quiet:  # watch mode: the trouble said, its consequences not said again until calm
             self.quiet = spike
             return None
@@ -226,8 +229,12 @@ class GuardedRun:
                        noise=w.noise(), first=w.first, growth=growth(self.ratios, self.norms, began, s.read_every),
                        recent_skips=apart, after=self.watch.last[1] if closed else None, early=not w.judged())
         verdict = classify(ex, s.patience, s.hold)
-        if verdict is None or verdict[0] == "data_shift" and not closed and growth_pending(self.ratios, began, step):
-            return None  # a shift is no shift while the ratio measured since says the rate: wait for the next
+        if verdict is None:
+            return None
+        if verdict[0] == "data_shift" and not closed and not ratios_say(self.ratios, began) \
+                and step - began < s.hold + 4:  # the rate or the data? the next update's ratio says: wait a step
+            self.probe.arm()
+            return None
         kind, why = verdict
         bad = [st for st, _ in spikes]
         if kind == "data_spike" and not closed:  # the bad block, then the loss down at once
@@ -367,6 +374,7 @@ class GuardedRun:
 
     def close(self) -> None:
         self.rate.close()
+        self.probe.close()
 
     def __enter__(self) -> GuardedRun:
         return self
