@@ -116,16 +116,18 @@ def test_a_step_to_a_new_level_is_a_data_shift_noted_once_never_a_stop(shape):
     assert run.ceilings == []
 
 
-def moving(losses: list[float], ratios: dict[int, float], x30: bool):
+def moving(losses: list[float], ratios: dict[int, float], x30: str | None):
     """`stream` on a model that moves as an update ratio says: SGD at 0.1 on weights of ones, a
-    gradient of +-0.05 a step (an update ratio of 5e-3), its rate x30 from step 103 where `x30`."""
+    gradient of +-0.05 a step (an update ratio of 5e-3); from step 103 the schedule's rate x30
+    (`x30="rate"`) or the gradients x30 (`"grad"`: updates 30x with the rate unchanged)."""
     model = torch.nn.Linear(4, 4, bias=False)
     torch.nn.init.ones_(model.weight)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 30.0 if x30 and s >= 103 else 1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 30.0 if x30 == "rate" and s >= 103 else 1.0)
     run, records = laid_out().attach(model, optimizer), []
     for step, loss in enumerate(losses):
-        model.weight.grad = torch.full_like(model.weight, 0.05 if step % 2 else -0.05)
+        grad = 0.05 * (30 if x30 == "grad" and step >= 103 else 1)
+        model.weight.grad = torch.full_like(model.weight, grad if step % 2 else -grad)
         optimizer.step()
         scheduler.step()
         record = run.check(step, loss, None, ratios.get(step))
@@ -134,25 +136,29 @@ def moving(losses: list[float], ratios: dict[int, float], x30: bool):
     return run, records
 
 
-@pytest.mark.parametrize("logged,x30,kind,step", [
-    # the Monitor's ratios every 10 steps: 30x at 110; the guard reads 119's update itself: the rate
-    (True, True, "rate_blowup", 119),
-    (True, False, "data_shift", 118),  # the ratio at 110 calm: a shift, noted on its hold as before
-    (False, True, "rate_blowup", 120),  # the loss-only guard (no ratios logged): 119's and 120's read
-    (False, False, "data_shift", 119),  # ... a real shift: 119's update in its band, noted a step later
+@pytest.mark.parametrize("logged,x30,kind,step,why", [
+    # the schedule's rate x30 from step 103: said by the rate itself, on the episode's hold
+    (True, "rate", "rate_blowup", 118, "the rate applied rose from 0.1 to 3 at step 103"),
+    (False, "rate", "rate_blowup", 118, "the rate applied rose from 0.1 to 3 at step 103"),
+    # updates 30x at the same rate: the Monitor's ratio at 110 and the guard's own reading of 119's update
+    (True, "grad", "rate_blowup", 119, "update ratio rose to 0.1"),  # ~0.17: the weights moved
+    (False, "grad", "rate_blowup", 120, "update ratio rose to 0.1"),  # no ratio logged: 119's and 120's
+    (True, None, "data_shift", 118, "a new level"),  # the ratio at 110 calm: a shift, noted on its hold as before
+    (False, None, "data_shift", 119, "a new level"),  # ... with none logged: 119's update in its band, a step later
 ])
-def test_a_blow_up_that_starts_between_log_steps_is_told_from_a_shift_by_the_next_updates(logged, x30, kind, step):
+def test_a_blow_up_that_starts_between_log_steps_is_told_from_a_shift(logged, x30, kind, step, why):
     """A jump at step 103 to a level that falls (what a rate x30 from step 253 did in issue 59): on its
     hold (step 118) the Monitor had measured one update ratio since, at 110, or none at all (a rank
-    without a Monitor): called a data shift there, the blow-up was never rescued. The guard measures
-    the next updates' ratios itself until they can tell, and rewinds to the state before the trouble."""
+    without a Monitor): called a data shift there, the blow-up was never rescued. The rate's own
+    jump says it; where the rate did not move, the guard reads the next updates' ratios itself."""
     losses = calm(range(103), start=4.2) + calm(range(103, 200), start=3.5, end=2.6)
     ratios = {s: 5e-3 * (30 if x30 and s > 103 else 1) for s in range(0, 200, 10)} if logged else {}
     run, records = moving(losses, ratios, x30)
     (at, rec), *_ = records
-    assert (at, rec["kind"]) == (step, kind) and rec["trouble_began"] == 103
+    assert (at, rec["kind"]) == (step, kind) and rec["trouble_began"] == 103 and why in rec["why"]
+    assert x30 != "grad" or f"at step {step} (" in rec["why"]  # the guard's own reading of that step's update
     if kind == "rate_blowup":
-        assert rec["action"] == "rewind" and rec["restored_step"] <= 101 and "update ratio rose to 0.1" in rec["why"]
+        assert rec["action"] == "rewind" and rec["restored_step"] <= 101
     else:
         assert rec["action"] == "none" and run.ceilings == []
 

@@ -22,7 +22,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-__all__ = ["Excursion", "RATIO_LINE", "U_TOP", "bad_block", "classify", "falling", "growth", "ratios_say", "stalled"]
+__all__ = ["Excursion", "RATIO_LINE", "U_TOP", "bad_block", "classify", "falling", "growth", "rate_rose", "ratios_say", "stalled"]
 
 U_TOP = 1e-2  # the top of the healthy band of update ratios (rms(du)/rms(w)) for SGD and Adam steps
 
@@ -122,6 +122,23 @@ def lines(calm_u: list[float], calm_g: list[float]) -> tuple[float, float]:
     """(the update ratio's growth line, the gradient norm's) from their calm measurements."""
     u_line = max(RATIO_LINE, 3 * statistics.median(calm_u)) if calm_u else RATIO_LINE  # none calm: the line alone
     return u_line, 10 * statistics.median(calm_g) if calm_g else math.inf
+
+
+def rate_rose(rates: list[tuple[int, float]], began: int, span: int) -> str | None:
+    """The rate the updates applied rose three-fold or more as the trouble began (over the last two
+    steps before it and since) against the `span` steps before, in words; else None. A loss that
+    jumps to a new level and falls there is a data shift, unless the rate itself jumped: Adam's
+    update ratios say little after the first spike (its second moment takes in the spike's large
+    gradients), the rate says it plainly (a warmup rises three-fold within `span` steps only in its
+    first steps, where the run has no level yet)."""
+    before = [r for s, r in rates if began - span <= s < began - 2]
+    at = [(s, r) for s, r in rates if s >= began - 2]
+    if not before or not at or max(before) <= 0:
+        return None
+    s, top = max(at, key=lambda x: x[1])
+    if top < 3 * max(before):
+        return None
+    return f"the rate applied rose from {max(before):.3g} to {top:.3g} at step {s}, as the trouble began"
 
 
 def ratios_say(ratios, began: int) -> bool:

@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from train.guard.attention import Readings
-from train.guard.kinds import RATIO_LINE, Excursion, bad_block, classify, falling, growth, ratios_say, stalled
+from train.guard.kinds import RATIO_LINE, Excursion, bad_block, classify, falling, growth, rate_rose, ratios_say, stalled
 from train.guard.loss_watch import LossWatch
 from train.guard.plan import Plan, record, rescue_line
-from train.guard.rate import RateCap
+from train.guard.rate import RateCap, rate_of
 from train.guard.ranks import everyone
 from train.guard.planning import rate_plan, skip_plan
 from train.guard.rates import lift_plan
@@ -231,11 +231,14 @@ class GuardedRun:
         verdict = classify(ex, s.patience, s.hold)
         if verdict is None:
             return None
-        if verdict[0] == "data_shift" and not closed and not ratios_say(self.ratios, began) \
-                and step - began < s.hold + 4:  # the rate or the data? the next update's ratio says: wait a step
-            self.probe.arm()
-            return None
         kind, why = verdict
+        if kind == "data_shift" and not closed:  # the rate or the data?
+            rose = rate_rose([(k, rate_of(r)) for k, r in self.rates if r is not None], began, 2 * s.read_every)
+            if rose is not None:
+                kind, why = "rate_blowup", f"{why.split(':')[0]}: {rose}"
+            elif not ratios_say(self.ratios, began) and step - began < s.hold + 4:
+                self.probe.arm()  # the next update's ratio says: wait a step
+                return None
         bad = [st for st, _ in spikes]
         if kind == "data_spike" and not closed:  # the bad block, then the loss down at once
             bad = bad[:bad_block(ex.losses, ex.level, s.patience)]
