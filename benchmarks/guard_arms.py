@@ -282,5 +282,5 @@ def _nbytes(tree: Any) -> int:
     return 0
 
 
-WATCHERS = {"none": Bare, "palm": PaLM, "skip": SkipStep, "lightning": Lightning, "guard": Guarded, "guard_loss": LossOnly,
-            "monitor": Monitored}
+WATCHERS = {"none": Bare, "palm": PaLM, "skip": SkipStep, "lightning": Lightning, "guard": Guarded,
+            "guard_loss": LossOnly, "monitor": Monitored}

@@ -153,8 +153,11 @@ def test_a_fast_collapse_is_trouble_only_when_the_loss_stops_falling_or_the_rati
     rate: a head taking its job fast while the model still learns (an induction head forming) is no
     rate blow-up; with the loss flat or rising, or the update ratios above their growth line, it is."""
     run, optimizer, scheduler = still_run(lambda s: 1.0, Guard(every=25))
-    records = [r for step in range(51) if (r := feed(run, optimizer, scheduler, step, loss(step) + 0.01 * ((step * 7) % 5),
-                                                     (0.95,) if step < 50 else (0.05,),
-                                                     ratio if step == 40 else 5e-3 if step % 10 == 0 else None))]
+    records = []
+    for step in range(51):
+        heads = (0.95,) if step < 50 else (0.05,)
+        measured = ratio if step == 40 else 5e-3 if step % 10 == 0 else None  # the Monitor's log steps
+        if (r := feed(run, optimizer, scheduler, step, loss(step) + 0.01 * ((step * 7) % 5), heads, measured)):
+            records.append(r)
     assert [(r["kind"], r["action"]) for r in records] == ([("rate_blowup", "rewind")] if rewound else [])
     assert (run.ceilings != []) == rewound and "collapsed" in run.attention.why

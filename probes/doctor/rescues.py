@@ -179,7 +179,8 @@ def fix_for(h: RunHistory, rescue: dict[str, Any], cap: float | None, cap_step: 
     stable = stable_rate(h)
     after = [v for s, v in h.logged_lr() if stable is not None and s > stable[2]]
     if cap is None and cap_step is not None and (stable is None or max(after) >= stable[1]):
-        norm = "" if qk else f"; normalising queries and keys ({flags.flag('--set qk_norm=rms', h.trainer)}) makes it rarer"
+        norm = "" if qk else (f"; normalising queries and keys ({flags.flag('--set qk_norm=rms', h.trainer)}) "
+                              "makes it rarer")
         return (f"none for the rate: the guard lifted its cap by step {cap_step} and the run trained calmly at "
                 f"your schedule's rate; a longer warmup avoids the blow-up{norm}")
     if stable is not None:

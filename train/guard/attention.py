@@ -67,7 +67,8 @@ class Readings:
     before it): after a restore the run's steps go on while the model's history went back."""
 
     def __init__(self, held: int = 8):
-        self.held: deque = deque(maxlen=held)  # (step, each head's entropy over uniform's, updates before), oldest first
+        # (step, each head's entropy over uniform's, the updates the model had), oldest first
+        self.held: deque = deque(maxlen=held)
         self.read_at: int | None = None  # the step of the last reading
         self.why: str | None = None  # what the newest reading found collapsed, in words
         self.behind: list[tuple[float, int]] = [(-math.inf, 0)]  # (from step, steps minus updates since)

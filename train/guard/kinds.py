@@ -22,7 +22,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
-__all__ = ["Excursion", "RATIO_LINE", "U_TOP", "bad_block", "classify", "falling", "growth", "rate_rose", "ratios_say", "stalled"]
+__all__ = ["Excursion", "RATIO_LINE", "U_TOP", "bad_block", "classify", "falling", "growth", "rate_rose", "ratios_say",
+           "stalled"]
 
 U_TOP = 1e-2  # the top of the healthy band of update ratios (rms(du)/rms(w)) for SGD and Adam steps
 
@@ -95,8 +96,8 @@ RATIO_LINE = 3e-2  # an update ratio above this (three times the healthy band's 
 
 def growth(ratios, norms, began: int, read_every: int) -> str | None:
     """A growth signal in words, or None: an update ratio above the band (3e-2) and three times its
-    calm median (3e-2 alone where none was measured calm), or a gradient norm ten times its calm median, in the measurements of the two
-    `read_every` spans before the trouble began or in the last two since (both: a bad batch's own
+    calm median (3e-2 alone where none was measured calm), or a gradient norm ten times its calm
+    median, in the measurements of the two `read_every` spans before the trouble began or in the last two since (both: a bad batch's own
     update is large by its data); a non-finite gradient norm at once. `ratios`: (step, ratio, rate,
     calm); `norms`: (step, norm, calm)."""
     before, since = began - 2 * read_every, began

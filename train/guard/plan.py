@@ -3,7 +3,8 @@ rate to set, and the one line that says it.
 
 The record (the `rescue` key of that step's metrics.jsonl record; the doctor and the bench read it):
 {"kind": "data_spike" | "rate_blowup" | "stall" | "data_shift", "action": "skip" | "rewind" |
-"stop" | "none" | "lift" | "refuse" (bad batches whose updates the loop refused: `Monitor.check`) (watch mode: "watch: would skip" ...), "why": one sentence of the
+"stop" | "none" | "lift" | "refuse" (bad batches whose updates the loop refused: `Monitor.check`)
+(watch mode: "watch: would skip" ...), "why": one sentence of the
 evidence, "trigger": the same (older readers), "trouble_began": step, "number": n,
 "restored_step": step | None, "skipped": batches undone, "skipped_steps": [the bad batches' steps]
 (a data spike), "lr_cap": the cap in force after it | None, "factor": the cap over the rate the
@@ -52,7 +53,8 @@ def rescue_line(step: int, rec: dict[str, Any]) -> str:
     if action == "skip":
         what = f"{where} ({rec['skipped']} batches skipped, the rate kept)"
     elif action == "refuse":
-        what = f"their {len(rec['skipped_steps'])} update(s) refused before they were taken: nothing undone, the rate kept"
+        what = (f"their {len(rec['skipped_steps'])} update(s) refused before they were taken: nothing undone, "
+                "the rate kept")
     elif action == "rewind":
         what = (f"{where} ({rec['skipped']} batches skipped), learning rate capped at {rec['lr_cap']:.3g} "
                 f"(x{rec['factor']:.3g} now; {rec['rate_from']})")

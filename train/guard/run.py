@@ -37,16 +37,17 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from train.guard.attention import Readings
-from train.guard.kinds import RATIO_LINE, Excursion, bad_block, classify, falling, growth, rate_rose, ratios_say, stalled
+from train.guard.kinds import (RATIO_LINE, Excursion, bad_block, classify, falling, growth, rate_rose, ratios_say,
+                               stalled)
 from train.guard.loss_watch import LossWatch
 from train.guard.plan import Plan, record, rescue_line
+from train.guard.planning import rate_plan, skip_plan
 from train.guard.rate import RateCap, rate_of
 from train.guard.ranks import everyone
-from train.guard.planning import rate_plan, skip_plan
 from train.guard.rates import lift_plan
 from train.guard.snapshot import HostSnapshot
-from train.guard.update_probe import UpdateProbe
 from train.guard.stop import EXIT_STOPPED, GuardStop
+from train.guard.update_probe import UpdateProbe
 
 if TYPE_CHECKING:
     from train.guard.settings import Guard
