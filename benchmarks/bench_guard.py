@@ -55,6 +55,8 @@ GOALS = {  # kind -> what a run must do (said in the table)
     "garbage": "<= clean + 0.05, <= none + 0.01",
     "shift": "no stop, <= none + 0.05",
     "transient": "no stop, <= none + 0.05",
+    "offlog": "<= clean + 0.5",
+    "llama": "healthy bitwise; <= best + 0.5",
     "hf": "<= best + 0.5",
 }
 
@@ -108,9 +110,11 @@ class Book:
         """Whether run `r` met its kind's goal (GOALS)."""
         kind, value, ref, bare = r.case.kind, final(r), final(self.ref(r)), final(self.bare(r))
         finite = math.isfinite(r.final_val)
-        if kind == "healthy":
+        if kind == "healthy" or kind == "llama" and r.case == r.case.reference():
             return r.weights == self.bare(r).weights
-        if kind in ("blowup", "stall", "hf"):
+        if kind == "llama" and r.case.event:
+            return finite and value <= ref + 0.05 and value <= bare + 0.01
+        if kind in ("blowup", "stall", "hf", "offlog", "llama"):
             return finite and value <= ref + 0.5
         if kind == "garbage":
             return finite and value <= ref + 0.05 and value <= bare + 0.01
@@ -153,7 +157,8 @@ def guard_goals(book: Book, kinds: tuple[str, ...]) -> list[str]:
     for kind, goal, need in (("blowup", "blow-ups within 0.5 nats of the best", 0.9),
                              ("garbage", "garbage within 0.05 of clean, no worse than unguarded", 1.0),
                              ("shift", "a healthy shift never stopped, <= unguarded + 0.05", 1.0),
-                             ("healthy", "healthy runs bitwise untouched", 1.0)):
+                             ("healthy", "healthy runs bitwise untouched", 1.0),
+                             ("offlog", "a blow-up off the log steps within 0.5 nats of the clean run", 1.0)):
         mine = book.of(kind, "guard") if kind in kinds else []
         if mine:
             met = sum(map(book.ok, mine))

@@ -37,7 +37,7 @@ def eval_tokens() -> Any:
     """[EVAL_ROWS BLOCK] held-out windows (never trained on), as a user gives the Monitor `eval_tokens`."""
     return val_windows()[0][:EVAL_ROWS]
 
-ARMS = ("none", "palm", "skip", "lightning", "guard")
+ARMS = ("none", "palm", "skip", "lightning", "guard", "guard_loss")
 PALM_BACK, PALM_EVERY, PALM_KEEP, PALM_MAX = 100, 50, 3, 20
 
 
@@ -212,13 +212,14 @@ class Guarded(Bare):
         from train.monitor import Monitor
         super().__init__(model, optimizer, options)
         options = dict(options)
-        via, guarded = options.pop("via", "monitor"), options.pop("guard", True)
+        via, guarded, with_eval = options.pop("via", "monitor"), options.pop("guard", True), options.pop("eval", True)
         self.tmp, self.error = None, ""
         if via == "attach":
             self.run, self.monitor = Guard(**options).attach(model, optimizer), None
         else:
             self.tmp = tempfile.TemporaryDirectory()
-            self.monitor = Monitor(model, optimizer, f"{self.tmp.name}/run", report=False, eval_tokens=eval_tokens(),
+            self.monitor = Monitor(model, optimizer, f"{self.tmp.name}/run", report=False,
+                                   eval_tokens=eval_tokens() if with_eval else None,
                                    guard=Guard(**options) if guarded else False)
             self.run = self.monitor.guard
 
@@ -243,6 +244,14 @@ class Guarded(Bare):
             self.monitor.close()
         if self.tmp is not None:
             self.tmp.cleanup()
+
+
+class LossOnly(Guarded):
+    """The guard with a Monitor given no eval_tokens: the loss, and the update ratios and gradient
+    norm at its log steps (no attention readings)."""
+
+    def __init__(self, model: Any, optimizer: Any, options: dict[str, Any]):
+        super().__init__(model, optimizer, {**options, "eval": False})
 
 
 class Monitored(Guarded):
@@ -274,4 +283,4 @@ def _nbytes(tree: Any) -> int:
 
 
 WATCHERS = {"none": Bare, "palm": PaLM, "skip": SkipStep, "lightning": Lightning, "guard": Guarded,
-            "monitor": Monitored}
+            "guard_loss": LossOnly, "monitor": Monitored}

@@ -22,6 +22,11 @@ The kinds of trouble (`cases`), each beside what it is measured against:
   (a real change of data the run should learn); against the unguarded run;
 - transient: adamw_warmup at its good rate, the rate x20 for 3 steps at mid-run (a spike the run
   recovers from by itself); against the clean run and the unguarded one;
+- offlog: adamw_warmup at its good rate, the rate x30 from 3 steps past mid-run to the end (a
+  blow-up that starts between the Monitor's log steps); against the clean run;
+- llama: a Llama-style GPT (RMSNorm, SwiGLU, rotary positions, tied embeddings;
+  tests/newcomer_gpts.py) in the adamw_warmup recipe: healthy, at 10x and 100x, and with 5
+  garbage batches; against its healthy run;
 - hf: a transformers GPT-2 of the same size in a `Trainer` (AdamW, linear decay) at 0.1, where it
   blows up in its first logging window; against the Trainer at 3e-3.
 
@@ -41,9 +46,10 @@ DATA = REPO / "data" / "tinyshakespeare.txt"
 D_MODEL, LAYERS, HEADS, BLOCK, BATCH, VAL_WINDOWS = 64, 2, 2, 64, 16, 64
 BETAS, WEIGHT_DECAY, WARMUP_FRACTION, FLOOR = (0.9, 0.99), 0.1, 0.1, 0.1
 EVENT_STEPS, BUMP, BUMP_STEPS = 5, 20.0, 3  # garbage batches; the transient's rate bump and its length
-GOOD = {"adamw_warmup": 3e-3, "adamw_const": 3e-3, "sgd": 0.3, "adam_onecycle": 1e-2, "hf": 3e-3}
+OFFLOG, OFF_BY = 30.0, 3  # the offlog case's rate factor, from this many steps past mid-run (off a log step)
+GOOD = {"adamw_warmup": 3e-3, "adamw_const": 3e-3, "sgd": 0.3, "adam_onecycle": 1e-2, "hf": 3e-3, "llama": 3e-3}
 DECADES = (10.0, 100.0, 1000.0)
-KINDS = ("healthy", "blowup", "stall", "garbage", "shift", "transient", "hf")
+KINDS = ("healthy", "blowup", "stall", "garbage", "shift", "transient", "offlog", "llama", "hf")
 
 _IDS: dict[bool, Any] = {}  # the text's character ids (upper-cased: True), read once per process
 
@@ -64,9 +70,9 @@ class Case:
 
     def reference(self) -> Case:
         """The case this one is measured against: the family's healthy run (for shift: itself, unguarded)."""
-        if self.kind == "shift":
+        if self.kind == "shift" or self.kind == "llama" and self.lr == GOOD["llama"] and not self.event:
             return self
-        return Case("healthy", self.family, GOOD[self.family])
+        return Case("llama" if self.family == "llama" else "healthy", self.family, GOOD[self.family])
 
 
 def cases() -> list[Case]:
@@ -79,6 +85,9 @@ def cases() -> list[Case]:
     out += [Case("garbage", "adamw_warmup", good, e) for e in ("random_tokens", "shuffled_labels")]
     out.append(Case("shift", "adamw_warmup", good, "upper"))
     out.append(Case("transient", "adamw_warmup", good, "rate_bump"))
+    out.append(Case("offlog", "adamw_warmup", good, "rate_x30"))
+    out += [Case("llama", "llama", GOOD["llama"] * d) for d in (1.0, 10.0, 100.0)]
+    out.append(Case("llama", "llama", GOOD["llama"], "random_tokens"))
     out.append(Case("hf", "hf", 0.1))
     return out
 
@@ -186,6 +195,18 @@ def build(seed: int) -> Any:
     return build_model(cfg).train()
 
 
+def build_llama(seed: int) -> Any:
+    """A Llama-style GPT (RMSNorm, SwiGLU, rotary, tied; tests/newcomer_gpts.py) of the same size."""
+    import sys
+
+    import torch
+    sys.path.insert(0, str(REPO / "tests"))
+    from newcomer_gpts import LlamaGPT
+
+    torch.manual_seed(seed)
+    return LlamaGPT(vocab=vocab(), d=D_MODEL, n_heads=HEADS, n_layers=LAYERS, max_seq_len=BLOCK).train()
+
+
 def warmup_cosine(steps: int, case: Case):
     """Linear warmup over the first tenth, then cosine down to a tenth (the transient's bump on top)."""
     warmup, mid = max(1, int(steps * WARMUP_FRACTION)), steps // 2
@@ -196,6 +217,7 @@ def warmup_cosine(steps: int, case: Case):
         else:
             progress = min(1.0, (step - warmup) / max(1, steps - 1 - warmup))
             f = FLOOR + (1 - FLOOR) * 0.5 * (1 + math.cos(math.pi * progress))
+        f *= OFFLOG if case.event == "rate_x30" and step >= mid + OFF_BY else 1.0
         return f * (BUMP if case.event == "rate_bump" and mid <= step < mid + BUMP_STEPS else 1.0)
     return factor
 
@@ -229,7 +251,7 @@ def train(case: Case, arm: str, seed: int, steps: int, options: dict[str, Any] |
         return train_hf(case, arm, seed, steps, options)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    model = build(seed)
+    model = build_llama(seed) if case.family == "llama" else build(seed)
     optimizer, scheduler = optimizer_and_schedule(case, model, steps)
     out = Outcome(case, arm, seed, init_val=val_loss(model, case), final_val=math.nan)
     watcher = WATCHERS[arm](model, optimizer, options or {})

@@ -42,9 +42,9 @@ MONITOR_MODULES = ("train.monitor", "train.monitor_core", "train.monitor_parts",
                    "train.optimizer_kinds", "train.monitor_save", "train.guard", "train.guard.settings",
                    "train.guard.run", "train.guard.stop", "train.guard.monitor", "train.guard.loss_watch",
                    "train.guard.snapshot", "train.guard.kinds", "train.guard.plan", "train.guard.rate",
-                   "train.guard.rates", "train.guard.attention", "train.guard.ranks", "train.monitor_open",
-                   "train.monitor_wandb", "train.monitor_tokenizer", "train.monitor_tiktoken",
-                   "train.monitor_disk")
+                   "train.guard.rates", "train.guard.planning", "train.guard.update_probe", "train.guard.attention",
+                   "train.guard.ranks", "train.monitor_open", "train.monitor_wandb", "train.monitor_tokenizer",
+                   "train.monitor_tiktoken", "train.monitor_disk")
 NEEDS = {"Monitor": MONITOR_MODULES, "HFCallback": (*MONITOR_MODULES, "train.monitor_hf")}
 
 _bound: dict[str, ModuleType] = {}  # our packages bound by hand (under a data folder's name, or `train`)

@@ -49,8 +49,9 @@ def test_a_rewind_is_not_read_as_overfitting(tmp_path, after, overfits):
     assert "divergence" not in codes(d, "warning")  # the rescued step is no divergence
 
 
-def test_a_data_spike_is_read_as_bad_batches_with_no_rate_advice(tmp_path):
-    spike = {"kind": "data_spike", "action": "skip", "why": "5 batches' loss was 4 nats above the model's on "
+@pytest.mark.parametrize("action", ["skip", "refuse"])
+def test_a_data_spike_is_read_as_bad_batches_with_no_rate_advice(tmp_path, action):
+    spike = {"kind": "data_spike", "action": action, "why": "5 batches' loss was 4 nats above the model's on "
              "other data", "trigger": "a loss spike", "trouble_began": 150, "number": 1, "restored_step": None,
              "skipped": 5, "skipped_steps": [150, 151, 152, 153, 154], "lr_cap": None, "factor": None,
              "rate_from": None}
@@ -61,22 +62,26 @@ def test_a_data_spike_is_read_as_bad_batches_with_no_rate_advice(tmp_path):
     d = diagnose.run(write_run(tmp_path / "run", records))
     rescued = finding(d, "rescued")
     assert rescued.severity == "warning" and "150-154" in rescued.title
+    assert ("refused the update(s) of 5 batch(es)" in rescued.title) == (action == "refuse")  # their updates never taken
     assert "check the data at steps 150-154" in rescued.fix
     assert "learning rate" not in rescued.fix.replace("the learning rate was not the cause", "")
     assert all("lower the peak" not in f.fix for f in d.findings if f.fix)  # no finding advises a rate
 
 
 def test_a_rate_blowup_is_advised_the_rate_the_rescue_settled_on(tmp_path):
-    """Two rate rescues (caps 0.3, then 0.09), a data spike between (no cap of its own), then the
-    cap lifted to 0.2: each rate finding advises about 0.2, the data spike the data."""
-    def rate(n, cap):
-        return {**REWIND, "number": n, "lr_cap": cap, "factor": cap}
+    """Two rate rescues (at rate 1.0, cap 0.3; at 0.3, cap 0.09), a data spike between (no cap of its
+    own), then the cap lifted to 0.2: the rates logged are the capped ones; each rate finding advises
+    about 0.2 (the highest it trained at calmly after its last rescue, below the 0.3 that blew up),
+    the data spike the data."""
+    def rate(n, cap, began):
+        return {**REWIND, "number": n, "lr_cap": cap, "factor": cap, "trouble_began": began}
     data = {"kind": "data_spike", "action": "skip", "why": "one batch far above", "trigger": "a loss spike",
             "trouble_began": 80, "number": 3, "skipped": 1, "skipped_steps": [80], "lr_cap": None}
     lift = {"kind": "rate_blowup", "action": "lift", "why": "calm for 100 steps", "trigger": "calm",
             "trouble_began": None, "number": 4, "restored_step": None, "skipped": 0, "lr_cap": 0.2, "factor": 0.2}
-    records = falling(0, 300, 3.0, 0.003)
-    events = {30: rate(1, 0.3), 60: rate(2, 0.09), 80: data, 200: lift}
+    records = with_rates(falling(0, 300, 3.0, 0.003), lambda s: 1.0 if s <= 30 else 0.3 if s <= 60 else
+                         0.09 if s < 200 else 0.2)
+    events = {30: rate(1, 0.3, 25), 60: rate(2, 0.09, 55), 80: data, 200: lift}
     for r in records:
         if r["step"] in events:
             r["rescue"] = events[r["step"]]
@@ -86,6 +91,54 @@ def test_a_rate_blowup_is_advised_the_rate_the_rescue_settled_on(tmp_path):
     for f in rescued[:2]:
         assert "lower the peak learning rate to about 0.2 " in f.fix and "0.09" not in f.fix
     assert rescued[2].fix.startswith("check the data at steps 80")
+
+
+def with_rates(records: list[dict], lr) -> list[dict]:
+    for r in records:
+        r["lr"] = lr(r["step"])
+    return records
+
+
+COLLAPSE = {**REWIND, "why": "head 3 of layer 3 collapsed: its attention entropy fell from 0.89 to 0.28 of uniform "
+            "attention's between steps 75 and 100", "trouble_began": 76, "restored_step": 70, "lr_cap": 0.01}
+SHIFT = {"kind": "data_shift", "action": "none", "why": "1 loss(es) up to 4.1 for 16 steps, falling: a new level",
+         "trigger": "a new level", "trouble_began": 254, "number": 0, "restored_step": None, "skipped": 0,
+         "lr_cap": None, "factor": None}
+
+
+@pytest.mark.parametrize("events, lr, cause, fix, gone", [
+    # set off by attention: no word of the loss blowing up; advised the rate it trained at calmly after
+    ({100: COLLAPSE}, lambda s: 0.03 if s <= 100 else 0.01, "attention collapsed fast", "about 0.01 ", ()),
+    # a shift noted at 270, then a rewind of the same episode to before it began: one story, the rewind's
+    ({270: SHIFT, 280: {**REWIND, "trouble_began": 254, "restored_step": 250, "lr_cap": 0.01}},
+     lambda s: 0.03 if s <= 280 else 0.01, "blew up", "about 0.01 ", ("data_shift",)),
+    # a cap lifted late in the decay (it never limited the rate again): the highest rate trained at
+    # calmly, 0.015, never "none for the rate" (the schedule's 0.03 blew up and was never tried again)
+    ({100: {**REWIND, "trouble_began": 95, "lr_cap": 0.01}, 250: {"kind": "rate_blowup", "action": "lift",
+      "why": "calm", "trouble_began": 250, "number": 1, "lr_cap": None}},
+     lambda s: 0.03 if s <= 100 else 0.01 if s < 250 else 0.015 * (1 - (s - 250) / 100), "blew up", "about 0.015 ", ()),
+    # the cap lifted back to the rate the run was rescued from: not advised; the highest below it is
+    ({100: {**REWIND, "trouble_began": 95, "lr_cap": 0.01}, 200: {"kind": "rate_blowup", "action": "lift",
+      "why": "calm", "trouble_began": 200, "number": 1, "lr_cap": 0.03}},
+     lambda s: 0.03 if s <= 100 or s >= 200 else 0.01, "blew up", "about 0.01 ", ()),
+    # lifted early and trained calmly at the schedule's full rate after: nothing to change in the rate
+    ({100: {**REWIND, "trouble_began": 95, "lr_cap": 0.01}, 150: {"kind": "rate_blowup", "action": "lift",
+      "why": "calm", "trouble_began": 150, "number": 1, "lr_cap": None}},
+     lambda s: 0.01 if 100 < s < 150 else 0.03, "blew up", "none for the rate", ()),
+])
+def test_the_story_of_a_rescue_names_its_cause_and_a_rate_the_evidence_says_was_stable(tmp_path, events, lr, cause,
+                                                                                      fix, gone):
+    records = with_rates(falling(0, 330, 3.0, 0.003), lr)
+    for r in records:
+        if r["step"] in events:
+            r["rescue"] = events[r["step"]]
+    d = diagnose.run(write_run(tmp_path / "run", records, model={"n_heads": 2, "qk_norm": "none"}))
+    [rescued] = [f for f in d.findings if f.code == "rescued"]
+    assert cause in rescued.cause and fix in rescued.fix
+    assert ("blew up" in rescued.cause) == (cause == "blew up")
+    assert not set(gone) & set(codes(d))
+    if gone:
+        assert "noted as a data shift at step 270 first" in rescued.title
 
 
 def test_records_without_a_kind_read_as_before(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from train.guard import Guard
-from train.guard.attention import COLLAPSED, DROP, EVERY, SPAN, collapse, normalized
+from train.guard.attention import COLLAPSED, DROP, EVERY, SPAN, Readings, collapse, normalized
 
 POSITIONS = 16
 UNIFORM = math.lgamma(POSITIONS + 1) / POSITIONS  # ln(16!)/16: the series entropy of uniform causal attention
@@ -55,6 +55,30 @@ def test_collapse_on_hand_readings(readings, found):
         assert "head" in got[1] and "layer 0" in got[1]
 
 
+@pytest.mark.parametrize("spread,restore,step,last,found", [
+    # the issue's run: read at 75, restored at 105 to step 90's state, read at 130: 40 updates apart (past SPAN)
+    ((0, 25, 50, 75), (90, 105), 130, 0.28, None),
+    ((0, 25), (30, 40), 65, 0.30, "0.95 to 0.30 of uniform attention's between steps 25 and 65 (30 updates"),
+    ((0, 25), (30, 40), 65, 0.36, None),  # lost 0.59 in 30 updates: under DROP x 30/25 = 0.6, sharpening
+    ((0, 25, 50, 75), None, 100, 0.30, "0.95 to 0.30 of uniform attention's between steps 75 and 100"),
+])
+def test_after_a_restore_a_fall_is_judged_over_the_updates_the_model_had(spread, restore, step, last, found):
+    """Readings at 0.95 of uniform at the `spread` steps; a restore (state step, at step); the next
+    reading judged against the newest one of the restored state's own history, over the updates
+    between them (relabelling it as the restore's step judged ~40 updates of healthy sharpening
+    against one span's line: the false rewind of issue 59), and the message says that span."""
+    readings = Readings()
+    for at in spread:
+        assert readings.see(at, reading(0.95), POSITIONS) is None
+    if restore is not None:
+        readings.restored(*restore)
+        assert [r[0] for r in readings.held] == list(spread)  # their own steps, all of the state's history
+    got = readings.see(step, reading(last), POSITIONS)
+    assert (got is None) == (found is None) and (readings.why is None) == (found is None)
+    if found is not None:
+        assert got == spread[-1] and found in readings.why
+
+
 def test_the_lines_sit_between_what_healthy_and_blown_up_runs_measured():
     """The development runs' figures (the module's docstring): healthy heads lost at most 0.34 of
     uniform's entropy between readings 25 steps apart, blown-up ones 0.71 or more, landing at 0.28
@@ -71,11 +95,11 @@ def still_run(schedule, guard: Guard):
     return guard.attach(model, optimizer), optimizer, scheduler
 
 
-def feed(run, optimizer, scheduler, step: int, loss: float, heads: tuple[float, ...] | None):
+def feed(run, optimizer, scheduler, step: int, loss: float, heads: tuple[float, ...] | None, ratio=None):
     optimizer.step()  # no gradients: nothing moves; the guard's hooks see the rate applied
     scheduler.step()
     collapsed = run.attention.see(step, reading(*heads), POSITIONS) if heads and run.attention_due(step) else None
-    plan = run.observe(step, loss, collapse=collapsed)
+    plan = run.observe(step, loss, ratio=ratio, collapse=collapsed)
     if plan is None:
         run.keep(step)
         return None
@@ -98,7 +122,7 @@ def test_a_collapse_in_a_warmup_rewinds_to_the_last_spread_state_at_its_rate():
     assert step == 50 and (rec["kind"], rec["action"]) == ("rate_blowup", "rewind")
     assert "collapsed" in rec["why"] and rec["trouble_began"] == 26 and rec["restored_step"] == 25
     assert rec["lr_cap"] == pytest.approx(26 / 100) and run.unsafe == pytest.approx(51 / 100)
-    assert run.attention.held[-1][0] == 50 and len(run.attention.held) == 1  # the restored state's reading, dated now
+    assert [r[0] for r in run.attention.held] == [0, 25]  # the restored state's history, at its own steps
     again, optimizer, scheduler = still_run(lambda s: min(1.0, (s + 1) / 100), Guard(every=25, cut=0.3))
     caps = [r["lr_cap"] for step in range(51) if (r := feed(again, optimizer, scheduler, step, 2.0,
                                                             (0.95,) if step < 50 else (0.05,))) is not None]
@@ -116,3 +140,24 @@ def test_a_collapse_again_under_the_cap_cuts_it_and_never_touches_a_run_whose_he
     calm, optimizer, scheduler = still_run(lambda s: 1.0, Guard(every=10))
     assert all(feed(calm, optimizer, scheduler, step, 2.0, (0.9 - 0.002 * step,)) is None for step in range(200))
     assert calm.ceilings == [] and len(calm.attention.held) == 8  # slowly sharper: read every 25 steps (EVERY), never acted on
+
+
+@pytest.mark.parametrize("loss,ratio,rewound", [
+    (lambda s: 4.0 - 0.03 * s, None, False),  # the loss falling through the collapse: a phase change, left alone
+    (lambda s: 2.0, None, True),  # flat: the series' failure (the run plateaus), rewound
+    (lambda s: 2.0 + 0.004 * s, None, True),  # creeping up, under the spike line: rewound
+    (lambda s: 4.0 - 0.03 * s, 0.1, True),  # falling, but the update ratios out of band (0.1 at step 40): the rate
+])
+def test_a_fast_collapse_is_trouble_only_when_the_loss_stops_falling_or_the_ratios_grew(loss, ratio, rewound):
+    """One head spread (0.95) at the readings of steps 0 and 25, one-hot (0.05) at step 50, a constant
+    rate: a head taking its job fast while the model still learns (an induction head forming) is no
+    rate blow-up; with the loss flat or rising, or the update ratios above their growth line, it is."""
+    run, optimizer, scheduler = still_run(lambda s: 1.0, Guard(every=25))
+    records = []
+    for step in range(51):
+        heads = (0.95,) if step < 50 else (0.05,)
+        measured = ratio if step == 40 else 5e-3 if step % 10 == 0 else None  # the Monitor's log steps
+        if (r := feed(run, optimizer, scheduler, step, loss(step) + 0.01 * ((step * 7) % 5), heads, measured)):
+            records.append(r)
+    assert [(r["kind"], r["action"]) for r in records] == ([("rate_blowup", "rewind")] if rewound else [])
+    assert (run.ceilings != []) == rewound and "collapsed" in run.attention.why

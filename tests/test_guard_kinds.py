@@ -110,10 +110,57 @@ def test_growing_update_ratios_make_a_rate_blowup_at_once_and_set_the_rate():
 def test_a_step_to_a_new_level_is_a_data_shift_noted_once_never_a_stop(shape):
     new = calm(range(100, 200), start=3.5, end=2.6) if shape == "falling" else calm(range(100, 200), 3.0, 3.0)
     run, records = stream(laid_out(), calm(range(100), start=4.2) + new)
-    [(step, rec)] = records
-    assert step == 100 + Guard().hold - 1 and (rec["kind"], rec["action"]) == ("data_shift", "none")
+    [(step, rec)] = records  # on its hold, and one update more: no ratio logged, the guard reads the next one's
+    assert step == 100 + Guard().hold and (rec["kind"], rec["action"]) == ("data_shift", "none")
     assert rec["restored_step"] is None and rec["skipped"] == 0 and run.undone == 0 and not run.stopped
     assert run.ceilings == []
+
+
+def moving(losses: list[float], ratios: dict[int, float], x30: str | None):
+    """`stream` on a model that moves as an update ratio says: SGD at 0.1 on weights of ones, a
+    gradient of +-0.05 a step (an update ratio of 5e-3); from step 103 the schedule's rate x30
+    (`x30="rate"`) or the gradients x30 (`"grad"`: updates 30x with the rate unchanged)."""
+    model = torch.nn.Linear(4, 4, bias=False)
+    torch.nn.init.ones_(model.weight)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 30.0 if x30 == "rate" and s >= 103 else 1.0)
+    run, records = laid_out().attach(model, optimizer), []
+    for step, loss in enumerate(losses):
+        grad = 0.05 * (30 if x30 == "grad" and step >= 103 else 1)
+        model.weight.grad = torch.full_like(model.weight, grad if step % 2 else -grad)
+        optimizer.step()
+        scheduler.step()
+        record = run.check(step, loss, None, ratios.get(step))
+        if record is not None:
+            records.append((step, record))
+    return run, records
+
+
+@pytest.mark.parametrize("logged,x30,kind,step,why", [
+    # the schedule's rate x30 from step 103: said by the rate itself, on the episode's hold
+    (True, "rate", "rate_blowup", 118, "the rate applied rose from 0.1 to 3 at step 103"),
+    (False, "rate", "rate_blowup", 118, "the rate applied rose from 0.1 to 3 at step 103"),
+    # updates 30x at the same rate: the Monitor's ratio at 110 and the guard's own reading of 119's update
+    (True, "grad", "rate_blowup", 119, "update ratio rose to 0.1"),  # ~0.17: the weights moved
+    (False, "grad", "rate_blowup", 120, "update ratio rose to 0.1"),  # no ratio logged: 119's and 120's
+    (True, None, "data_shift", 118, "a new level"),  # the ratio at 110 calm: a shift, noted on its hold as before
+    (False, None, "data_shift", 119, "a new level"),  # ... with none logged: 119's update in its band, a step later
+])
+def test_a_blow_up_that_starts_between_log_steps_is_told_from_a_shift(logged, x30, kind, step, why):
+    """A jump at step 103 to a level that falls (what a rate x30 from step 253 did in issue 59): on its
+    hold (step 118) the Monitor had measured one update ratio since, at 110, or none at all (a rank
+    without a Monitor): called a data shift there, the blow-up was never rescued. The rate's own
+    jump says it; where the rate did not move, the guard reads the next updates' ratios itself."""
+    losses = calm(range(103), start=4.2) + calm(range(103, 200), start=3.5, end=2.6)
+    ratios = {s: 5e-3 * (30 if x30 and s > 103 else 1) for s in range(0, 200, 10)} if logged else {}
+    run, records = moving(losses, ratios, x30)
+    (at, rec), *_ = records
+    assert (at, rec["kind"]) == (step, kind) and rec["trouble_began"] == 103 and why in rec["why"]
+    assert x30 != "grad" or f"at step {step} (" in rec["why"]  # the guard's own reading of that step's update
+    if kind == "rate_blowup":
+        assert rec["action"] == "rewind" and rec["restored_step"] <= 101
+    else:
+        assert rec["action"] == "none" and run.ceilings == []
 
 
 def test_a_stall_after_a_rescue_acts_again_earlier_and_lower_then_stops():
@@ -255,6 +302,48 @@ def test_a_tiny_real_run_skips_garbage_batches_and_never_stops_a_shift(trouble, 
     else:
         assert (rescue["kind"], rescue["action"], rescue["restored_step"]) == ("data_shift", "none", None)
         assert monitor.guard.undone == 0 and not monitor.guard.stopped
+
+
+def test_a_loop_that_asks_first_refuses_only_the_bad_updates_and_undoes_nothing(tmp_path):
+    """The same tiny run, random tokens at steps 60-62, the loop asking `monitor.check(loss, step)`
+    before each `optimizer.step()` (OLMo-core's skip-step): the three bad updates refused, one
+    record saying so, no state restored, no good batch undone; the weights bitwise those of the same
+    loop that leaves out the updates of 60-62 by hand with no Monitor at all."""
+    import torch.nn.functional as F
+
+    from models import PRESETS, build_model
+    from models.checkpoint import read_metrics
+    from train.monitor import Monitor
+
+    cfg = PRESETS["transformer4_rms_small"].config.replace(n_layers=1)
+
+    def train(model, optimizer, ask, log=lambda step, loss: None):
+        for step in range(80):
+            rows = noisy_count(step, 1, cfg.d_vocab, cfg.n_ctx)
+            if 60 <= step < 63:
+                rows = torch.randint(0, cfg.d_vocab, rows.shape, generator=torch.Generator().manual_seed(step))
+            loss = F.cross_entropy(model(rows[:, :-1]).flatten(0, 1), rows[:, 1:].flatten())
+            optimizer.zero_grad()
+            loss.backward()
+            if ask(step, loss):
+                optimizer.step()
+            log(step, loss)
+
+    def fresh():
+        torch.manual_seed(0)
+        model = build_model(cfg).train()
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    asked, optimizer = fresh()
+    with Monitor(asked, optimizer, tmp_path / "run", guard=Guard(every=10), report=False) as monitor:
+        train(asked, optimizer, lambda step, loss: monitor.check(loss, step),
+              lambda step, loss: monitor.log(step, train_loss=loss.item()))
+    [rescue] = [r["rescue"] for r in read_metrics(tmp_path / "run") if "rescue" in r]
+    assert (rescue["kind"], rescue["action"], rescue["skipped_steps"]) == ("data_spike", "refuse", [60, 61, 62])
+    assert rescue["restored_step"] is None and monitor.guard.undone == 0 and monitor.guard.refused == {60, 61, 62}
+    plain, optimizer = fresh()
+    train(plain, optimizer, lambda step, loss: not 60 <= step < 63)
+    assert all(torch.equal(a, b) for a, b in zip(asked.state_dict().values(), plain.state_dict().values()))
 
 
 # ------------------------------------------------------------------ stops that must end cleanly (defect 7)

@@ -301,6 +301,13 @@ class Monitor:
         if self.doctor is not None and "train_loss" in scalars and self.doctor.alarm(self._pending):
             self.flush()  # the step's last call (nanoGPT logs its eval first): diagnosed now, not a record later
 
+    def check(self, loss: Any, step: int | None = None) -> bool:
+        """Before `optimizer.step()`: False when the guard refuses this update (a bad batch, its loss far
+        above the run's level: not taken, nothing to undo later; docs/guard.md), else True (always
+        without a guard). `step`: the update's number (default: the one the Monitor counts next)."""
+        from train.guard.monitor import check_update
+        return check_update(self, self._next_step if step is None else step, loss)
+
     def record(self, step: int, **scalars: Any) -> None:
         """`log` at any step: the numbers make (or join) a record even between log steps (a
         callback forwarding another trainer's own log lines uses this)."""

@@ -15,6 +15,7 @@ skipped or rewound step is no divergence: the run went on from a finite state (`
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from probes.doctor import flags
@@ -22,8 +23,8 @@ from probes.doctor.finding import WORTSMAN, Finding, rule
 from probes.doctor.run_history import RunHistory
 from probes.doctor.thresholds import DoctorThresholds
 
-__all__ = ["PALM", "data_fix", "last_weights_reset", "no_qk_advice", "rescues", "rewound", "settled_cap", "stopped",
-           "structural_fix"]
+__all__ = ["PALM", "by_attention", "data_fix", "last_weights_reset", "no_qk_advice", "rescues", "rewound", "settled_cap",
+           "stable_rate", "stopped", "structural_fix"]
 
 PALM = "Chowdhery et al. 2022, PaLM: restarting about 100 steps before a spike and skipping 200-500 batches"
 OLMO = "OLMo-core's SkipStepOptimizer: an update whose loss is far off its recent level is not taken"
@@ -79,14 +80,14 @@ def settled_cap(h: RunHistory) -> tuple[float | None, int | None]:
 
 
 def structural_fix(lr_cap: float | None, trainer: str = flags.OURS, qk_norm: bool = False,
-                   stopped: bool = False) -> str:
+                   stopped: bool = False, evidence: str = "where the guard's rescue settled") -> str:
     """What to change so that the run needs no rescue: the peak rate the guard settled on (below
     it, when the run relapsed there and was `stopped`), QK-norm (unless `qk_norm`: the model has it,
     or has no attention), the sweep that finds the rate."""
     known = lr_cap is not None and math.isfinite(lr_cap)
     rate = ("lower the peak learning rate" if not known else
             f"lower the peak learning rate below {lr_cap:.3g} (it relapsed even capped there)" if stopped else
-            f"lower the peak learning rate to about {lr_cap:.3g} (where the guard's rescue settled)")
+            f"lower the peak learning rate to about {lr_cap:.3g} ({evidence})")
     norm = "" if qk_norm else f", normalise queries and keys ({flags.flag('--set qk_norm=rms', trainer)})"
     sweep = "python -m train.sweep --lr ..." if trainer == flags.OURS else "a learning-rate sweep"
     return f"{rate}{norm}; {sweep} finds the highest rate that trains without rescue"
@@ -107,38 +108,86 @@ def no_qk_advice(model: dict[str, Any]) -> bool:
 @rule("rescued", "guard_stopped", "guard_would_rescue", "data_shift")
 def rescues(h: RunHistory, t: DoctorThresholds) -> list[Finding]:
     """One finding per record the guard acted on: a skip or rewind (warning), a stop (failed), a
-    watching guard's would-be rescue (warning), a data shift let be (info). Nothing when the guard
-    never acted (or was not on). A lift of the cap is no finding: it is part of the rate rescue's."""
+    watching guard's would-be rescue (warning), a data shift let be (info; not where a rewind of the
+    same episode followed: said in the rewind's). Nothing when the guard never acted (or was not
+    on). A lift of the cap is no finding: it is part of the rate rescue's."""
     found = []
     qk = no_qk_advice(h.model)
     cap, cap_step = settled_cap(h)
+    undone = shifts_undone(h)
     for r in h.with_key("rescue"):
         rescue = _rescue(r)
-        if rescue is None or rescue.get("action") == "lift":
+        if rescue is None or rescue.get("action") == "lift" or r["step"] in undone:
             continue
         finding = one_rescue(h, r["step"], rescue, fix_for(h, rescue, cap, cap_step, qk))
+        shift = next((s for s, by in undone.items() if by == r["step"]), None)
+        if finding is not None and shift is not None:
+            finding = replace(finding, title=f"{finding.title} (noted as a data shift at step {shift} first)")
         if finding is not None:
             found.append(finding)
     return found
 
 
+def shifts_undone(h: RunHistory) -> dict[int, int]:
+    """{the step of a data shift noted: the step of the rewind or stop after it that went back to a
+    state before the shift began}: the same episode, judged rate trouble in the end."""
+    out = {}
+    marks = [(r["step"], _rescue(r)) for r in h.with_key("rescue") if _rescue(r) is not None]
+    for step, rescue in marks:
+        began = rescue.get("trouble_began")
+        if kind_of(rescue) != "data_shift" or not isinstance(began, int):
+            continue
+        later = next((s for s, x in marks if s > step and x.get("action") in ("rewind", "stop")
+                      and isinstance(x.get("restored_step"), int) and x["restored_step"] < began), None)
+        if later is not None:
+            out[step] = later
+    return out
+
+
+def stable_rate(h: RunHistory) -> tuple[float, float, int] | None:
+    """(the highest rate logged after the guard's last rate rescue below every rate the run was
+    rescued from, the lowest of those, that rescue's step): the rate the run's own evidence says
+    trains calmly. None without logged rates after it."""
+    lrs, marks = h.logged_lr(), []
+    for r in h.with_key("rescue"):
+        rescue = _rescue(r)
+        if rescue and rescue.get("action") in ("rewind", "stop") and kind_of(rescue) in ("rate_blowup", "stall"):
+            began = rescue.get("trouble_began")
+            marks.append((r["step"], began if isinstance(began, int) else r["step"]))
+    if not marks or not lrs:
+        return None
+    at_trouble = [next((v for s, v in lrs if began <= s <= step), None) for step, began in marks]
+    rescued_from = min((v for v in at_trouble if v is not None), default=math.inf)
+    last = marks[-1][0]
+    calm = [v for s, v in lrs if s > last and v < rescued_from]
+    return (max(calm), rescued_from, last) if calm else None
+
+
 def fix_for(h: RunHistory, rescue: dict[str, Any], cap: float | None, cap_step: int | None, qk: bool) -> str:
-    """The fix a rescue's evidence names: the data for a data spike, the settled rate otherwise."""
+    """The fix a rescue's evidence names: the data for a data spike; otherwise the highest rate the
+    run trained at calmly after its last rate rescue, below every rate it was rescued from (never a
+    cap lifted late that never limited the rate), else the settled cap."""
     action, kind = str(rescue.get("action", "")), kind_of(rescue)
     if kind == "data_spike":
         return data_fix(skipped_steps(rescue))
     if kind == "data_shift":
         return "none needed: the run learns the new data (check that the change of data was meant)"
-    stop = action.endswith("stop")
     if action.startswith("watch"):
-        cap = _finite(rescue.get("lr_cap"))
-    elif stop and cap is None:
-        cap = _finite(rescue.get("lr_cap"))
-    if cap is None and cap_step is not None and not stop:  # the cap was lifted: the schedule's rate trained calmly
-        norm = "" if qk else f"; normalising queries and keys ({flags.flag('--set qk_norm=rms', h.trainer)}) makes it rarer"
+        return structural_fix(_finite(rescue.get("lr_cap")), h.trainer, qk)
+    if action.endswith("stop"):
+        return structural_fix(_finite(rescue.get("lr_cap")) if cap is None else cap, h.trainer, qk, stopped=True)
+    stable = stable_rate(h)
+    after = [v for s, v in h.logged_lr() if stable is not None and s > stable[2]]
+    if cap is None and cap_step is not None and (stable is None or max(after) >= stable[1]):
+        norm = "" if qk else (f"; normalising queries and keys ({flags.flag('--set qk_norm=rms', h.trainer)}) "
+                              "makes it rarer")
         return (f"none for the rate: the guard lifted its cap by step {cap_step} and the run trained calmly at "
                 f"your schedule's rate; a longer warmup avoids the blow-up{norm}")
-    return structural_fix(cap, h.trainer, qk, stopped=stop)
+    if stable is not None:
+        rate, rescued_from, step = stable
+        return structural_fix(rate, h.trainer, qk, evidence=f"the highest it trained at calmly after the guard's "
+                              f"rescue at step {step}, below the {rescued_from:.3g} it was rescued from")
+    return structural_fix(cap, h.trainer, qk)
 
 
 def one_rescue(h: RunHistory, step: int, rescue: dict[str, Any], fix: str) -> Finding | None:
@@ -152,10 +201,11 @@ def one_rescue(h: RunHistory, step: int, rescue: dict[str, Any], fix: str) -> Fi
         return Finding("data_shift", "info", f"the loss moved to a new level at step {rescue.get('trouble_began', step)} "
                        f"and the run learns from it: a change of data, not trouble ({why})",
                        cause="the data changed and the model is learning it", reference=PALM, **common)
-    cause, reference = CAUSES.get(kind, CAUSES["rate_blowup"])
-    if action == "skip":
+    cause, reference = CAUSES.get("attention" if by_attention(rescue) else kind, CAUSES["rate_blowup"])
+    if action in ("skip", "refuse"):
         steps = skipped_steps(rescue)
-        title = f"{why}; skipped {len(steps) or rescue.get('skipped', '?')} batch(es) ({_steps(steps)}), rate kept"
+        done = "refused the update(s) of" if action == "refuse" else "skipped"
+        title = f"{why}; {done} {len(steps) or rescue.get('skipped', '?')} batch(es) ({_steps(steps)}), rate kept"
         return Finding("rescued", "warning", title, warning_step=rescue.get("trouble_began"), cause=cause,
                        reference=reference, **common)
     if action == "rewind":
@@ -181,11 +231,18 @@ def one_rescue(h: RunHistory, step: int, rescue: dict[str, Any], fix: str) -> Fi
 CAUSES = {  # kind -> (cause, reference)
     "rate_blowup": ("the loss blew up against its own recent level (or went non-finite): the updates were too "
                     "large for the loss surface at that rate", f"{PALM}; {WORTSMAN}"),
+    "attention": ("a head's attention collapsed fast (near one-hot within a few dozen updates) while the loss did "
+                  "not fall: the updates were too large at that rate (the series' first failure)", WORTSMAN),
     "stall": ("after a rescue the loss stopped coming back toward where it was before the trouble: the rate "
               "(or the state restored) still did not train", f"{PALM}; {WORTSMAN}"),
     "data_spike": ("a few batches had a loss far above the model's on other data: bad batches, not a rate too "
                    "high (their updates were not taken)", f"{OLMO}; {PALM}"),
 }
+
+
+def by_attention(rescue: dict[str, Any]) -> bool:
+    """A rate rescue set off by a head's attention collapsing (`train.guard.attention`), not the loss."""
+    return kind_of(rescue) == "rate_blowup" and "attention entropy fell" in str(rescue.get("why") or "")
 
 
 def skipped_steps(rescue: dict[str, Any]) -> list[int]:

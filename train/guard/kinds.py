@@ -22,7 +22,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
-__all__ = ["Excursion", "U_TOP", "bad_block", "classify", "falling", "growth", "stalled"]
+__all__ = ["Excursion", "RATIO_LINE", "U_TOP", "bad_block", "classify", "falling", "growth", "rate_rose", "ratios_say",
+           "stalled"]
 
 U_TOP = 1e-2  # the top of the healthy band of update ratios (rms(du)/rms(w)) for SGD and Adam steps
 
@@ -95,15 +96,14 @@ RATIO_LINE = 3e-2  # an update ratio above this (three times the healthy band's 
 
 def growth(ratios, norms, began: int, read_every: int) -> str | None:
     """A growth signal in words, or None: an update ratio above the band (3e-2) and three times its
-    calm median, or a gradient norm ten times its calm median, in the measurements of the two
-    `read_every` spans before the trouble began or in the last two since (both: a bad batch's own
+    calm median (3e-2 alone where none was measured calm), or a gradient norm ten times its calm
+    median, in the measurements of the two `read_every` spans before the trouble began or in the last two since (both: a bad batch's own
     update is large by its data); a non-finite gradient norm at once. `ratios`: (step, ratio, rate,
     calm); `norms`: (step, norm, calm)."""
     before, since = began - 2 * read_every, began
     calm_u = [u for _, u, _, calm in ratios if calm]
     calm_g = [g for _, g, calm in norms if calm]
-    u_line = max(RATIO_LINE, 3 * statistics.median(calm_u)) if calm_u else math.inf
-    g_line = 10 * statistics.median(calm_g) if calm_g else math.inf
+    u_line, g_line = lines(calm_u, calm_g)
     for name, values, line, calm in (("update ratio", [(s, u) for s, u, _, _ in ratios], u_line, calm_u),
                                      ("gradient norm", [(s, g) for s, g, _ in norms], g_line, calm_g)):
         if name == "gradient norm" and any(not math.isfinite(v) for s, v in values if s >= before):
@@ -114,8 +114,43 @@ def growth(ratios, norms, began: int, read_every: int) -> str | None:
             grown = after[-1:]
         if grown:
             s, v = grown[-1]
-            return f"the {name} rose to {v:.3g} at step {s} ({v / statistics.median(calm):.0f}x its calm median)"
+            times = f"{v / statistics.median(calm):.0f}x its calm median" if calm else f"above {line:g}"
+            return f"the {name} rose to {v:.3g} at step {s} ({times})"
     return None
+
+
+def lines(calm_u: list[float], calm_g: list[float]) -> tuple[float, float]:
+    """(the update ratio's growth line, the gradient norm's) from their calm measurements."""
+    u_line = max(RATIO_LINE, 3 * statistics.median(calm_u)) if calm_u else RATIO_LINE  # none calm: the line alone
+    return u_line, 10 * statistics.median(calm_g) if calm_g else math.inf
+
+
+def rate_rose(rates: list[tuple[int, float]], began: int, span: int) -> str | None:
+    """The rate the updates applied rose three-fold or more as the trouble began (over the last two
+    steps before it and since) against the `span` steps before, in words; else None. A loss that
+    jumps to a new level and falls there is a data shift, unless the rate itself jumped: Adam's
+    update ratios say little after the first spike (its second moment takes in the spike's large
+    gradients), the rate says it plainly (a warmup rises three-fold within `span` steps only in its
+    first steps, where the run has no level yet)."""
+    before = [r for s, r in rates if began - span <= s < began - 2]
+    at = [(s, r) for s, r in rates if s >= began - 2]
+    if not before or not at or max(before) <= 0:
+        return None
+    s, top = max(at, key=lambda x: x[1])
+    if top < 3 * max(before):
+        return None
+    return f"the rate applied rose from {max(before):.3g} to {top:.3g} at step {s}, as the trouble began"
+
+
+def ratios_say(ratios, began: int) -> bool:
+    """Whether the update ratios measured since the trouble began can tell the rate from the data:
+    two or more (growth wants two: a bad batch's own update is large by its data), or one under the
+    growth line. A blow-up that starts off a log step is decided on its hold before its second (a
+    rate x30 from step 253, ratios at 260 and 270, decided at 269): the guard measures the next
+    update's itself (`update_probe`) until they can."""
+    calm_u = [u for _, u, _, calm in ratios if calm]
+    since = [u for s, u, *_ in ratios if s >= began]
+    return len(since) >= 2 or len(since) == 1 and since[0] <= lines(calm_u, [])[0]
 
 
 def bad_block(losses: tuple[float, ...], level: float, patience: int = 1) -> int:

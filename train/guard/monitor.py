@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("train.guard")
 
-__all__ = ["guard_settings", "hook_guard", "monitor_log", "stop_line"]
+__all__ = ["check_update", "guard_settings", "hook_guard", "monitor_log", "stop_line"]
 
 
 def guard_settings(value: Any) -> Guard | None:
@@ -81,6 +81,20 @@ def monitor_log(monitor: Monitor, step: int, scalars: dict[str, Any]) -> bool:
     elif rescue["action"] == "stop":
         stop(monitor, step, rescue)
     return True
+
+
+def check_update(monitor: Monitor, step: int, loss: Any) -> bool:
+    """`Monitor.check`: False when the guard refuses `step`'s update (`GuardedRun.refuse`), whose
+    number is then used up as if it was taken; True otherwise, and always without a guard."""
+    run = monitor.guard
+    if not isinstance(run, GuardedRun):
+        return True
+    from train.monitor_parts import number  # a bad value refused in the Monitor's words
+    value = number("train_loss", loss)
+    if not run.refuse(step, None if value is None else float(value)):
+        return True
+    monitor._next_step, monitor._steps_since_log = step + 1, monitor._steps_since_log + 1
+    return False
 
 
 def median_ratio(table: dict[str, Any] | None) -> float | None:

@@ -3,7 +3,8 @@ rate to set, and the one line that says it.
 
 The record (the `rescue` key of that step's metrics.jsonl record; the doctor and the bench read it):
 {"kind": "data_spike" | "rate_blowup" | "stall" | "data_shift", "action": "skip" | "rewind" |
-"stop" | "none" | "lift" (watch mode: "watch: would skip" ...), "why": one sentence of the
+"stop" | "none" | "lift" | "refuse" (bad batches whose updates the loop refused: `Monitor.check`)
+(watch mode: "watch: would skip" ...), "why": one sentence of the
 evidence, "trigger": the same (older readers), "trouble_began": step, "number": n,
 "restored_step": step | None, "skipped": batches undone, "skipped_steps": [the bad batches' steps]
 (a data spike), "lr_cap": the cap in force after it | None, "factor": the cap over the rate the
@@ -51,6 +52,9 @@ def rescue_line(step: int, rec: dict[str, Any]) -> str:
     where = f"restored step {rec['restored_step']}" if rec.get("restored_step") is not None else "no snapshot held"
     if action == "skip":
         what = f"{where} ({rec['skipped']} batches skipped, the rate kept)"
+    elif action == "refuse":
+        what = (f"their {len(rec['skipped_steps'])} update(s) refused before they were taken: nothing undone, "
+                "the rate kept")
     elif action == "rewind":
         what = (f"{where} ({rec['skipped']} batches skipped), learning rate capped at {rec['lr_cap']:.3g} "
                 f"(x{rec['factor']:.3g} now; {rec['rate_from']})")
@@ -62,7 +66,8 @@ def rescue_line(step: int, rec: dict[str, Any]) -> str:
         what = "no snapshot held to go back to: the run stops"
     else:
         what = f"{where}; the run stops (rescue {rec['number']}: past the guard's max_rescues or its rate floor)"
-    verb = {"skip": "skipped", "rewind": "rescued", "lift": "lifted", "none": "noted", "stop": "stopped"}[action]
+    verb = {"skip": "skipped", "rewind": "rescued", "lift": "lifted", "none": "noted", "stop": "stopped",
+            "refuse": "refused"}[action]
     if rec["action"].startswith("watch"):
         verb = f"would have {verb}" if action != "none" else "noted"
     began = f" (trouble began at step {rec['trouble_began']})" if action not in ("lift",) else ""

@@ -37,14 +37,17 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from train.guard.attention import Readings
-from train.guard.kinds import Excursion, bad_block, classify, falling, growth, stalled
+from train.guard.kinds import (RATIO_LINE, Excursion, bad_block, classify, falling, growth, rate_rose, ratios_say,
+                               stalled)
 from train.guard.loss_watch import LossWatch
 from train.guard.plan import Plan, record, rescue_line
+from train.guard.planning import rate_plan, skip_plan
 from train.guard.rate import RateCap, rate_of
 from train.guard.ranks import everyone
-from train.guard.rates import blowup_rate, collapse_rate, lift_plan
+from train.guard.rates import lift_plan
 from train.guard.snapshot import HostSnapshot
 from train.guard.stop import EXIT_STOPPED, GuardStop
+from train.guard.update_probe import UpdateProbe
 
 if TYPE_CHECKING:
     from train.guard.settings import Guard
@@ -75,6 +78,7 @@ class GuardedRun:
         self.watch = LossWatch(window=s.window, sigma=s.sigma, min_rise=s.min_rise)
         self.slots = [HostSnapshot() for _ in range(s.keep)]
         self.rate = RateCap(optimizer, s.rewarm)
+        self.probe = UpdateProbe(optimizer)  # the next update's ratio, when an episode waits on it
         self.rescues: list[dict[str, Any]] = []  # every record, with its "step"
         self.undone = 0  # updates undone by skips and rewinds (their batches are not replayed)
         self.stopped = False
@@ -88,6 +92,7 @@ class GuardedRun:
         self.first_rate: float | None = None  # the rate when rate trouble first came (the floor's base)
         self.calm_from: int | None = None  # the step since which a capped run has been calm (lifting)
         self.skips: list[tuple[int, list[int]]] = []  # data-spike skips: (step, the bad batches' steps)
+        self.refused: set[int] = set()  # steps whose update the loop refused on the guard's word (`refuse`)
         self.acts = 0  # rewinds (rate blow-ups and stalls)
         self.last_restored: HostSnapshot | None = None  # kept until the run proved calm after it
         self.quiet = False  # watch mode: an episode said, its consequences not said again
@@ -97,7 +102,7 @@ class GuardedRun:
 
     @property
     def handles(self) -> list[Any]:
-        return self.rate.handles
+        return self.rate.handles + self.probe.handles
 
     @property
     def ceilings(self) -> list[float | None]:
@@ -134,6 +139,30 @@ class GuardedRun:
             return None
         return self.act(plan)
 
+    def refuse(self, step: int, loss: float | None) -> bool:
+        """Whether to refuse `step`'s update before it is taken (OLMo-core's skip-step; the loop asks
+        before `optimizer.step()`, `Monitor.check`): its loss above the spike line of a run that has a
+        level, fewer than `hold` - 1 refused in a row before it (a loss that stays high is no bad batch:
+        a shift or the rate, judged when logged). A non-finite loss is left to the rewind. Every rank
+        decides alike; a watching guard only says it."""
+        loss = everyone(self.model, loss, None)[0]
+        row = 0
+        while step - 1 - row in self.refused:
+            row += 1
+        w = self.watch
+        if loss is None or not math.isfinite(loss) or self.stopped or not w.judged() or row >= self.settings.hold - 1:
+            return False
+        line = w.lines()[0]
+        if loss <= line:
+            return False
+        said = f"the loss {loss:.3f} is above the spike line {line:.3f}"
+        if self.settings.mode == "watch":
+            log.warning("guard: would have refused the update of step %d: %s", step, said)
+            return False
+        self.refused.add(step)
+        log.info("guard: refused the update of step %d: %s", step, said)
+        return True
+
     def attention_due(self, step: int) -> bool:
         """Whether the Monitor is to read the attention now (`Readings.see` takes it)."""
         return not self.stopped and not self.quiet and self.attention.due(step)
@@ -153,27 +182,39 @@ class GuardedRun:
         self.rates.append((step, self.rate.applied))
         if loss is None:
             if grad_norm is not None and not math.isfinite(grad_norm) and not self.quiet:
-                return self._rate_plan("rate_blowup", "the gradient norm is not finite", step, now, warned)
+                return rate_plan(self, "rate_blowup", "the gradient norm is not finite", step, now, warned)
             return None
         open_before = list(self.watch.excursion)
         began_before = self.watch.trouble_began() if open_before else None
         spike = self.watch.see(step, loss)
-        self._measured(step, grad_norm, ratio, calm=not spike and not open_before)
+        probed = self.probe.take()  # the guard's own reading of this step's update, when it asked for one
+        self._measured(step, grad_norm, ratio if ratio is not None else probed, calm=not spike and not open_before)
         if self.quiet:  # watch mode: the trouble said, its consequences not said again until calm
             self.quiet = spike
             return None
         if spike and not math.isfinite(loss):
-            return self._rate_plan("rate_blowup", f"the loss is {loss}", step, now, warned)
+            return rate_plan(self, "rate_blowup", f"the loss is {loss}", step, now, warned)
         if spike or open_before:
             spikes = self.watch.excursion if spike else open_before
             began = self.watch.trouble_began() if spike else began_before
             return self._judge_excursion(spikes, not spike, began, step, now, warned)
-        if collapse is not None:  # attention gone one-hot fast, the loss quiet: the rate (the series' failure)
+        if collapse is not None and not self._sharpening(collapse, step):  # gone one-hot fast, the loss stuck: the rate
             why = self.attention.why or f"a head's attention collapsed after step {collapse}"
-            return self._rate_plan("rate_blowup", why, step, now, warned, began=collapse + 1, newest=collapse)
+            return rate_plan(self, "rate_blowup", why, step, now, warned, began=collapse + 1, newest=collapse)
         if self.recovery is not None:
             return self._judge_recovery(step, loss, now)
         return self._judge_creep(step, now, warned) or lift_plan(self, step, now)
+
+    def _sharpening(self, spread: int, step: int) -> bool:
+        """A head collapsed fast since the reading at `spread` while the loss kept falling and the update
+        ratios stayed under the growth line: a phase change the model learns by (a head taking its job),
+        not the rate's trouble (healthy heads lost up to 0.54 of uniform's entropy in 25 steps)."""
+        losses = [v for s, v in self.watch._losses if s > spread]
+        high = [u for s, u, *_ in self.ratios if s > spread and u > RATIO_LINE]
+        if high or not falling(losses, self.watch.noise()):
+            return False
+        log.info("guard: step %d: %s, the loss falling: a phase change, left alone", step, self.attention.why)
+        return True
 
     def _measured(self, step: int, grad_norm: float | None, ratio: float | None, calm: bool) -> None:
         if grad_norm is not None:
@@ -192,6 +233,13 @@ class GuardedRun:
         if verdict is None:
             return None
         kind, why = verdict
+        if kind == "data_shift" and not closed:  # the rate or the data?
+            rose = rate_rose([(k, rate_of(r)) for k, r in self.rates if r is not None], began, 2 * s.read_every)
+            if rose is not None:
+                kind, why = "rate_blowup", f"{why.split(':')[0]}: {rose}"
+            elif not ratios_say(self.ratios, began) and step - began < s.hold + 4:
+                self.probe.arm()  # the next update's ratio says: wait a step
+                return None
         bad = [st for st, _ in spikes]
         if kind == "data_spike" and not closed:  # the bad block, then the loss down at once
             bad = bad[:bad_block(ex.losses, ex.level, s.patience)]
@@ -201,14 +249,14 @@ class GuardedRun:
                 why = f"{why}; {len(bad)} bad batches right after one another: the data changed"
                 return Plan(now, record("data_shift", "none", why, bad[0], self.acts, None, now, cap=self.rate.cap,
                                         rate_from="the rate kept"), None, None, bad[0])
-        if kind == "data_spike":
-            return self._skip_plan(why, began, bad, now)
+        if kind == "data_spike":  # refused before they were taken (`refuse`): nothing to undo
+            return skip_plan(self, why, began, bad, now, refused=set(bad) <= self.refused)
         if kind == "data_shift":
             if self.recovery is not None:  # a new level after a rewind that the run does not leave: a stall
-                return self._rate_plan("stall", why.replace("a new level", "a stall after the rescue"), step, now, None)
+                return rate_plan(self, "stall", why.replace("a new level", "a stall after the rescue"), step, now, None)
             return Plan(now, record(kind, self._said("none"), why, began, self.acts, None, now,
                                     cap=self.rate.cap, rate_from="the rate kept"), None, None, began)
-        return self._rate_plan(kind, why, step, now, warned, began)
+        return rate_plan(self, kind, why, step, now, warned, began)
 
     def _judge_creep(self, step: int, now: int, warned: Callable | None) -> Plan | None:
         """A level crept a nat above the lowest level the run had, with no spike and not coming down
@@ -223,7 +271,7 @@ class GuardedRun:
             return None
         why = f"the loss crept up to a level of {level:.3f}, {level - self.best_level:.2f} nats above its lowest " \
               f"level {self.best_level:.3f}, without a spike"
-        return self._rate_plan("rate_blowup", why, step, now, warned)
+        return rate_plan(self, "rate_blowup", why, step, now, warned)
 
     def _judge_recovery(self, step: int, loss: float, now: int) -> Plan | None:
         """After a rewind: back near the level before the trouble (recovered), a stall, or wait."""
@@ -239,7 +287,7 @@ class GuardedRun:
         if stalled(tail, rec.target, gap, self.watch.noise()):
             why = (f"the loss stayed near {statistics.fmean(tail[-len(tail) // 4:]):.3f} for {s.stall_window} steps "
                    f"after the rescue, {gap:.2f}+ nats above its level {rec.target:.3f} before the trouble")
-            return self._rate_plan("stall", why, step, now, None, began=rec.since)
+            return rate_plan(self, "stall", why, step, now, None, began=rec.since)
         rec.losses = rec.losses[-s.stall_window:]
         return None
 
@@ -250,70 +298,6 @@ class GuardedRun:
 
     def _held(self) -> list[HostSnapshot]:
         return [slot for slot in self.slots if slot.step is not None]
-
-    def _skip_plan(self, why: str, began: int, bad: list[int], now: int) -> Plan:
-        """Restore the newest state taken before the first bad batch; keep the rate."""
-        good = [slot for slot in self._held() if slot.step < began]
-        slot = max(good, key=lambda x: x.step) if good else None
-        action = self._said("skip" if slot is not None else "none")
-        if slot is None:
-            why += "; no calm state held before them, so they stay"
-        rec = record("data_spike", action, why, began, self.acts, slot, now, cap=self.rate.cap,
-                     rate_from="the rate kept: bad batches say nothing about it", skipped_steps=bad)
-        return Plan(now, rec, slot, None, began)
-
-    def _rate_plan(self, kind: str, why: str, step: int, now: int, warned: Callable | None,
-                   began: int | None = None, newest: int | None = None) -> Plan:
-        """Rewind before the damage with a rate from the evidence, or stop past the floor. `newest`:
-        the newest state known good (an attention collapse: its last spread reading); else the one
-        before the step before `began` (the loss of the step after it was calm)."""
-        s = self.settings
-        collapsed = newest is not None
-        began = self.watch.trouble_began() if began is None else began
-        extra = warned(began) if warned is not None else None
-        warning = None
-        if extra is not None and extra[0] < began:
-            began, warning = extra[0], f"{extra[1]} at step {extra[0]}"
-            why = f"{why} (the doctor warned of {warning})"
-        held = self._held()
-        if kind == "stall":  # an earlier state than the one that stalled
-            older = [x for x in held if self.last_restored is None or x.step < self.last_restored.step]
-            slot = max(older, key=lambda x: x.step) if older else min(held, key=lambda x: x.step, default=None)
-        else:
-            newest = began - 2 if newest is None or warning is not None else newest  # the step after it was calm
-            good = [x for x in held if x.step <= newest]
-            slot = max(good, key=lambda x: x.step) if good else min(held, key=lambda x: x.step, default=None)
-        cap, rate_from = collapse_rate(self, began - 1) if collapsed else blowup_rate(self, kind, began)
-        asked = rate_of(self.rate.asked[0]) if self.rate.asked else cap
-        if self.first_rate is None:
-            self.first_rate = rate_of(self.rate.applied) if self.rate.applied is not None else asked
-        number = self.acts + 1
-        stop = slot is None or number > s.max_rescues or cap < s.floor * self.first_rate
-        if stop:
-            why += "; " + ("no state held to go back to" if slot is None else
-                           f"rescue {number} is past max_rescues ({s.max_rescues})" if number > s.max_rescues else
-                           f"the rate {cap:.3g} would be below the floor ({s.floor:g} x {self.first_rate:.3g})")
-            slot = slot if slot is not None else None
-            rec = record(kind, self._said("stop"), why, began, number, slot, now, cap=self.rate.cap,
-                         rate_from=rate_from)
-            rec["restored_step"] = None if slot is None else slot.step
-            return Plan(now, rec, slot, None, began)
-        factor = min(1.0, cap / asked) if asked > 0 else 1.0
-        rec = record(kind, self._said("rewind"), why, began, number, slot, now, cap=cap, factor=factor,
-                     rate_from=rate_from)
-        if warning is not None:
-            rec["warned"] = warning
-        level = self.recovery.target if self.recovery is not None else self.watch.level()
-        level = level if level is not None else self.watch.best  # before the run has a level: its best so far
-        return Plan(now, rec, slot, cap, began, target=level, unsafe=self._unsafe_rate(kind, began, collapsed))
-
-    def _unsafe_rate(self, kind: str, began: int, collapsed: bool) -> float | None:
-        """The rate a rescue learns is too high: the one that collapsed the attention (the last
-        update's), or that of the first update of a rate blow-up; none for a stall."""
-        if collapsed:
-            return rate_of(self.rate.applied) if self.rate.applied is not None else None
-        first = next((r for s_, r in self.rates if s_ >= began), None) if kind == "rate_blowup" else None
-        return rate_of(first) if first is not None else None
 
     # ------------------------------------------------------------------ snapshots
 
@@ -363,6 +347,10 @@ class GuardedRun:
         if action == "lift":
             self.rate.lift(plan.cap)
             return rec
+        if action == "refuse":  # the bad updates were never taken: nothing restored, the run goes on
+            self.skips.append((plan.step, rec["skipped_steps"]))
+            self.watch.restart(plan.step, plan.began)
+            return rec
         if slot is not None:
             slot.restore(self.model, self.optimizer, self.scaler)
             self.undone += rec["skipped"]
@@ -390,6 +378,7 @@ class GuardedRun:
 
     def close(self) -> None:
         self.rate.close()
+        self.probe.close()
 
     def __enter__(self) -> GuardedRun:
         return self
