@@ -278,3 +278,22 @@ def test_step_before_the_first_record_is_one_line(tmp_path):
     run = write_run(tmp_path / "r", [{"step": s, "train_loss": 2.0} for s in range(5, 8)])
     with pytest.raises(ValueError, match="no records at or before step 2"):
         diagnose.run(run, step=2)
+
+
+def test_the_findings_words_fit_what_they_name():
+    """Issue 58, item 6: "1 head's" (it read "1 head'"), the first-layer reassurance only of a first
+    layer's uniform heads (it was said of the last layer too)."""
+    from types import SimpleNamespace
+
+    from probes.doctor.rules_development import collapse_finding
+    from probes.doctor.rules_internals import uniform_finding
+
+    def change(heads):
+        per_head = [{"layer": l, "head": h, "before": 0.9, "after": 0.1, "range": 0.8, "step": 30} for l, h in heads]
+        return {"kind": "entropy_collapse", "step": 30, "heads": heads,
+                "evidence": {"from_step": 20, "to_step": 40, "per_head": per_head}}
+    assert collapse_finding(change([[1, 0]]), set(), 0.0).title.startswith("1 head's attention entropy")
+    assert collapse_finding(change([[1, 0], [1, 1]]), set(), 0.0).title.startswith("2 heads' attention entropy")
+    timeline = SimpleNamespace(uniform={0: {0: 10}, 3: {1: 10}}, uniform_nats=2.0, thresholds={"uniform": 0.95})
+    assert uniform_finding(timeline, [(0, 0)]).fix.startswith("often harmless in a first layer")
+    assert "first layer" not in uniform_finding(timeline, [(3, 1)]).fix

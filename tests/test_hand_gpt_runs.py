@@ -71,6 +71,7 @@ def test_slow_qk_runs_on_the_groups_the_layout_gave(tmp_path):
     found = diagnose.run(write_run(tmp_path / "laid", records, model={"parameter_groups": groups}))
     slow = next(f for f in found.findings if f.code == "slow_qk")
     assert slow.evidence["gap_orders"] == pytest.approx(math.log10(2e-3 / 1e-4), rel=1e-9)  # exact but for rounding
+    assert slow.where == ("layers.0 Q/K", "layers.1 Q/K")  # the model's own names, not blocks.N
     by_names = diagnose.run(write_run(tmp_path / "names", records))  # no layout: to_q is no name we know
     assert "slow_qk" not in [f.code for f in by_names.findings]
 

@@ -133,10 +133,10 @@ def collapse_finding(c: dict[str, Any], roles: set[tuple[int, tuple[int, ...]]],
     words, numbers = loss_words(c["evidence"].get("loss"), noise)
     severity = "warning" if numbers.get("loss_bump", 0) > noise and not with_role else "info"
     role = " as they took a role (an induction or previous-token head formed there)" if with_role else ""
+    whose = "heads'" if len(heads) > 1 else "head's"  # 1 head's entropy, 2 heads' entropy
     return Finding(
         "head_entropy_collapse", severity,
-        f"{len(heads)} head{'s' if len(heads) > 1 else ''}' attention entropy fell sharply between snapshots "
-        f"({', '.join(heads)}){role}{words}", step=c["step"], where=heads,
+        f"{len(heads)} {whose} attention entropy fell sharply between snapshots ({', '.join(heads)}){role}{words}", step=c["step"], where=heads,
         evidence={**window(c), **numbers, "with_a_role": len(with_role)},
         cause="the heads' attention went from spread to concentrated within a few snapshots: healthy when they "
               "learn where to look (a phase change), a sign of instability when the loss bumps and no role forms",

@@ -92,7 +92,8 @@ def uniform_finding(timeline: Any, uniform: list[tuple[int, int]]) -> Finding:
         evidence={"heads": len(uniform), "uniform_entropy_nats": timeline.uniform_nats,
                   "threshold_fraction": timeline.thresholds["uniform"]},
         cause="the head's scores barely differ between keys, so it passes the mean of its context",
-        fix="often harmless in a first layer; if many heads stay uniform they are spare capacity: "
+        fix=("often harmless in a first layer; " if layers == [0] else "")
+            + "if many heads stay uniform they are spare capacity: "
             "fewer or wider heads, or a higher learning rate for attention",
         reference="Clark et al. 2019, What Does BERT Look At? (broad attention heads)", page="attention")
 
@@ -262,6 +263,15 @@ def ratio_low(reports: list[UpdateReport], window: list[UpdateReport], medians: 
         reference=MAKEMORE_UPDATES, page="dynamics")
 
 
+def block_name(report: UpdateReport, block: int) -> str:
+    """Block `block` as the model names it (`blocks.3`, `transformer.h.3`, `layers.3`), from its parameters."""
+    for name in report.parameters:
+        match = BLOCK.match(name)
+        if match and int(match.group(1)) == block:
+            return name[:match.end() - 1]
+    return f"block {block}"
+
+
 def block_gaps(report: UpdateReport) -> dict[int, tuple[float, float]]:
     """{block: (Q/K median log10 u, MLP median log10 u)} for the blocks that have both."""
     logs: dict[tuple[int, str], list[float]] = {}
@@ -292,7 +302,7 @@ def slow_qk(h: RunHistory, reports: list[UpdateReport], window: list[UpdateRepor
     return Finding(
         "slow_qk", "warning", f"block {worst}'s attention Q/K moves {slow[worst]:.2f} orders of magnitude "
         f"slower than its MLP" + (f" under {optimizer.upper()}" if optimizer else ""),
-        step=window[0].step, where=tuple(f"blocks.{b} Q/K" for b in slow),
+        step=window[0].step, where=tuple(f"{block_name(window[0], b)} Q/K" for b in slow),
         evidence={"gap_orders": slow[worst], "qk_log10_u": qk, "mlp_log10_u": mlp,
                   "optimizer": optimizer or "not logged", **{f"gap block {b}": g for b, g in slow.items()}},
         cause="SGD moves each weight in proportion to its gradient, and the Q/K gradients are far "
