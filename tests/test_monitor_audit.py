@@ -111,7 +111,7 @@ def test_numpy_integer_settings_are_taken(tmp_path):
     with Monitor(model, sgd, tmp_path / "run", report=False, log_every=np.int64(2), steps=np.int32(4)) as monitor:
         for step in range(4):
             monitor.log(step, train_loss=train_step(model, sgd, step))
-    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [0, 2]  # log_every 2, not refused
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [0, 2, 3]  # log_every 2, not refused; 3 the last
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.uint8])
@@ -254,7 +254,9 @@ def test_val_loss_none_between_log_steps_makes_no_record(tmp_path):
     with Monitor(model, sgd, tmp_path / "run", report=False, log_every=5, eval_every=0) as monitor:
         for step in range(10):
             monitor.log(step, train_loss=train_step(model, sgd, step), val_loss=None)
-    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [0, 5]
+    records = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in records] == [0, 5, 9]  # 9: the run's last step, recorded at close
+    assert "val_loss" not in records[-1]
 
 
 @pytest.mark.parametrize("value, words", [
