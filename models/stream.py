@@ -73,12 +73,14 @@ class StreamReader:
                   for i in range(len(self.blocks)) if {i, i + 1} <= self.inputs.keys() and i in self.outputs]
         return bool(checks) and all(checks)
 
-    def residuals(self) -> list[torch.Tensor]:
-        """The stream entering block 0, then after each block: [batch pos d_model] each."""
+    def residuals(self, delta: bool | None = None) -> list[torch.Tensor]:
+        """The stream entering block 0, then after each block: [batch pos d_model] each. `delta`: whether
+        the blocks return what their parent adds, as an earlier forward found (`returns_delta`, which
+        reads values on the host: a loop's later forwards pass what the first found); None: found now."""
         n = len(self.blocks)
         if not (0 in self.inputs and all(i in self.outputs for i in range(n))):
             missing = next(i for i in range(n) if i not in self.outputs) if 0 in self.inputs else 0
             raise ValueError(f"block {missing} of {n} was not called with a tensor in the forward")
-        if self.returns_delta():
+        if self.returns_delta() if delta is None else delta:
             return [self.inputs[0]] + [self.inputs[i] + self.outputs[i] for i in range(n)]
         return [self.inputs[0]] + [self.outputs[i] for i in range(n)]

@@ -65,7 +65,14 @@ def test_a_shipped_sweep_records_its_repository_folder(sweep):
 @pytest.mark.parametrize("run", SHIPPED_RUNS)
 def test_shipped_run_json_records_repository_paths(run):
     info = json.loads((REPO / "checkpoints" / run / "run.json").read_text())
-    assert (REPO / info["data"]["path"]).resolve() == DATA.resolve()
+    data = (REPO / info["data"]["path"]).resolve()
+    if run == "induction":  # train.repetition: its own text, shipped beside it, and its own command
+        assert data == (REPO / "checkpoints" / run / "data.txt").resolve()
+        assert hashlib.sha256(data.read_bytes()).hexdigest() == info["data"]["sha256"]
+        words = shlex.split(info["command"])
+        assert words[:3] == ["python", "-m", "train.repetition"] and words[words.index("--out") + 1] == f"checkpoints/{run}"
+        return
+    assert data == DATA.resolve()
     argv = info["argv"]
     assert argv[argv.index("--out") + 1] == f"checkpoints/{run}"
     assert info["command"] == "python -m train " + shlex.join(argv)

@@ -73,6 +73,7 @@ class Plan:
     tap_error: str | None = None  # why the tap read nothing, once known
     trusted: Any = None  # the tap's checked first pass (`dims`): later passes read their calls the same way
     end: nn.Module | None = None  # what reads the last block's stream (`stream_end`)
+    delta: bool = False  # its blocks return what their parent adds: found by the first, checked forward
 
 
 def plan(model: nn.Module) -> Plan:
@@ -172,7 +173,9 @@ def forward(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext, first: b
     if logits is None:  # the tap read nothing: the plain forward from now on
         return forward(p, tokens, autocast, first)
     r.vocab = logits.shape[-1]
-    for i, x in enumerate(residuals(stream)):  # [batch pos d_model] after block i
+    if first:  # compared on the host once; later eval steps read the stream without a sync
+        p.delta = stream.returns_delta()
+    for i, x in enumerate(residuals(stream, p.delta)):  # [batch pos d_model] after block i
         r.rms[str(i)], r.d_model = x.float().square().mean().sqrt(), x.shape[-1]
     # the unembedding's output, if it is the logits (nanochat pads them: its named lm_head may be wider)
     named = p.unembed is not None and p.unembed[0].rsplit(".", 1)[-1] in UNEMBED_NAMES
@@ -183,10 +186,10 @@ def forward(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext, first: b
     return r
 
 
-def residuals(stream: StreamReader) -> list[torch.Tensor]:
+def residuals(stream: StreamReader, delta: bool) -> list[torch.Tensor]:
     """The stream after each block; none where a block was not called with a tensor."""
     try:
-        return stream.residuals()[1:]
+        return stream.residuals(delta)[1:]
     except ValueError:
         return []
 

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from models import build_model
+from train.records import portable_path
 from models.config import TransformerConfig
 
 __all__ = ["ALPHABET", "attention_only", "build_parser", "main", "repetition_batch", "repetition_config",
@@ -181,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     text = chars.decode(rows.flatten().tolist())
     (args.out / "data.txt").write_text(text)
     info = {"command": "python -m train.repetition " + " ".join(argv),
-            "data": {"path": "data.txt", "sha256": hashlib.sha256(text.encode()).hexdigest()},
+            # where the run's text is, as python -m train records its --data: relative to where it ran
+            "data": {"path": portable_path(args.out / "data.txt"), "sha256": hashlib.sha256(text.encode()).hexdigest()},
             "tokenizer": {"kind": chars.kind, "vocab_size": chars.vocab_size}}
     quiet = _NoShakespeareView()
     logging.getLogger("train.monitor").addFilter(quiet)
