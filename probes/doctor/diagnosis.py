@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from probes.doctor import flags, rescues, rules_development, rules_growth, rules_internals, rules_level, rules_loss
+from probes.doctor import (flags, rescues, rules_development, rules_growth, rules_internals, rules_level, rules_loss,
+                           rules_progress, rules_updates)
 from probes.doctor.finding import SEVERITIES, Finding, NotChecked, rank_key
 from probes.doctor.read_wandb import SOURCE as WANDB_SOURCE
 from probes.doctor.run_history import RunHistory
@@ -24,8 +25,8 @@ __all__ = ["Diagnosis", "Finding", "RULES", "TOO_SHORT", "VERDICTS", "diagnose_h
 VERDICTS = {"info": "healthy", "warning": "warning", "failed": "failed"}
 TOO_SHORT = "too short"  # the verdict of a run with too few logged losses and nothing above info
 RULES = (rules_loss.divergence, rules_internals.attention, rules_internals.attn_logit_growth,
-         rules_internals.output_logit_growth, rules_loss.init_loss, rules_internals.update_ratios,
-         rules_internals.activations, rules_loss.overfitting, rules_loss.plateau, rules_loss.grad_spike,
+         rules_internals.output_logit_growth, rules_loss.init_loss, rules_updates.update_ratios,
+         rules_internals.activations, rules_progress.overfitting, rules_progress.plateau, rules_loss.grad_spike,
          rules_level.skipped, rules_level.uniform_loss, *rules_growth.RULES, rescues.rescues,
          rules_development.head_phases)
 

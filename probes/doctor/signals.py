@@ -173,7 +173,7 @@ def growth_signals(h: RunHistory, t: DoctorThresholds, before: int | None = None
         if hit:
             found.append((hit[0], label, f"{hit[1]:.0f}x"))
     found += entropy_collapse_signal(h, records, t)
-    # past the run's first update, as the update-ratio rule judges (rules_internals.after_first_update)
+    # past the run's first update, as the update-ratio rule judges (rules_updates.after_first_update)
     reports = [report for r in records if r["step"] != h.first_step and (report := update_report(h, r)) is not None]
     u_hit = first_later_half_above(reports, t.u_high)
     if u_hit is not None:  # where the update-ratio rule, cut there, warns: not one noisy record
