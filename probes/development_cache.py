@@ -15,6 +15,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from probes.doctor.log_file import is_number
+
 log = logging.getLogger("probes.development")  # its lines are the development's
 
 __all__ = ["CACHE_NAME", "READING_VERSION", "cache_path", "read_cache", "reading_problem", "weights_file", "weights_key", "write_cache"]
@@ -85,10 +87,6 @@ def read_cache(where: Path, weights: str, inputs: str) -> dict[str, Any] | None:
     except (OSError, ValueError, KeyError, TypeError) as err:
         log.warning("%s is damaged (%s): recomputed", where, err)
     return None
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def grid_shape(grid: Any) -> tuple[int, int] | None:

@@ -34,6 +34,7 @@ from typing import Any, Callable
 from models.store.run import list_snapshots, read_run_json, snapshot_step
 
 from probes.doctor.read_mirror import MIRROR, RUN_KEY, key_part
+from probes.doctor.log_file import is_number
 from probes.doctor.read_wandb import MIRROR_STEP
 from probes.doctor.update_scale import adjusted_table
 from probes.update_report import UpdateReport, layout_groups_of
@@ -44,12 +45,8 @@ __all__ = ["Mirror", "mirror_for", "readings"]
 
 
 
-def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def finite_or_nan(value: Any) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    return float(value) if is_number(value) else math.nan
 
 
 def readings(record: dict[str, Any], info: dict[str, Any] | None = None) -> dict[str, float]:

@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 from probes.errors import ProbeInputError
 
-__all__ = ["KNOWN_NAMES", "LOSS_KINDS", "MAX_CROSS_ENTROPY", "Log", "check_not_lfs_pointer", "check_user_tags",
+__all__ = ["KNOWN_NAMES", "LOSS_KINDS", "MAX_CROSS_ENTROPY", "Log", "is_number", "check_not_lfs_pointer", "check_user_tags",
            "kind_of_losses", "merge_steps", "parse_tag", "require_loss", "user_tags"]
 
 # The scalar metrics.jsonl names the rules read, which a foreign tag may be mapped to.
@@ -49,6 +49,11 @@ LOSS_KINDS = {"cross_entropy": "a next-token cross-entropy", "preference": "a pr
 # so a first loss above this is not one (a mean-squared error in the thousands).
 MAX_CROSS_ENTROPY = 30.0
 
+
+
+def is_number(value: Any) -> bool:
+    """A number a log holds: an int or a float (NaN and inf included), never a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 def kind_of_losses(records: list[dict[str, Any]], names: Iterable[str]) -> tuple[str, str]:
     """(loss kind, why) from the names a log holds: TRL's reward and KL keys mark a preference or

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from probes.doctor.log_file import Log, check_user_tags, kind_of_losses, require_loss, user_tags
+from probes.doctor.log_file import Log, check_user_tags, is_number, kind_of_losses, require_loss, user_tags
 from probes.doctor.read_mirror import MIRROR, RUN_KEY, mirrored_fields, run_facts, with_run_facts
 from probes.doctor.wandb_file import Walk, message_fields, walk_wandb_records
 from probes.errors import ProbeInputError
@@ -262,10 +262,6 @@ def step_of(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return int(value) if value >= 0 and value == int(value) else None
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def lr_from_multiplier(records: list[dict[str, Any]], config: dict[str, Any]) -> None:
