@@ -34,10 +34,13 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
 class StreamReader:
     """Hooks on `blocks` and on `end` (the module the last block's stream goes to, or None) for one
     forward; `residuals()` then gives the stream [batch pos d_model] entering block 0 and after each
-    block (n + 1 tensors, detached). Use as a context manager around the forward."""
+    block (n + 1 tensors, detached). Use as a context manager around the forward. `delta`: whether
+    the blocks return what their parent adds, as an earlier forward found (`returns_delta` reads values
+    on the host: a loop's later forwards pass what its first found, and keep only what that needs);
+    None: found in this forward."""
 
-    def __init__(self, blocks: Sequence[nn.Module], end: nn.Module | None = None):
-        self.blocks, self.end = list(blocks), end
+    def __init__(self, blocks: Sequence[nn.Module], end: nn.Module | None = None, delta: bool | None = None):
+        self.blocks, self.end, self.delta = list(blocks), end, delta
         self.inputs: dict[int, torch.Tensor] = {}  # block index (n: `end`) -> what it read
         self.outputs: dict[int, torch.Tensor] = {}
         self._handles: list[Any] = []
@@ -57,7 +60,9 @@ class StreamReader:
                     self.outputs[i] = out.detach()
             return hook
 
-        parts = self.blocks + ([self.end] if self.end is not None else [])
+        # known stream-returning blocks: block 0's input is all the stream needs besides the outputs
+        entered = self.blocks if self.delta is not False else self.blocks[:1]
+        parts = entered + ([self.end] if self.end is not None and self.delta is None else [])
         self._handles = [m.register_forward_pre_hook(entering(i), with_kwargs=True) for i, m in enumerate(parts)]
         self._handles += [b.register_forward_hook(leaving(i)) for i, b in enumerate(self.blocks)]
         return self
@@ -73,14 +78,12 @@ class StreamReader:
                   for i in range(len(self.blocks)) if {i, i + 1} <= self.inputs.keys() and i in self.outputs]
         return bool(checks) and all(checks)
 
-    def residuals(self, delta: bool | None = None) -> list[torch.Tensor]:
-        """The stream entering block 0, then after each block: [batch pos d_model] each. `delta`: whether
-        the blocks return what their parent adds, as an earlier forward found (`returns_delta`, which
-        reads values on the host: a loop's later forwards pass what the first found); None: found now."""
+    def residuals(self) -> list[torch.Tensor]:
+        """The stream entering block 0, then after each block: [batch pos d_model] each."""
         n = len(self.blocks)
         if not (0 in self.inputs and all(i in self.outputs for i in range(n))):
             missing = next(i for i in range(n) if i not in self.outputs) if 0 in self.inputs else 0
             raise ValueError(f"block {missing} of {n} was not called with a tensor in the forward")
-        if self.returns_delta() if delta is None else delta:
+        if self.returns_delta() if self.delta is None else self.delta:
             return [self.inputs[0]] + [self.inputs[i] + self.outputs[i] for i in range(n)]
         return [self.inputs[0]] + [self.outputs[i] for i in range(n)]

@@ -153,7 +153,7 @@ def forward(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext, first: b
     r = Readings(p, windows=first)
     handles = hooks(p, r)
     logits = None
-    stream = StreamReader([m for _, m in p.blocks], p.end)
+    stream = StreamReader([m for _, m in p.blocks], p.end, None if first else p.delta)
     try:
         with autocast(), stream:
             if p.tap_error is None:
@@ -174,8 +174,8 @@ def forward(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext, first: b
         return forward(p, tokens, autocast, first)
     r.vocab = logits.shape[-1]
     if first:  # compared on the host once; later eval steps read the stream without a sync
-        p.delta = stream.returns_delta()
-    for i, x in enumerate(residuals(stream, p.delta)):  # [batch pos d_model] after block i
+        p.delta = stream.delta = stream.returns_delta()
+    for i, x in enumerate(residuals(stream)):  # [batch pos d_model] after block i
         r.rms[str(i)], r.d_model = x.float().square().mean().sqrt(), x.shape[-1]
     # the unembedding's output, if it is the logits (nanochat pads them: its named lm_head may be wider)
     named = p.unembed is not None and p.unembed[0].rsplit(".", 1)[-1] in UNEMBED_NAMES
@@ -186,10 +186,10 @@ def forward(p: Plan, tokens: torch.Tensor, autocast: Any = nullcontext, first: b
     return r
 
 
-def residuals(stream: StreamReader, delta: bool) -> list[torch.Tensor]:
+def residuals(stream: StreamReader) -> list[torch.Tensor]:
     """The stream after each block; none where a block was not called with a tensor."""
     try:
-        return stream.residuals(delta)[1:]
+        return stream.residuals()[1:]
     except ValueError:
         return []
 
