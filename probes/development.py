@@ -37,7 +37,6 @@ if __name__ == "__main__":  # --help and bad arguments answered before torch is 
     from probes.args import development_parser
     development_parser().parse_early()
 
-import hashlib
 import json
 import logging
 import math
@@ -53,6 +52,7 @@ import torch
 from probes.args import development_parser as build_parser
 from probes.errors import ProbeInputError
 from probes.development_cache import cache_path, read_cache, weights_file, weights_key, write_cache
+from probes.development_inputs import Inputs, run_inputs
 from probes.phase_ablation import ablate_changes
 from probes.phase_changes import phase_changes
 
@@ -60,7 +60,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["DevelopmentResult", "icl_score", "main", "read_snapshot", "repeat_half_loss", "run", "snapshot_paths"]
 
-REPEAT_SAMPLES = 8
 SAY_COST_S = 60.0  # a read expected to take longer says so after its first snapshot
 HF_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 CANNOT = ("it cannot read a folder of the series' .pt state dicts (each needs --preset: one snapshot at a time), "
@@ -147,7 +146,7 @@ def measure(model: Any, tokens: torch.Tensor, repeat: tuple[torch.Tensor, int]) 
     return reading
 
 
-def read_snapshot(path: Path, inputs: "Inputs", *, cache: bool = True, from_cache: bool = True) -> dict[str, Any]:
+def read_snapshot(path: Path, inputs: Inputs, *, cache: bool = True, from_cache: bool = True) -> dict[str, Any]:
     """The reading of the snapshot at `path`: from its cache when it matches (and `from_cache`), else
     measured (and cached, with `cache`). Its step is the snapshot's own, never the cache's."""
     key = weights_key(path)
@@ -189,7 +188,7 @@ def snapshot_step_of(path: Path, snap: Any = None) -> int:
     return found or 0
 
 
-def check_vocabulary(path: Path, snap: Any, inputs: "Inputs", *tokens: torch.Tensor) -> None:
+def check_vocabulary(path: Path, snap: Any, inputs: Inputs, *tokens: torch.Tensor) -> None:
     """The run's text, tokenized for its latest snapshot, fits this one's vocabulary: else one line
     naming the snapshot and the run's text (snapshots of different vocabularies are no one run)."""
     vocab = getattr(getattr(snap, "config", None), "d_vocab", None)
@@ -198,74 +197,6 @@ def check_vocabulary(path: Path, snap: Any, inputs: "Inputs", *tokens: torch.Ten
         raise ProbeInputError(f"{path}: a vocabulary of {vocab} tokens, but the run's text ({inputs.source}, "
                               f"tokenized for its latest snapshot) holds token id {top}: the run's snapshots "
                               f"have different vocabularies; {CANNOT}")
-
-
-# ---------------------------------------------------------------- the inputs every snapshot reads
-
-@dataclass
-class Inputs:
-    """The text windows [batch pos] and the random repeat every snapshot of a run reads, and their hash.
-    `saved`: the run's snapshots are of a model without its code, which read their own saved sample."""
-
-    tokens: torch.Tensor | None
-    repeat: tuple[torch.Tensor, int] | None
-    source: str
-    saved: bool = False
-
-    @property
-    def key(self) -> str:
-        from probes.development_cache import READING_VERSION
-
-        # the tokens themselves, not the words naming them (a path seen from another directory)
-        digest = hashlib.sha256(f"v{READING_VERSION}".encode() + (self.source.encode() if self.saved else b""))
-        for t in (self.tokens, None if self.repeat is None else self.repeat[0]):
-            if t is not None:
-                digest.update(t.cpu().to(torch.int64).numpy().tobytes())
-        return digest.hexdigest()
-
-    def for_snapshot(self, snap: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, int]]:
-        from probes.common import sample_only, saved_sample
-
-        if sample_only(snap):
-            return saved_sample(snap)[0], self.repeat or (torch.zeros(1, 2, dtype=torch.long), 1)
-        if self.tokens is None or self.repeat is None:
-            raise ProbeInputError(f"{snap.name}: no text to read it on (give tokens or --data)")
-        return self.tokens, self.repeat
-
-
-def run_inputs(latest: Path, tokens: Any = None, data: Path | None = None, samples: int = 8,
-               seed: int = 0) -> Inputs:
-    """The inputs of a run, from its latest snapshot: given tokens, windows of `data`, else of the run's
-    recorded data (its validation split, `probes.common.default_windows`); a model without its code: its
-    saved sample. No text anywhere: the repeat stands for the text too (said in the source)."""
-    from models.checkpoint import load_checkpoint
-    from probes.common import as_batches, default_windows, encode_text, read_text_file, sample_only, sample_windows
-    from probes.common import random_repeat_tokens
-
-    snap = load_checkpoint(latest)
-    if sample_only(snap):
-        if tokens is not None or data is not None:  # not silently: the user asked for other text
-            log.warning("%s: its snapshots hold a model saved without its code, read from what each saved "
-                        "(its sample and repeat): the %s given is not read", latest.parent,
-                        "tokens" if tokens is not None else f"--data {data}")
-        return Inputs(None, None, "each snapshot's saved sample and repeat", saved=True)
-    n_ctx, d_vocab = int(snap.config.n_ctx), int(snap.config.d_vocab)
-    length = n_ctx // 2
-    repeat = (random_repeat_tokens(d_vocab, length, REPEAT_SAMPLES, seed=0), length)
-    if tokens is not None:
-        batches = as_batches(tokens, n_ctx, d_vocab, 1 << 16)
-        width = max(b.shape[1] for b in batches)  # a row's short last window is left out: one [batch pos]
-        kept = torch.cat([b for b in batches if b.shape[1] == width])
-        return Inputs(kept, repeat, f"the given tokens ({kept.shape[0]} window(s) of {width})")
-    if data is not None:
-        ids = encode_text(snap.tokenizer, read_text_file(data))
-        return Inputs(sample_windows(ids, n_ctx, samples, seed), repeat, f"{samples} windows of {data}, seed {seed}")
-    try:
-        windows, source = default_windows(snap, snap.tokenizer, n_ctx, samples, seed)
-        return Inputs(windows, repeat, source)
-    except ProbeInputError as err:
-        log.info("%s: %s; reading the random repeat as the text", latest, err)
-        return Inputs(repeat[0], repeat, "no text (the random repeat read as the text)")
 
 
 # ---------------------------------------------------------------- the run

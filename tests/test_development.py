@@ -14,6 +14,7 @@ import torch
 
 from development_kit import V, hand_set, save_run
 from probes import development
+from probes.development_inputs import REPEAT_SAMPLES
 from probes.phase_changes import Move, group_moves, loss_evidence, phase_changes, sharp_moves
 from train.repetition import train
 
@@ -206,7 +207,7 @@ def zeroed_heads_repeat_loss(snapshot, heads) -> float:
         for layer, head in heads:
             model.blocks[layer].attention.W_O[head * d_head:(head + 1) * d_head] = 0.0
         length = model.cfg.n_ctx // 2
-        tokens = random_repeat_tokens(model.cfg.d_vocab, length, development.REPEAT_SAMPLES, seed=0)
+        tokens = random_repeat_tokens(model.cfg.d_vocab, length, REPEAT_SAMPLES, seed=0)
         return development.repeat_half_loss(model(tokens), tokens, length)
 
 
