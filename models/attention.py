@@ -203,8 +203,8 @@ class Attention(nn.Module):
     def fused_with_softmax_stats(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink) -> torch.Tensor:
         """The fused attention [batch head pos d_head] of q, k, v [batch pos head d_head] that also
         hands `sink(q, k, lse, weighted_k)` each row's logsumexp [batch head pos] and sum_j p_ij k_j
-        [batch head pos d_head], from the same kernel call: v' = [v | k] carries k through the
-        softmax, and q, k padded with zeros give v' its width (the scores are unchanged). Where that
+        [batch head pos d_head], from the same kernel call: v' = [k | v] carries k through the
+        softmax, and q padded with zeros gives v' its width (the scores are unchanged). Where that
         kernel is missing (or not float32 on CPU, or dropout is on) the sink gets None, None.
         A sink whose `ends_forward` is true stops the pass itself (raises): its layer's call takes
         v = k alone, and the output is computed only if the sink returned after all."""
@@ -219,10 +219,16 @@ class Attention(nn.Module):
             sink(q, k, lse, weighted_k)
             return self.sdpa(qh, kh, vh)
         d = vh.shape[-1]
-        out, lse = FLASH_CPU(F.pad(qh, (0, d)), F.pad(kh, (0, d)), torch.cat([vh, kh], dim=-1),
-                             0.0, True, scale=1.0 / self.scale)[:2]  # [batch head pos 2*d], [.. pos]
-        sink(q, k, lse, out[..., d:])
-        return out[..., :d]
+        # q' = [q | 0] and k' = v' = [k | v]: q'.k' = q.k, and one tensor serves as keys and values
+        # (one copy fewer than padding k as well)
+        padded_q = qh.new_empty(*qh.shape[:-1], 2 * d)  # [batch head pos 2*d]
+        padded_q[..., d:].zero_()
+        padded_q[..., :d].copy_(qh)
+        keys_values = torch.cat([kh, vh], dim=-1)  # [batch head pos 2*d]
+        out, lse = FLASH_CPU(padded_q, keys_values, keys_values, 0.0, True,
+                             scale=1.0 / self.scale)[:2]  # [batch head pos 2*d], [.. pos]
+        sink(q, k, lse, out[..., :d])
+        return out[..., d:]
 
     def sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal SDPA of q, k, v [batch head pos d_head] at this layer's scale and dropout."""

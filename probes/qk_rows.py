@@ -95,7 +95,11 @@ def fused_row_entropy(q: torch.Tensor, k: torch.Tensor, scale: float,
     entropy[..., 0] = 0.0  # one visible key: exactly one-hot (a non-finite row 0 is redone below)
     bound = terms.abs_().sum(dim=-1).div_(scale).add_(lse.abs()).mul_(F32_EPS)  # [batch head pos]
     # a non-finite q or k anywhere in a (batch, head): its rows go the exact way (one sum each)
-    finite = torch.isfinite(q.sum(dim=(2, 3), dtype=torch.float32) + k.sum(dim=(2, 3), dtype=torch.float32))
+    # (one sum over everything first: the usual all-finite case needs no per-head sums)
+    if bool(torch.isfinite(q.sum() + k.sum())):
+        finite = torch.ones(q.shape[:2], dtype=torch.bool, device=q.device)  # [batch head]
+    else:
+        finite = torch.isfinite(q.sum(dim=(2, 3)) + k.sum(dim=(2, 3)))
     unsure = rows_to_redo(bound, finite)
     if bool(unsure.any()):
         exact_rows(q, k, scale, unsure, entropy)
