@@ -4,7 +4,7 @@ the store cannot rebuild, so its internals come through the attention tap), in o
     python benchmarks/bench_monitor_any.py                          # 100 steps, 9 runs a side, CPU
     python benchmarks/bench_monitor_any.py --steps 20 --repeats 1   # a smoke run
 
-The tutorial GPT of tests/any_model_kit.py (one packed qkv, an explicit softmax over
+The tutorial GPT of tests/gpt_kit/tutorial.py (one packed qkv, an explicit softmax over
 [batch head q k], ReLU MLP, learned positions, (logits, loss) output) at bench_monitor.py's size:
 4 layers, 128-d, 4 heads, block 64, batch 16, char-level Tiny Shakespeare, AdamW. The bare loop
 against the same loop with the Monitor's three lines at its defaults (a record every 10 steps
@@ -44,7 +44,7 @@ Timing = tuple[float, float, float]  # (loop wall s, loop CPU s, opening + closi
 
 def initial_model(vocab: int):
     import torch
-    from tests.any_model_kit import BatchedGPT
+    from tests.gpt_kit import BatchedGPT
 
     torch.manual_seed(0)
     return BatchedGPT(n_layers=LAYERS, n_heads=HEADS, d=D_MODEL, ctx=BLOCK, vocab=vocab)

@@ -4,7 +4,7 @@
     python benchmarks/bench_tap.py --threads 1 --clock cpu       # steadier on a busy shared machine
     python benchmarks/bench_tap.py --model batched               # the explicit-softmax tutorial GPT
 
-The model is a tutorial GPT from `tests/any_model_kit.py` (Karpathy's video sizes: 6 layers,
+The model is a tutorial GPT from `tests/gpt_kit/tutorial.py` (Karpathy's video sizes: 6 layers,
 6 heads, d_model 384) at `--n-ctx`: `sdpa` calls `F.scaled_dot_product_attention(is_causal=True)`
 (the tap rebuilds each layer's pattern from the call and checks `pattern @ v` against its output),
 `batched` takes a softmax over [batch head q k], `perhead` one module per head. One process calls
@@ -51,7 +51,7 @@ def setup(args: argparse.Namespace):
     sys.path.insert(0, str(REPO / "tests"))
     import torch
 
-    from any_model_kit import BatchedGPT, PerHeadGPT, SdpaGPT
+    from gpt_kit import BatchedGPT, PerHeadGPT, SdpaGPT
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     cls = {"sdpa": SdpaGPT, "batched": BatchedGPT, "perhead": PerHeadGPT}[args.model]

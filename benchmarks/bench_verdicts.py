@@ -47,7 +47,7 @@ def build(kind: str, vocab: int, seed: int):
     if kind == "nanogpt":
         from nanogpt_ref import GPT, GPTConfig
         return GPT(GPTConfig(block_size=CTX, vocab_size=vocab, n_layer=2, n_head=2, n_embd=32))
-    from newcomer_gpts import EinsumGPT
+    from gpt_kit import EinsumGPT
     return EinsumGPT(vocab=vocab, d=32, n_heads=2, n_layers=2, context=CTX)
 
 

@@ -161,12 +161,12 @@ TUTORIAL_STEPS, TUTORIAL_SAVE_EVERY = 30, 10
 
 
 def tutorial_run(folder: Path, repo: Path) -> Path:
-    """`folder/tutorial_gpt`: the video tutorial's GPT (tests/any_model_kit.py's BatchedGPT: its layout and
+    """`folder/tutorial_gpt`: the video tutorial's GPT (tests/gpt_kit/tutorial.py's BatchedGPT: its layout and
     its (logits, loss) forward), 2 layers of 4 heads, d 32, context 64, trained TUTORIAL_STEPS AdamW steps
     on Tiny Shakespeare's characters in a plain loop with the Monitor, a snapshot every TUTORIAL_SAVE_EVERY
     (snapshots of any model: the app opens them without the model's code)."""
     import torch
-    from any_model_kit import BatchedGPT
+    from gpt_kit import BatchedGPT
 
     from models.tokenizers import CharTokenizer
     from train.monitor import Monitor

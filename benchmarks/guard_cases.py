@@ -25,7 +25,7 @@ The kinds of trouble (`cases`), each beside what it is measured against:
 - offlog: adamw_warmup at its good rate, the rate x30 from 3 steps past mid-run to the end (a
   blow-up that starts between the Monitor's log steps); against the clean run;
 - llama: a Llama-style GPT (RMSNorm, SwiGLU, rotary positions, tied embeddings;
-  tests/newcomer_gpts.py) in the adamw_warmup recipe: healthy, at 10x and 100x, and with 5
+  tests/gpt_kit/llama.py) in the adamw_warmup recipe: healthy, at 10x and 100x, and with 5
   garbage batches; against its healthy run;
 - hf: a transformers GPT-2 of the same size in a `Trainer` (AdamW, linear decay) at 0.1, where it
   blows up in its first logging window; against the Trainer at 3e-3.
@@ -196,12 +196,12 @@ def build(seed: int) -> Any:
 
 
 def build_llama(seed: int) -> Any:
-    """A Llama-style GPT (RMSNorm, SwiGLU, rotary, tied; tests/newcomer_gpts.py) of the same size."""
+    """A Llama-style GPT (RMSNorm, SwiGLU, rotary, tied; tests/gpt_kit/llama.py) of the same size."""
     import sys
 
     import torch
     sys.path.insert(0, str(REPO / "tests"))
-    from newcomer_gpts import LlamaGPT
+    from gpt_kit import LlamaGPT
 
     torch.manual_seed(seed)
     return LlamaGPT(vocab=vocab(), d=D_MODEL, n_heads=HEADS, n_layers=LAYERS, max_seq_len=BLOCK).train()

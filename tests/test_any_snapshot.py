@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from any_model_kit import ChatGPT, PerHeadGPT, SplitGPT, own_patterns, rms
+from gpt_kit import ChatGPT, PerHeadGPT, SplitGPT, own_patterns, rms
 
 from models.store import load_checkpoint
 from models.tokenizers import CharTokenizer
@@ -157,8 +157,8 @@ pathlib.Path(MARK).write_text("imported")
 class TinyGPT(torch.nn.Module):  # a tutorial's layout: per-head modules
     def __init__(self, vocab=50):
         super().__init__()
-        import any_model_kit
-        self.inner = any_model_kit.PerHeadGPT(vocab=vocab)
+        import gpt_kit
+        self.inner = gpt_kit.PerHeadGPT(vocab=vocab)
     def forward(self, idx):
         return self.inner(idx)
 '''

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from any_model_kit import PerHeadGPT
+from gpt_kit import PerHeadGPT
 
 from models import info
 from models.tokenizers import CharTokenizer
@@ -156,12 +156,12 @@ def test_a_first_view_whose_arrays_were_changed_is_not_drawn(snapshot, tmp_path,
 
 
 USER_CODE = '''import torch
-import any_model_kit
+import gpt_kit
 
 BUILT_ON = []  # the device each construction ran on
 
 
-class PerHeadGPT(any_model_kit.PerHeadGPT):
+class PerHeadGPT(gpt_kit.PerHeadGPT):
     def __init__(self, **kwargs):
         BUILT_ON.append(torch.empty(0).device.type)
         super().__init__(**kwargs)
@@ -178,7 +178,7 @@ def test_model_code_builds_only_its_own_class_and_never_what_the_file_asks_blind
     code.write_text(USER_CODE)
     exits = tmp_path / "exits.py"
     exits.write_text("import sys\nsys.exit(0)\n")
-    kit = Path(__file__).with_name("any_model_kit.py")
+    kit = Path(__file__).parent / "gpt_kit" / "tutorial.py"
     with pytest.raises(CheckpointError, match=r"step_000000 is a snapshot of a PerHeadGPT, not of SplitGPT"):
         load_checkpoint(snapshot, model_code=f"{kit}:SplitGPT")
     capsys.readouterr()
@@ -203,7 +203,7 @@ def test_model_code_builds_only_its_own_class_and_never_what_the_file_asks_blind
 def test_the_app_gives_a_spec_only_to_snapshots_of_its_class(snapshot, monkeypatch):
     from app.model_code import spec_for
 
-    kit = Path(__file__).with_name("any_model_kit.py")
+    kit = Path(__file__).parent / "gpt_kit" / "tutorial.py"
     monkeypatch.setattr("sys.argv", ["app"])
     monkeypatch.setenv("SCRATCHSCOPE_MODEL_CODE", f"{kit}:SplitGPT")  # one spec, of another class
     assert spec_for(snapshot) is None

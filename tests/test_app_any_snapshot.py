@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from any_model_kit import SplitGPT
+from gpt_kit import SplitGPT
 from app_kit import open_app
 from browser_kit import browser, serve  # noqa: F401 - fixtures
 
@@ -21,7 +21,7 @@ from probes.common import saved_sample
 from train.monitor import Monitor
 
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun."
-CODE = Path(__file__).resolve().parent / "any_model_kit.py"
+CODE = Path(__file__).resolve().parent / "gpt_kit" / "tutorial.py"
 
 
 @pytest.fixture(scope="module")

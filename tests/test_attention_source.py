@@ -9,7 +9,7 @@ import functools
 import pytest
 import torch
 
-from any_model_kit import PerHeadGPT, tokens
+from gpt_kit import PerHeadGPT, tokens
 from models import build_model, get_preset
 from probes import degenerate, entropy, heads
 from probes.attention_source import AttentionSource, ModelDims

@@ -1,5 +1,5 @@
 """Blocks that return a delta (issue 58, item 1): many tutorial GPTs add the residual in the parent
-(`x = x + block(x)`), so a block's output is not the residual stream. `tests/newcomer_gpts.DeltaGPT`
+(`x = x + block(x)`), so a block's output is not the residual stream. `tests/gpt_kit/einsum.DeltaGPT`
 is EinsumGPT's very function written that way: with the same weights the two have the same logits
 and the same stream at every layer, so every reading of the stream must agree between them: the
 lens (its last layer the model's own logits: KL 0), the Monitor's residual rms, and no "readout is
@@ -12,7 +12,7 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
-from newcomer_gpts import CONTEXT, DeltaGPT, EinsumGPT
+from gpt_kit.einsum import CONTEXT, DeltaGPT, EinsumGPT
 from torch import nn
 
 from models.checkpoint import read_metrics

@@ -58,7 +58,7 @@ def test_a_folder_of_hugging_face_trainer_checkpoints(tmp_path):
 
 
 def test_the_monitors_snapshots_of_a_model_without_its_code(tmp_path, caplog):
-    from any_model_kit import SplitGPT
+    from gpt_kit import SplitGPT
     from models.tokenizers import CharTokenizer
     from train.monitor import Monitor
 

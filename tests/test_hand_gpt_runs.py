@@ -1,4 +1,4 @@
-"""What a newcomer's own GPTs (tests/hand_gpts.py), trained with the Monitor, get from the g/w/u
+"""What a newcomer's own GPTs (tests/gpt_kit: HandLlama, HandEinsumGPT), trained with the Monitor, get from the g/w/u
 grouping, the doctor and the app: groups by the layout the Monitor found, the slow-Q/K rule on
 `layers.N.mix.to_q`, a spike that came back, a run that ended above its start, the initial loss
 before any update, dead-unit advice that reads the activation, and the app's MLP, throughput and
@@ -13,21 +13,21 @@ from pathlib import Path
 import pytest
 from app_kit import open_app
 from chart_kit import specs
-from hand_gpts import TEXT, EinsumGPT, HandLlama, train_run
+from gpt_kit import TEXT, HandEinsumGPT, HandLlama, train_run
 
 from probes import diagnose
 from probes.update_report import UpdateReport
 from tests.test_diagnose import write_run
 
-CODE = Path(__file__).resolve().parent / "hand_gpts.py"
+CODE = Path(__file__).resolve().parent / "gpt_kit" / "einsum.py"
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("newcomer")
     train_run(HandLlama(), root / "llama", steps=2, save_every=1)
-    train_run(EinsumGPT(), root / "einsum", steps=3, save_every=2)
-    train_run(EinsumGPT(gelu_module=False), root / "einsum_fn", steps=2)
+    train_run(HandEinsumGPT(), root / "einsum", steps=3, save_every=2)
+    train_run(HandEinsumGPT(gelu_module=False), root / "einsum_fn", steps=2)
     return root
 
 
@@ -143,7 +143,7 @@ def test_the_overview_says_tokens_seen_were_not_counted(runs, monkeypatch):
 
 
 def test_with_the_code_the_sidebar_opens_on_a_text_the_vocabulary_holds(runs, monkeypatch):
-    monkeypatch.setenv("SCRATCHSCOPE_MODEL_CODE", f"{CODE}:EinsumGPT")
+    monkeypatch.setenv("SCRATCHSCOPE_MODEL_CODE", f"{CODE}:HandEinsumGPT")
     at = open_app(monkeypatch, [runs], "attention", run="einsum")
     text = at.sidebar.text_area(key="text").value
     assert text and set(text) <= set(TEXT)  # the saved sample's text, not the default with its "?"
@@ -168,10 +168,10 @@ def test_the_doctor_says_why_the_monitor_measured_no_activations(runs):
 
 
 def test_the_layout_agrees_with_the_names_where_the_names_know():
-    """Tutorial, packed-qkv and nanochat layouts (tests/any_model_kit.py), whose names the name patterns
+    """Tutorial, packed-qkv and nanochat layouts (tests/gpt_kit/tutorial.py, nanochat.py), whose names the name patterns
     were written for: the layout gives each parameter the same group, and where a name says nothing
     (SplitGPT's attention output `out`) the layout still knows it: V/O."""
-    import any_model_kit as kit
+    import gpt_kit as kit
 
     from probes.update_groups import parameter_groups
     from probes.update_report import parameter_group

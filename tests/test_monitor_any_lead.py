@@ -15,7 +15,7 @@ import torch
 
 from probes.doctor.diagnosis import run as diagnose
 
-kit = pytest.importorskip("tests.any_model_kit")
+kit = pytest.importorskip("tests.gpt_kit")
 
 CTX = 32
 INTERNAL = {"resid_rms_growth", "attn_logit_growth", "output_logit_growth", "attention_collapse"}

@@ -14,7 +14,7 @@ from torch import nn
 from probes import entropy
 from train.monitor import Monitor
 
-kit = pytest.importorskip("tests.any_model_kit")
+kit = pytest.importorskip("tests.gpt_kit")
 
 
 def one_record(model, ids, tmp_path, loss_of=None):

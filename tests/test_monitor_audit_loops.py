@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from any_model_kit import CTX, VOCAB, BatchedGPT, tokens
+from gpt_kit.tutorial import CTX, VOCAB, BatchedGPT, tokens
 from nanogpt_ref import GPT, GPTConfig
 
 from models.checkpoint import read_metrics
@@ -181,7 +181,7 @@ def hand_updates(param_of):
 
 
 def test_hf_gradient_accumulation_records_sit_at_optimizer_steps(tmp_path):
-    from any_model_kit import hf_model
+    from gpt_kit import hf_model
     from train.monitor import HFCallback
     hand = hand_updates(lambda m: m.model.layers[0].self_attn.q_proj.weight)
     callback = HFCallback(tmp_path / "run", log_every=2, eval_every=2, eval_tokens=tokens(2, 16), report=False)
@@ -200,7 +200,7 @@ def test_hf_gradient_accumulation_records_sit_at_optimizer_steps(tmp_path):
 
 
 def test_hf_logging_steps_above_eval_steps(tmp_path):
-    from any_model_kit import hf_model
+    from gpt_kit import hf_model
     from train.monitor import HFCallback
     callback = HFCallback(tmp_path / "run", log_every=2, eval_every=2, eval_tokens=tokens(2, 16), report=False)
     trainer = hf_train(tmp_path, hf_model("llama"), [callback], max_steps=8, logging_steps=5, eval_steps=2)
@@ -214,7 +214,7 @@ def test_hf_logging_steps_above_eval_steps(tmp_path):
 
 
 def test_hf_lora_like_wrapper_measures_the_trained_subset(tmp_path):
-    from any_model_kit import hf_model
+    from gpt_kit import hf_model
     from probes.doctor.diagnosis import run as diagnose
     from train.monitor import HFCallback
     model = LoraLike(hf_model("llama"))
@@ -261,7 +261,7 @@ def test_hf_on_log_takes_a_one_element_tensor_and_leaves_strings_out(tmp_path):
 def test_hf_resume_from_checkpoint_redoes_the_steps_after_it(tmp_path):
     """A Trainer resumed at checkpoint-3 of a run that logged to step 5: steps 4 and 5 are redone
     once each, every record readable, each with the update of its own step."""
-    from any_model_kit import hf_model
+    from gpt_kit import hf_model
     from train.monitor import HFCallback
 
     def train(max_steps: int, resume: str | None) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from newcomer_gpts import EinsumGPT
+from gpt_kit import EinsumGPT
 
 from models.checkpoint import list_snapshots, load_checkpoint
 from models.tokenizers import CharTokenizer

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from any_model_kit import BatchedGPT, SdpaGPT
+from gpt_kit import BatchedGPT, SdpaGPT
 from nanogpt_ref import GPT, GPTConfig
 from sync_count import HostSyncs, syncs_per_step
 from train.host_copy import HostCopy

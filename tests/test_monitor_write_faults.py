@@ -16,7 +16,7 @@ import pathlib
 import pytest
 import torch
 import torch.nn.functional as F
-from any_model_kit import PerHeadGPT
+from gpt_kit import PerHeadGPT
 
 import models.store.run as store_run
 from models.store.run import read_metrics_log

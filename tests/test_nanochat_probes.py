@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from any_model_kit import BatchedGPT, ChatGPT, PerHeadGPT, rms, tokens
+from gpt_kit import BatchedGPT, ChatGPT, PerHeadGPT, rms, tokens
 from test_nanochat_tokenizer import TEXT, TOKENIZER_VOCAB, Marker, write_tokenizer
 from test_store_nanochat import needs_nanochat, write_nanochat
 

@@ -1,4 +1,4 @@
-"""A newcomer's own GPTs (`tests/newcomer_gpts.py`: a Llama-style one and an einsum one), trained with
+"""A newcomer's own GPTs (`tests/gpt_kit`: a Llama-style one and an einsum one), trained with
 the Monitor and read back with `--model-code`: the CLIs read a text in windows of the context the
 snapshot recorded where the module names none (and say so), and the tuned lens trains and reads on
 them (refused in one line without their code)."""
@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from newcomer_gpts import CONTEXT, EinsumGPT, LlamaGPT, train_with_monitor
+from gpt_kit import EinsumGPT, LlamaGPT, train_with_monitor
+from gpt_kit.einsum import CONTEXT
 
 from models.tokenizers import CharTokenizer
 from probes import degenerate, entropy, heads, tuned_lens
 from probes.sources import source_of
 
-KIT = Path(__file__).resolve().parent / "newcomer_gpts.py"
+KIT = Path(__file__).resolve().parent / "gpt_kit"
+CODE = {"EinsumGPT": f"{KIT / 'einsum.py'}:EinsumGPT", "LlamaGPT": f"{KIT / 'llama.py'}:LlamaGPT"}  # --model-code
 LINE = "the king and the queen shall not be what thou art.\n"
 TEXT = LINE * 12
 CHARS = CharTokenizer.from_text(TEXT)
@@ -57,7 +59,7 @@ def by_hand_entropy(model: EinsumGPT, ids: torch.Tensor) -> list[list[float]]:
 def test_a_module_naming_no_context_is_read_in_the_snapshots_recorded_context_and_said(runs, capsys):
     run, model = runs["EinsumGPT"]
     assert json.loads((run / "step_000000" / "config.json").read_text())["model"]["n_ctx"] == CONTEXT
-    code = f"{KIT}:EinsumGPT"
+    code = CODE["EinsumGPT"]
     ids = torch.tensor([CHARS.encode(READ)])  # [1 49]
     for probe in (entropy, degenerate, heads):
         assert probe.main(["--ckpt", str(run), "--model-code", code, "--text", READ, "--json"]) == 0
@@ -74,7 +76,7 @@ def test_a_module_naming_no_context_is_read_in_the_snapshots_recorded_context_an
     got = json.loads(capsys.readouterr().out)
     assert got["repeat_length"] == CONTEXT // 2  # was 4: half of the 8 tokens of the first check
     llama, _ = runs["LlamaGPT"]  # names its context (max_seq_len): nothing said
-    assert entropy.main(["--ckpt", str(llama), "--model-code", f"{KIT}:LlamaGPT", "--text", READ]) == 0
+    assert entropy.main(["--ckpt", str(llama), "--model-code", CODE["LlamaGPT"], "--text", READ]) == 0
     assert "names no context" not in capsys.readouterr().err
     # a runner given the module alone: the rows given, else the first check's 8 tokens, each said
     assert "the length of the longest row given" in source_of(model, ids).context_said
@@ -90,7 +92,7 @@ def test_the_tuned_lens_trains_and_reads_on_a_users_gpt_with_its_code_and_says_o
         assert tuned_lens.main(["--ckpt", str(run), "--data", data, "--steps", "2"]) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and f"--model-code path/to/your_file.py:{name}" in err, err
-        args = ["--ckpt", str(run), "--model-code", f"{KIT}:{name}", "--data", data, "--samples", "4", "--json"]
+        args = ["--ckpt", str(run), "--model-code", CODE[name], "--data", data, "--samples", "4", "--json"]
         assert tuned_lens.main([*args, "--steps", "3"]) == 0
         trained = json.loads(capsys.readouterr().out)
         assert tuned_lens.main([*args, "--eval"]) == 0
@@ -111,7 +113,7 @@ def test_a_tied_table_is_counted_once_with_and_without_the_code(runs, capsys):
     v, d = CHARS.vocab_size, 32
     by_hand = v * d + 2 * (2 * d + 3 * d * d + d * d + 3 * (2 * d * d)) + d  # table once, 2 blocks, final norm
     assert parameter_count(model) == by_hand
-    for code in ([], ["--model-code", f"{KIT}:LlamaGPT"]):
+    for code in ([], ["--model-code", CODE["LlamaGPT"]]):
         assert info.main(["--ckpt", str(run), "--json", *code]) == 0
         assert json.loads(capsys.readouterr().out)["n_params"] == by_hand, code  # was by_hand + v * d without code
     saved = load_checkpoint(run).model  # what the Overview counts: the tied copy read back once

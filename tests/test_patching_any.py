@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from any_model_kit import MhaGPT, PerHeadGPT, hf_model
 from close import assert_close_to_scale
-from hand_gpts import EinsumGPT
+from gpt_kit import HandEinsumGPT, MhaGPT, PerHeadGPT, hf_model
 from torch import nn
 
 from probes import ablate
@@ -71,7 +70,7 @@ def tiny_gpt2():
 
 @pytest.mark.parametrize("build, projection", [
     (lambda: PerHeadGPT(vocab=VOCAB), "trf_blocks.{}.att.out_proj"),
-    (lambda: EinsumGPT(), "layers.{}.mix.to_out"),
+    (lambda: HandEinsumGPT(), "layers.{}.mix.to_out"),
     (tiny_gpt2, "transformer.h.{}.attn.c_proj"),
     (lambda: hf_model("llama"), "model.layers.{}.self_attn.o_proj"),
 ])
@@ -99,7 +98,7 @@ class DeltaBlock(nn.Module):
         return self.inner(x) - x
 
 
-class DeltaGPT(EinsumGPT):
+class DeltaGPT(HandEinsumGPT):
     def __init__(self):
         super().__init__()
         self.layers = nn.ModuleList(DeltaBlock(block) for block in self.layers)
@@ -132,7 +131,7 @@ def by_position_by_hand(model, clean, corrupt, where: str, pre: bool) -> torch.T
 
 def test_resid_attn_mlp_of_a_hand_gpt_and_of_its_delta_blocks():
     torch.manual_seed(0)
-    model = EinsumGPT().eval()
+    model = HandEinsumGPT().eval()
     delta = DeltaGPT().eval()
     delta.load_state_dict({k.replace("layers.", "layers.").replace("layers.0.", "layers.0.inner.")
                           .replace("layers.1.", "layers.1.inner."): v for k, v in model.state_dict().items()})
@@ -146,7 +145,7 @@ def test_resid_attn_mlp_of_a_hand_gpt_and_of_its_delta_blocks():
 
 def test_ablation_through_the_tap_equals_a_zeroed_slice_by_hand():
     torch.manual_seed(0)
-    model = EinsumGPT().eval()
+    model = HandEinsumGPT().eval()
     tokens = pair()[0]
     result = ablate.run(model, tokens, heads=[(1, 1)])
 

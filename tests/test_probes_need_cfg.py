@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from any_model_kit import BatchedGPT, tokens
+from gpt_kit import BatchedGPT, tokens
 from probes import activations
 from probes.common import lm_windows
 from probes.errors import ProbeInputError

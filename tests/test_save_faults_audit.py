@@ -11,7 +11,7 @@ import pathlib
 import pytest
 import torch
 import torch.nn.functional as F
-from any_model_kit import PerHeadGPT
+from gpt_kit import PerHeadGPT
 
 from models.store.files import CheckpointError
 from train.monitor import Monitor

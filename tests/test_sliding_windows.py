@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from any_model_kit import nanochat_gpt, tokens
+from gpt_kit import nanochat_gpt, tokens
 from probes import degenerate, entropy
 from probes.hooked_source import config_windows
 from probes.sources import source_of

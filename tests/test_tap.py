@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import torch.nn as nn
 import torch.nn.functional as F
 
-from any_model_kit import (BatchedGPT, ChatGPT, MhaGPT, PerHeadGPT, SdpaGPT, hf_pair, hf_patterns, nanochat_gpt,
+from gpt_kit import (BatchedGPT, ChatGPT, MhaGPT, PerHeadGPT, SdpaGPT, hf_pair, hf_patterns, nanochat_gpt,
                            own_patterns, tokens)
 from models.tap import AttentionCall, StopTap, TapError, logits_of, tap_forward
 from models.tap_rebuild import check_output, sdpa_arguments, sdpa_scores
@@ -239,7 +239,7 @@ def test_an_autocast_call_is_checked_at_the_precision_its_kernel_ran():
 def test_compiled_and_flex_models_are_refused_naming_the_switch():
     with pytest.raises(TapError, match="before torch.compile"):
         tap_forward(torch.compile(SdpaGPT()), tokens(1, 4))
-    from any_model_kit import hf_model
+    from gpt_kit import hf_model
     with pytest.raises(TapError, match='attn_implementation="sdpa"'):
         tap_forward(hf_model("llama", "flex_attention"), tokens(1, 4))
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from any_model_kit import PerHeadGPT, tokens
+from gpt_kit import PerHeadGPT, tokens
 from models.tap import tap_forward
 from models.tap_inputs import context_of
 from probes import degenerate, entropy, heads

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from any_model_kit import BatchedGPT, ChatGPT, PerHeadGPT, SdpaGPT, hf_pair, hf_patterns, own_patterns, tokens
+from gpt_kit import BatchedGPT, ChatGPT, PerHeadGPT, SdpaGPT, hf_pair, hf_patterns, own_patterns, tokens
 from models import build_model, get_preset
 from probes import degenerate, entropy, heads
 from probes.common import ProbeInputError
