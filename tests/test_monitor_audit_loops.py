@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from gpt_kit.tutorial import CTX, VOCAB, BatchedGPT, tokens
+from gpt_kit import CTX, VOCAB, BatchedGPT, tokens
 from nanogpt_ref import GPT, GPTConfig
 
 from models.checkpoint import read_metrics

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gpt_kit.tutorial import VOCAB, PerHeadGPT, tokens
+from gpt_kit import VOCAB, PerHeadGPT, tokens
 
 from train.monitor import Monitor
 from train.monitor_tokenizer import saveable_tokenizer

@@ -15,8 +15,8 @@ snapshot as it would a user's file.
 - `patterns.py`: a kit model's own attention patterns (`own_patterns`).
 - `runs.py`: short Monitor runs of them (`train_with_monitor`, `train_run`, `run_json`, `TEXT`).
 
-Each file's sizes are its own (`einsum.CONTEXT` is 64, `tutorial.CTX` 32): import a size from the
-file of the model it belongs to.
+The sizes exported here (`VOCAB, CTX, D, HEADS`) are those of tutorial.py, nanochat.py and hf.py;
+einsum.py and llama.py have their own (`CONTEXT` 64, `WIDTH` 32, ...): import those from their file.
 """
 
 from .einsum import DeltaGPT, EinsumGPT, HandEinsumGPT
@@ -25,9 +25,9 @@ from .llama import HandLlama, LlamaGPT
 from .nanochat import ChatGPT, nanochat_gpt, rms, rotate
 from .patterns import own_patterns
 from .runs import TEXT, run_json, text_ids, train_run, train_with_monitor
-from .tutorial import BatchedGPT, MhaGPT, PerHeadGPT, SdpaGPT, SplitGPT, causal_hidden, tokens
+from .tutorial import CTX, D, HEADS, VOCAB, BatchedGPT, MhaGPT, PerHeadGPT, SdpaGPT, SplitGPT, causal_hidden, tokens
 
-__all__ = ["BatchedGPT", "ChatGPT", "DeltaGPT", "EinsumGPT", "HandEinsumGPT", "HandLlama", "LlamaGPT", "MhaGPT",
-           "PerHeadGPT", "SdpaGPT", "SplitGPT", "TEXT", "causal_hidden", "hf_config", "hf_model", "hf_pair",
-           "hf_patterns", "nanochat_gpt", "own_patterns", "rms", "rotate", "run_json", "text_ids", "tokens",
-           "train_run", "train_with_monitor"]
+__all__ = ["CTX", "D", "HEADS", "VOCAB", "BatchedGPT", "ChatGPT", "DeltaGPT", "EinsumGPT", "HandEinsumGPT",
+           "HandLlama", "LlamaGPT", "MhaGPT", "PerHeadGPT", "SdpaGPT", "SplitGPT", "TEXT", "causal_hidden",
+           "hf_config", "hf_model", "hf_pair", "hf_patterns", "nanochat_gpt", "own_patterns", "rms", "rotate",
+           "run_json", "text_ids", "tokens", "train_run", "train_with_monitor"]
