@@ -14,6 +14,8 @@ snapshot as it would a user's file.
 - `hf.py`: Hugging Face Llama / Qwen2 in memory (`hf_model`, `hf_pair`, `hf_patterns`).
 - `patterns.py`: a kit model's own attention patterns (`own_patterns`).
 - `runs.py`: short Monitor runs of them (`train_with_monitor`, `train_run`, `run_json`, `TEXT`).
+- `series.py`: the blog series' own models, copied as written (`Series*`, `series_model`): import
+  them from `gpt_kit.series`, whose small sizes (`VOCAB, N, D, ...`) are its own.
 
 The sizes exported here (`VOCAB, CTX, D, HEADS`) are those of tutorial.py, nanochat.py and hf.py;
 einsum.py and llama.py have their own (`CONTEXT` 64, `WIDTH` 32, ...): import those from their file.
