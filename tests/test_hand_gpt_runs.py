@@ -1,8 +1,8 @@
-"""What a newcomer's own GPTs (tests/gpt_kit: HandLlama, HandEinsumGPT), trained with the Monitor, get from the g/w/u
-grouping, the doctor and the app: groups by the layout the Monitor found, the slow-Q/K rule on
-`layers.N.mix.to_q`, a spike that came back, a run that ended above its start, the initial loss
-before any update, dead-unit advice that reads the activation, and the app's MLP, throughput and
-default-text views."""
+"""What a newcomer's own GPTs (tests/gpt_kit: HandLlama, HandEinsumGPT), trained with the Monitor,
+get from the g/w/u grouping, the doctor and the app: groups by the layout the Monitor found, the
+slow-Q/K rule on `layers.N.mix.to_q`, a spike that came back, a run that ended above its start,
+the initial loss before any update, dead-unit advice that reads the activation, and the app's MLP,
+throughput and default-text views."""
 
 from __future__ import annotations
 
@@ -168,9 +168,9 @@ def test_the_doctor_says_why_the_monitor_measured_no_activations(runs):
 
 
 def test_the_layout_agrees_with_the_names_where_the_names_know():
-    """Tutorial, packed-qkv and nanochat layouts (tests/gpt_kit/tutorial.py, nanochat.py), whose names the name patterns
-    were written for: the layout gives each parameter the same group, and where a name says nothing
-    (SplitGPT's attention output `out`) the layout still knows it: V/O."""
+    """Tutorial, packed-qkv and nanochat layouts (tests/gpt_kit: tutorial.py, nanochat.py), whose
+    names the name patterns were written for: the layout gives each parameter the same group, and
+    where a name says nothing (SplitGPT's attention output `out`) the layout still knows it: V/O."""
     import gpt_kit as kit
 
     from probes.update_groups import parameter_groups

@@ -96,7 +96,6 @@ class DeltaGPT(EinsumGPT):
         return self.out(self.final(x))
 
 
-
 # ---------------------------------------------------------------- names no list knows
 
 class HandEinsumAttention(nn.Module):

@@ -96,6 +96,7 @@ class LlamaGPT(nn.Module):
             x = block(x, cos, sin)
         return self.output(self.norm(x))
 
+
 # ---------------------------------------------------------------- names no list knows
 
 class OwnRMSNorm(nn.Module):
