@@ -85,7 +85,7 @@ def test_no_module_imports_itself_through_others():
     """probes.entropy -> row_stats -> qk_rows -> heads -> entropy (heads' previous-token and
     first-position rows now sit below them in probes.head_rows) and app.views.lens <-> tuned (the
     grid's rows in app.views.lens_cells) and train.monitor <-> monitor_hf / records (the Monitor now
-    lives in train.monitor_core, which both import; trim_metrics in models.store.run) were circles."""
+    lives in train.monitor.core, which both import; trim_metrics in models.store.run) were circles."""
     graph = import_graph()
     assert graph["probes.entropy"] and graph["app.views.lens"] and graph["train.monitor"]  # the graph is read
     assert cycles(graph) == []

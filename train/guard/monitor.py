@@ -19,7 +19,7 @@ from train.guard.settings import MODES, Guard
 from train.guard.stop import EXIT_STOPPED, GuardStop
 
 if TYPE_CHECKING:
-    from train.monitor_core import Monitor
+    from train.monitor.core import Monitor
 
 log = logging.getLogger("train.guard")
 
@@ -89,7 +89,7 @@ def check_update(monitor: Monitor, step: int, loss: Any) -> bool:
     run = monitor.guard
     if not isinstance(run, GuardedRun):
         return True
-    from train.monitor_parts import number  # a bad value refused in the Monitor's words
+    from train.monitor.parts import number  # a bad value refused in the Monitor's words
     value = number("train_loss", loss)
     if not run.refuse(step, None if value is None else float(value)):
         return True

@@ -273,7 +273,7 @@ class EvalReadings:
     tokens (and, for our hooked twin, their activation windows, cut here where the ids were just
     checked on the host) moved to the model's device once, and the twin kept while it shares the
     model's weights (`models.store.live.hooked_twin`). `plan`: the tap's, for a model the store
-    cannot rebuild (`train.monitor_tap`)."""
+    cannot rebuild (`train.monitor.tap`)."""
 
     def __init__(self, model: torch.nn.Module, config: Any, tokens: torch.Tensor, plan: Any, autocast: Any):
         self.model, self.config, self.plan, self.autocast = model, config, plan, autocast
@@ -290,7 +290,7 @@ class EvalReadings:
     def measure(self) -> HostCopy:
         """One eval step's internals, measured on the device: `.get()` is the record's part."""
         if self.plan is not None:
-            from train.monitor_tap import measure
+            from train.monitor.tap import measure
             return measure(self.plan, self._inputs(next(self.model.parameters()).device)[0], self.autocast)
         from models.store.live import hooked_twin
         self._twin = hooked_twin(self.model, self.config, cached=self._twin)
@@ -302,7 +302,7 @@ class EvalReadings:
         empty for a model without attention): the guard's collapse readings. The tap's forward
         alone, not its activation statistics, for a model the store cannot rebuild."""
         if self.plan is not None:
-            from train.monitor_tap import forward
+            from train.monitor.tap import forward
             readings = forward(self.plan, self._inputs(next(self.model.parameters()).device)[0], self.autocast)
             return {layer: [round(h, 6) for h in entropy.tolist()] for layer, entropy in readings.entropy.items()}
         from models.store.live import hooked_twin

@@ -19,11 +19,11 @@ from models.store.live import hooked_twin, model_kind, twin_config, unwrap
 from models.store.result import nonfinite_tensors
 from models.store.run import append_metrics, read_metrics, sync_metrics, trim_metrics
 from train.run_lock import RunLock
-from train.monitor_disk import RunFolderWrites
-from train.monitor_open import open_run
-from train.monitor_wandb import mirror_for
+from train.monitor.disk import RunFolderWrites
+from train.monitor.opening import open_run
+from train.monitor.wandb_mirror import mirror_for
 from train.guard.monitor import guard_settings, hook_guard, monitor_log
-from train.monitor_parts import (EvalReadings, autocast_factory, check_eval_tokens, check_model, divergence_reason,
+from train.monitor.parts import (EvalReadings, autocast_factory, check_eval_tokens, check_model, divergence_reason,
                                  first_optimizer, grad_squares, group_lrs, monitored_run_json, number, placed_internals,
                                  refuse_owned, setting, step_number, update_readings)
 
@@ -36,7 +36,7 @@ __all__ = ["Monitor"]
 class Monitor:
     """Hooks `optimizer` (any torch optimizer, or a wrapper holding one as `.optimizer`) and
     writes `out_dir` as a run directory. Use it as a context manager, or call `close()`. Its
-    readings also go into the user's active W&B run and a TensorBoard `writer=` (train.monitor_wandb)."""
+    readings also go into the user's active W&B run and a TensorBoard `writer=` (train.monitor.wandb_mirror)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: Any, out_dir: str | Path, *,
                  log_every: int = 10, eval_every: int = 100, eval_tokens: torch.Tensor | None = None,
@@ -67,16 +67,16 @@ class Monitor:
         self.eval_tokens = check_eval_tokens(eval_tokens, self.config)
         self.plan, self.tapped_model = None, None  # a model the store cannot rebuild: read by the tap
         if self.config is None and self.eval_tokens is not None:
-            from train.monitor_tap import read_model
+            from train.monitor.tap import read_model
             self.plan, self.tapped_model = read_model(self.model, self.eval_tokens, autocast)
-        from train.monitor_tokenizer import saveable_tokenizer  # models.tokenizers only when one is given
+        from train.monitor.tokenizer import saveable_tokenizer  # models.tokenizers only when one is given
         self.tokenizer = None if tokenizer is None else saveable_tokenizer(
             tokenizer, getattr(self.config, "d_vocab", None) or (self.tapped_model or {}).get("d_vocab"), save_every)
         self._eval = (None if self.eval_tokens is None else
                       EvalReadings(self.model, self.config, self.eval_tokens, self.plan, autocast))
         self.any_saver = None  # its snapshots: the weights, its layout and what the probes read of it
         if save_every and self.config is None:
-            from train.monitor_save import AnySaver
+            from train.monitor.save import AnySaver
             self.any_saver = AnySaver(self.model, self.eval_tokens, self.tokenizer, model_args, self.tapped_model)
         self.resume, self.report_at_close, self.autocast, self.guard = resume, report, autocast, guard_settings(guard)
         self.doctor = None
@@ -84,7 +84,7 @@ class Monitor:
             from train.doctor import LiveDoctor, show_doctor_lines
             self.doctor = LiveDoctor(self.out_dir, diagnose_every)
             show_doctor_lines()
-        self.mirror = mirror_for(writer, self.out_dir)  # the user's W&B run / SummaryWriter (train.monitor_wandb)
+        self.mirror = mirror_for(writer, self.out_dir)  # the user's W&B run / SummaryWriter (train.monitor.wandb_mirror)
         self._next_step = start_step  # the step number the next optimizer step will be logged under
         self._steps_since_log = 0  # optimizer steps taken since the last log call
         self._captures: dict[int, dict[str, Any]] = {}  # step -> what measuring its update left
@@ -114,7 +114,7 @@ class Monitor:
     # ------------------------------------------------------------------ set-up and close
 
     def _open(self, run_info: dict[str, Any] | None, lock: bool) -> None:
-        """Open the run directory (`train.monitor_open.open_run`), then hook the optimizer."""
+        """Open the run directory (`train.monitor.opening.open_run`), then hook the optimizer."""
         self._lock = open_run(self.out_dir, resume=self.resume, lock=lock, run_info=run_info, describe=self._run_json)
         try:
             self._handles = [*hook_guard(self), self.optimizer.register_step_pre_hook(self._before_step),  # guard first
@@ -125,7 +125,7 @@ class Monitor:
             raise
 
     def _run_json(self) -> dict[str, Any]:
-        """What run.json says of a loop the Monitor watches (`train.monitor_parts.monitored_run_json`),
+        """What run.json says of a loop the Monitor watches (`train.monitor.parts.monitored_run_json`),
         and its guard's settings."""
         guard = {"guard": self.guard.to_json()} if self.guard is not None else {}
         return monitored_run_json(
@@ -433,8 +433,8 @@ class Monitor:
         return self._eval.measure()
 
     def save(self, step: int) -> Path | None:
-        """A snapshot at `step` in the run directory: ours, else of any model (`train.monitor_save`);
-        None where the run folder cannot be written (said once: `train.monitor_disk`)."""
+        """A snapshot at `step` in the run directory: ours, else of any model (`train.monitor.save`);
+        None where the run folder cannot be written (said once: `train.monitor.disk`)."""
         if self.config is None and self.any_saver is None:  # made with save_every and eval_tokens
             raise ValueError(f"Monitor: give save_every=N and eval_tokens= to save a {type(self.model).__name__}")
         return self.disk.write("the snapshot", step, lambda: self._save_now(step), snapshot=True)
@@ -445,7 +445,7 @@ class Monitor:
         if self.config is None:
             saved = self.any_saver.save(self.out_dir / snapshot_name(step), step, tokens)
         else:
-            from train.monitor_save import save_with_view
+            from train.monitor.save import save_with_view
             twin = hooked_twin(self.model, self.config, cached=self._eval._twin if self._eval else None)  # the eval steps'
             saved = save_with_view(self.out_dir / snapshot_name(step), twin,
                                    self.tokenizer, step=step, tokens_seen=tokens)

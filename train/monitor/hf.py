@@ -23,7 +23,7 @@ except ImportError as err:  # pragma: no cover - the extra is installed in dev
 
 import torch
 
-from train.monitor_core import Monitor
+from train.monitor.core import Monitor
 from train.guard import GuardStop
 from train.guard.monitor import monitor_log
 
