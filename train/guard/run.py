@@ -120,7 +120,7 @@ class GuardedRun:
     def read(self, step: int, loss: Any, grad_norm: Any, due: bool | None = None) -> tuple[float | None, float | None]:
         """The logged loss and gradient norm as floats; a tensor only when `due` (a device sync: the
         Monitor's log steps, else every `read_every` steps)."""
-        from train.monitor.parts import number  # a bad value refused in the Monitor's words
+        from train.values import number  # a bad value refused in the Monitor's words
         due = step % self.settings.read_every == 0 if due is None else due
         values = []
         for name, value in (("train_loss", loss), ("grad_norm", grad_norm)):

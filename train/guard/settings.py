@@ -69,5 +69,5 @@ class Guard:
         `run.log(step, train_loss=...)` judges and acts as `Monitor.log` does; `run.close()` unhooks.
         `start_step`: the step number of the first update (as the Monitor's)."""
         from train.guard.run import GuardedRun
-        from train.monitor.parts import first_optimizer
+        from train.values import first_optimizer
         return GuardedRun(self, model, first_optimizer(optimizer), start_step)
