@@ -43,7 +43,7 @@ MONITOR_MODULES = ("train.monitor", "train.monitor.core", "train.monitor.parts",
                    "train.guard.run", "train.guard.stop", "train.guard.monitor", "train.guard.loss_watch",
                    "train.guard.snapshot", "train.guard.kinds", "train.guard.plan", "train.guard.rate",
                    "train.guard.rates", "train.guard.planning", "train.guard.update_probe", "train.guard.attention",
-                   "train.guard.ranks", "train.monitor.opening", "train.monitor.wandb_mirror", "train.monitor.tokenizer",
+                   "train.guard.ranks", "train.guard.evidence", "train.monitor.opening", "train.monitor.wandb_mirror", "train.monitor.tokenizer",
                    "train.monitor.tiktoken_reader", "train.monitor.disk", "train.monitor.plugins",
                    "train.monitor.recording", "train.values")
 NEEDS = {"Monitor": MONITOR_MODULES, "HFCallback": (*MONITOR_MODULES, "train.monitor.hf")}

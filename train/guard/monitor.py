@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from probes.doctor import flags
 from probes.doctor.rescues import no_qk_advice, structural_fix
+from train.guard import Guard
 from train.guard.ranks import everyone
 from train.guard.run import GuardedRun
-from train.guard.settings import MODES, Guard
+from train.guard.settings import MODES
 from train.guard.stop import EXIT_STOPPED, GuardStop
 
 if TYPE_CHECKING:

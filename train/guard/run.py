@@ -50,7 +50,7 @@ from train.guard.stop import EXIT_STOPPED, GuardStop
 from train.guard.update_probe import UpdateProbe
 
 if TYPE_CHECKING:
-    from train.guard.settings import Guard
+    from train.guard.settings import Settings
 
 log = logging.getLogger("train.guard")
 
@@ -71,7 +71,7 @@ class Recovery:
 class GuardedRun:
     """A guard at work on one model and optimizer (hooked on the optimizer's step for the rate)."""
 
-    def __init__(self, settings: Guard, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+    def __init__(self, settings: Settings, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  start_step: int | None = 0):
         s = self.settings = settings
         self.model, self.optimizer, self.scaler = model, optimizer, s.scaler
