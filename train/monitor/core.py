@@ -16,15 +16,15 @@ import torch
 
 from models.store.live import hooked_twin, model_kind, twin_config, unwrap
 from models.store.run import read_metrics, sync_metrics
-from train.run_lock import RunLock
+from train.guard.monitor import guard_plugin  # the guard's one way in: a Plugin (train.monitor.plugins)
 from train.monitor.disk import RunFolderWrites
 from train.monitor.opening import open_run
-from train.monitor.wandb_mirror import mirror_for
-from train.guard.monitor import guard_plugin  # the guard's one way in: a Plugin (train.monitor.plugins)
 from train.monitor.parts import (EvalReadings, autocast_factory, check_eval_tokens, check_model, grad_squares, group_lrs,
                                  monitored_run_json, update_readings)
 from train.monitor.plugins import Plugin
 from train.monitor.recording import Recording
+from train.monitor.wandb_mirror import mirror_for
+from train.run_lock import RunLock
 from train.values import first_optimizer, number, setting
 
 log = logging.getLogger("train.monitor")
