@@ -39,7 +39,7 @@ PACKAGES = ("models", "probes", "train")
 # (tests/test_name_clash.py reads them all to check this list)
 MONITOR_MODULES = ("train.monitor", "train.monitor.core", "train.monitor.parts", "train.monitor.tap",
                    "train.run_lock", "train.doctor", "train.data", "train.host_copy",
-                   "train.optimizer_kinds", "train.monitor.save", "train.guard", "train.guard.settings",
+                   "train.monitor.optimizer_kinds", "train.monitor.save", "train.guard", "train.guard.settings",
                    "train.guard.run", "train.guard.stop", "train.guard.monitor", "train.guard.loss_watch",
                    "train.guard.snapshot", "train.guard.kinds", "train.guard.plan", "train.guard.rate",
                    "train.guard.rates", "train.guard.planning", "train.guard.update_probe", "train.guard.attention",

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from train.host_copy import HostCopy
-from train.optimizer_kinds import optimizer_kinds
+from train.monitor.optimizer_kinds import optimizer_kinds
 from train.values import short
 
 __all__ = ["EvalReadings", "activation_windows", "autocast_factory", "check_eval_tokens", "check_model", "check_tokens",
@@ -275,7 +275,7 @@ def monitored_run_json(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     forward saw: the doctor's entropy rules read n_ctx), the monitor's `schedule` (steps, log_every,
     eval_every), the optimizer and its hyperparameters: its defaults, or param group 0's where it
     has none (nanochat's MuonAdamW); with several groups, each group's under `param_groups`; which
-    kind of optimizer updates each parameter where they differ, or Muon's (`train.optimizer_kinds`)."""
+    kind of optimizer updates each parameter where they differ, or Muon's (`train.monitor.optimizer_kinds`)."""
     hyper = hyperparameters(optimizer.defaults or optimizer.param_groups[0])
     several = len(optimizer.param_groups) > 1
     return {"preset": None, "source": "monitor", "trainer": trainer, "model": model_json,
