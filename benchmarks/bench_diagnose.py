@@ -112,7 +112,7 @@ def one_cycle(state, doctor: bool) -> float:
 def eval_time(state, doctor: bool) -> float:
     """One eval step's work: the val loss and the Monitor's internals on the first batch."""
     from train import data
-    from train.monitor_parts import internal_stats
+    from train.monitor.parts import internal_stats
 
     data.DOCTOR_METRICS = doctor
     sync(state)

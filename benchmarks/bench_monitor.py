@@ -153,7 +153,7 @@ def step_costs(model, optimizer, loss_of, eval_internals, repeats: int, eval_wor
     training step of `model` (`loss_of()` its loss), spread over its interval: the overhead the
     side-by-side runs should show."""
     from probes.updates import snapshot_params
-    from train.monitor_parts import grad_squares, update_readings
+    from train.monitor.parts import grad_squares, update_readings
 
     def train_step() -> None:
         loss_of().backward()
@@ -182,7 +182,7 @@ def component_costs(start, x, y, val, repeats: int, device: str = "cpu") -> list
     import torch.nn.functional as F
 
     from models.store.live import twin_config
-    from train.monitor_parts import EvalReadings
+    from train.monitor.parts import EvalReadings
 
     model = copy.deepcopy(start)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)

@@ -16,7 +16,7 @@ at an eval step is also timed alone and spread over its interval.
 
 A third side saves snapshots of any model at the docs' cadence (`--save-every`, default 100:
 the weights, the layout, the patterns and the lens on a sample of the eval tokens,
-`train.monitor_save`), against the monitored loop without them: goal at most a few percent;
+`train.monitor.save`), against the monitored loop without them: goal at most a few percent;
 one save is also timed alone and spread over its interval.
 """
 
@@ -91,7 +91,7 @@ def component_costs(start, x, y, val, repeats: int) -> list[str]:
     """step_costs of the tutorial GPT, its internals read through the tap (as the Monitor does)."""
     import torch
 
-    from train.monitor_tap import measure, plan
+    from train.monitor.tap import measure, plan
 
     model = copy.deepcopy(start)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -35,7 +35,7 @@ BACKENDS = {"sequential": ["--workers", "1"], "local": ["--workers", "2"],
 
 
 def sweep_seconds(grid: list[str], extra: list[str]) -> float:
-    from train.sweep import main
+    from train.sweep.cli import main
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()

@@ -7,7 +7,7 @@
 
 The app (`app/data.py`) calls the same functions on a loaded model, so a page drawn from a saved
 view and one drawn from the model show the same numbers. Our trainer and the Monitor save a view
-beside each snapshot (`train.monitor_save`); for snapshots saved before, or the shipped runs:
+beside each snapshot (`train.monitor.save`); for snapshots saved before, or the shipped runs:
 
     python -m probes.page_view --ckpt checkpoints/shakespeare_gpt          # its latest snapshot
     python -m probes.page_view --ckpt runs/mine --every-snapshot

@@ -13,7 +13,7 @@ itself did not name it (None when it did).
 Sliding windows: from the Hugging Face config where the module has one (`config_windows`), and
 from each call the tap reads: a layer whose rows see fewer keys than causal attention gives them
 (the most any row sees, counted from the call's own mask: -inf scores) has that window, as the
-Monitor records it (`train.monitor_tap`). nanochat's short-window layers pass SDPA a boolean
+Monitor records it (`train.monitor.tap`). nanochat's short-window layers pass SDPA a boolean
 mask of window + 1 keys; Mistral's a mask of `sliding_window` keys.
 """
 

@@ -37,15 +37,16 @@ ROOT = Path(__file__).resolve().parent.parent  # beside this package, installed 
 PACKAGES = ("models", "probes", "train")
 # every module of our `train` the Monitor imports, at once or later inside a function
 # (tests/test_name_clash.py reads them all to check this list)
-MONITOR_MODULES = ("train.monitor", "train.monitor_core", "train.monitor_parts", "train.monitor_tap",
+MONITOR_MODULES = ("train.monitor", "train.monitor.core", "train.monitor.parts", "train.monitor.tap",
                    "train.run_lock", "train.doctor", "train.data", "train.host_copy",
-                   "train.optimizer_kinds", "train.monitor_save", "train.guard", "train.guard.settings",
+                   "train.monitor.optimizer_kinds", "train.monitor.save", "train.guard", "train.guard.settings",
                    "train.guard.run", "train.guard.stop", "train.guard.monitor", "train.guard.loss_watch",
                    "train.guard.snapshot", "train.guard.kinds", "train.guard.plan", "train.guard.rate",
                    "train.guard.rates", "train.guard.planning", "train.guard.update_probe", "train.guard.attention",
-                   "train.guard.ranks", "train.monitor_open", "train.monitor_wandb", "train.monitor_tokenizer",
-                   "train.monitor_tiktoken", "train.monitor_disk")
-NEEDS = {"Monitor": MONITOR_MODULES, "HFCallback": (*MONITOR_MODULES, "train.monitor_hf")}
+                   "train.guard.ranks", "train.guard.evidence", "train.monitor.opening", "train.monitor.wandb_mirror", "train.monitor.tokenizer",
+                   "train.monitor.tiktoken_reader", "train.monitor.disk", "train.monitor.plugins",
+                   "train.monitor.recording", "train.values")
+NEEDS = {"Monitor": MONITOR_MODULES, "HFCallback": (*MONITOR_MODULES, "train.monitor.hf")}
 
 _bound: dict[str, ModuleType] = {}  # our packages bound by hand (under a data folder's name, or `train`)
 

@@ -196,7 +196,7 @@ def test_the_code_runs_only_on_the_users_word(tmp_path, monkeypatch, capsys):
 
 
 def test_a_tutorial_shakespeare_gpts_readings_stay_under_a_megabyte(tmp_path):
-    from train.monitor_save import sample_size
+    from train.monitor.save import sample_size
     assert sample_size(2, 6, 8, 256) == (2, 64) and sample_size(12, 12, 8, 1024) == (2, 16)  # 147 kB a row
     torch.manual_seed(0)
     model = PerHeadGPT(n_layers=2, n_heads=6, d=48, ctx=256, vocab=VOCAB)  # block_size 256, as the tutorial

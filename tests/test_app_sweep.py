@@ -3,7 +3,7 @@ page draws final loss against learning rate with a diverged run marked above the
 (never at a made-up loss), shows the probe's sensitivities and stable ranges, and links each run.
 
 The sweep is hand-made: six run folders whose metrics.jsonl hold losses chosen on paper, recorded
-into sweep.json by the sweep's own book keeper (`train.sweep_book`), as `python -m train.sweep` does."""
+into sweep.json by the sweep's own book keeper (`train.sweep.book`), as `python -m train.sweep` does."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 
 from probes import sweep as probe_sweep
-from train.sweep_book import SweepBook
-from train.sweep_grid import Grid
+from train.sweep.book import SweepBook
+from train.sweep.grid import Grid
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "app" / "main.py"

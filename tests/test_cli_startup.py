@@ -38,7 +38,7 @@ CLIS = {
     "models.info": ("models.info", ["--preset", "mha4_small", "--seq-len", "0"], "--seq-len"),
     "models.sample": ("models.sample", ["--ckpt", "x", "--prompt", "a", "--temperature", "0"], "--temperature"),
     "train": ("train.loop", ["--out", "x", "--no-such-flag"], "--no-such-flag"),
-    "train.sweep": ("train.sweep", ["--out", "x", "--lr", "1e-3,0"], "--lr"),
+    "train.sweep": ("train.sweep.cli", ["--out", "x", "--lr", "1e-3,0"], "--lr"),
     "probes.sweep": ("probes.sweep", ["--ckpt", "x", "--no-such-flag"], "--no-such-flag"),
 }
 # Runs `python -m MODULE ARGS...` through runpy as -m does and, whatever the exit, writes which

@@ -207,7 +207,7 @@ def test_an_eval_step_reads_the_guards_attention_from_its_internals_in_one_forwa
     at steps 0 and 50, both, from one forward (there were two); at step 25, not an eval step, the
     guard's own. Its readings are the records' attn_entropy, number for number."""
     from train.guard.attention import EVERY
-    from train.monitor_parts import EvalReadings
+    from train.monitor.parts import EvalReadings
 
     calls = {"measure": 0, "attention": 0}
     for name in calls:

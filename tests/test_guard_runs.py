@@ -60,7 +60,7 @@ def test_train_guard_rescues_twice_then_stops_with_code_3_leaving_the_snapshot_o
 
 
 def test_a_sweep_passes_guard_to_every_run():
-    from train.sweep import build_parser
+    from train.sweep.cli import build_parser
     args = build_parser().parse_args(["--preset", "transformer4_small", "--data", "x.txt", "--lr", "1e-3,1",
                                       "--out", "s", "--guard"])
     assert args.train_args == ["--guard"]

@@ -365,10 +365,10 @@ def test_the_last_step_is_recorded_at_close_with_its_own_step_time(tmp_path, mon
     going on kept the findings that need an ended run as warnings), and each record's step time is
     the loop's own: on a clock that moves 20 ms a step, 20 ms, the record written at close too (it was
     the ~1 ms between the last log call and the close)."""
-    import train.monitor_core as core
+    import train.monitor.recording as recording
 
     clock = {"now": 0.0}
-    monkeypatch.setattr(core.time, "perf_counter", lambda: clock["now"])
+    monkeypatch.setattr(recording.time, "perf_counter", lambda: clock["now"])
     model = nanogpt()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     losses = []

@@ -1,4 +1,4 @@
-"""The Monitor in a Hugging Face `Trainer` (train.monitor_hf): the rate a record holds is the one the
+"""The Monitor in a Hugging Face `Trainer` (train.monitor.hf): the rate a record holds is the one the
 optimizer applied, and a guard judges every step's own loss, not the logging window's mean."""
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ def steps(m: Monitor, numbers, vocab: int = 20) -> None:
 
 
 def test_a_users_tokenizer_is_saved_as_data_and_reads_back_with_its_own_ids(tmp_path):
-    from train.monitor_tokenizer import saveable_tokenizer
+    from train.monitor.tokenizer import saveable_tokenizer
 
     for table in ("list", "pieces"):  # the vocabulary read from a list, or from id_to_piece and vocab_size
         ours = saveable_tokenizer(MyCharTokenizer(TEXT, table), 20)

@@ -10,7 +10,7 @@ import torch
 from gpt_kit import VOCAB, PerHeadGPT, tokens
 
 from train.monitor import Monitor
-from train.monitor_tokenizer import saveable_tokenizer
+from train.monitor.tokenizer import saveable_tokenizer
 
 
 class Raising:

@@ -1,4 +1,4 @@
-"""The Monitor mirrors its readings into the user's W&B run (train.monitor_wandb), written by the
+"""The Monitor mirrors its readings into the user's W&B run (train.monitor.wandb_mirror), written by the
 real wandb offline and read back with our own reader: the user's rows untouched, ours under
 scratchscope/ on the user's step key, the doctor's findings as alerts; and into a TensorBoard
 SummaryWriter handed to it."""
@@ -21,7 +21,7 @@ from probes.doctor.read_wandb import MIRROR, MIRROR_STEP, read_segment
 from probes.doctor.run_history import RunHistory
 from probes.doctor.wandb_file import Walk, walk_wandb_records
 from train.monitor import Monitor
-from train.monitor_wandb import Mirror, mirror_for, readings
+from train.monitor.wandb_mirror import Mirror, mirror_for, readings
 
 CONFIG = GPTConfig(block_size=8, vocab_size=17, n_layer=2, n_head=2, n_embd=16)
 STEPS, NAN_FROM = 20, 15  # the user's loss is NaN from iter 15: the doctor's divergence, alerted

@@ -108,7 +108,7 @@ def test_a_users_train_py_and_the_monitor_both_work_beside_data_folders(tmp_path
 def test_a_script_called_train_py_gets_the_monitor(tmp_path):
     (tmp_path / "train.py").write_text(SCRIPT)
     done = run_in(tmp_path, "train.py")
-    assert done.returncode == 0 and done.stdout.strip() == "got train.monitor_core", done.stderr
+    assert done.returncode == 0 and done.stdout.strip() == "got train.monitor.core", done.stderr
 
 
 def test_a_users_scratchscope_py_is_named_by_pythons_own_error(tmp_path):
@@ -146,5 +146,5 @@ def test_every_train_module_the_monitor_imports_is_loaded_with_it():
     """What the Monitor imports later (inside a function) must be loaded while `train` names ours, each
     by its full name (a `from train import x` or `import train.x` looks `train` up: "train" below)."""
     assert closure(scratchscope.NEEDS["HFCallback"]) == set(scratchscope.NEEDS["HFCallback"])
-    # train.monitor reaches train.monitor_hf only when asked for HFCallback, which loads it
-    assert closure(scratchscope.NEEDS["Monitor"]) - {"train.monitor_hf"} == set(scratchscope.NEEDS["Monitor"])
+    # train.monitor reaches train.monitor.hf only when asked for HFCallback, which loads it
+    assert closure(scratchscope.NEEDS["Monitor"]) - {"train.monitor.hf"} == set(scratchscope.NEEDS["Monitor"])

@@ -43,7 +43,7 @@ def test_distribution_metadata(pyproject: dict) -> None:
 def test_packages_models_probes_and_train(pyproject: dict) -> None:
     assert sorted(pyproject["tool"]["setuptools"]["packages"]) == ["models", "models.store", "probes", "probes.doctor",
                                                                    "probes.patching", "scratchscope", "train",
-                                                                   "train.guard"]
+                                                                   "train.guard", "train.monitor", "train.sweep"]
 
 
 def test_optional_parts_are_extras_that_dev_installs(pyproject: dict) -> None:

@@ -19,7 +19,7 @@ def pages_text() -> str:
     return "\n".join(page.read_text() for page in PAGES)
 OUTSIDE = ("python3 -m venv ", "pip install ", "python -m pytest", "streamlit run app/main.py",
            "torchrun ", "jupyter lab notebooks/tour.ipynb", "mkdir -p runs")
-PARSERS = {"train": "train.loop", "probes.patching": "probes.patching.cli"}  # python -m X -> the module holding X's build_parser
+PARSERS = {"train": "train.loop", "probes.patching": "probes.patching.cli", "train.sweep": "train.sweep.cli"}  # python -m X -> the module holding X's build_parser
 
 
 def shell_lines() -> list[str]:

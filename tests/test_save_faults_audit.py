@@ -15,7 +15,7 @@ from gpt_kit import PerHeadGPT
 
 from models.store.files import CheckpointError
 from train.monitor import Monitor
-from train.monitor_core import Monitor as MonitorCore
+from train.monitor.core import Monitor as MonitorCore
 
 VOCAB = 40
 

@@ -20,7 +20,7 @@ import pytest
 from probes import diagnose, sweep as probe_sweep
 from probes.sweep_stats import lr_sensitivity, stable_range
 from test_train import tiny_text
-from train.sweep import main
+from train.sweep.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 RATES = (0.01, 0.1, 1e6)  # 1e6 diverges at the first step under SGD
@@ -286,7 +286,7 @@ def val_losses(recs: list[dict]) -> list[float]:
 
 
 def point_spec(local_sweep: Path, name: str, **spec) -> dict:
-    from train.sweep_grid import Grid
+    from train.sweep.grid import Grid
 
     grid = Grid.from_dict(book(local_sweep)["grid"])
     point = next(p for p in grid.points() if p.name == name)
@@ -297,7 +297,7 @@ def point_spec(local_sweep: Path, name: str, **spec) -> dict:
 def test_a_task_that_cannot_see_the_sweep_sends_its_run_back(local_sweep, text_file, tmp_path):
     """A Ray task on a node without SWEEP_DIR trains in a temporary folder from the shipped data
     and returns the run as bytes, which unpack into the same run the local backend trained."""
-    from train.sweep_ray import sees_sweep, train_task, unpack
+    from train.sweep.on_ray import sees_sweep, train_task, unpack
 
     name = "lr=1e-01,qk_norm=rms"
     here = point_spec(local_sweep, name, id=book(local_sweep)["id"], cwd="/", sweep_dir=str(local_sweep),

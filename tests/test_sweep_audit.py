@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from test_sweep import one_error_line, text_file  # noqa: F401  (the fixture)
-from train.sweep import main
+from train.sweep.cli import main
 
 BAD = {
     "nan_rate": ["--lr", "nan"],

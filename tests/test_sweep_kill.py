@@ -17,7 +17,7 @@ import pytest
 
 from test_sweep import sweep_args, text_file  # noqa: F401  (the fixture)
 from train.run_lock import RunLock, lock_holder
-from train.sweep import main
+from train.sweep.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "checkpoints" / "sweep_qk_norm" / "sweep.json"
@@ -96,7 +96,7 @@ def test_a_ray_address_nothing_answers_at_is_one_line_at_once(address, text_file
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_run_hears_sigint_even_when_its_starter_blocks_it(tmp_path):
-    from train.sweep_local import launch
+    from train.sweep.local import launch
 
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # as a Ray worker does
     try:

@@ -23,7 +23,7 @@ from probes.doctor.signals import later_half_medians
 from probes.doctor.update_scale import MUON_LR, adjusted_table
 from probes.update_report import UpdateReport
 from train.monitor import Monitor
-from train.optimizer_kinds import optimizer_kinds
+from train.monitor.optimizer_kinds import optimizer_kinds
 
 muon = pytest.importorskip("torch.optim").__dict__.get("Muon")
 CTX, D = 16, 32

@@ -217,7 +217,7 @@ def finish_forward_stats(stats: dict[str, Any]) -> dict[str, Any]:
 def evaluate(model: Any, blocks: torch.Tensor, batch_size: int, chars_per_token: float,
              autocast: Any) -> dict[str, Any]:
     """val_loss / val_ppl / bpc over fixed val `blocks` [n length]. (The model's internals at an
-    eval step are the Monitor's: `train.monitor_parts.internal_stats` on the first batch.)
+    eval step are the Monitor's: `train.monitor.parts.internal_stats` on the first batch.)
 
     bpc = log2(ppl) / chars_per_token (bits per token over characters per token).
     """

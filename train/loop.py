@@ -39,7 +39,7 @@ from train.config import init_distributed, lr_at
 from train.doctor import LiveDoctor
 from models.loss import lm_loss_and_z
 from train.data import block_len, lm_loss, predictions_per_block, sample_blocks
-from train.monitor_save import save_with_view
+from train.monitor.save import save_with_view
 from train.guard.loop import attach, judge_steps, stop_run
 from train.records import (console_line, open_monitor, run_description, to_json_line, trim_metrics,
                            write_record)

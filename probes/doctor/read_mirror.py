@@ -1,5 +1,5 @@
 """The Monitor's readings read back from the W&B run or TensorBoard log it mirrored into
-(train.monitor_wandb): its `scratchscope/*` keys, by their exact names, turned into the fields a
+(train.monitor.wandb_mirror): its `scratchscope/*` keys, by their exact names, turned into the fields a
 metrics.jsonl record holds, so that the doctor gives the same run the same verdict from any of them.
 
     scratchscope/attn_entropy/layer_0/head_1   -> attn_entropy   {"0": [.., h1, ..]}

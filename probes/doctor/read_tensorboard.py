@@ -86,7 +86,7 @@ def read_tensorboard(path: Path, tags: Iterable[str] | dict[str, str] | None = N
 
 
 def mirrored_steps(series: dict[str, list[tuple[int, float]]]) -> list[tuple[int, dict[str, Any]]]:
-    """The Monitor's scratchscope/* scalars (train.monitor_wandb) as metrics.jsonl fields, per step."""
+    """The Monitor's scratchscope/* scalars (train.monitor.wandb_mirror) as metrics.jsonl fields, per step."""
     rows: dict[int, dict[str, float]] = {}
     for tag, values in series.items():
         if tag.startswith(MIRROR):

@@ -41,7 +41,7 @@ STEP_KEYS = {"iter": "nanogpt", "step": "unknown", "train/global_step": "hf"}
 MIRROR_STEP = MIRROR + "step"  # the Monitor's step of the mirror's keys in a row: they join the user's rows
 SOURCE = "the W&B run"  # how the doctor names one, before its folder's name
 W_STEP = "_step"  # W&B's own row counter: the axis only when the run logs none of STEP_KEYS
-WANDB_KEYS = {MIRROR + "grad_norm": "grad_norm",  # the Monitor's mirror (train.monitor_wandb); the user's own wins
+WANDB_KEYS = {MIRROR + "grad_norm": "grad_norm",  # the Monitor's mirror (train.monitor.wandb_mirror); the user's own wins
               "train/loss": "train_loss", "loss": "train_loss", "train_loss": "train_loss",
               "val/loss": "val_loss", "eval/loss": "val_loss", "eval_loss": "val_loss", "val_loss": "val_loss",
               "lr": "lr", "learning_rate": "lr", "train/learning_rate": "lr", "train/lr": "lr",
@@ -235,7 +235,7 @@ def row_steps(row: dict[str, Any], step_key: str,
               mapping: dict[str, str]) -> list[tuple[int | None, dict[str, str], bool]]:
     """A row's (step, names read at it, whether the Monitor's readings are at that step): the Monitor's
     keys at its own step where the row holds it (they join whichever row the user logs,
-    train.monitor_wandb), the user's at their step key; an older mirror's rows: all at the user's."""
+    train.monitor.wandb_mirror), the user's at their step key; an older mirror's rows: all at the user's."""
     if MIRROR_STEP not in row:
         return [(step_of(row.get(step_key)), mapping, True)]
     ours = {name: v for name, v in mapping.items() if name.startswith(MIRROR)}

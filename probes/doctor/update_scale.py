@@ -42,7 +42,7 @@ healthy run). Adam on a plain run (one rate for all) keeps makemore's band: ther
 rate does to the matrices.
 
 The kinds come from run.json (`optimizer_kinds`, `muon_shapes`: written by train.monitor.Monitor,
-`train.optimizer_kinds`), else from its `train.optimizer` for the whole run; a run without either
+`train.monitor.optimizer_kinds`), else from its `train.optimizer` for the whole run; a run without either
 (older runs, foreign logs) is judged on makemore's band as before.
 """
 

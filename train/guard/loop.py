@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from models.checkpoint import snapshot_name
-from train.monitor_save import save_with_view
+from train.monitor.save import save_with_view
+from train.guard import Guard
 from train.guard.run import GuardedRun, Plan
-from train.guard.settings import Guard
 from train.guard.monitor import stop_line
 
 if TYPE_CHECKING:

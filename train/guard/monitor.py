@@ -1,4 +1,5 @@
-"""The guard inside the Monitor (`Monitor(..., guard=True)`): `Monitor.log` hands each step to
+"""The guard inside the Monitor (`Monitor(..., guard=True)`), plugged in as a
+`train.monitor.plugins.Plugin` (`GuardPlugin`, made by `guard_plugin`): `Monitor.log` hands each step to
 `monitor_log`, which judges it and, on trouble, writes the step's record with a `rescue` entry and
 acts; a stop writes the records, saves the last good state where the store can, prints the
 diagnosis and ends the script (`GuardStop`, exit code 3). The Hugging Face callback judges the
@@ -13,17 +14,44 @@ from typing import TYPE_CHECKING, Any
 
 from probes.doctor import flags
 from probes.doctor.rescues import no_qk_advice, structural_fix
+from train.guard import Guard
 from train.guard.ranks import everyone
 from train.guard.run import GuardedRun
-from train.guard.settings import MODES, Guard
+from train.guard.settings import MODES
 from train.guard.stop import EXIT_STOPPED, GuardStop
 
 if TYPE_CHECKING:
-    from train.monitor_core import Monitor
+    from train.monitor.plugins import Watched  # the Monitor as a plugin sees it: never its class
 
 log = logging.getLogger("train.guard")
 
-__all__ = ["check_update", "guard_settings", "hook_guard", "monitor_log", "stop_line"]
+__all__ = ["GuardPlugin", "check_update", "guard_plugin", "guard_settings", "hook_guard", "monitor_log", "stop_line"]
+
+
+class GuardPlugin:
+    """The guard as the Monitor's plugin (`train.monitor.plugins.Plugin`): its settings in run.json,
+    its hooks on the optimizer, its judgement at each `log` and `check`."""
+
+    def __init__(self, settings: Guard):
+        self.settings = settings
+
+    def describe(self) -> dict[str, Any]:
+        return {"guard": self.settings.to_json()}
+
+    def hook(self, monitor: Watched) -> list[Any]:
+        return hook_guard(monitor, self.settings)
+
+    def at_log(self, monitor: Watched, step: int, scalars: dict[str, Any]) -> bool:
+        return monitor_log(monitor, step, scalars)
+
+    def at_check(self, monitor: Watched, step: int, loss: Any) -> bool:
+        return check_update(monitor, step, loss)
+
+
+def guard_plugin(value: Any) -> GuardPlugin | None:
+    """The Monitor's `guard=` as its plugin, or None (off); a bad value refused in one line."""
+    settings = guard_settings(value)
+    return None if settings is None else GuardPlugin(settings)
 
 
 def guard_settings(value: Any) -> Guard | None:
@@ -40,17 +68,15 @@ def guard_settings(value: Any) -> Guard | None:
     raise ValueError(f"Monitor: guard must be True, False, 'watch' or a train.guard.Guard, got {value!r}")
 
 
-def hook_guard(monitor: Monitor) -> list[Any]:
-    """The Monitor's guard (its `guard_settings`) at work on its optimizer, holding the state before
-    the first update it numbers; its hook handles, registered before the Monitor's own so that the
-    rate the Monitor records is the one the guard let through. None of either when it has none."""
-    if monitor.guard is None:
-        return []
-    monitor.guard = GuardedRun(monitor.guard, monitor.model, monitor.optimizer, monitor._next_step)
+def hook_guard(monitor: Watched, settings: Guard) -> list[Any]:
+    """The guard at work on the Monitor's optimizer (left on it as `monitor.guard`), holding the state
+    before the first update it numbers; its hook handles, registered before the Monitor's own so that
+    the rate the Monitor records is the one the guard let through."""
+    monitor.guard = GuardedRun(settings, monitor.model, monitor.optimizer, monitor._next_step)
     return monitor.guard.handles
 
 
-def monitor_log(monitor: Monitor, step: int, scalars: dict[str, Any]) -> bool:
+def monitor_log(monitor: Watched, step: int, scalars: dict[str, Any]) -> bool:
     """Judge `step` (the loss logged; the gradient norm and update ratios the Monitor measured at its
     log steps; every 25 steps, the attention entropy on the eval tokens, where it has some); when
     the guard acts or says something, make the step's record with the `rescue` entry in it and
@@ -83,13 +109,13 @@ def monitor_log(monitor: Monitor, step: int, scalars: dict[str, Any]) -> bool:
     return True
 
 
-def check_update(monitor: Monitor, step: int, loss: Any) -> bool:
+def check_update(monitor: Watched, step: int, loss: Any) -> bool:
     """`Monitor.check`: False when the guard refuses `step`'s update (`GuardedRun.refuse`), whose
     number is then used up as if it was taken; True otherwise, and always without a guard."""
     run = monitor.guard
     if not isinstance(run, GuardedRun):
         return True
-    from train.monitor_parts import number  # a bad value refused in the Monitor's words
+    from train.values import number  # a bad value refused in the Monitor's words
     value = number("train_loss", loss)
     if not run.refuse(step, None if value is None else float(value)):
         return True
@@ -103,7 +129,7 @@ def median_ratio(table: dict[str, Any] | None) -> float | None:
     return values[len(values) // 2] if values else None
 
 
-def doctor_warning(monitor: Monitor, run: GuardedRun, began: int) -> tuple[int, str] | None:
+def doctor_warning(monitor: Watched, run: GuardedRun, began: int) -> tuple[int, str] | None:
     """The doctor's earliest early warning from the model's internals (`probes.doctor.signals.
     growth_signals`: attention or output logits or the residual grown ten-fold, a head's entropy
     collapsed) within two snapshot spans (2 x `every` steps) before the step the loss's trouble
@@ -127,7 +153,7 @@ def doctor_warning(monitor: Monitor, run: GuardedRun, began: int) -> tuple[int, 
     return found[0] if found else None
 
 
-def stop(monitor: Monitor, step: int, rescue: dict[str, Any]) -> None:
+def stop(monitor: Watched, step: int, rescue: dict[str, Any]) -> None:
     """Write the records, save the restored state as a snapshot where the Monitor saves snapshots
     (ours, or any model with save_every and eval_tokens; never over one on disk; not the state
     before the first update, step -1, which the model in memory holds), say why and what to

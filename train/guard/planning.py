@@ -3,19 +3,17 @@ a rewind before a rate's damage with a rate from the evidence (`rates`), or a st
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
+from train.guard.evidence import Evidence
 from train.guard.plan import Plan, record
 from train.guard.rate import rate_of
 from train.guard.rates import blowup_rate, collapse_rate
 
-if TYPE_CHECKING:
-    from train.guard.run import GuardedRun
-
 __all__ = ["rate_plan", "skip_plan"]
 
 
-def skip_plan(run: GuardedRun, why: str, began: int, bad: list[int], now: int, refused: bool = False) -> Plan:
+def skip_plan(run: Evidence, why: str, began: int, bad: list[int], now: int, refused: bool = False) -> Plan:
     """Restore the newest state taken before the first bad batch; keep the rate. `refused`: their
     updates were never taken (`GuardedRun.refuse`): nothing to restore."""
     if refused:
@@ -31,7 +29,7 @@ def skip_plan(run: GuardedRun, why: str, began: int, bad: list[int], now: int, r
                  rate_from="the rate kept: bad batches say nothing about it", skipped_steps=bad)
     return Plan(now, rec, slot, None, began)
 
-def rate_plan(run: GuardedRun, kind: str, why: str, step: int, now: int, warned: Callable | None,
+def rate_plan(run: Evidence, kind: str, why: str, step: int, now: int, warned: Callable | None,
                began: int | None = None, newest: int | None = None) -> Plan:
     """Rewind before the damage with a rate from the evidence, or stop past the floor. `newest`:
     the newest state known good (an attention collapse: its last spread reading); else the one
@@ -52,7 +50,8 @@ def rate_plan(run: GuardedRun, kind: str, why: str, step: int, now: int, warned:
         newest = began - 2 if newest is None or warning is not None else newest  # the step after it was calm
         good = [x for x in held if x.step <= newest]
         slot = max(good, key=lambda x: x.step) if good else min(held, key=lambda x: x.step, default=None)
-    cap, rate_from = collapse_rate(run, began - 1) if collapsed else blowup_rate(run, kind, began)
+    cap, rate_from = (collapse_rate(run.rate, run.rates, s.cut, began - 1) if collapsed else
+                      blowup_rate(run.rate, run.rates, run.ratios, s.cut, kind, began))
     asked = rate_of(run.rate.asked[0]) if run.rate.asked else cap
     if run.first_rate is None:
         run.first_rate = rate_of(run.rate.applied) if run.rate.applied is not None else asked
@@ -76,7 +75,7 @@ def rate_plan(run: GuardedRun, kind: str, why: str, step: int, now: int, warned:
     level = level if level is not None else run.watch.best  # before the run has a level: its best so far
     return Plan(now, rec, slot, cap, began, target=level, unsafe=unsafe_rate(run, kind, began, collapsed))
 
-def unsafe_rate(run: GuardedRun, kind: str, began: int, collapsed: bool) -> float | None:
+def unsafe_rate(run: Evidence, kind: str, began: int, collapsed: bool) -> float | None:
     """The rate a rescue learns is too high: the one that collapsed the attention (the last
     update's), or that of the first update of a rate blow-up; none for a stall."""
     if collapsed:

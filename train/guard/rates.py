@@ -17,72 +17,71 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
 
+from train.guard.evidence import Evidence
 from train.guard.kinds import U_TOP
 from train.guard.plan import Plan, record
-from train.guard.rate import rate_of
-
-if TYPE_CHECKING:
-    from train.guard.run import GuardedRun
+from train.guard.rate import RateCap, rate_of
 
 __all__ = ["blowup_rate", "collapse_rate", "lift_plan"]
 
 
-def applied_at(run: GuardedRun, began: int) -> tuple[float | None, float | None]:
-    """(the rate of the last update before `began`, the rate of the first update from `began`)."""
-    before = [r for s, r in run.rates if s < began and r is not None]
-    after = [r for s, r in run.rates if s >= began and r is not None]
+def applied_at(rates: Iterable[tuple[int, object]], began: int) -> tuple[float | None, float | None]:
+    """(the rate of the last update before `began`, the rate of the first update from `began`), from
+    the (step, rate applied) of recent updates."""
+    before = [r for s, r in rates if s < began and r is not None]
+    after = [r for s, r in rates if s >= began and r is not None]
     return (rate_of(before[-1]) if before else None), (rate_of(after[0]) if after else None)
 
 
-def blowup_rate(run: GuardedRun, kind: str, began: int) -> tuple[float, str]:
-    """(the new cap of the first param group, what evidence set it, in words)."""
-    cut = run.settings.cut
-    calm, trouble = applied_at(run, began)
-    asked = rate_of(run.rate.asked[0]) if run.rate.asked else None
+def blowup_rate(rate: RateCap, rates: Iterable[tuple[int, object]], ratios: Iterable[tuple[int, float, object, bool]],
+                cut: float, kind: str, began: int) -> tuple[float, str]:
+    """(the new cap of the first param group, what evidence set it, in words), from the rate cap in
+    force, the (step, rate applied) of recent updates and their (step, median update ratio, rate, calm)."""
+    calm, trouble = applied_at(rates, began)
+    asked = rate_of(rate.asked[0]) if rate.asked else None
     fallback = next((r for r in (calm, trouble, asked) if r is not None), 0.0)
     if kind == "stall":
-        base = run.rate.cap if run.rate.cap is not None else fallback
+        base = rate.cap if rate.cap is not None else fallback
         return base * cut, f"the cap {base:.3g} did not bring the loss back: x{cut:g}"
-    if run.rate.cap is not None:  # trouble again under a cap: the ratios since the rewind were measured on its ramp
-        return run.rate.cap * cut, f"the cap {run.rate.cap:.3g} it blew up under x{cut:g}"
-    implied = [(rate_of(lr) * U_TOP / u, s) for s, u, lr, was_calm in run.ratios
+    if rate.cap is not None:  # trouble again under a cap: the ratios since the rewind were measured on its ramp
+        return rate.cap * cut, f"the cap {rate.cap:.3g} it blew up under x{cut:g}"
+    implied = [(rate_of(lr) * U_TOP / u, s) for s, u, lr, was_calm in ratios
                if s < began and was_calm and lr is not None and u > 0]  # the rate that puts each in the band
     if implied:  # an update ratio grows about in proportion to the rate (Adam's and SGD's steps alike)
-        rate = statistics.median(r for r, _ in implied)
-        said = (f"{rate:.3g}, the rate that brings its update ratios to the top of their band ({U_TOP:g}): the "
+        new = statistics.median(r for r, _ in implied)
+        said = (f"{new:.3g}, the rate that brings its update ratios to the top of their band ({U_TOP:g}): the "
                 f"median over {len(implied)} calm measurements (steps {implied[0][1]}-{implied[-1][1]})")
     else:
-        rate, said = fallback * cut, (f"the rate {fallback:.3g} at the last calm step x{cut:g} (no update ratios "
+        new, said = fallback * cut, (f"the rate {fallback:.3g} at the last calm step x{cut:g} (no update ratios "
                                       "measured: log them with the Monitor)")
     top = trouble if trouble is not None else fallback
-    if top > 0 and rate > cut * top:
-        rate, said = cut * top, f"{said}; at most x{cut:g} the rate {top:.3g} at which the trouble began"
-    return rate, said
+    if top > 0 and new > cut * top:
+        new, said = cut * top, f"{said}; at most x{cut:g} the rate {top:.3g} at which the trouble began"
+    return new, said
 
 
-def collapse_rate(run: GuardedRun, spread: int) -> tuple[float, str]:
+def collapse_rate(rate: RateCap, rates: Iterable[tuple[int, object]], cut: float, spread: int) -> tuple[float, str]:
     """(the new cap, in words) after attention collapsed between the reading at `spread` and now:
     the rate of the last update at or before `spread` (attention was still spread there), at most
     `cut` x the rate of the last update (where it had collapsed); under a cap already, the cap cut again."""
-    cut = run.settings.cut
-    if run.rate.cap is not None:
-        return run.rate.cap * cut, f"the cap {run.rate.cap:.3g} it collapsed under x{cut:g}"
-    spread_rates = [r for s, r in run.rates if s <= spread and r is not None]
-    now = rate_of(run.rate.applied) if run.rate.applied is not None else None
+    if rate.cap is not None:
+        return rate.cap * cut, f"the cap {rate.cap:.3g} it collapsed under x{cut:g}"
+    spread_rates = [r for s, r in rates if s <= spread and r is not None]
+    now = rate_of(rate.applied) if rate.applied is not None else None
     top = cut * now if now is not None else None
     if spread_rates:
-        rate = rate_of(spread_rates[-1])
-        said = f"{rate:.3g}, the rate at step {spread}, where its attention was still spread"
+        new = rate_of(spread_rates[-1])
+        said = f"{new:.3g}, the rate at step {spread}, where its attention was still spread"
     else:
-        rate, said = (top or 0.0), f"x{cut:g} the rate {now:.3g} at which its attention collapsed"
-    if top is not None and rate > top:
-        rate, said = top, f"x{cut:g} the rate {now:.3g} at which its attention collapsed"
-    return rate, said
+        new, said = (top or 0.0), f"x{cut:g} the rate {now:.3g} at which its attention collapsed"
+    if top is not None and new > top:
+        new, said = top, f"x{cut:g} the rate {now:.3g} at which its attention collapsed"
+    return new, said
 
 
-def lift_plan(run: GuardedRun, step: int, now: int) -> Plan | None:
+def lift_plan(run: Evidence, step: int, now: int) -> Plan | None:
     """A capped run calm for `lift_after` steps since it recovered: the cap doubled (or gone)."""
     s, cap = run.settings, run.rate.cap
     if cap is None or run.calm_from is None or step - run.calm_from < s.lift_after:

@@ -50,7 +50,7 @@ from train.guard.stop import EXIT_STOPPED, GuardStop
 from train.guard.update_probe import UpdateProbe
 
 if TYPE_CHECKING:
-    from train.guard.settings import Guard
+    from train.guard.settings import Settings
 
 log = logging.getLogger("train.guard")
 
@@ -71,7 +71,7 @@ class Recovery:
 class GuardedRun:
     """A guard at work on one model and optimizer (hooked on the optimizer's step for the rate)."""
 
-    def __init__(self, settings: Guard, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+    def __init__(self, settings: Settings, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  start_step: int | None = 0):
         s = self.settings = settings
         self.model, self.optimizer, self.scaler = model, optimizer, s.scaler
@@ -120,7 +120,7 @@ class GuardedRun:
     def read(self, step: int, loss: Any, grad_norm: Any, due: bool | None = None) -> tuple[float | None, float | None]:
         """The logged loss and gradient norm as floats; a tensor only when `due` (a device sync: the
         Monitor's log steps, else every `read_every` steps)."""
-        from train.monitor_parts import number  # a bad value refused in the Monitor's words
+        from train.values import number  # a bad value refused in the Monitor's words
         due = step % self.settings.read_every == 0 if due is None else due
         values = []
         for name, value in (("train_loss", loss), ("grad_norm", grad_norm)):

@@ -1,4 +1,6 @@
-"""The guard's settings (`Guard`), checked when made. Torch-free: the settings are plain numbers."""
+"""The guard's settings, checked when made: `Settings`, the fields of the public `train.guard.Guard`
+(which adds `attach`). Torch-free, plain numbers; it imports nothing of the guard's, so every part
+of the guard (`run`, `planning`, ...) reads its settings from below."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["Guard", "MODES"]
+__all__ = ["MODES", "Settings"]
 
 MODES = ("act", "watch")
 BIG = 10 ** 6  # the most steps any size may span (a run of a million steps between snapshots is no guard)
@@ -14,8 +16,9 @@ MAX_KEEP = 64  # snapshots held: each is a full copy of the model and optimizer 
 
 
 @dataclass(frozen=True)
-class Guard:
-    """The guard's settings. `mode="watch"` logs what it would do and changes nothing."""
+class Settings:
+    """The guard's settings (made as `train.guard.Guard`; its messages name it so). `mode="watch"` logs
+    what it would do and changes nothing."""
 
     mode: str = "act"
     every: int = 10  # steps between snapshots (taken at a calm step, at most one per `every`)
@@ -63,11 +66,3 @@ class Guard:
         acted is told from an unguarded one, and a sweep's recipes compare with their guards."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "scaler"}
         return {**out, "scaler": self.scaler is not None}
-
-    def attach(self, model: Any, optimizer: Any, start_step: int = 0) -> Any:
-        """A guard on this model and optimizer without a Monitor (a DDP rank other than 0):
-        `run.log(step, train_loss=...)` judges and acts as `Monitor.log` does; `run.close()` unhooks.
-        `start_step`: the step number of the first update (as the Monitor's)."""
-        from train.guard.run import GuardedRun
-        from train.monitor_parts import first_optimizer
-        return GuardedRun(self, model, first_optimizer(optimizer), start_step)

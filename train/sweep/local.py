@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 import train
-from train.sweep_book import Job
+from train.sweep.book import Job
 
 log = logging.getLogger("train.sweep")
 

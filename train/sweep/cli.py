@@ -7,16 +7,12 @@
 
 Every grid point (rate x variant) is an ordinary run directory SWEEP_DIR/<name> trained by
 `python -m train` with the common flags, diagnosed by the run doctor when it ends; SWEEP_DIR/
-sweep.json (`train.sweep_book`) holds the grid, each run's losses, divergence step and verdict,
+sweep.json (`train.sweep.book`) holds the grid, each run's losses, divergence step and verdict,
 and per variant the LR sensitivity and widest stable range (Wortsman et al. 2023). Backends:
-local processes (`train.sweep_local`, the default) or Ray tasks (`train.sweep_ray`).
+local processes (`train.sweep.local`, the default) or Ray tasks (`train.sweep.on_ray`).
 """
 
 from __future__ import annotations
-
-if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on (see models.interrupts)
-    from models.interrupts import quiet_signals
-    quiet_signals()
 
 import argparse
 import fcntl
@@ -33,10 +29,10 @@ from models.cli import EXIT_INTERRUPTED, POSITIVE_INT, Parser, path_text, path_t
 from probes.sweep import range_text
 from probes.sweep_stats import SWEEP_FILE
 from train.args import build_parser as train_parser
-from train.sweep_book import Job, SweepBook, read_book
-from train.sweep_grid import Grid, parse_rates, parse_vary
-from train.sweep_local import run_local
-from train.sweep_ray import STORAGE, ray_session, run_ray
+from train.sweep.book import Job, SweepBook, read_book
+from train.sweep.grid import Grid, parse_rates, parse_vary
+from train.sweep.local import run_local
+from train.sweep.on_ray import STORAGE, ray_session, run_ray
 
 log = logging.getLogger("train.sweep")
 
@@ -260,8 +256,3 @@ def main(argv: list[str] | None = None) -> int:
         return sweep(args)
 
     return run_cli(body)
-
-
-if __name__ == "__main__":
-    from models.cli import exit_entry
-    exit_entry(main())

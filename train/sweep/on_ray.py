@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from models.interrupts import EXIT_INTERRUPTED
-from train.sweep_book import Job
-from train.sweep_local import POLL_S, Ended, Started, launch, train_argv
+from train.sweep.book import Job
+from train.sweep.local import POLL_S, Ended, Started, launch, train_argv
 
 log = logging.getLogger("train.sweep")
 

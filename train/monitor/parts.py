@@ -1,10 +1,10 @@
-"""The Monitor's pure parts: what it writes in run.json, how it checks a logged number, the
-gradient norm of a step, a record's divergence, and the internal signals at an eval step."""
+"""The Monitor's pure parts: what it writes in run.json, how it checks a model and its tokens, the
+gradient norm of a step, a record's divergence, and the internal signals at an eval step (a logged
+number is checked in `train.values`, below the Monitor and the guard alike)."""
 
 from __future__ import annotations
 
 import math
-import numbers
 from contextlib import nullcontext
 from datetime import datetime, timezone
 from types import SimpleNamespace
@@ -13,96 +13,13 @@ from typing import Any
 import torch
 
 from train.host_copy import HostCopy
-from train.optimizer_kinds import optimizer_kinds
+from train.monitor.optimizer_kinds import optimizer_kinds
+from train.values import short
 
-__all__ = ["EvalReadings", "INT64_MAX", "OWNED", "activation_windows", "autocast_factory", "check_eval_tokens", "check_model", "check_tokens", "describe_model",
-           "divergence_reason", "first_optimizer", "grad_norm", "grad_squares", "group_lrs", "hyperparameters",
-           "internal_stats", "monitored_run_json", "norm_from_squares", "number", "param_groups_json", "placed_internals", "refuse_owned",
-           "resume_mismatch", "setting", "short", "step_number", "update_readings"]
-
-
-def first_optimizer(optimizer: Any) -> torch.optim.Optimizer:
-    """The torch optimizer itself: accelerate's AcceleratedOptimizer and Lightning's wrappers hold
-    it as `.optimizer`, and only the inner one runs its step hooks."""
-    seen = optimizer
-    for _ in range(16):  # wrappers nest a few deep; an object that holds itself must not hang us
-        if isinstance(seen, torch.optim.Optimizer) and not isinstance(getattr(seen, "optimizer", None),
-                                                                      torch.optim.Optimizer):
-            return seen
-        inner = getattr(seen, "optimizer", None)
-        if inner is None or inner is seen:
-            break
-        seen = inner
-    raise TypeError(f"Monitor: expected a torch optimizer (or a wrapper holding one as .optimizer), "
-                    f"got {type(optimizer).__name__}")
-
-
-# names the Monitor writes itself, in shapes every reader checks (models.store.record_check): a
-# value logged under one would make the record unreadable, and its step's loss lost with it
-OWNED = ("gwu", "activations", "attn_entropy", "attn_logit_max", "resid_rms", "diverged", "lr_groups", "rescue")
-INT64_MAX = 2**63 - 1  # the readers' integer columns (the app's run list) are 64-bit
-
-
-def refuse_owned(names: Any) -> None:
-    """A value logged under one of `OWNED` refused in one line (checked once per log call)."""
-    for name in names:
-        if name in OWNED:
-            raise ValueError(f"Monitor.log: {name!r} is a name the Monitor writes itself (one of "
-                             f"{', '.join(OWNED)}): log your value under another name")
-
-
-def number(name: str, value: Any) -> float | int | None:
-    """A logged value as a plain number: a 0-d tensor (or a one-element numpy array) is read (one
-    device sync), a numpy scalar becomes a Python one, None stays None (not measured)."""
-    if isinstance(value, torch.Tensor) or (type(value).__module__ == "numpy" and hasattr(value, "item")):
-        if getattr(value, "is_meta", False) or (getattr(value, "size", 1) if not isinstance(value, torch.Tensor)
-                                                else value.numel()) != 1:
-            what = "a meta tensor" if getattr(value, "is_meta", False) else f"an array of shape {list(value.shape)}"
-            raise ValueError(f"Monitor.log: {name} must be one number, got {what}")
-        value = value.item()
-    if value is None or (isinstance(value, float) and not isinstance(value, bool)):
-        return value
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):  # int, numpy's float32, int64, ...
-        if not isinstance(value, numbers.Integral):
-            try:
-                return float(value)
-            except OverflowError:  # a Fraction or Decimal-like past any float
-                raise ValueError(f"Monitor.log: {name} is too large for a float, got {type(value).__name__}") from None
-        if abs(int(value)) > INT64_MAX:
-            raise ValueError(f"Monitor.log: {name} must fit in 64 bits, got an integer of {int(value).bit_length()} bits")
-        return int(value)
-    raise ValueError(f"Monitor.log: {name} must be a number, got {type(value).__name__} {short(value)}")
-
-
-def short(value: Any) -> str:
-    try:
-        text = repr(value)
-    except ValueError:  # an int past Python's digit limit for str()
-        return f"(an integer of {value.bit_length()} bits)" if isinstance(value, int) else type(value).__name__
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def step_number(step: Any) -> int:
-    """A logged step as an int: a Python or numpy integer, >= 0 and within 64 bits."""
-    if isinstance(step, numbers.Integral) and not isinstance(step, bool):
-        step = int(step)
-        if 0 <= step <= INT64_MAX:
-            return step
-        if step > INT64_MAX:
-            raise ValueError(f"Monitor.log: step must be below 2**63 (the readers' 64-bit columns), "
-                             f"got an integer of {step.bit_length()} bits")
-    hint = " (a tensor: pass step.item())" if isinstance(step, torch.Tensor) else ""
-    raise ValueError(f"Monitor.log: step must be a non-negative integer (an int), got {type(step).__name__} {short(step)}{hint}")
-
-
-def setting(name: str, value: Any, low: int = 0, none: bool = False) -> int | None:
-    """One of the Monitor's integer settings (a Python or numpy int, low..2**63-1), or None if allowed."""
-    if value is None and none:
-        return None
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and low <= int(value) <= INT64_MAX:
-        return int(value)
-    raise ValueError(f"Monitor: {name} must be an integer >= {low} (and below 2**63){' or None' if none else ''}, "
-                     f"got {short(value)}")
+__all__ = ["EvalReadings", "activation_windows", "autocast_factory", "check_eval_tokens", "check_model", "check_tokens",
+           "describe_model", "divergence_reason", "grad_norm", "grad_squares", "group_lrs", "hyperparameters",
+           "internal_stats", "monitored_run_json", "norm_from_squares", "param_groups_json", "placed_internals",
+           "resume_mismatch", "update_readings"]
 
 
 def autocast_factory(autocast: Any) -> Any:
@@ -273,7 +190,7 @@ class EvalReadings:
     tokens (and, for our hooked twin, their activation windows, cut here where the ids were just
     checked on the host) moved to the model's device once, and the twin kept while it shares the
     model's weights (`models.store.live.hooked_twin`). `plan`: the tap's, for a model the store
-    cannot rebuild (`train.monitor_tap`)."""
+    cannot rebuild (`train.monitor.tap`)."""
 
     def __init__(self, model: torch.nn.Module, config: Any, tokens: torch.Tensor, plan: Any, autocast: Any):
         self.model, self.config, self.plan, self.autocast = model, config, plan, autocast
@@ -290,7 +207,7 @@ class EvalReadings:
     def measure(self) -> HostCopy:
         """One eval step's internals, measured on the device: `.get()` is the record's part."""
         if self.plan is not None:
-            from train.monitor_tap import measure
+            from train.monitor.tap import measure
             return measure(self.plan, self._inputs(next(self.model.parameters()).device)[0], self.autocast)
         from models.store.live import hooked_twin
         self._twin = hooked_twin(self.model, self.config, cached=self._twin)
@@ -302,7 +219,7 @@ class EvalReadings:
         empty for a model without attention): the guard's collapse readings. The tap's forward
         alone, not its activation statistics, for a model the store cannot rebuild."""
         if self.plan is not None:
-            from train.monitor_tap import forward
+            from train.monitor.tap import forward
             readings = forward(self.plan, self._inputs(next(self.model.parameters()).device)[0], self.autocast)
             return {layer: [round(h, 6) for h in entropy.tolist()] for layer, entropy in readings.entropy.items()}
         from models.store.live import hooked_twin
@@ -358,7 +275,7 @@ def monitored_run_json(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     forward saw: the doctor's entropy rules read n_ctx), the monitor's `schedule` (steps, log_every,
     eval_every), the optimizer and its hyperparameters: its defaults, or param group 0's where it
     has none (nanochat's MuonAdamW); with several groups, each group's under `param_groups`; which
-    kind of optimizer updates each parameter where they differ, or Muon's (`train.optimizer_kinds`)."""
+    kind of optimizer updates each parameter where they differ, or Muon's (`train.monitor.optimizer_kinds`)."""
     hyper = hyperparameters(optimizer.defaults or optimizer.param_groups[0])
     several = len(optimizer.param_groups) > 1
     return {"preset": None, "source": "monitor", "trainer": trainer, "model": model_json,

@@ -18,7 +18,7 @@ from models.store.run import CheckpointError
 from probes.sweep_file import check_sweep
 from probes.sweep_stats import SWEEP_FILE, run_finished, run_outcome, variant_summary
 from train.run_lock import lock_holder
-from train.sweep_grid import Grid, Point
+from train.sweep.grid import Grid, Point
 
 log = logging.getLogger("train.sweep")
 

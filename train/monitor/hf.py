@@ -23,9 +23,8 @@ except ImportError as err:  # pragma: no cover - the extra is installed in dev
 
 import torch
 
-from train.monitor_core import Monitor
+from train.monitor.core import Monitor
 from train.guard import GuardStop
-from train.guard.monitor import monitor_log
 
 __all__ = ["HFCallback", "StepLoss", "TRAINER_KEYS"]
 
@@ -132,7 +131,7 @@ class HFCallback(TrainerCallback):
             values.pop("train_loss", None)  # a rescued step's record keeps its own loss (the state in trouble)
         with self._guarded(control):  # without a loss from the model, the guard judges the Trainer's mean
             judged = self.monitor.guard is None or self.step_loss is not None and self.step_loss.seen
-            if judged or not monitor_log(self.monitor, state.global_step, values):
+            if judged or not self.monitor.plugin.at_log(self.monitor, state.global_step, values):
                 self.monitor.record(state.global_step, **values)
 
     @contextmanager

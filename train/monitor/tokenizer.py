@@ -76,7 +76,7 @@ def as_ours(tokenizer: Any) -> Tokenizer:
     if backend is not None:
         return GPT2BPETokenizer(backend)
     if type(tokenizer).__module__.split(".")[0] == "tiktoken":
-        from train.monitor_tiktoken import tiktoken_as_ours
+        from train.monitor.tiktoken_reader import tiktoken_as_ours
         return tiktoken_as_ours(tokenizer)
     if not (callable(getattr(tokenizer, "encode", None)) and callable(getattr(tokenizer, "decode", None))):
         raise refuse(f"is a {name}, which has no encode and decode: give the tokenizer that turns your text into "

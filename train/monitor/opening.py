@@ -11,7 +11,7 @@ from models.cli import to_jsonable
 from models.store.files import writing
 from models.store.run import METRICS_FILE, list_snapshots, read_run_json, write_run_json
 from train.run_lock import RunLock
-from train.monitor_parts import resume_mismatch
+from train.monitor.parts import resume_mismatch
 
 __all__ = ["open_run"]
 

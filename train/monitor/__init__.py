@@ -14,7 +14,7 @@ steps the hooks only read the learning rate. At eval steps (every `eval_every`),
 logit per head, residual rms per layer, max |logit|, dead and saturated units) are measured on
 our hooked twin of the model (`models.store.live`: ours, nanoGPT's `GPT`, Hugging Face GPT-2),
 or, for any other model (nanochat, a Llama, a tutorial GPT), on the model itself through the
-attention tap and forward hooks (`train.monitor_tap`).
+attention tap and forward hooks (`train.monitor.tap`).
 Two `log` calls for one step make one record. `diagnose_every=N` prints each new finding of the
 doctor once, while the run still lives; the diagnosis is printed when the Monitor closes.
 Our own trainer (`python -m train`) logs through this class too. `guard=True` also acts: a run
@@ -25,13 +25,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from train.monitor_core import Monitor
+from train.monitor.core import Monitor
 
 __all__ = ["HFCallback", "Monitor"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "HFCallback":  # a TrainerCallback: imports transformers only when asked for
-        from train.monitor_hf import HFCallback
+        from train.monitor.hf import HFCallback
         return HFCallback
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
