@@ -43,8 +43,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from guard_arms import ARMS  # noqa: E402
-from guard_cases import GOOD, KINDS, Case, Outcome, cases, ids, train  # noqa: E402
+from guard_cases import GOOD, KINDS, Case, Outcome, cases, ids  # noqa: E402
 from guard_hf import HF_ARMS  # noqa: E402
+from guard_loop import train  # noqa: E402
 
 SEEDS, DEV_SEEDS = (0, 1), (100, 101)
 GOAL_COST = 1.05
@@ -57,6 +58,7 @@ GOALS = {  # kind -> what a run must do (said in the table)
     "transient": "no stop, <= none + 0.05",
     "offlog": "<= clean + 0.5",
     "llama": "healthy bitwise; <= best + 0.5",
+    "phase": "bitwise the unwatched run",
     "hf": "<= best + 0.5",
 }
 
@@ -110,7 +112,7 @@ class Book:
         """Whether run `r` met its kind's goal (GOALS)."""
         kind, value, ref, bare = r.case.kind, final(r), final(self.ref(r)), final(self.bare(r))
         finite = math.isfinite(r.final_val)
-        if kind == "healthy" or kind == "llama" and r.case == r.case.reference():
+        if kind in ("healthy", "phase") or kind == "llama" and r.case == r.case.reference():
             return r.weights == self.bare(r).weights
         if kind == "llama" and r.case.event:
             return finite and value <= ref + 0.05 and value <= bare + 0.01
@@ -122,7 +124,7 @@ class Book:
 
     def false_stop(self, r: Outcome) -> bool:
         """Stopped a run that, unwatched, ended within 0.5 nats of its reference (or is healthy data)."""
-        return r.stopped and (r.case.kind in ("healthy", "garbage", "shift", "transient")
+        return r.stopped and (r.case.kind in ("healthy", "phase", "garbage", "shift", "transient")
                               or final(self.bare(r)) <= final(self.ref(r)) + 0.5)
 
     def of(self, kind: str, arm: str) -> list[Outcome]:
@@ -158,6 +160,7 @@ def guard_goals(book: Book, kinds: tuple[str, ...]) -> list[str]:
                              ("garbage", "garbage within 0.05 of clean, no worse than unguarded", 1.0),
                              ("shift", "a healthy shift never stopped, <= unguarded + 0.05", 1.0),
                              ("healthy", "healthy runs bitwise untouched", 1.0),
+                             ("phase", "phase changes at three rates bitwise untouched", 1.0),
                              ("offlog", "a blow-up off the log steps within 0.5 nats of the clean run", 1.0)):
         mine = book.of(kind, "guard") if kind in kinds else []
         if mine:
