@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import re
 import statistics
 import sys
 import time
@@ -153,6 +154,28 @@ def table(book: Book, kinds: tuple[str, ...], arms: tuple[str, ...]) -> list[str
     return lines
 
 
+STORY_CAUSE = {"data_spike": "bad batches", "rate_blowup": "too large", "stall": "stopped coming back"}
+
+
+def doctor_right(r: Outcome) -> bool:
+    """Whether the doctor tells each rescue of guarded run `r` right: one story per rescue, a cause in
+    its kind's words, and advice to match: the data at the steps skipped for bad batches; for a rate,
+    none or a peak rate below the one the run was given (never the rate it was rescued from)."""
+    if len(r.stories) < r.rescues:
+        return False
+    for kind, _, cause, fix in r.stories:
+        if STORY_CAUSE.get(kind, "?") not in cause:
+            return False
+        if kind == "data_spike":
+            if not fix.startswith("check the data at steps"):
+                return False
+        elif "none for the rate" not in fix:
+            advised = re.search(r"lower the peak learning rate to about ([0-9.e+-]+)", fix)
+            if advised is None or not float(advised.group(1)) < r.case.lr:
+                return False
+    return True
+
+
 def guard_goals(book: Book, kinds: tuple[str, ...]) -> list[str]:
     """The issue's goals for the guard, each met or missed."""
     lines = []
@@ -167,6 +190,11 @@ def guard_goals(book: Book, kinds: tuple[str, ...]) -> list[str]:
             met = sum(map(book.ok, mine))
             verdict = "meets" if met >= need * len(mine) else "misses"
             lines.append(f"guard: {goal}: {met}/{len(mine)} ({verdict} the goal of {need:.0%})")
+    told = [r for r in book.runs.values() if r.arm.startswith("guard") and r.rescues and r.case.family != "hf"]
+    if told:
+        right = sum(map(doctor_right, told))
+        lines.append(f"doctor: cause and advice right on {right}/{len(told)} rescued guard runs "
+                     f"({'meets' if right == len(told) else 'misses'} the goal of 100%)")
     return lines
 
 
@@ -186,11 +214,13 @@ def per_run(book: Book, kinds: tuple[str, ...], arms: tuple[str, ...]) -> list[s
                     + ("" if book.ok(r) else "x")
                 cells.append(f"{final(r):6.3f}{note:<6}")
             lines.append(f"{case.name:<44} {seed:>4} {final(book.ref(first)):6.3f} " + "".join(cells))
-    guarded = [r for r in book.runs.values() if r.arm == "guard" and (r.actions or r.error)]
+    guarded = [r for r in book.runs.values() if r.arm.startswith("guard") and (r.actions or r.error)]
     if guarded:
         lines.append("what the guard did (its records' kind/action, in order; an error that ended the run):")
-        lines += [f"  {r.case.name} seed {r.seed}: {r.actions}" + (f" ERROR at {r.error}" if r.error else "")
-                  for r in sorted(guarded, key=lambda r: (r.case.name, r.seed))]
+        for r in sorted(guarded, key=lambda r: (r.case.name, r.seed, r.arm)):
+            lines.append(f"  {r.case.name} seed {r.seed} {r.arm}: {r.actions}" + (f" ERROR at {r.error}" if r.error else ""))
+            lines += [f"    doctor{'' if doctor_right(r) else ' (WRONG)'}: {kind} {action}: {cause[:70]} | {fix[:90]}"
+                      for kind, action, cause, fix in r.stories]
     return lines
 
 

@@ -246,6 +246,8 @@ class Guarded(Bare):
             self.run.close()
         if self.monitor is not None:
             self.monitor.close()
+            if out.rescues or out.stopped:
+                out.stories = doctor_stories(f"{self.tmp.name}/run")
         if self.tmp is not None:
             self.tmp.cleanup()
 
@@ -275,12 +277,21 @@ class Monitored(Guarded):
 
 def report_rescues(records: list[dict[str, Any]], out: Outcome) -> None:
     """The guard's records (the `rescue` entries of metrics.jsonl) counted into `out`: actions that
-    changed the run (skip, rewind), batches lost, a stop, and what it did in order."""
-    acted = [r for r in records if str(r.get("action", "")) in ("skip", "rewind")]
+    changed the run (skip, refuse, rewind), batches lost, a stop, and what it did in order."""
+    acted = [r for r in records if str(r.get("action", "")) in ("skip", "refuse", "rewind")]
     out.rescues = len(acted)
     out.lost = sum(int(r.get("skipped") or 0) for r in acted)
     out.stopped = any(r.get("action") == "stop" for r in records)
     out.actions = ",".join(f"{r['kind']}/{r['action']}" if r.get("kind") else str(r.get("action")) for r in records)
+
+
+def doctor_stories(run_dir: str) -> list[tuple[str, str, str, str]]:
+    """What the doctor (`probes.diagnose`) tells of each rescue in the run's folder: (kind, action,
+    cause, fix) per `rescued` or `guard_stopped` finding, in order."""
+    from probes import diagnose
+    found = diagnose.run(run_dir)
+    return [(str(f.evidence.get("kind", "")), "stop" if f.code == "guard_stopped" else "acted", f.cause or "",
+             f.fix or "") for f in found.findings if f.code in ("rescued", "guard_stopped")]
 
 
 def _nbytes(tree: Any) -> int:

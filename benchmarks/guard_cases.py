@@ -117,6 +117,7 @@ class Outcome:
     state_bytes: int = 0  # the model's parameters and the optimizer's state, for scale
     seconds: float = 0.0
     error: str = ""  # what failed inside the arm (the run ended there)
+    stories: list = field(default_factory=list)  # the doctor's (kind, action, cause, fix) per rescue of a guarded run
     state: Any = field(default=None, repr=False)  # the final state dict, when asked
 
 
