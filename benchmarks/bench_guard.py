@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import re
 import statistics
 import sys
 import time
@@ -43,8 +44,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from guard_arms import ARMS  # noqa: E402
-from guard_cases import GOOD, KINDS, Case, Outcome, cases, ids, train  # noqa: E402
+from guard_cases import GOOD, KINDS, Case, Outcome, cases, ids  # noqa: E402
 from guard_hf import HF_ARMS  # noqa: E402
+from guard_loop import train  # noqa: E402
 
 SEEDS, DEV_SEEDS = (0, 1), (100, 101)
 GOAL_COST = 1.05
@@ -57,6 +59,7 @@ GOALS = {  # kind -> what a run must do (said in the table)
     "transient": "no stop, <= none + 0.05",
     "offlog": "<= clean + 0.5",
     "llama": "healthy bitwise; <= best + 0.5",
+    "phase": "bitwise the unwatched run",
     "hf": "<= best + 0.5",
 }
 
@@ -110,7 +113,7 @@ class Book:
         """Whether run `r` met its kind's goal (GOALS)."""
         kind, value, ref, bare = r.case.kind, final(r), final(self.ref(r)), final(self.bare(r))
         finite = math.isfinite(r.final_val)
-        if kind == "healthy" or kind == "llama" and r.case == r.case.reference():
+        if kind in ("healthy", "phase") or kind == "llama" and r.case == r.case.reference():
             return r.weights == self.bare(r).weights
         if kind == "llama" and r.case.event:
             return finite and value <= ref + 0.05 and value <= bare + 0.01
@@ -122,7 +125,7 @@ class Book:
 
     def false_stop(self, r: Outcome) -> bool:
         """Stopped a run that, unwatched, ended within 0.5 nats of its reference (or is healthy data)."""
-        return r.stopped and (r.case.kind in ("healthy", "garbage", "shift", "transient")
+        return r.stopped and (r.case.kind in ("healthy", "phase", "garbage", "shift", "transient")
                               or final(self.bare(r)) <= final(self.ref(r)) + 0.5)
 
     def of(self, kind: str, arm: str) -> list[Outcome]:
@@ -151,6 +154,28 @@ def table(book: Book, kinds: tuple[str, ...], arms: tuple[str, ...]) -> list[str
     return lines
 
 
+STORY_CAUSE = {"data_spike": "bad batches", "rate_blowup": "too large", "stall": "stopped coming back"}
+
+
+def doctor_right(r: Outcome) -> bool:
+    """Whether the doctor tells each rescue of guarded run `r` right: one story per rescue, a cause in
+    its kind's words, and advice to match: the data at the steps skipped for bad batches; for a rate,
+    none or a peak rate below the one the run was given (never the rate it was rescued from)."""
+    if len(r.stories) < r.rescues:
+        return False
+    for kind, _, cause, fix in r.stories:
+        if STORY_CAUSE.get(kind, "?") not in cause:
+            return False
+        if kind == "data_spike":
+            if not fix.startswith("check the data at steps"):
+                return False
+        elif "none for the rate" not in fix:
+            advised = re.search(r"lower the peak learning rate to about ([0-9.e+-]+)", fix)
+            if advised is None or not float(advised.group(1)) < r.case.lr:
+                return False
+    return True
+
+
 def guard_goals(book: Book, kinds: tuple[str, ...]) -> list[str]:
     """The issue's goals for the guard, each met or missed."""
     lines = []
@@ -158,12 +183,18 @@ def guard_goals(book: Book, kinds: tuple[str, ...]) -> list[str]:
                              ("garbage", "garbage within 0.05 of clean, no worse than unguarded", 1.0),
                              ("shift", "a healthy shift never stopped, <= unguarded + 0.05", 1.0),
                              ("healthy", "healthy runs bitwise untouched", 1.0),
+                             ("phase", "phase changes at three rates bitwise untouched", 1.0),
                              ("offlog", "a blow-up off the log steps within 0.5 nats of the clean run", 1.0)):
         mine = book.of(kind, "guard") if kind in kinds else []
         if mine:
             met = sum(map(book.ok, mine))
             verdict = "meets" if met >= need * len(mine) else "misses"
             lines.append(f"guard: {goal}: {met}/{len(mine)} ({verdict} the goal of {need:.0%})")
+    told = [r for r in book.runs.values() if r.arm.startswith("guard") and r.rescues and r.case.family != "hf"]
+    if told:
+        right = sum(map(doctor_right, told))
+        lines.append(f"doctor: cause and advice right on {right}/{len(told)} rescued guard runs "
+                     f"({'meets' if right == len(told) else 'misses'} the goal of 100%)")
     return lines
 
 
@@ -183,11 +214,13 @@ def per_run(book: Book, kinds: tuple[str, ...], arms: tuple[str, ...]) -> list[s
                     + ("" if book.ok(r) else "x")
                 cells.append(f"{final(r):6.3f}{note:<6}")
             lines.append(f"{case.name:<44} {seed:>4} {final(book.ref(first)):6.3f} " + "".join(cells))
-    guarded = [r for r in book.runs.values() if r.arm == "guard" and (r.actions or r.error)]
+    guarded = [r for r in book.runs.values() if r.arm.startswith("guard") and (r.actions or r.error)]
     if guarded:
         lines.append("what the guard did (its records' kind/action, in order; an error that ended the run):")
-        lines += [f"  {r.case.name} seed {r.seed}: {r.actions}" + (f" ERROR at {r.error}" if r.error else "")
-                  for r in sorted(guarded, key=lambda r: (r.case.name, r.seed))]
+        for r in sorted(guarded, key=lambda r: (r.case.name, r.seed, r.arm)):
+            lines.append(f"  {r.case.name} seed {r.seed} {r.arm}: {r.actions}" + (f" ERROR at {r.error}" if r.error else ""))
+            lines += [f"    doctor{'' if doctor_right(r) else ' (WRONG)'}: {kind} {action}: {cause[:70]} | {fix[:90]}"
+                      for kind, action, cause, fix in r.stories]
     return lines
 
 

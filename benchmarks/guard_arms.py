@@ -17,7 +17,10 @@ watcher called around the optimizer's step of one plain loop (forward, backward,
   leaves the batches to skip on a restart to the user);
 - guard: our guard at its defaults (or the `options` given), as users run it:
   `Monitor(..., guard=Guard(...))` and `monitor.log(step, train_loss=loss)` (`via="attach"` in the
-  options: `Guard.attach`, as a rank without a Monitor runs it).
+  options: `Guard.attach`, as a rank without a Monitor runs it);
+- guard_loss: the guard with a Monitor given no eval tokens (the loss and the update ratios alone);
+- guard_check: the guard arm plus `monitor.check(loss, step)` before each `optimizer.step()`, which
+  refuses one bad batch's update instead of skipping back to a snapshot.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ def eval_tokens() -> Any:
     """[EVAL_ROWS BLOCK] held-out windows (never trained on), as a user gives the Monitor `eval_tokens`."""
     return val_windows()[0][:EVAL_ROWS]
 
-ARMS = ("none", "palm", "skip", "lightning", "guard", "guard_loss")
+ARMS = ("none", "palm", "skip", "lightning", "guard", "guard_loss", "guard_check")
 PALM_BACK, PALM_EVERY, PALM_KEEP, PALM_MAX = 100, 50, 3, 20
 
 
@@ -213,13 +216,14 @@ class Guarded(Bare):
         super().__init__(model, optimizer, options)
         options = dict(options)
         via, guarded, with_eval = options.pop("via", "monitor"), options.pop("guard", True), options.pop("eval", True)
+        tokens = options.pop("tokens", None)  # the case's own eval rows (a model of another vocabulary)
         self.tmp, self.error = None, ""
         if via == "attach":
             self.run, self.monitor = Guard(**options).attach(model, optimizer), None
         else:
             self.tmp = tempfile.TemporaryDirectory()
             self.monitor = Monitor(model, optimizer, f"{self.tmp.name}/run", report=False,
-                                   eval_tokens=eval_tokens() if with_eval else None,
+                                   eval_tokens=(eval_tokens() if tokens is None else tokens) if with_eval else None,
                                    guard=Guard(**options) if guarded else False)
             self.run = self.monitor.guard
 
@@ -242,6 +246,8 @@ class Guarded(Bare):
             self.run.close()
         if self.monitor is not None:
             self.monitor.close()
+            if out.rescues or out.stopped:
+                out.stories = doctor_stories(f"{self.tmp.name}/run")
         if self.tmp is not None:
             self.tmp.cleanup()
 
@@ -254,6 +260,14 @@ class LossOnly(Guarded):
         super().__init__(model, optimizer, {**options, "eval": False})
 
 
+class CheckFirst(Guarded):
+    """The guard with `monitor.check(loss, step)` before `optimizer.step()` (OLMo-core's way, as an
+    option): a bad batch's update is refused there, nothing to undo later; the rest as the guard arm."""
+
+    def before_step(self, step: int, loss: float) -> bool:
+        return self.monitor is None or self.monitor.check(loss, step)
+
+
 class Monitored(Guarded):
     """The Monitor alone, as the guard arm runs it, without a guard: the baseline of its cost."""
 
@@ -263,12 +277,21 @@ class Monitored(Guarded):
 
 def report_rescues(records: list[dict[str, Any]], out: Outcome) -> None:
     """The guard's records (the `rescue` entries of metrics.jsonl) counted into `out`: actions that
-    changed the run (skip, rewind), batches lost, a stop, and what it did in order."""
-    acted = [r for r in records if str(r.get("action", "")) in ("skip", "rewind")]
+    changed the run (skip, refuse, rewind), batches lost, a stop, and what it did in order."""
+    acted = [r for r in records if str(r.get("action", "")) in ("skip", "refuse", "rewind")]
     out.rescues = len(acted)
     out.lost = sum(int(r.get("skipped") or 0) for r in acted)
     out.stopped = any(r.get("action") == "stop" for r in records)
     out.actions = ",".join(f"{r['kind']}/{r['action']}" if r.get("kind") else str(r.get("action")) for r in records)
+
+
+def doctor_stories(run_dir: str) -> list[tuple[str, str, str, str]]:
+    """What the doctor (`probes.diagnose`) tells of each rescue in the run's folder: (kind, action,
+    cause, fix) per `rescued` or `guard_stopped` finding, in order."""
+    from probes import diagnose
+    found = diagnose.run(run_dir)
+    return [(str(f.evidence.get("kind", "")), "stop" if f.code == "guard_stopped" else "acted", f.cause or "",
+             f.fix or "") for f in found.findings if f.code in ("rescued", "guard_stopped")]
 
 
 def _nbytes(tree: Any) -> int:
@@ -283,4 +306,4 @@ def _nbytes(tree: Any) -> int:
 
 
 WATCHERS = {"none": Bare, "palm": PaLM, "skip": SkipStep, "lightning": Lightning, "guard": Guarded,
-            "guard_loss": LossOnly, "monitor": Monitored}
+            "guard_loss": LossOnly, "guard_check": CheckFirst, "monitor": Monitored}

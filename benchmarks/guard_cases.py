@@ -1,5 +1,5 @@
-"""The cases of benchmarks/bench_guard.py's trouble table: what goes wrong in a run, and the loop
-that trains one case in one arm (benchmarks/guard_arms.py).
+"""The cases of benchmarks/bench_guard.py's trouble table: what goes wrong in a run (the loop that
+trains one case in one arm is benchmarks/guard_loop.py).
 
 One small GPT of ours (2 layers, 64-d, 2 heads of 32, LayerNorm, GELU, no QK-norm) on Tiny
 Shakespeare's characters, batch 16 x 64. Four recipes ("families"):
@@ -27,6 +27,9 @@ The kinds of trouble (`cases`), each beside what it is measured against:
 - llama: a Llama-style GPT (RMSNorm, SwiGLU, rotary positions, tied embeddings;
   tests/gpt_kit/llama.py) in the adamw_warmup recipe: healthy, at 10x and 100x, and with 5
   garbage batches; against its healthy run;
+- phase: the attention-only model of `train.repetition` learning in-context repetition at half, one
+  and two times its good rate: induction heads form within the run (benchmarks/guard_phase.py), a
+  healthy fast change of attention; against itself unguarded, bitwise;
 - hf: a transformers GPT-2 of the same size in a `Trainer` (AdamW, linear decay) at 0.1, where it
   blows up in its first logging window; against the Trainer at 3e-3.
 
@@ -41,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from guard_phase import GOOD_PHASE, PHASE_RATES
+
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data" / "tinyshakespeare.txt"
 D_MODEL, LAYERS, HEADS, BLOCK, BATCH, VAL_WINDOWS = 64, 2, 2, 64, 16, 64
@@ -49,7 +54,7 @@ EVENT_STEPS, BUMP, BUMP_STEPS = 5, 20.0, 3  # garbage batches; the transient's r
 OFFLOG, OFF_BY = 30.0, 3  # the offlog case's rate factor, from this many steps past mid-run (off a log step)
 GOOD = {"adamw_warmup": 3e-3, "adamw_const": 3e-3, "sgd": 0.3, "adam_onecycle": 1e-2, "hf": 3e-3, "llama": 3e-3}
 DECADES = (10.0, 100.0, 1000.0)
-KINDS = ("healthy", "blowup", "stall", "garbage", "shift", "transient", "offlog", "llama", "hf")
+KINDS = ("healthy", "blowup", "stall", "garbage", "shift", "transient", "offlog", "llama", "phase", "hf")
 
 _IDS: dict[bool, Any] = {}  # the text's character ids (upper-cased: True), read once per process
 
@@ -70,7 +75,7 @@ class Case:
 
     def reference(self) -> Case:
         """The case this one is measured against: the family's healthy run (for shift: itself, unguarded)."""
-        if self.kind == "shift" or self.kind == "llama" and self.lr == GOOD["llama"] and not self.event:
+        if self.kind in ("shift", "phase") or self.kind == "llama" and self.lr == GOOD["llama"] and not self.event:
             return self
         return Case("llama" if self.family == "llama" else "healthy", self.family, GOOD[self.family])
 
@@ -88,6 +93,7 @@ def cases() -> list[Case]:
     out.append(Case("offlog", "adamw_warmup", good, "rate_x30"))
     out += [Case("llama", "llama", GOOD["llama"] * d) for d in (1.0, 10.0, 100.0)]
     out.append(Case("llama", "llama", GOOD["llama"], "random_tokens"))
+    out += [Case("phase", "phase", GOOD_PHASE * m) for m in PHASE_RATES]
     out.append(Case("hf", "hf", 0.1))
     return out
 
@@ -111,6 +117,7 @@ class Outcome:
     state_bytes: int = 0  # the model's parameters and the optimizer's state, for scale
     seconds: float = 0.0
     error: str = ""  # what failed inside the arm (the run ended there)
+    stories: list = field(default_factory=list)  # the doctor's (kind, action, cause, fix) per rescue of a guarded run
     state: Any = field(default=None, repr=False)  # the final state dict, when asked
 
 
@@ -234,48 +241,3 @@ def optimizer_and_schedule(case: Case, model: Any, steps: int) -> tuple[Any, Any
         opt = torch.optim.AdamW(params, lr=case.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
     factor = (lambda step: 1.0) if case.family == "adamw_const" else warmup_cosine(steps, case)
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
-
-
-def train(case: Case, arm: str, seed: int, steps: int, options: dict[str, Any] | None = None,
-          keep_state: bool = False) -> Outcome:
-    """One run of `case` in `arm` (our loop; the hf kind in a Trainer); its Outcome."""
-    import time
-
-    import torch
-    import torch.nn.functional as F
-
-    from guard_arms import WATCHERS
-
-    if case.family == "hf":
-        from guard_hf import train_hf
-        return train_hf(case, arm, seed, steps, options)
-    torch.set_num_threads(1)
-    t0 = time.perf_counter()
-    model = build_llama(seed) if case.family == "llama" else build(seed)
-    optimizer, scheduler = optimizer_and_schedule(case, model, steps)
-    out = Outcome(case, arm, seed, init_val=val_loss(model, case), final_val=math.nan)
-    watcher = WATCHERS[arm](model, optimizer, options or {})
-    lowest = math.inf
-    for step in range(steps):
-        x, y = batch(case, seed, step, steps)
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        value = loss.item()
-        out.rose |= not math.isfinite(value) or value > lowest + 1.0
-        lowest = min(lowest, value)
-        if watcher.before_step(step, value):
-            optimizer.step()
-        scheduler.step()
-        if watcher.after_step(step, value):
-            break  # the arm stopped the run
-    out.seconds = time.perf_counter() - t0
-    out.final_val = val_loss(model, case)
-    watcher.report(out)
-    out.weights = weights_hash(model)
-    out.state_bytes = sum(t.numel() * t.element_size() for t in model.parameters()) + sum(
-        v.numel() * v.element_size() for s in optimizer.state.values() for v in s.values()
-        if isinstance(v, torch.Tensor))
-    if keep_state:
-        out.state = {k: v.clone() for k, v in model.state_dict().items()}
-    return out

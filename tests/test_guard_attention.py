@@ -161,3 +161,26 @@ def test_a_fast_collapse_is_trouble_only_when_the_loss_stops_falling_or_the_rati
             records.append(r)
     assert [(r["kind"], r["action"]) for r in records] == ([("rate_blowup", "rewind")] if rewound else [])
     assert (run.ceilings != []) == rewound and "collapsed" in run.attention.why
+
+
+@pytest.mark.parametrize("loss,rewound", [
+    # a Llama-style GPT at its best rate: from 60 nats down, still falling over the second half
+    # (steps 13-25), update ratios at 0.06: a first head sharpening, left alone
+    (lambda s: 4.0 + 56.0 * 0.85 ** s, False),
+    # ours at 100x: down from 4.2 within a few steps, then flat at 3.4 from step 8: rewound
+    (lambda s: 3.4 + 0.8 * 0.5 ** s, True),
+])
+def test_a_collapse_at_the_first_reading_is_judged_on_the_second_half_of_the_loss(loss, rewound):
+    """One head spread (0.95) at the untrained model's reading (step 0), one-hot (0.05) at step 25, the
+    update ratios 0.06 (above the growth line, with nothing calm measured before to compare with):
+    every loss falls from its initial level at first, so the loss after the first half of the span
+    decides, by its own noise."""
+    run, optimizer, scheduler = still_run(lambda s: 1.0, Guard(every=25))
+    records = []
+    for step in range(26):
+        heads = (0.95,) if step < 25 else (0.05,)
+        measured = 0.06 if step % 10 == 0 else None
+        if (r := feed(run, optimizer, scheduler, step, loss(step) + 0.02 * ((step * 7) % 5), heads, measured)):
+            records.append(r)
+    assert run.attention.first_at == 0 and "collapsed" in run.attention.why
+    assert [(r["kind"], r["action"]) for r in records] == ([("rate_blowup", "rewind")] if rewound else [])

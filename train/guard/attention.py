@@ -70,6 +70,7 @@ class Readings:
         # (step, each head's entropy over uniform's, the updates the model had), oldest first
         self.held: deque = deque(maxlen=held)
         self.read_at: int | None = None  # the step of the last reading
+        self.first_at: int | None = None  # the step of the first reading (the untrained model's)
         self.why: str | None = None  # what the newest reading found collapsed, in words
         self.behind: list[tuple[float, int]] = [(-math.inf, 0)]  # (from step, steps minus updates since)
 
@@ -88,6 +89,8 @@ class Readings:
         reading = normalized(entropy, positions)
         if not reading:
             return None
+        if self.first_at is None:
+            self.first_at = step
         self.held.append((step, reading, self.updates(step)))
         found = collapse(list(self.held))
         self.why = found[1] if found else None

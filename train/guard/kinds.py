@@ -22,7 +22,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-__all__ = ["Excursion", "RATIO_LINE", "U_TOP", "bad_block", "classify", "falling", "growth", "rate_rose", "ratios_say",
+__all__ = ["Excursion", "RATIO_LINE", "U_TOP", "bad_block", "classify", "falling", "growth", "own_noise", "rate_rose", "ratios_say",
            "stalled"]
 
 U_TOP = 1e-2  # the top of the healthy band of update ratios (rms(du)/rms(w)) for SGD and Adam steps
@@ -51,6 +51,12 @@ def falling(losses: tuple[float, ...] | list[float], noise: float) -> bool:
     quarter = max(1, n // 4)
     head, tail = statistics.fmean(losses[:quarter]), statistics.fmean(losses[-quarter:])
     return head - tail > max(3 * noise / math.sqrt(quarter), 0.02 * abs(head))
+
+
+def own_noise(losses: list[float]) -> float:
+    """The standard deviation of one step's loss from these losses' own consecutive differences."""
+    diffs = [(b - a) ** 2 for a, b in zip(losses, losses[1:])]
+    return math.sqrt(math.fsum(diffs) / (2 * len(diffs))) if diffs else 0.0
 
 
 def classify(ex: Excursion, patience: int, hold: int) -> tuple[str, str] | None:

@@ -22,6 +22,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from train.guard.kinds import own_noise
+
 __all__ = ["LossWatch"]
 
 
@@ -46,9 +48,7 @@ class LossWatch:
 
     def noise(self) -> float:
         """The standard deviation of one step's loss, from consecutive differences over the window."""
-        values = [v for _, v in self._losses]
-        diffs = [(b - a) ** 2 for a, b in zip(values, values[1:])]
-        return math.sqrt(math.fsum(diffs) / (2 * len(diffs))) if diffs else 0.0
+        return own_noise([v for _, v in self._losses])
 
     def level(self) -> float | None:
         """The mean of the last `recent` calm losses (None before any)."""
