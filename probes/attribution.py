@@ -30,12 +30,12 @@ from typing import Any
 import torch
 
 from models.tokenizers import token_piece
-from probes.attention_source import has_lens_cfg
+from probes.sources.attention import has_lens_cfg
 from probes.args import attribution_parser as build_parser
 from probes.common import (ProbeInputError, as_batches, default_windows, eval_mode, hook_names,
                            model_device, model_tokenizer, no_tokenizer, print_json, run_cli,
                            to_jsonable, tokens_or_text)
-from probes.hooked_source import HookedSource
+from probes.sources.hooked import HookedSource
 from probes.neighbours import resolve_token
 
 log = logging.getLogger(__name__)

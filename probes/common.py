@@ -1,6 +1,6 @@
 """What every probe shares: turning text into context-sized windows, the probes' CLI arguments, and
 the one-line-error-and-exit-2 convention. The attention probes' way into a model is
-`probes.sources.source_of` (`probes.attention_source`).
+`probes.sources.source_of` (`probes.sources.attention`).
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ patterns and per-token loss; one saved before the Monitor kept that loss has `re
 in `missing`).
 Each reading is cached beside its snapshot (`development.json`, or `NAME.development.json` beside a
 checkpoint file) keyed by the weights' hash and the inputs' hash; a stale one is recomputed (logged).
-The phase changes are `probes.phase_changes`' (sharp moves of a score, grouped, aligned with the loss);
-each one's heads are ablated at the snapshot ending it (`probes.phase_ablation`: the repeat's loss with
+The phase changes are `probes.development_parts.phase_changes`' (sharp moves of a score, grouped, aligned with the loss);
+each one's heads are ablated at the snapshot ending it (`probes.development_parts.phase_ablation`: the repeat's loss with
 and without them, `ablation`).
 """
 
@@ -51,10 +51,10 @@ import torch
 
 from probes.args import development_parser as build_parser
 from probes.errors import ProbeInputError
-from probes.development_cache import cache_path, read_cache, weights_file, weights_key, write_cache
-from probes.development_inputs import Inputs, run_inputs
-from probes.phase_ablation import ablate_changes
-from probes.phase_changes import phase_changes
+from probes.development_parts.cache import cache_path, read_cache, weights_file, weights_key, write_cache
+from probes.development_parts.inputs import Inputs, run_inputs
+from probes.development_parts.phase_ablation import ablate_changes
+from probes.development_parts.phase_changes import phase_changes
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ Definitions (DESIGN.md, "Probes"): for row i of a head's causal pattern p,
 over rows with at least two keys, k_i the keys row i may see: i + 1, or min(i + 1, w) in a layer
 with a sliding window of w keys (the source's `windows`): 1 = uniform, 0 = one-hot.
 
-The runner (`probes.row_stats.collect_stats`) reduces each layer inside its hooks to per-head
-sums, from hook_q / hook_k on long windows (`probes.qk_rows`: no [batch head n n] pattern) or from
+The runner (`probes.rows.stats.collect_stats`) reduces each layer inside its hooks to per-head
+sums, from hook_q / hook_k on long windows (`probes.rows.qk`: no [batch head n n] pattern) or from
 hook_pattern, so memory stays at about one layer's attention. `PatternStats` also holds what
 `probes.degenerate` needs (max probability, mass on the first position, diagonal and sub-diagonal).
 """
@@ -38,7 +38,7 @@ from probes.args import entropy_parser as build_parser
 from probes.common import print_json, run_cli, text_ids, to_jsonable, token_batches
 from probes.sources import snapshot_source, source_of
 from probes.timeline import uniform_series_entropy  # noqa: F401 (re-exported)
-from probes.row_stats import EPS, SUMS, PatternStats, collect_stats, log_keys  # noqa: F401 (re-exported)
+from probes.rows.stats import EPS, SUMS, PatternStats, collect_stats, log_keys  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 

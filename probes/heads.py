@@ -26,9 +26,9 @@ later copy to the token after its earlier occurrence (their "prefix matching" sc
 full OV circuit W_E W_V W_O W_U (norms left out), 1 when it copies what it attends to onto the
 logits, -1 when it suppresses it. From the weights alone; None where they cannot be read.
 
-`previous_token_rows` and `first_position_rows` (`probes.head_rows`) are also what
-`probes.degenerate`'s "previous" and "sink" evidence is made of (through `probes.row_stats` and
-`probes.qk_rows`).
+`previous_token_rows` and `first_position_rows` (`probes.rows.head_types`) are also what
+`probes.degenerate`'s "previous" and "sink" evidence is made of (through `probes.rows.stats` and
+`probes.rows.qk`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import Any, Iterable
 import torch
 
 from probes.args import heads_parser as build_parser
-from probes.head_rows import first_position_rows, previous_token_rows  # noqa: F401  (re-exported)
+from probes.rows.head_types import first_position_rows, previous_token_rows  # noqa: F401  (re-exported)
 from probes.common import (ProbeInputError, per_query_head, print_json, progress_bar, random_repeat_tokens,
                            run_cli, text_ids, to_jsonable, token_batches)
 from probes.sources import snapshot_source, source_of
@@ -162,7 +162,7 @@ class HeadTypesResult:
     copying: list[list[float]] | None = None  # [layer][head], OV eigenvalue score
     repeat_length: int | None = None
     source: str | None = None
-    confirmed: list[dict[str, Any]] | None = None  # --confirm: induction heads ablated (probes.phase_ablation)
+    confirmed: list[dict[str, Any]] | None = None  # --confirm: induction heads ablated (probes.development_parts.phase_ablation)
 
     def to_dict(self) -> dict[str, Any]:
         return to_jsonable(dict(self.__dict__))
@@ -279,7 +279,7 @@ def model_copying_scores(model: Any) -> list[list[float]] | None:
 
 def confirmed(snap: Any, result: HeadTypesResult, samples: int, seed: int) -> list[dict[str, Any]]:
     """--confirm: the heads scoring as induction heads on the repeat, each ablated alone on that repeat."""
-    from probes.phase_ablation import confirm_induction
+    from probes.development_parts.phase_ablation import confirm_induction
 
     length = result.repeat_length
     tokens = random_repeat_tokens(snap.config.d_vocab, length, samples, seed)  # the repeat run_repeat read

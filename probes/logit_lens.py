@@ -46,14 +46,14 @@ import torch
 from models.anatomy import AnatomyError, find_anatomy
 from models.store.any_model import SavedModel
 from models.tokenizers import token_piece
-from probes.attention_source import has_lens_cfg
-from probes.tapped_source import longest_row
+from probes.sources.attention import has_lens_cfg
+from probes.sources.tapped import longest_row
 from probes.args import logit_lens_parser as build_parser
 from probes.common import (ProbeInputError, as_batches, hook_names,
                            model_device, print_json, progress_bar, run_cli,
                            token_batches, tokens_or_text)
-from probes.lens_result import LogitLensResult
-from probes.lens_stats import FinalDistribution, LayerStats, layer_stats
+from probes.lens.result import LogitLensResult
+from probes.lens.stats import FinalDistribution, LayerStats, layer_stats
 
 log = logging.getLogger(__name__)
 
@@ -172,14 +172,14 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, k: int = 5
         source: str | None = None) -> LogitLensResult:
     """The logit lens of `model` (ours, a TransformerBridge, or any other module through its anatomy,
     `models.anatomy`: nanochat's GPT, a tutorial's, a Llama) on [batch pos] tokens; a snapshot of any
-    model without its code reads the lens it saved (`probes.saved_source`).
+    model without its code reads the lens it saved (`probes.sources.saved`).
 
     Long rows are windowed to the model's context. The model runs in eval mode (restored after).
     `lens` defaults to `LogitLens(model, include_mid)`; pass a subclass for a tuned lens.
     `tokens` may be text, read with `tokenizer` (default `model.tokenizer`) as `--text` is.
     """
     if isinstance(model, SavedModel):  # a snapshot of any model without its code: the lens it saved
-        from probes.saved_source import saved_lens_result
+        from probes.sources.saved import saved_lens_result
         return saved_lens_result(model, tokens, k=k, include_mid=include_mid, tokenizer=tokenizer,
                                  batch_size=batch_size, source=source)
     tokens = tokens_or_text(model, tokens, tokenizer, batch_size)

@@ -10,7 +10,7 @@ the doctor's verdict) and each variant's LR sensitivity and widest stable range.
 
 Torch-free like the doctor: it reads SWEEP_DIR/sweep.json (written by `python -m train.sweep`)
 and, for runs still training, how far their metrics.jsonl got. The numbers are defined in
-`probes.sweep_stats`.
+`probes.sweep_parts.stats`.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any
 from models.cli import Parser, add_json_argument, path_text, run_cli
 from models.store.files import CheckpointError, read_json_object
 from models.store.run import read_metrics, read_run_json
-from probes.sweep_file import check_sweep
-from probes.sweep_stats import SWEEP_FILE
+from probes.sweep_parts.file import check_sweep
+from probes.sweep_parts.stats import SWEEP_FILE
 
 __all__ = ["SweepResult", "build_parser", "main", "rate_text", "run"]
 

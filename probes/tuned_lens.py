@@ -20,7 +20,7 @@ GPT rebuilt from a snapshot with `--model-code`) is read the same way: the resid
 and leaving each block, by torch hooks; a snapshot of such a model opened without its code is
 refused in one line (its forward is needed).
 
-Saved beside the snapshot as `<snapshot>.tuned_lens.safetensors` + `.json` (`probes.tuned_lens_file`
+Saved beside the snapshot as `<snapshot>.tuned_lens.safetensors` + `.json` (`probes.lens.tuned_file`
 says why there and what is checked on load).
 """
 
@@ -45,10 +45,10 @@ from probes.args import tuned_lens_parser as build_parser
 from models.store.any_model import code_hint
 from probes.common import (ProbeInputError, encode_text, model_device, no_tokenizer, print_json,
                            read_text_file, run_cli, sample_only, sample_windows, to_jsonable)
-from probes.lens_result import LogitLensResult
+from probes.lens.result import LogitLensResult
 from probes.logit_lens import LogitLens
 from probes.run_text import DefaultText, default_text, shown, val_fraction, validation_split
-from probes.tuned_lens_file import (check_fits, lens_paths, model_record, read_lens, save_lens,
+from probes.lens.tuned_file import (check_fits, lens_paths, model_record, read_lens, save_lens,
                                     sha256_bytes)
 
 log = logging.getLogger(__name__)

@@ -45,8 +45,8 @@ from models.loss import lm_loss, lm_loss_terms
 from probes.args import updates_parser as build_parser
 from probes.common import (ProbeInputError, lm_windows, model_device, print_json,
                            run_cli, token_batches)
-from probes.update_report import GROUPS, TARGET_BAND, UpdateHistory, UpdateReport, layout_groups_of, parameter_group
-from probes.update_rows import lr_by_name, named_trainable, packed_name, snapshot_params, strip_wrapper_prefix
+from probes.update_parts.report import GROUPS, TARGET_BAND, UpdateHistory, UpdateReport, layout_groups_of, parameter_group
+from probes.update_parts.rows import lr_by_name, named_trainable, packed_name, snapshot_params, strip_wrapper_prefix
 
 log = logging.getLogger(__name__)
 

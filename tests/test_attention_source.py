@@ -12,7 +12,7 @@ import torch
 from any_model_kit import PerHeadGPT, tokens
 from models import build_model, get_preset
 from probes import degenerate, entropy, heads
-from probes.attention_source import AttentionSource, ModelDims
+from probes.sources.attention import AttentionSource, ModelDims
 from probes.sources import source_of
 
 

@@ -82,8 +82,8 @@ def test_the_detector_finds_a_circle():
 
 
 def test_no_module_imports_itself_through_others():
-    """probes.entropy -> row_stats -> qk_rows -> heads -> entropy (heads' previous-token and
-    first-position rows now sit below them in probes.head_rows) and app.views.lens <-> tuned (the
+    """probes.entropy -> rows.stats -> rows.qk -> heads -> entropy (heads' previous-token and
+    first-position rows now sit below them in probes.rows.head_types) and app.views.lens <-> tuned (the
     grid's rows in app.views.lens_cells) and train.monitor <-> monitor_hf / records (the Monitor now
     lives in train.monitor_core, which both import; trim_metrics in models.store.run) were circles."""
     graph = import_graph()

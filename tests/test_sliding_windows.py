@@ -14,7 +14,7 @@ import torch
 
 from any_model_kit import nanochat_gpt, tokens
 from probes import degenerate, entropy
-from probes.hooked_source import config_windows
+from probes.sources.hooked import config_windows
 from probes.sources import source_of
 
 transformers = pytest.importorskip("transformers")

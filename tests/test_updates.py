@@ -160,7 +160,7 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from probes import updates  # noqa: E402
-from probes.update_report import parameter_group  # noqa: E402
+from probes.update_parts.report import parameter_group  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

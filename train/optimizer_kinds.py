@@ -50,7 +50,7 @@ def optimizer_kinds(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
     """{"optimizer_kinds": {name: kind}, "muon_shapes": {name: [rows, cols]}} for run.json, keyed
     by the g/w/u table's names; {} when one optimizer of one kind updates everything (the
     run's `train.optimizer` says it; a Muon's shapes are written even then)."""
-    from probes.update_rows import named_trainable
+    from probes.update_parts.rows import named_trainable
 
     kind_of: dict[int, tuple[str, torch.Tensor]] = {}  # storage -> (kind, the parameter)
     for group in optimizer.param_groups:

@@ -15,8 +15,8 @@ from typing import Any
 
 from models.store.files import dumps_json, read_json_object, write_bytes_atomic
 from models.store.run import CheckpointError
-from probes.sweep_file import check_sweep
-from probes.sweep_stats import SWEEP_FILE, run_finished, run_outcome, variant_summary
+from probes.sweep_parts.file import check_sweep
+from probes.sweep_parts.stats import SWEEP_FILE, run_finished, run_outcome, variant_summary
 from train.run_lock import lock_holder
 from train.sweep_grid import Grid, Point
 

@@ -17,7 +17,7 @@ from typing import Any, ContextManager, Iterable
 import torch
 
 from models.tap import StopTap
-from probes.attention_source import AttentionSource, ModelDims, Reduce, checked_device, hooked, stop_after
+from probes.sources.attention import AttentionSource, ModelDims, Reduce, checked_device, hooked, stop_after
 from probes.common import eval_mode
 from probes.errors import ProbeInputError
 
