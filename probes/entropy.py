@@ -28,14 +28,14 @@ if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on; --help and 
 
 import logging
 import math
-import sys
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 import torch
 
 from probes.args import entropy_parser as build_parser
-from probes.common import print_json, run_cli, text_ids, to_jsonable, token_batches
+from probes.cli import Shown, run_probe
+from probes.common import text_ids, to_jsonable, token_batches
 from probes.sources import snapshot_source, source_of
 from probes.timeline import uniform_series_entropy  # noqa: F401 (re-exported)
 from probes.rows.stats import EPS, SUMS, PatternStats, collect_stats, log_keys  # noqa: F401 (re-exported)
@@ -201,25 +201,19 @@ def cli_warnings(result: EntropyResult) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body() -> int:
-        args = build_parser().parse_args(argv)
-        from models.checkpoint import load_from_args
-        snap = load_from_args(args)
-        attn = snapshot_source(snap)
-        attn.check(args.layer, args.head)
-        batches, source = token_batches(args, snap.tokenizer, attn.dims.n_ctx, snap)
-        result = run(attn, batches, layer=args.layer, head=args.head,
-                     per_position=args.per_position, batch_size=args.batch_size,
-                     progress=args.progress, name=str(snap.name), source=source)
-        if args.json:
-            print_json(result.to_dict())
-        else:
-            print(result.format())
-        for line in cli_warnings(result):
-            print(f"warning: {line}", file=sys.stderr)
-        return 0
+    return run_probe(build_parser, argv, from_args)
 
-    return run_cli(body)
+
+def from_args(args: Any) -> Shown:
+    from models.checkpoint import load_from_args
+    snap = load_from_args(args)
+    attn = snapshot_source(snap)
+    attn.check(args.layer, args.head)
+    batches, source = token_batches(args, snap.tokenizer, attn.dims.n_ctx, snap)
+    result = run(attn, batches, layer=args.layer, head=args.head,
+                 per_position=args.per_position, batch_size=args.batch_size,
+                 progress=args.progress, name=str(snap.name), source=source)
+    return Shown.of(result, warnings=cli_warnings(result))
 
 
 if __name__ == "__main__":

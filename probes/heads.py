@@ -45,8 +45,9 @@ import torch
 
 from probes.args import heads_parser as build_parser
 from probes.rows.head_types import first_position_rows, previous_token_rows  # noqa: F401  (re-exported)
-from probes.common import (ProbeInputError, per_query_head, print_json, progress_bar, random_repeat_tokens,
-                           run_cli, text_ids, to_jsonable, token_batches)
+from probes.cli import run_probe
+from probes.common import (ProbeInputError, per_query_head, progress_bar, random_repeat_tokens, text_ids,
+                           to_jsonable, token_batches)
 from probes.sources import snapshot_source, source_of
 
 log = logging.getLogger(__name__)
@@ -287,28 +288,23 @@ def confirmed(snap: Any, result: HeadTypesResult, samples: int, seed: int) -> li
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body() -> int:
-        args = build_parser().parse_args(argv)
-        from models.checkpoint import load_from_args
-        snap = load_from_args(args)
-        attn = snapshot_source(snap)
-        options = dict(error_measure=args.error_measure, exclude_bos=args.exclude_bos,
-                       exclude_current_token=args.exclude_current_token, batch_size=args.batch_size,
-                       progress=args.progress, name=str(snap.name))
-        if args.repeat:
-            result = run_repeat(attn, args.length, samples=args.samples or 16, seed=args.seed, **options)
-            if args.confirm:
-                result.confirmed = confirmed(snap, result, args.samples or 16, args.seed)
-        else:
-            batches, source = token_batches(args, snap.tokenizer, attn.dims.n_ctx, snap)
-            result = run(attn, batches, source=source, **options)
-        if args.json:
-            print_json(result.to_dict())
-        else:
-            print(result.format())
-        return 0
+    return run_probe(build_parser, argv, from_args)
 
-    return run_cli(body)
+
+def from_args(args: Any) -> HeadTypesResult:
+    from models.checkpoint import load_from_args
+    snap = load_from_args(args)
+    attn = snapshot_source(snap)
+    options = dict(error_measure=args.error_measure, exclude_bos=args.exclude_bos,
+                   exclude_current_token=args.exclude_current_token, batch_size=args.batch_size,
+                   progress=args.progress, name=str(snap.name))
+    if args.repeat:
+        result = run_repeat(attn, args.length, samples=args.samples or 16, seed=args.seed, **options)
+        if args.confirm:
+            result.confirmed = confirmed(snap, result, args.samples or 16, args.seed)
+        return result
+    batches, source = token_batches(args, snap.tokenizer, attn.dims.n_ctx, snap)
+    return run(attn, batches, source=source, **options)
 
 
 if __name__ == "__main__":
