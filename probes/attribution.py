@@ -30,13 +30,13 @@ from typing import Any
 import torch
 
 from models.tokenizers import token_piece
-from probes.sources.attention import has_lens_cfg
 from probes.args import attribution_parser as build_parser
 from probes.cli import Shown, run_probe
 from probes.common import (ProbeInputError, as_batches, default_windows, eval_mode, hook_names,
                            model_device, model_tokenizer, no_tokenizer, to_jsonable, tokens_or_text)
-from probes.sources.hooked import HookedSource
 from probes.neighbours import resolve_token
+from probes.sources.attention import has_lens_cfg
+from probes.sources.hooked import HookedSource
 
 log = logging.getLogger(__name__)
 

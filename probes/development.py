@@ -51,11 +51,11 @@ import torch
 
 from probes.args import development_parser as build_parser
 from probes.cli import run_probe
-from probes.errors import ProbeInputError
 from probes.development_parts.cache import cache_path, read_cache, weights_file, weights_key, write_cache
 from probes.development_parts.inputs import Inputs, run_inputs
 from probes.development_parts.phase_ablation import ablate_changes
 from probes.development_parts.phase_changes import phase_changes
+from probes.errors import ProbeInputError
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on (see models.
 import argparse
 
 from probes.args import diagnose_parser as build_parser
-from probes.doctor.diagnosis import RULES, VERDICTS, Diagnosis, diagnose_history, run
 from probes.cli import Shown, json_document, run_probe
+from probes.doctor.diagnosis import RULES, VERDICTS, Diagnosis, diagnose_history, run
 from probes.doctor.finding import SEVERITIES, Finding
 
 __all__ = ["Diagnosis", "Finding", "RULES", "VERDICTS", "diagnose_history", "main", "run"]

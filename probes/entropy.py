@@ -36,9 +36,9 @@ import torch
 from probes.args import entropy_parser as build_parser
 from probes.cli import Shown, run_probe
 from probes.common import text_ids, to_jsonable, token_batches
+from probes.rows.stats import EPS, SUMS, PatternStats, collect_stats, log_keys  # noqa: F401 (re-exported)
 from probes.sources import snapshot_source, source_of
 from probes.timeline import uniform_series_entropy  # noqa: F401 (re-exported)
-from probes.rows.stats import EPS, SUMS, PatternStats, collect_stats, log_keys  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 

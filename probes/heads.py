@@ -44,10 +44,10 @@ from typing import Any, Iterable
 import torch
 
 from probes.args import heads_parser as build_parser
-from probes.rows.head_types import first_position_rows, previous_token_rows  # noqa: F401  (re-exported)
 from probes.cli import run_probe
 from probes.common import (ProbeInputError, per_query_head, progress_bar, random_repeat_tokens, text_ids,
                            to_jsonable, token_batches)
+from probes.rows.head_types import first_position_rows, previous_token_rows  # noqa: F401  (re-exported)
 from probes.sources import snapshot_source, source_of
 
 log = logging.getLogger(__name__)

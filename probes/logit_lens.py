@@ -45,14 +45,14 @@ import torch
 from models.anatomy import AnatomyError, find_anatomy
 from models.store.any_model import SavedModel
 from models.tokenizers import token_piece
-from probes.sources.attention import has_lens_cfg
-from probes.sources.tapped import longest_row
 from probes.args import logit_lens_parser as build_parser
 from probes.cli import Shown, run_probe
 from probes.common import (ProbeInputError, as_batches, hook_names, model_device, progress_bar, token_batches,
                            tokens_or_text)
 from probes.lens.result import LogitLensResult
 from probes.lens.stats import FinalDistribution, LayerStats, layer_stats
+from probes.sources.attention import has_lens_cfg
+from probes.sources.tapped import longest_row
 
 log = logging.getLogger(__name__)
 

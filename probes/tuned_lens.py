@@ -40,17 +40,17 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
+from models.store.any_model import code_hint
 from probes import logit_lens
 from probes.args import tuned_lens_parser as build_parser
-from models.store.any_model import code_hint
 from probes.cli import Shown, run_probe
 from probes.common import (ProbeInputError, encode_text, model_device, no_tokenizer, read_text_file,
                            sample_only, sample_windows, to_jsonable)
 from probes.lens.result import LogitLensResult
-from probes.logit_lens import LogitLens
-from probes.run_text import DefaultText, default_text, shown, val_fraction, validation_split
 from probes.lens.tuned_file import (check_fits, lens_paths, model_record, read_lens, save_lens,
                                     sha256_bytes)
+from probes.logit_lens import LogitLens
+from probes.run_text import DefaultText, default_text, shown, val_fraction, validation_split
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from models import Transformer, TransformerConfig, build_model, get_preset
 from probes import entropy
-from probes.rows import stats as rows_stats
 from probes.common import ProbeInputError
+from probes.rows import stats as rows_stats
 
 T = 8  # toy context: positional embeddings are the T one-hot rows, so d_model = T
 

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from models import build_model, get_preset
 from probes import degenerate, entropy
-from probes.rows import qk as rows_qk, stats as rows_stats
 from probes.common import ProbeInputError
+from probes.rows import qk as rows_qk, stats as rows_stats
 
 
 def random_model(preset: str = "tiny_shakespeare_gpt_small", seed: int = 0, **overrides):

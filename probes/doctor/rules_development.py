@@ -25,10 +25,10 @@ import math
 import statistics
 from typing import Any
 
+from probes.development_parts.phase_changes import phase_changes
 from probes.doctor.finding import ZHAI, Finding, rule
 from probes.doctor.run_history import RunHistory
 from probes.doctor.thresholds import DoctorThresholds
-from probes.development_parts.phase_changes import phase_changes
 
 __all__ = ["development_readings", "head_phases"]
 

@@ -17,13 +17,13 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from probes.sources.attention import AttentionSource, visible_keys
 from probes.common import ProbeInputError, StopForward, progress_bar  # noqa: F401 (StopForward re-exported)
-from probes.sources.hooked import HookedSource
-from probes.sources import source_of
 from probes.rows.head_types import first_position_rows, previous_token_rows
 from probes.rows.qk import (CHUNK_ELEMENTS, QUERY_BLOCK, qk_hooks, qk_path_scale, qk_row_stats,
                             softmax_sinks)
+from probes.sources import source_of
+from probes.sources.attention import AttentionSource, visible_keys
+from probes.sources.hooked import HookedSource
 
 EPS = 1e-10  # the series' eps inside the log
 # CHUNK_ELEMENTS bounds the hook's temporary; QUERY_BLOCK query rows go at once (rows a..b-1 of a

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from models.store.any_model import SavedModel
-from probes.sources.attention import AttentionSource, has_lens_cfg
 from probes.errors import ProbeInputError
+from probes.sources.attention import AttentionSource, has_lens_cfg
 from probes.sources.hooked import HookedSource
 from probes.sources.saved import SavedSource
 from probes.sources.tapped import TappedSource

@@ -20,9 +20,9 @@ from typing import Any, Iterable
 import torch
 
 from models.store.any_model import SavedModel
-from probes.sources.attention import AttentionSource, ModelDims, Reduce, stop_after
 from probes.common import refused
 from probes.errors import ProbeInputError
+from probes.sources.attention import AttentionSource, ModelDims, Reduce, stop_after
 
 __all__ = ["SavedSource", "saved_lens", "saved_lens_result"]
 
