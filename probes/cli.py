@@ -1,11 +1,11 @@
 """The end every probe's command line shares, in one place: `python -m probes.<name>` parses its
-arguments, measures, and shows what it measured here: JSON on stdout with --json, its table
+arguments, reads what it measures, and shows it here: JSON on stdout with --json, its table
 otherwise, each warning as a `warning: ...` line on stderr after that, and the exit code. Bad input
 (any ValueError or OSError) is one line on stderr and exit 2, Ctrl-C one line and 130
 (`models.cli.run_cli`).
 
     def main(argv: list[str] | None = None) -> int:
-        return run_probe(build_parser, argv, measure)  # from_args(args) -> a result, a Shown or None
+        return run_probe(build_parser, argv, from_args)  # from_args(args) -> a result, a Shown or None
 
 A result (anything with `to_dict()`, the --json output, and `format()`, the table) is shown as it
 is; a `Shown` says what else to print: another table, warnings, an exit code.
@@ -61,11 +61,11 @@ def show(output: Any, as_json: bool) -> int:
 
 
 def run_probe(build_parser: Callable[[], argparse.ArgumentParser], argv: Sequence[str] | None,
-              measure: Callable[[argparse.Namespace], Any]) -> int:
+              from_args: Callable[[argparse.Namespace], Any]) -> int:
     """A probe's whole `main`: the arguments parsed (inside `run_cli`, so that a refused argument is
-    one line and exit 2 there too), `measure(args)` run (each probe's `from_args`) and its output shown (`show`)."""
+    one line and exit 2 there too), `from_args(args)` run and what it returns shown (`show`)."""
     def body() -> int:
         args = build_parser().parse_args(argv)
-        return show(measure(args), getattr(args, "json", False))
+        return show(from_args(args), getattr(args, "json", False))
 
     return run_cli(body)
