@@ -360,7 +360,8 @@ def from_args(args: Any) -> Shown:
     result = compare(snap.model, lens, windows, batch_size=args.batch_size, progress=args.progress,
                      source=source)
     diverged = not all(math.isfinite(v) for v in result.tuned.kl_to_final)
-    return Shown.of(result, warnings=["the tuned lens's KL is NaN or inf at some layer (a diverged model?)"] * diverged)
+    warnings = ["the tuned lens's KL is NaN or inf at some layer (a diverged model?)"] if diverged else []
+    return Shown.of(result, warnings=warnings)
 
 
 if __name__ == "__main__":
