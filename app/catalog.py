@@ -23,7 +23,7 @@ from models.store.run import is_run_dir, is_snapshot_dir, list_snapshots, read_m
 from probes.doctor.run_history import is_finite
 from probes.doctor.signals import nonfinite_in
 from probes.sweep import loss_text
-from probes.sweep_stats import SWEEP_FILE
+from probes.sweep_parts.stats import SWEEP_FILE
 
 
 def base_name(path: Path) -> str:

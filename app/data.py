@@ -333,7 +333,7 @@ def sample(path: str, modified: float, prompt: str, n: int, greedy: bool, temper
 
 def tuned_lens_mtime(snapshot_path: Path) -> float | None:
     """Modification time of the snapshot's tuned lens (cache key), or None when it has none."""
-    from probes.tuned_lens_file import lens_paths
+    from probes.lens.tuned_file import lens_paths
 
     files = lens_paths(snapshot_path)
     return max(p.stat().st_mtime for p in files) if all(p.is_file() for p in files) else None

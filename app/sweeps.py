@@ -18,7 +18,7 @@ import streamlit as st
 
 from models.store.run import list_snapshots
 from probes import sweep as probe_sweep
-from probes.sweep_stats import SWEEP_FILE
+from probes.sweep_parts.stats import SWEEP_FILE
 
 __all__ = ["CLICK", "chart", "clicked", "discover", "label_of", "list_row", "overview_row", "points", "read", "run_rows",
            "verdict_counts"]

@@ -19,7 +19,7 @@ the growth of the max RSS over what the process held before the call, on CUDA
   explicit the same with attention forced onto its explicit path (scores, softmax, pattern) and
            no hooks: what any pattern probe pays before it reduces anything
   probe    probes.entropy.run(model, tokens): what "auto" takes: from 129 tokens on our models the
-           q/k route (`probes.qk_rows`: each layer's own fused call takes v' = [k | v] and
+           q/k route (`probes.rows.qk`: each layer's own fused call takes v' = [k | v] and
            so also gives the rows' logsumexp and sum p k), the pattern route below; the
            forward pass stops inside the last layer's attention
   blockwise the q/k route without the fused kernel (the blockwise reduction it falls back to)
@@ -95,15 +95,15 @@ def variant_fn(name: str, model, tokens):
             entropy.run(model, tokens, batch_size=tokens.shape[0], progress=False, route=route)
     elif name == "blockwise":
         from models import attention
-        from probes import qk_rows
+        from probes.rows import qk
 
         def fn():
-            kernel = qk_rows.FLASH_CPU
-            qk_rows.FLASH_CPU = attention.FLASH_CPU = None  # as on a torch without the op
+            kernel = qk.FLASH_CPU
+            qk.FLASH_CPU = attention.FLASH_CPU = None  # as on a torch without the op
             try:
                 entropy.run(model, tokens, batch_size=tokens.shape[0], progress=False, route="qk")
             finally:
-                qk_rows.FLASH_CPU = attention.FLASH_CPU = kernel
+                qk.FLASH_CPU = attention.FLASH_CPU = kernel
     else:
         names = [f"blocks.{l}.attn.hook_pattern" for l in range(model.cfg.n_layers)]
 

@@ -51,7 +51,7 @@ class Attention(nn.Module):
         self.use_attn_result = False  # set True to fill hook_result [batch pos head d_model]
         self._guard_cache: tuple | None = None  # (key, weight_guard) while the weights are unchanged
         self._qk_views: tuple | None = None  # (storage key, views) for `qk_weights`
-        # set by probes (`probes.qk_rows.softmax_sinks`): called as sink(q, k, lse, weighted_k) with
+        # set by probes (`probes.rows.qk.softmax_sinks`): called as sink(q, k, lse, weighted_k) with
         # each row's softmax statistics from this layer's own attention call (None, None if none)
         self.softmax_sink = None
         if cfg.attn_out_proj:  # registered first: the parameter order of the per-head layout

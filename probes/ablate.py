@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from probes.cli import run_probe
 from probes.common import ProbeInputError, eval_mode, model_device, model_tokenizer, text_ids
 from probes.patching.engines import editing_engine
 from probes.patching_args import ablate_parser as build_parser
@@ -118,35 +119,34 @@ def run(model: Any, tokens: Any, heads: Any, how: str = "zero", tokenizer: Any =
 # ---------------------------------------------------------------- CLI
 
 def main(argv: list[str] | None = None) -> int:
-    def body() -> int:
-        args = build_parser().parse_args(argv)
-        from models.tap_inputs import context_of
-        from probes.common import default_windows, no_tokenizer, random_repeat_tokens
-        from probes.patching.cli import runnable, show
-        from probes.patching.engines import model_dims
-        snap = runnable(args)
-        model = snap.model
-        _, _, d_vocab = model_dims(model, torch.zeros(1, 2, dtype=torch.long, device=model_device(model)))
-        cfg = getattr(model, "cfg", None)
-        n_ctx = int(cfg.n_ctx) if cfg is not None else (context_of(model) or 256)
-        if args.repeat:
-            length = args.length or n_ctx // 2
-            if 2 * length > n_ctx:
-                raise ProbeInputError(f"--length {length} repeated twice is more than the model's context of {n_ctx}")
-            tokens = random_repeat_tokens(d_vocab, length, batch=args.samples, seed=args.seed)
-            source = f"{args.samples} sequences of {length} random tokens repeated twice (seed {args.seed})"
-        elif args.text is not None:
-            if snap.tokenizer is None:
-                no_tokenizer(snap)
-            tokens, source = text_ids(model, args.text, snap.tokenizer)[:, :n_ctx], "the given text"
-        else:
-            tokens, source = default_windows(snap, snap.tokenizer, n_ctx, args.samples, args.seed)
-        result = run(model, tokens, heads=args.heads, how=args.how)
-        result.source = source
-        return show(result, args.json)
+    return run_probe(build_parser, argv, from_args)
 
-    from probes.common import run_cli
-    return run_cli(body)
+
+def from_args(args: Any) -> Ablation:
+    from models.tap_inputs import context_of
+    from probes.common import default_windows, no_tokenizer, random_repeat_tokens
+    from probes.patching.cli import runnable
+    from probes.patching.engines import model_dims
+    snap = runnable(args)
+    model = snap.model
+    _, _, d_vocab = model_dims(model, torch.zeros(1, 2, dtype=torch.long, device=model_device(model)))
+    cfg = getattr(model, "cfg", None)
+    n_ctx = int(cfg.n_ctx) if cfg is not None else (context_of(model) or 256)
+    if args.repeat:
+        length = args.length or n_ctx // 2
+        if 2 * length > n_ctx:
+            raise ProbeInputError(f"--length {length} repeated twice is more than the model's context of {n_ctx}")
+        tokens = random_repeat_tokens(d_vocab, length, batch=args.samples, seed=args.seed)
+        source = f"{args.samples} sequences of {length} random tokens repeated twice (seed {args.seed})"
+    elif args.text is not None:
+        if snap.tokenizer is None:
+            no_tokenizer(snap)
+        tokens, source = text_ids(model, args.text, snap.tokenizer)[:, :n_ctx], "the given text"
+    else:
+        tokens, source = default_windows(snap, snap.tokenizer, n_ctx, args.samples, args.seed)
+    result = run(model, tokens, heads=args.heads, how=args.how)
+    result.source = source
+    return result
 
 
 if __name__ == "__main__":

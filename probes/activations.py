@@ -38,8 +38,8 @@ import torch
 
 from models.loss import lm_loss
 from probes.args import activations_parser as build_parser
-from probes.common import (ProbeInputError, lm_windows, model_device, print_json, require_cfg,
-                           run_cli, token_batches, tokens_or_text)
+from probes.cli import Shown, run_probe
+from probes.common import ProbeInputError, lm_windows, model_device, require_cfg, token_batches, tokens_or_text
 from probes.thresholds import SATURATION
 
 GELU_FLAT = -3.0  # |GELU'(x)| < 0.012 below this input
@@ -300,22 +300,18 @@ def _one_batch(model: Any, batch: torch.Tensor, stats: dict[str, LayerStats],
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body() -> int:
-        args = build_parser().parse_args(argv)
-        from models.checkpoint import load_from_args
+    return run_probe(build_parser, argv, from_args)
 
-        snap = load_from_args(args)
-        batches, source = token_batches(args, snap.tokenizer, 2 * snap.config.n_ctx, snap)  # re-windowed by run()
-        result = run(snap.model, batches, grads=not args.no_grads, saturation=args.saturation,
-                     batch_size=args.batch_size)
-        result.source = source
-        if args.json:
-            print_json(result.to_dict())
-        else:
-            print(f"{snap.name}: {source}\n{result.format()}")
-        return 0
 
-    return run_cli(body)
+def from_args(args: Any) -> Shown:
+    from models.checkpoint import load_from_args
+
+    snap = load_from_args(args)
+    batches, source = token_batches(args, snap.tokenizer, 2 * snap.config.n_ctx, snap)  # re-windowed by run()
+    result = run(snap.model, batches, grads=not args.no_grads, saturation=args.saturation,
+                 batch_size=args.batch_size)
+    result.source = source
+    return Shown.of(result, lambda: f"{snap.name}: {source}\n{result.format()}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from models.cli import (FRACTION, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT
                         add_ckpt_arguments, add_json_argument, number_type, path_type, path_text)
 from probes.doctor.log_file import KNOWN_NAMES, parse_tag
 from probes.thresholds import SATURATION, TIMELINE_COLLAPSE, TIMELINE_UNIFORM, Thresholds
-from probes.update_report import TARGET_BAND, band_in_order
+from probes.update_parts.report import TARGET_BAND, band_in_order
 
 MAX_BATCH = 65536  # windows in one forward pass (probes.common.check_batch_size says why)
 NEIGHBOUR_TABLES = ("input", "output", "cross")  # probes.neighbours.TABLES is this tuple

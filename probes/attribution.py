@@ -30,13 +30,13 @@ from typing import Any
 import torch
 
 from models.tokenizers import token_piece
-from probes.attention_source import has_lens_cfg
 from probes.args import attribution_parser as build_parser
+from probes.cli import Shown, run_probe
 from probes.common import (ProbeInputError, as_batches, default_windows, eval_mode, hook_names,
-                           model_device, model_tokenizer, no_tokenizer, print_json, run_cli,
-                           to_jsonable, tokens_or_text)
-from probes.hooked_source import HookedSource
+                           model_device, model_tokenizer, no_tokenizer, to_jsonable, tokens_or_text)
 from probes.neighbours import resolve_token
+from probes.sources.attention import has_lens_cfg
+from probes.sources.hooked import HookedSource
 
 log = logging.getLogger(__name__)
 
@@ -239,26 +239,22 @@ def run(model: Any, tokens: torch.Tensor | str, *, position: int = -1, target: i
 # ---------------------------------------------------------------- CLI
 
 def main(argv: list[str] | None = None) -> int:
-    def body() -> int:
-        args = build_parser().parse_args(argv)
-        from models.checkpoint import load_from_args
-        snap = load_from_args(args)
-        check_decomposable(snap.model)  # an MLP-family model is refused before the text is read
-        if snap.tokenizer is None:
-            no_tokenizer(snap)
-        text, source = args.text, None
-        if text is None:  # one window of the run's own text (probes.run_text)
-            text, source = default_windows(snap, snap.tokenizer, int(snap.model.cfg.n_ctx), 1, 0)
-        result = run(snap.model, text, position=args.position, target=args.target,
-                     versus=args.versus, tokenizer=snap.tokenizer)
-        result.source = source
-        if args.json:
-            print_json(result.to_dict())
-        else:
-            print(result.format(args.top))
-        return 0
+    return run_probe(build_parser, argv, from_args)
 
-    return run_cli(body)
+
+def from_args(args: Any) -> Shown:
+    from models.checkpoint import load_from_args
+    snap = load_from_args(args)
+    check_decomposable(snap.model)  # an MLP-family model is refused before the text is read
+    if snap.tokenizer is None:
+        no_tokenizer(snap)
+    text, source = args.text, None
+    if text is None:  # one window of the run's own text (probes.run_text)
+        text, source = default_windows(snap, snap.tokenizer, int(snap.model.cfg.n_ctx), 1, 0)
+    result = run(snap.model, text, position=args.position, target=args.target,
+                 versus=args.versus, tokenizer=snap.tokenizer)
+    result.source = source
+    return Shown.of(result, lambda: result.format(args.top))
 
 
 if __name__ == "__main__":

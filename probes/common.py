@@ -1,12 +1,11 @@
-"""What every probe shares: turning text into context-sized windows, the probes' CLI arguments, and
-the one-line-error-and-exit-2 convention. The attention probes' way into a model is
-`probes.sources.source_of` (`probes.attention_source`).
+"""What every probe shares: turning text into context-sized windows and reading the CLIs' text and
+snapshots into token batches. How a CLI ends (JSON or table, warnings, exit codes) is `probes.cli`;
+the attention probes' way into a model is `probes.sources.source_of` (`probes.sources.attention`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from contextlib import contextmanager
@@ -15,7 +14,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
-from models.cli import EXIT_BAD_INPUT, run_cli, to_jsonable  # noqa: F401  (re-exported for probes)
+from models.cli import to_jsonable  # noqa: F401  (re-exported for probes)
 from models.loss import block_len
 from models.store.any_model import SavedModel, code_hint
 from probes.args import add_input_arguments  # noqa: F401  (torch-free; re-exported for callers)
@@ -310,10 +309,6 @@ def default_windows(snap: Any, tokenizer: Any, n_ctx: int, samples: int, seed: i
                               f"cannot encode the shipped {shown(found.path)})") from None
     sample = sample_windows(validation_split(ids, found.val_fraction), n_ctx, samples, seed)
     return sample, found.describe(samples, n_ctx, seed)
-
-
-def print_json(data: Any) -> None:
-    print(json.dumps(to_jsonable(data), indent=None))
 
 
 @contextmanager

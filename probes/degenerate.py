@@ -37,7 +37,8 @@ from typing import Any, Iterable
 import torch
 
 from probes.args import degenerate_parser as build_parser
-from probes.common import ProbeInputError, per_query_head, print_json, run_cli, text_ids, to_jsonable, token_batches
+from probes.cli import Shown, run_probe
+from probes.common import ProbeInputError, per_query_head, text_ids, to_jsonable, token_batches
 from probes.entropy import PatternStats, collect_stats, format_table
 from probes.sources import snapshot_source, source_of
 from probes.thresholds import Thresholds
@@ -217,33 +218,28 @@ def run_timeline(args: argparse.Namespace, dims: Any) -> Timeline:
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body() -> int:
-        args = build_parser().parse_args(argv)
-        from models.checkpoint import is_run_dir, load_from_args
-        t = Thresholds(args.collapse_entropy, args.collapse_max_prob, args.uniform_entropy,
-                       args.sink_mass, args.one_hot_mass, args.sink_score)
-        run_dir = args.ckpt is not None and is_run_dir(args.ckpt)
-        read_text = has_input(args) or not run_dir  # a run and no input: its training timeline alone
-        snap = load_from_args(args)
-        attn = snapshot_source(snap)
-        attn.check(args.layer, args.head)
-        timeline = run_timeline(args, attn.dims) if run_dir else None
-        if read_text:  # with no input, the snapshot's own text (probes.run_text)
-            batches, source = token_batches(args, snap.tokenizer, attn.dims.n_ctx, snap)
-            result = run(attn, batches, thresholds=t, layer=args.layer, head=args.head,
-                         batch_size=args.batch_size, progress=args.progress, name=str(snap.name), source=source)
-            result.timeline = timeline
-            output, text = result.to_dict(), result.format()
-        else:
-            output = {"model": str(snap.name), "timeline": timeline.to_dict()}
-            text = f"model: {snap.name}\n{timeline.format()}"
-        if args.json:
-            print_json(output)
-        else:
-            print(text)
-        return 0
+    return run_probe(build_parser, argv, from_args)
 
-    return run_cli(body)
+
+def from_args(args: argparse.Namespace) -> Any:
+    from models.checkpoint import is_run_dir, load_from_args
+    t = Thresholds(args.collapse_entropy, args.collapse_max_prob, args.uniform_entropy,
+                   args.sink_mass, args.one_hot_mass, args.sink_score)
+    run_dir = args.ckpt is not None and is_run_dir(args.ckpt)
+    read_text = has_input(args) or not run_dir  # a run and no input: its training timeline alone
+    snap = load_from_args(args)
+    attn = snapshot_source(snap)
+    attn.check(args.layer, args.head)
+    timeline = run_timeline(args, attn.dims) if run_dir else None
+    if not read_text:
+        return Shown(lambda: {"model": str(snap.name), "timeline": timeline.to_dict()},
+                     lambda: f"model: {snap.name}\n{timeline.format()}")
+    # with no input, the snapshot's own text (probes.run_text)
+    batches, source = token_batches(args, snap.tokenizer, attn.dims.n_ctx, snap)
+    result = run(attn, batches, thresholds=t, layer=args.layer, head=args.head,
+                 batch_size=args.batch_size, progress=args.progress, name=str(snap.name), source=source)
+    result.timeline = timeline
+    return result
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ patterns and per-token loss; one saved before the Monitor kept that loss has `re
 in `missing`).
 Each reading is cached beside its snapshot (`development.json`, or `NAME.development.json` beside a
 checkpoint file) keyed by the weights' hash and the inputs' hash; a stale one is recomputed (logged).
-The phase changes are `probes.phase_changes`' (sharp moves of a score, grouped, aligned with the loss);
-each one's heads are ablated at the snapshot ending it (`probes.phase_ablation`: the repeat's loss with
+The phase changes are `probes.development_parts.phase_changes`' (sharp moves of a score, grouped, aligned with the loss);
+each one's heads are ablated at the snapshot ending it (`probes.development_parts.phase_ablation`: the repeat's loss with
 and without them, `ablation`).
 """
 
@@ -50,11 +50,12 @@ from typing import Any
 import torch
 
 from probes.args import development_parser as build_parser
+from probes.cli import run_probe
+from probes.development_parts.cache import cache_path, read_cache, weights_file, weights_key, write_cache
+from probes.development_parts.inputs import Inputs, run_inputs
+from probes.development_parts.phase_ablation import ablate_changes
+from probes.development_parts.phase_changes import phase_changes
 from probes.errors import ProbeInputError
-from probes.development_cache import cache_path, read_cache, weights_file, weights_key, write_cache
-from probes.development_inputs import Inputs, run_inputs
-from probes.phase_ablation import ablate_changes
-from probes.phase_changes import phase_changes
 
 log = logging.getLogger(__name__)
 
@@ -353,21 +354,12 @@ def run(run_path: str | Path, *, tokens: Any = None, data: str | Path | None = N
 # ---------------------------------------------------------------- CLI
 
 def main(argv: list[str] | None = None) -> int:
-    from models.cli import run_cli
-    from probes.common import print_json
+    return run_probe(build_parser, argv, from_args)
 
-    def body() -> int:
-        args = build_parser().parse_args(argv)
-        result = run(args.ckpt, data=args.data, samples=args.samples, seed=args.seed,
-                     cache=not args.no_cache, progress=args.progress,
-                     ablation=None if args.ablation == "none" else args.ablation)
-        if args.json:
-            print_json(result.to_dict())
-        else:
-            print(result.format())
-        return 0
 
-    return run_cli(body)
+def from_args(args: Any) -> DevelopmentResult:
+    return run(args.ckpt, data=args.data, samples=args.samples, seed=args.seed, cache=not args.no_cache,
+               progress=args.progress, ablation=None if args.ablation == "none" else args.ablation)
 
 
 if __name__ == "__main__":

@@ -24,10 +24,10 @@ if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on (see models.
     from models.interrupts import quiet_signals
     quiet_signals()
 
-import json
+import argparse
 
-from models.cli import run_cli
 from probes.args import diagnose_parser as build_parser
+from probes.cli import Shown, json_document, run_probe
 from probes.doctor.diagnosis import RULES, VERDICTS, Diagnosis, diagnose_history, run
 from probes.doctor.finding import SEVERITIES, Finding
 
@@ -37,16 +37,14 @@ EXIT_FINDING = 1  # --fail-on: a finding at or above the given severity
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body() -> int:
-        args = build_parser().parse_args(argv)
-        result = run(args.ckpt, step=args.step, log=args.log, tags=args.tag)
-        print(json.dumps(result.to_dict(), indent=2) if args.json else result.format())
-        if args.fail_on and any(SEVERITIES.index(f.severity) >= SEVERITIES.index(args.fail_on)
-                                for f in result.findings):
-            return EXIT_FINDING
-        return 0
+    return run_probe(build_parser, argv, from_args)
 
-    return run_cli(body)
+
+def from_args(args: argparse.Namespace) -> Shown:
+    result = run(args.ckpt, step=args.step, log=args.log, tags=args.tag)
+    failed = args.fail_on and any(SEVERITIES.index(f.severity) >= SEVERITIES.index(args.fail_on)
+                                  for f in result.findings)
+    return Shown.of(result, code=EXIT_FINDING if failed else 0, as_json=json_document)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ Definitions (DESIGN.md, "Probes"): for row i of a head's causal pattern p,
 over rows with at least two keys, k_i the keys row i may see: i + 1, or min(i + 1, w) in a layer
 with a sliding window of w keys (the source's `windows`): 1 = uniform, 0 = one-hot.
 
-The runner (`probes.row_stats.collect_stats`) reduces each layer inside its hooks to per-head
-sums, from hook_q / hook_k on long windows (`probes.qk_rows`: no [batch head n n] pattern) or from
+The runner (`probes.rows.stats.collect_stats`) reduces each layer inside its hooks to per-head
+sums, from hook_q / hook_k on long windows (`probes.rows.qk`: no [batch head n n] pattern) or from
 hook_pattern, so memory stays at about one layer's attention. `PatternStats` also holds what
 `probes.degenerate` needs (max probability, mass on the first position, diagonal and sub-diagonal).
 """
@@ -28,17 +28,17 @@ if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on; --help and 
 
 import logging
 import math
-import sys
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 import torch
 
 from probes.args import entropy_parser as build_parser
-from probes.common import print_json, run_cli, text_ids, to_jsonable, token_batches
+from probes.cli import Shown, run_probe
+from probes.common import text_ids, to_jsonable, token_batches
+from probes.rows.stats import EPS, SUMS, PatternStats, collect_stats, log_keys  # noqa: F401 (re-exported)
 from probes.sources import snapshot_source, source_of
 from probes.timeline import uniform_series_entropy  # noqa: F401 (re-exported)
-from probes.row_stats import EPS, SUMS, PatternStats, collect_stats, log_keys  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -201,25 +201,19 @@ def cli_warnings(result: EntropyResult) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body() -> int:
-        args = build_parser().parse_args(argv)
-        from models.checkpoint import load_from_args
-        snap = load_from_args(args)
-        attn = snapshot_source(snap)
-        attn.check(args.layer, args.head)
-        batches, source = token_batches(args, snap.tokenizer, attn.dims.n_ctx, snap)
-        result = run(attn, batches, layer=args.layer, head=args.head,
-                     per_position=args.per_position, batch_size=args.batch_size,
-                     progress=args.progress, name=str(snap.name), source=source)
-        if args.json:
-            print_json(result.to_dict())
-        else:
-            print(result.format())
-        for line in cli_warnings(result):
-            print(f"warning: {line}", file=sys.stderr)
-        return 0
+    return run_probe(build_parser, argv, from_args)
 
-    return run_cli(body)
+
+def from_args(args: Any) -> Shown:
+    from models.checkpoint import load_from_args
+    snap = load_from_args(args)
+    attn = snapshot_source(snap)
+    attn.check(args.layer, args.head)
+    batches, source = token_batches(args, snap.tokenizer, attn.dims.n_ctx, snap)
+    result = run(attn, batches, layer=args.layer, head=args.head,
+                 per_position=args.per_position, batch_size=args.batch_size,
+                 progress=args.progress, name=str(snap.name), source=source)
+    return Shown.of(result, warnings=cli_warnings(result))
 
 
 if __name__ == "__main__":

@@ -26,9 +26,9 @@ later copy to the token after its earlier occurrence (their "prefix matching" sc
 full OV circuit W_E W_V W_O W_U (norms left out), 1 when it copies what it attends to onto the
 logits, -1 when it suppresses it. From the weights alone; None where they cannot be read.
 
-`previous_token_rows` and `first_position_rows` (`probes.head_rows`) are also what
-`probes.degenerate`'s "previous" and "sink" evidence is made of (through `probes.row_stats` and
-`probes.qk_rows`).
+`previous_token_rows` and `first_position_rows` (`probes.rows.head_types`) are also what
+`probes.degenerate`'s "previous" and "sink" evidence is made of (through `probes.rows.stats` and
+`probes.rows.qk`).
 """
 
 from __future__ import annotations
@@ -44,9 +44,10 @@ from typing import Any, Iterable
 import torch
 
 from probes.args import heads_parser as build_parser
-from probes.head_rows import first_position_rows, previous_token_rows  # noqa: F401  (re-exported)
-from probes.common import (ProbeInputError, per_query_head, print_json, progress_bar, random_repeat_tokens,
-                           run_cli, text_ids, to_jsonable, token_batches)
+from probes.cli import run_probe
+from probes.common import (ProbeInputError, per_query_head, progress_bar, random_repeat_tokens, text_ids,
+                           to_jsonable, token_batches)
+from probes.rows.head_types import first_position_rows, previous_token_rows  # noqa: F401  (re-exported)
 from probes.sources import snapshot_source, source_of
 
 log = logging.getLogger(__name__)
@@ -162,7 +163,7 @@ class HeadTypesResult:
     copying: list[list[float]] | None = None  # [layer][head], OV eigenvalue score
     repeat_length: int | None = None
     source: str | None = None
-    confirmed: list[dict[str, Any]] | None = None  # --confirm: induction heads ablated (probes.phase_ablation)
+    confirmed: list[dict[str, Any]] | None = None  # --confirm: induction heads ablated (probes.development_parts.phase_ablation)
 
     def to_dict(self) -> dict[str, Any]:
         return to_jsonable(dict(self.__dict__))
@@ -279,7 +280,7 @@ def model_copying_scores(model: Any) -> list[list[float]] | None:
 
 def confirmed(snap: Any, result: HeadTypesResult, samples: int, seed: int) -> list[dict[str, Any]]:
     """--confirm: the heads scoring as induction heads on the repeat, each ablated alone on that repeat."""
-    from probes.phase_ablation import confirm_induction
+    from probes.development_parts.phase_ablation import confirm_induction
 
     length = result.repeat_length
     tokens = random_repeat_tokens(snap.config.d_vocab, length, samples, seed)  # the repeat run_repeat read
@@ -287,28 +288,23 @@ def confirmed(snap: Any, result: HeadTypesResult, samples: int, seed: int) -> li
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body() -> int:
-        args = build_parser().parse_args(argv)
-        from models.checkpoint import load_from_args
-        snap = load_from_args(args)
-        attn = snapshot_source(snap)
-        options = dict(error_measure=args.error_measure, exclude_bos=args.exclude_bos,
-                       exclude_current_token=args.exclude_current_token, batch_size=args.batch_size,
-                       progress=args.progress, name=str(snap.name))
-        if args.repeat:
-            result = run_repeat(attn, args.length, samples=args.samples or 16, seed=args.seed, **options)
-            if args.confirm:
-                result.confirmed = confirmed(snap, result, args.samples or 16, args.seed)
-        else:
-            batches, source = token_batches(args, snap.tokenizer, attn.dims.n_ctx, snap)
-            result = run(attn, batches, source=source, **options)
-        if args.json:
-            print_json(result.to_dict())
-        else:
-            print(result.format())
-        return 0
+    return run_probe(build_parser, argv, from_args)
 
-    return run_cli(body)
+
+def from_args(args: Any) -> HeadTypesResult:
+    from models.checkpoint import load_from_args
+    snap = load_from_args(args)
+    attn = snapshot_source(snap)
+    options = dict(error_measure=args.error_measure, exclude_bos=args.exclude_bos,
+                   exclude_current_token=args.exclude_current_token, batch_size=args.batch_size,
+                   progress=args.progress, name=str(snap.name))
+    if args.repeat:
+        result = run_repeat(attn, args.length, samples=args.samples or 16, seed=args.seed, **options)
+        if args.confirm:
+            result.confirmed = confirmed(snap, result, args.samples or 16, args.seed)
+        return result
+    batches, source = token_batches(args, snap.tokenizer, attn.dims.n_ctx, snap)
+    return run(attn, batches, source=source, **options)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on; --help and 
     logit_lens_parser().parse_early()
 
 import logging
-import sys
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -46,14 +45,14 @@ import torch
 from models.anatomy import AnatomyError, find_anatomy
 from models.store.any_model import SavedModel
 from models.tokenizers import token_piece
-from probes.attention_source import has_lens_cfg
-from probes.tapped_source import longest_row
 from probes.args import logit_lens_parser as build_parser
-from probes.common import (ProbeInputError, as_batches, hook_names,
-                           model_device, print_json, progress_bar, run_cli,
-                           token_batches, tokens_or_text)
-from probes.lens_result import LogitLensResult
-from probes.lens_stats import FinalDistribution, LayerStats, layer_stats
+from probes.cli import Shown, run_probe
+from probes.common import (ProbeInputError, as_batches, hook_names, model_device, progress_bar, token_batches,
+                           tokens_or_text)
+from probes.lens.result import LogitLensResult
+from probes.lens.stats import FinalDistribution, LayerStats, layer_stats
+from probes.sources.attention import has_lens_cfg
+from probes.sources.tapped import longest_row
 
 log = logging.getLogger(__name__)
 
@@ -172,14 +171,14 @@ def run(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *, k: int = 5
         source: str | None = None) -> LogitLensResult:
     """The logit lens of `model` (ours, a TransformerBridge, or any other module through its anatomy,
     `models.anatomy`: nanochat's GPT, a tutorial's, a Llama) on [batch pos] tokens; a snapshot of any
-    model without its code reads the lens it saved (`probes.saved_source`).
+    model without its code reads the lens it saved (`probes.sources.saved`).
 
     Long rows are windowed to the model's context. The model runs in eval mode (restored after).
     `lens` defaults to `LogitLens(model, include_mid)`; pass a subclass for a tuned lens.
     `tokens` may be text, read with `tokenizer` (default `model.tokenizer`) as `--text` is.
     """
     if isinstance(model, SavedModel):  # a snapshot of any model without its code: the lens it saved
-        from probes.saved_source import saved_lens_result
+        from probes.sources.saved import saved_lens_result
         return saved_lens_result(model, tokens, k=k, include_mid=include_mid, tokenizer=tokenizer,
                                  batch_size=batch_size, source=source)
     tokens = tokens_or_text(model, tokens, tokenizer, batch_size)
@@ -231,25 +230,19 @@ def cli_warnings(result: LogitLensResult) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body() -> int:
-        args = build_parser().parse_args(argv)
-        from models.checkpoint import load_from_args
-        snap = load_from_args(args)
-        # refuses models without a residual stream first; a snapshot without its code reads what it saved
-        lens = None if isinstance(snap.model, SavedModel) else LogitLens(snap.model, args.mid)
-        n_ctx = (lens.n_ctx if lens is not None else None) or int(snap.config.n_ctx)
-        batches, source = token_batches(args, snap.tokenizer, n_ctx, snap)
-        result = run(snap.model, batches, k=args.k, tokenizer=snap.tokenizer, lens=lens,
-                     batch_size=args.batch_size, progress=args.progress, source=source)
-        if args.json:
-            print_json(result.to_dict())
-        else:
-            print(result.format(args.columns))
-        for line in cli_warnings(result):
-            print(f"warning: {line}", file=sys.stderr)
-        return 0
+    return run_probe(build_parser, argv, from_args)
 
-    return run_cli(body)
+
+def from_args(args: Any) -> Shown:
+    from models.checkpoint import load_from_args
+    snap = load_from_args(args)
+    # refuses models without a residual stream first; a snapshot without its code reads what it saved
+    lens = None if isinstance(snap.model, SavedModel) else LogitLens(snap.model, args.mid)
+    n_ctx = (lens.n_ctx if lens is not None else None) or int(snap.config.n_ctx)
+    batches, source = token_batches(args, snap.tokenizer, n_ctx, snap)
+    result = run(snap.model, batches, k=args.k, tokenizer=snap.tokenizer, lens=lens,
+                 batch_size=args.batch_size, progress=args.progress, source=source)
+    return Shown.of(result, lambda: result.format(args.columns), warnings=cli_warnings(result))
 
 
 if __name__ == "__main__":

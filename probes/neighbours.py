@@ -40,7 +40,8 @@ from models.anatomy import AnatomyError, find_anatomy
 from models.tokenizers import token_piece
 from probes.args import NEIGHBOUR_TABLES
 from probes.args import neighbours_parser as build_parser
-from probes.common import ProbeInputError, model_tokenizer, print_json, run_cli, to_jsonable
+from probes.cli import run_probe
+from probes.common import ProbeInputError, model_tokenizer, to_jsonable
 from probes.knn import all_knn, check_finite, check_k, check_table, prepare_keys, search, unit_rows
 
 log = logging.getLogger(__name__)
@@ -257,25 +258,18 @@ def run_all(model: Any, *, k: int = 10, table: str = "input", tokenizer: Any = N
 # ---------------------------------------------------------------- CLI
 
 def main(argv: list[str] | None = None) -> int:
-    def body() -> int:
-        args = build_parser().parse_args(argv)
-        from models.checkpoint import load_from_args
-        snap = load_from_args(args)  # --chunk-size >= 1 and the like: checked by the parser
-        if args.all:
-            result: Any = run_all(snap.model, k=args.k, table=args.table, tokenizer=snap.tokenizer,
-                                  chunk_size=args.chunk_size, progress=sys.stderr.isatty())
-        else:
-            token = args.token if args.token is not None else args.id
-            analogy = args.analogy or args.analogy_ids
-            result = run(snap.model, token, k=args.k, table=args.table, tokenizer=snap.tokenizer,
-                         analogy=analogy)
-        if args.json:
-            print_json(result.to_dict())
-        else:
-            print(result.format())
-        return 0
+    return run_probe(build_parser, argv, from_args)
 
-    return run_cli(body)
+
+def from_args(args: Any) -> Any:
+    from models.checkpoint import load_from_args
+    snap = load_from_args(args)  # --chunk-size >= 1 and the like: checked by the parser
+    if args.all:
+        return run_all(snap.model, k=args.k, table=args.table, tokenizer=snap.tokenizer,
+                       chunk_size=args.chunk_size, progress=sys.stderr.isatty())
+    token = args.token if args.token is not None else args.id
+    analogy = args.analogy or args.analogy_ids
+    return run(snap.model, token, k=args.k, table=args.table, tokenizer=snap.tokenizer, analogy=analogy)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import torch
 
 from models.tokenizers import token_piece
+from probes.cli import run_probe
 from probes.first_view import LENS_K, PAGE_K, PAGE_TEXT, PAGE_TOKEN, TABLES, pack, page_ids
 
 log = logging.getLogger(__name__)
@@ -156,27 +157,30 @@ def snapshot_ids(snap: Any, text: str = PAGE_TEXT) -> tuple[torch.Tensor, str | 
 # --------------------------------------------------------------------------- CLI
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m probes.page_view", description=(
+        "Save the first view beside a snapshot: what the app's model pages show first, so that they draw "
+        "it before the model loads (our trainer and the Monitor save one with each snapshot)."))
+    parser.add_argument("--ckpt", required=True, nargs="+", type=Path,
+                        help="snapshot or run directories (a run: its latest snapshot)")
+    parser.add_argument("--every-snapshot", action="store_true", help="every snapshot of each run, not its latest")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    from models.cli import run_cli
+    return run_probe(build_parser, argv, save_views)
 
-    def body() -> int:
-        parser = argparse.ArgumentParser(prog="python -m probes.page_view", description=(
-            "Save the first view beside a snapshot: what the app's model pages show first, so that they draw "
-            "it before the model loads (our trainer and the Monitor save one with each snapshot)."))
-        parser.add_argument("--ckpt", required=True, nargs="+", type=Path,
-                            help="snapshot or run directories (a run: its latest snapshot)")
-        parser.add_argument("--every-snapshot", action="store_true", help="every snapshot of each run, not its latest")
-        args = parser.parse_args(argv)
-        from models.checkpoint import list_snapshots, load_checkpoint
 
-        torch.set_num_threads(1)  # as the app reads its models (app.data.load): the same numbers
-        for path in args.ckpt:
-            for snapshot in (list_snapshots(path) if args.every_snapshot else [path]):
-                saved = save_snapshot_view(load_checkpoint(snapshot))
-                print(f"{saved} ({saved.stat().st_size / 1000:.1f} kB)")
-        return 0
+def save_views(args: argparse.Namespace) -> None:
+    """Each view's line printed as it is saved (no JSON: the files are the output), so that a later
+    snapshot's bad input still leaves the views saved before it said."""
+    from models.checkpoint import list_snapshots, load_checkpoint
 
-    return run_cli(body)
+    torch.set_num_threads(1)  # as the app reads its models (app.data.load): the same numbers
+    for path in args.ckpt:
+        for snapshot in (list_snapshots(path) if args.every_snapshot else [path]):
+            saved = save_snapshot_view(load_checkpoint(snapshot))
+            print(f"{saved} ({saved.stat().st_size / 1000:.1f} kB)")
 
 
 if __name__ == "__main__":

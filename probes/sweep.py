@@ -10,7 +10,7 @@ the doctor's verdict) and each variant's LR sensitivity and widest stable range.
 
 Torch-free like the doctor: it reads SWEEP_DIR/sweep.json (written by `python -m train.sweep`)
 and, for runs still training, how far their metrics.jsonl got. The numbers are defined in
-`probes.sweep_stats`.
+`probes.sweep_parts.stats`.
 """
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ if __name__ == "__main__":  # Ctrl-C/SIGTERM: one line from here on (see models.
     from models.interrupts import quiet_signals
     quiet_signals()
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.cli import Parser, add_json_argument, path_text, run_cli
+from models.cli import Parser, add_json_argument, path_text
 from models.store.files import CheckpointError, read_json_object
 from models.store.run import read_metrics, read_run_json
-from probes.sweep_file import check_sweep
-from probes.sweep_stats import SWEEP_FILE
+from probes.cli import Shown, json_document, run_probe
+from probes.sweep_parts.file import check_sweep
+from probes.sweep_parts.stats import SWEEP_FILE
 
 __all__ = ["SweepResult", "build_parser", "main", "rate_text", "run"]
 
@@ -162,13 +162,7 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body() -> int:
-        args = build_parser().parse_args(argv)
-        result = run(args.ckpt)
-        print(json.dumps(result.to_dict(), indent=2) if args.json else result.format())
-        return 0
-
-    return run_cli(body)
+    return run_probe(build_parser, argv, lambda args: Shown.of(run(args.ckpt), as_json=json_document))
 
 
 if __name__ == "__main__":

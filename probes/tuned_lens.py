@@ -20,7 +20,7 @@ GPT rebuilt from a snapshot with `--model-code`) is read the same way: the resid
 and leaving each block, by torch hooks; a snapshot of such a model opened without its code is
 refused in one line (its forward is needed).
 
-Saved beside the snapshot as `<snapshot>.tuned_lens.safetensors` + `.json` (`probes.tuned_lens_file`
+Saved beside the snapshot as `<snapshot>.tuned_lens.safetensors` + `.json` (`probes.lens.tuned_file`
 says why there and what is checked on load).
 """
 
@@ -40,16 +40,17 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
+from models.store.any_model import code_hint
 from probes import logit_lens
 from probes.args import tuned_lens_parser as build_parser
-from models.store.any_model import code_hint
-from probes.common import (ProbeInputError, encode_text, model_device, no_tokenizer, print_json,
-                           read_text_file, run_cli, sample_only, sample_windows, to_jsonable)
-from probes.lens_result import LogitLensResult
+from probes.cli import Shown, run_probe
+from probes.common import (ProbeInputError, encode_text, model_device, no_tokenizer, read_text_file,
+                           sample_only, sample_windows, to_jsonable)
+from probes.lens.result import LogitLensResult
+from probes.lens.tuned_file import (check_fits, lens_paths, model_record, read_lens, save_lens,
+                                    sha256_bytes)
 from probes.logit_lens import LogitLens
 from probes.run_text import DefaultText, default_text, shown, val_fraction, validation_split
-from probes.tuned_lens_file import (check_fits, lens_paths, model_record, read_lens, save_lens,
-                                    sha256_bytes)
 
 log = logging.getLogger(__name__)
 
@@ -333,35 +334,34 @@ def compare(model: Any, lens: TunedLens, tokens: Any, *, k: int = 5, batch_size:
 # ---------------------------------------------------------------- CLI
 
 def main(argv: list[str] | None = None) -> int:
-    def body() -> int:
-        args = build_parser().parse_args(argv)
-        from models.checkpoint import load_from_args
-        snap = load_from_args(args)
-        if sample_only(snap):  # a snapshot of any model without its code: nothing to run the lens through
-            raise ProbeInputError(f"{snap.path}: a tuned lens trains on the model's residual stream, and this "
-                                  f"snapshot of a {snap.model.architecture} holds its weights without its code: "
-                                  f"{code_hint(snap.meta)}")
-        base = LogitLens(snap.model)  # an MLP-family model: one line before any data is read
-        corpus = read_corpus(snap, args.data)
-        if args.eval:
-            lens = load(snap, args.lens)
-        else:
-            lens = train_and_save(snap, corpus, args.steps, batch_size=args.batch_size, lr=args.lr,
-                                  seed=args.seed, progress=args.progress, path=args.lens, force=args.force)
-            print(f"saved {lens_paths(snap.path, args.lens)[0]} (final training KL "
-                  f"{lens.meta['final_loss']:.4f})", file=sys.stderr)
-        n_ctx = context(snap, base)
-        windows = sample_windows(corpus.val.tolist(), n_ctx, args.samples, args.seed + 1)
-        text = DefaultText(corpus.path, corpus.origin, val_fraction(snap))
-        source = text.describe(args.samples, n_ctx, args.seed + 1)
-        result = compare(snap.model, lens, windows, batch_size=args.batch_size, progress=args.progress,
-                         source=source)
-        print_json(result.to_dict()) if args.json else print(result.format())
-        if not all(math.isfinite(v) for v in result.tuned.kl_to_final):
-            print("warning: the tuned lens's KL is NaN or inf at some layer (a diverged model?)", file=sys.stderr)
-        return 0
+    return run_probe(build_parser, argv, from_args)
 
-    return run_cli(body)
+
+def from_args(args: Any) -> Shown:
+    from models.checkpoint import load_from_args
+    snap = load_from_args(args)
+    if sample_only(snap):  # a snapshot of any model without its code: nothing to run the lens through
+        raise ProbeInputError(f"{snap.path}: a tuned lens trains on the model's residual stream, and this "
+                              f"snapshot of a {snap.model.architecture} holds its weights without its code: "
+                              f"{code_hint(snap.meta)}")
+    base = LogitLens(snap.model)  # an MLP-family model: one line before any data is read
+    corpus = read_corpus(snap, args.data)
+    if args.eval:
+        lens = load(snap, args.lens)
+    else:
+        lens = train_and_save(snap, corpus, args.steps, batch_size=args.batch_size, lr=args.lr,
+                              seed=args.seed, progress=args.progress, path=args.lens, force=args.force)
+        print(f"saved {lens_paths(snap.path, args.lens)[0]} (final training KL "
+              f"{lens.meta['final_loss']:.4f})", file=sys.stderr)
+    n_ctx = context(snap, base)
+    windows = sample_windows(corpus.val.tolist(), n_ctx, args.samples, args.seed + 1)
+    text = DefaultText(corpus.path, corpus.origin, val_fraction(snap))
+    source = text.describe(args.samples, n_ctx, args.seed + 1)
+    result = compare(snap.model, lens, windows, batch_size=args.batch_size, progress=args.progress,
+                     source=source)
+    diverged = not all(math.isfinite(v) for v in result.tuned.kl_to_final)
+    warnings = ["the tuned lens's KL is NaN or inf at some layer (a diverged model?)"] if diverged else []
+    return Shown.of(result, warnings=warnings)
 
 
 if __name__ == "__main__":

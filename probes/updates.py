@@ -43,10 +43,10 @@ from torch import nn
 
 from models.loss import lm_loss, lm_loss_terms
 from probes.args import updates_parser as build_parser
-from probes.common import (ProbeInputError, lm_windows, model_device, print_json,
-                           run_cli, token_batches)
-from probes.update_report import GROUPS, TARGET_BAND, UpdateHistory, UpdateReport, layout_groups_of, parameter_group
-from probes.update_rows import lr_by_name, named_trainable, packed_name, snapshot_params, strip_wrapper_prefix
+from probes.cli import run_probe
+from probes.common import ProbeInputError, lm_windows, model_device, token_batches
+from probes.update_parts.report import GROUPS, TARGET_BAND, UpdateHistory, UpdateReport, layout_groups_of, parameter_group
+from probes.update_parts.rows import lr_by_name, named_trainable, packed_name, snapshot_params, strip_wrapper_prefix
 
 log = logging.getLogger(__name__)
 
@@ -357,13 +357,7 @@ def _report(args: argparse.Namespace) -> UpdateReport | UpdateHistory:
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body() -> int:
-        args = build_parser().parse_args(argv)
-        result = _report(args)
-        print_json(result.to_dict()) if args.json else print(result.format())
-        return 0
-
-    return run_cli(body)
+    return run_probe(build_parser, argv, _report)
 
 
 if __name__ == "__main__":

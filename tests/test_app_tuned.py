@@ -15,7 +15,7 @@ from models import build_model, get_preset
 from models.checkpoint import load_checkpoint, save_snapshot
 from models.tokenizers import CharTokenizer
 from probes import logit_lens, tuned_lens
-from probes.tuned_lens_file import lens_paths
+from probes.lens.tuned_file import lens_paths
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "app" / "main.py"

@@ -12,8 +12,8 @@ import torch
 from gpt_kit import PerHeadGPT, tokens
 from models import build_model, get_preset
 from probes import degenerate, entropy, heads
-from probes.attention_source import AttentionSource, ModelDims
 from probes.sources import source_of
+from probes.sources.attention import AttentionSource, ModelDims
 
 
 def counted(model: torch.nn.Module) -> dict[str, int]:

@@ -1,4 +1,4 @@
-"""probes.development and probes.phase_changes: a hand-set previous-token and induction head scored on
+"""probes.development and probes.development_parts.phase_changes: a hand-set previous-token and induction head scored on
 paper across a run's snapshots, the phase change found at the snapshot the heads were switched on,
 the cache beside each snapshot, and induction heads a test trains itself, found in layer 1 within
 one snapshot of the repeated-part loss's steepest drop."""
@@ -14,8 +14,8 @@ import torch
 
 from development_kit import V, hand_set, save_run
 from probes import development
-from probes.development_inputs import REPEAT_SAMPLES
-from probes.phase_changes import Move, group_moves, loss_evidence, phase_changes, sharp_moves
+from probes.development_parts.inputs import REPEAT_SAMPLES
+from probes.development_parts.phase_changes import Move, group_moves, loss_evidence, phase_changes, sharp_moves
 from train.repetition import train
 
 TOKENS = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]])  # period 4, distinct within a period
@@ -63,7 +63,7 @@ def test_a_hand_set_induction_head_that_writes_nothing_the_logits_read_is_not_co
     """Olsson's score of L1H0 is 1, but its W_O is 0 and the unembedding reads the token alone: removing
     it leaves every logit as it was, so `probes.heads --confirm` does not confirm it (a rise of exactly 0)."""
     from probes.common import random_repeat_tokens
-    from probes.phase_ablation import confirm_induction
+    from probes.development_parts.phase_ablation import confirm_induction
 
     tokens = random_repeat_tokens(V, 4, 4, seed=0)  # [4 8]
     (found,) = confirm_induction(hand_set(40.0), (tokens, 4), [[0.0], [1.0]])

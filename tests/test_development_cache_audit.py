@@ -1,4 +1,4 @@
-"""Issue 60's audit of the development probe's caches (probes.development_cache) and inputs: a cached
+"""Issue 60's audit of the development probe's caches (probes.development_parts.cache) and inputs: a cached
 reading of the wrong shape is recomputed (logged), never trusted, never a crash; weights replaced or
 cut short under a config.json that stayed are read again (and refused by the load's own check), a
 snapshot copied to another step reports that step; `--data` on a FIFO, snapshots of different

@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models import Transformer, TransformerConfig, build_model, get_preset
-from probes import entropy, row_stats
+from probes import entropy
 from probes.common import ProbeInputError
+from probes.rows import stats as rows_stats
 
 T = 8  # toy context: positional embeddings are the T one-hot rows, so d_model = T
 
@@ -88,7 +89,7 @@ def test_chunked_reduction_equals_one_shot(monkeypatch):
     pattern = torch.randn(5, 3, 6, 6).masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), -math.inf).softmax(-1)
     whole = entropy.PatternStats([0], 3, 6)
     whole.update(0, pattern)
-    monkeypatch.setattr(row_stats, "CHUNK_ELEMENTS", 3 * 6 * 6 * 2)  # two windows per chunk
+    monkeypatch.setattr(rows_stats, "CHUNK_ELEMENTS", 3 * 6 * 6 * 2)  # two windows per chunk
     chunked = entropy.PatternStats([0], 3, 6)
     chunked.update(0, pattern)
     for name in entropy.SUMS:

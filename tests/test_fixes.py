@@ -202,7 +202,7 @@ def test_a_monitored_nanogpt_run_is_told_its_own_words(tmp_path):
 
 def test_a_tuned_lens_saved_before_qk_norm_existed_still_matches_its_model():
     """The config hash leaves out an added field at its "as before" value, and only then."""
-    from probes.tuned_lens_file import config_sha256
+    from probes.lens.tuned_file import config_sha256
 
     import dataclasses
 

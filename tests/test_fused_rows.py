@@ -1,5 +1,5 @@
-"""The fused-kernel entropy (`qk_rows.fused_row_entropy`) and the early stop of the forward pass
-(`row_stats.StopForward`): same numbers as the explicit pattern route (over random models with
+"""The fused-kernel entropy (`probes.rows.qk.fused_row_entropy`) and the early stop of the forward pass
+(`probes.rows.stats.StopForward`): same numbers as the explicit pattern route (over random models with
 W_Q gain 0..30: test_qk_rows.test_qk_route_equals_pattern_route), exact rows where float32
 cancellation would not be, the blockwise route when the private op is missing, and a model
 left unhooked and usable after a pass cut short."""
@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from models import build_model, get_preset
-from probes import entropy, qk_rows, row_stats
+from probes import entropy
+from probes.rows import qk as rows_qk, stats as rows_stats
 
-needs_flash = pytest.mark.skipif(qk_rows.FLASH_CPU is None, reason="this torch has no fused CPU kernel")
+needs_flash = pytest.mark.skipif(rows_qk.FLASH_CPU is None, reason="this torch has no fused CPU kernel")
 
 
 def random_model(preset: str = "tiny_shakespeare_gpt_small", seed: int = 0, **overrides):
@@ -22,13 +23,13 @@ def random_model(preset: str = "tiny_shakespeare_gpt_small", seed: int = 0, **ov
     return build_model(get_preset(preset, dropout=0.0, **overrides)).eval()
 
 
-def entropy_only(model, tokens, route: str, **kwargs) -> row_stats.PatternStats:
+def entropy_only(model, tokens, route: str, **kwargs) -> rows_stats.PatternStats:
     stats = entropy.collect_stats(model, tokens, route=route, evidence=False, **kwargs)
     assert stats.route == route
     return stats
 
 
-def assert_same_entropy(a: row_stats.PatternStats, b: row_stats.PatternStats, atol: float = 1e-6) -> None:
+def assert_same_entropy(a: rows_stats.PatternStats, b: rows_stats.PatternStats, atol: float = 1e-6) -> None:
     assert (a.rows, a.multi_rows) == (b.rows, b.multi_rows)
     for layer in a.layers:
         for name in ("entropy", "normalized", "nonfinite"):
@@ -42,10 +43,10 @@ def test_fused_rows_match_the_blockwise_rows_on_a_longer_window():
     fused row is kept at, and row 0 (one key) exactly 0."""
     gen = torch.Generator().manual_seed(3)
     q, k = torch.randn(2, 200, 3, 16, generator=gen) * 2, torch.randn(2, 200, 3, 16, generator=gen)
-    fused = qk_rows.fused_row_entropy(q, k, 4.0)
-    exact = qk_rows.qk_row_stats(q.double(), k.double(), 4.0)["entropy"]
+    fused = rows_qk.fused_row_entropy(q, k, 4.0)
+    exact = rows_qk.qk_row_stats(q.double(), k.double(), 4.0)["entropy"]
     assert fused is not None and fused.shape == exact.shape == (2, 3, 200)
-    assert (fused.double() - exact).abs().max().item() < 3 * qk_rows.ROW_TOL
+    assert (fused.double() - exact).abs().max().item() < 3 * rows_qk.ROW_TOL
     assert bool((fused[..., 0] == 0).all())
 
 
@@ -55,7 +56,7 @@ def test_hand_set_scores_give_the_formula_on_the_fused_route():
     c, n = 3.0, 6
     q = torch.zeros(1, n, 1, n)
     q[0, :, 0, :] = torch.eye(n) * math.sqrt(c)
-    rows = qk_rows.qk_row_stats(q, q.clone(), scale=1.0, evidence=False)["entropy"]
+    rows = rows_qk.qk_row_stats(q, q.clone(), scale=1.0, evidence=False)["entropy"]
     for i in range(n):
         p_self, p_other = math.exp(c) / (math.exp(c) + i), 1 / (math.exp(c) + i)
         expected = -(p_self * math.log(p_self) + i * p_other * math.log(p_other))
@@ -71,23 +72,23 @@ def test_hand_set_scores_give_the_formula_on_the_fused_route():
     ([0, 0, float("nan"), 0, 0], [2]),
 ])
 def test_rows_to_redo_on_paper(bounds, redo, monkeypatch):
-    monkeypatch.setattr(qk_rows, "MEAN_TOL", 1.0)
-    monkeypatch.setattr(qk_rows, "ROW_TOL", 10.0)
+    monkeypatch.setattr(rows_qk, "MEAN_TOL", 1.0)
+    monkeypatch.setattr(rows_qk, "ROW_TOL", 10.0)
     bound = torch.tensor(bounds)[None, None]  # [1 1 5]
-    picked = qk_rows.rows_to_redo(bound, torch.tensor([[True]]))[0, 0]
+    picked = rows_qk.rows_to_redo(bound, torch.tensor([[True]]))[0, 0]
     assert picked.nonzero().flatten().tolist() == redo
-    assert bool(qk_rows.rows_to_redo(bound, torch.tensor([[False]])).all())  # a non-finite head: all
+    assert bool(rows_qk.rows_to_redo(bound, torch.tensor([[False]])).all())  # a non-finite head: all
 
 
 def test_rows_to_redo_budgets_each_head_over_the_whole_batch(monkeypatch):
     """Two windows, two heads: head 0 spreads 4 + 4 over 8 rows (within (1 * 2 * 3)^2 = 36), head 1
     puts 25 + 16 in one window: its largest row goes."""
-    monkeypatch.setattr(qk_rows, "MEAN_TOL", 1.0)
-    monkeypatch.setattr(qk_rows, "ROW_TOL", 10.0)
+    monkeypatch.setattr(rows_qk, "MEAN_TOL", 1.0)
+    monkeypatch.setattr(rows_qk, "ROW_TOL", 10.0)
     bound = torch.zeros(2, 2, 4)
     bound[0, 0, 2], bound[1, 0, 3] = 2.0, 2.0
     bound[1, 1, 2], bound[1, 1, 3] = 5.0, 4.0
-    picked = qk_rows.rows_to_redo(bound, torch.ones(2, 2, dtype=torch.bool))
+    picked = rows_qk.rows_to_redo(bound, torch.ones(2, 2, dtype=torch.bool))
     assert picked.nonzero().tolist() == [[1, 1, 2]]
 
 
@@ -99,10 +100,10 @@ def test_huge_scores_are_recomputed_exactly(monkeypatch):
     q = torch.zeros(1, n, 1, n)
     q[0, :, 0, :] = torch.eye(n) * 100.0  # s_ii = 1e4
     redone = []
-    original = qk_rows.exact_rows
-    monkeypatch.setattr(qk_rows, "exact_rows", lambda q, k, s, rows, e: redone.append(int(rows.sum())) or
+    original = rows_qk.exact_rows
+    monkeypatch.setattr(rows_qk, "exact_rows", lambda q, k, s, rows, e: redone.append(int(rows.sum())) or
                         original(q, k, s, rows, e))
-    rows = qk_rows.qk_row_stats(q, q.clone(), scale=1.0, evidence=False)["entropy"]
+    rows = rows_qk.qk_row_stats(q, q.clone(), scale=1.0, evidence=False)["entropy"]
     assert rows.abs().max().item() < 1e-6 and redone == [n]
 
 
@@ -112,8 +113,8 @@ def test_non_finite_heads_are_nan_on_the_fused_route_as_on_the_blockwise_one():
     q, k = torch.randn(2, 10, 3, 4, generator=gen), torch.randn(2, 10, 3, 4, generator=gen)
     k[1, 4, 2, 0] = float("nan")  # head 2 of window 1: rows 4.. see it
     q[0, 7, 0, 1] = float("inf")  # head 0 of window 0: row 7 only
-    fused = qk_rows.qk_row_stats(q, k, 2.0, evidence=False)["entropy"]
-    blockwise = qk_rows.qk_row_stats(q, k, 2.0, fused=False, evidence=False)["entropy"]
+    fused = rows_qk.qk_row_stats(q, k, 2.0, evidence=False)["entropy"]
+    blockwise = rows_qk.qk_row_stats(q, k, 2.0, fused=False, evidence=False)["entropy"]
     assert torch.equal(fused.isnan(), blockwise.isnan()) and int(fused.isnan().sum()) == 6 + 1
     assert torch.allclose(fused, blockwise, atol=1e-5, equal_nan=True)
 
@@ -122,9 +123,9 @@ def test_without_the_fused_op_the_blockwise_route_gives_the_same_numbers(monkeyp
     model = random_model(n_ctx=24)
     tokens = torch.randint(0, model.cfg.d_vocab, (3, 24), generator=torch.Generator().manual_seed(5))
     with_op = entropy_only(model, tokens, "qk")
-    monkeypatch.setattr(qk_rows, "FLASH_CPU", None)
+    monkeypatch.setattr(rows_qk, "FLASH_CPU", None)
     q = torch.randn(1, 5, 2, 4)
-    assert qk_rows.fused_row_entropy(q, q, 2.0) is None
+    assert rows_qk.fused_row_entropy(q, q, 2.0) is None
     without = entropy_only(model, tokens, "qk")
     assert_same_entropy(with_op, without)
     assert_same_entropy(without, entropy_only(model, tokens, "pattern"))
@@ -188,8 +189,8 @@ def test_per_position_reports_take_the_blockwise_rows(monkeypatch):
     model = random_model()
     tokens = torch.randint(0, model.cfg.d_vocab, (1, 16), generator=torch.Generator().manual_seed(8))
     calls = []
-    original = qk_rows.fused_row_entropy
-    monkeypatch.setattr(qk_rows, "fused_row_entropy", lambda *a: calls.append(1) or original(*a))
+    original = rows_qk.fused_row_entropy
+    monkeypatch.setattr(rows_qk, "fused_row_entropy", lambda *a: calls.append(1) or original(*a))
     entropy.run(model, tokens, route="qk", per_position=True)
     assert calls == []
     entropy.run(model, tokens, route="qk")

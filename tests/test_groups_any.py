@@ -1,4 +1,4 @@
-"""Parameter groups (`probes.update_report.parameter_group` over `probes.updates.named_trainable`)
+"""Parameter groups (`probes.update_parts.report.parameter_group` over `probes.updates.named_trainable`)
 on the real parameter names of the models people train from scratch: nanochat's GPT, Hugging Face
 Llama / Qwen2 / GPT-NeoX, and GPTs written the way tutorials write them. No main weight of any of
 them may land in "other"; a packed q/k/v is split so that Q/K and V are grouped apart."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from probes.update_report import parameter_group
+from probes.update_parts.report import parameter_group
 from probes.updates import named_trainable
 
 def groups_of(model: nn.Module) -> dict[str, str]:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from models import PRESETS, build_model
 from models.checkpoint import list_snapshots, read_metrics
 from probes import diagnose
-from probes.sweep_stats import first_nonfinite_step
+from probes.sweep_parts.stats import first_nonfinite_step
 from train.host_copy import HostCopy
 from train.monitor import Monitor
 from train.guard import Guard, GuardStop

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from models.checkpoint import read_metrics
-from probes.sweep_stats import run_finished, run_outcome
+from probes.sweep_parts.stats import run_finished, run_outcome
 from train.loop import RANK_DUMP_ENV, main
 from train.guard import Guard
 

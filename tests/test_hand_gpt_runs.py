@@ -16,7 +16,7 @@ from chart_kit import specs
 from gpt_kit import TEXT, HandEinsumGPT, HandLlama, train_run
 
 from probes import diagnose
-from probes.update_report import UpdateReport
+from probes.update_parts.report import UpdateReport
 from tests.test_diagnose import write_run
 
 CODE = Path(__file__).resolve().parent / "gpt_kit" / "einsum.py"
@@ -173,8 +173,8 @@ def test_the_layout_agrees_with_the_names_where_the_names_know():
     where a name says nothing (SplitGPT's attention output `out`) the layout still knows it: V/O."""
     import gpt_kit as kit
 
-    from probes.update_groups import parameter_groups
-    from probes.update_report import parameter_group
+    from probes.update_parts.groups import parameter_groups
+    from probes.update_parts.report import parameter_group
     for cls in (kit.PerHeadGPT, kit.BatchedGPT, kit.SplitGPT, kit.ChatGPT):
         groups = parameter_groups(cls(), kit.tokens())
         named = {n: parameter_group(n) for n in groups}

@@ -4,7 +4,7 @@ the source (ast), so nothing is imported. Imports under `if TYPE_CHECKING:` are 
 run); an edge goes to the module named, not its parent packages (a parent package is always
 initialised first: that is no circle). The benchmarks are scripts that put benchmarks/ on sys.path
 and import each other by file name (`from guard_cases import ...`), and some of tests/' kits the
-same way (`newcomer_gpts`): those are nodes by their file name."""
+same way (`gpt_kit`): those are nodes by their file name."""
 
 from __future__ import annotations
 
@@ -195,8 +195,8 @@ def test_the_checker_reads_scripts_by_their_file_name(tmp_path):
 
 
 def test_no_module_imports_itself_through_others():
-    """Circles broken so far: probes.entropy -> row_stats -> qk_rows -> heads -> entropy (the rows
-    in probes.head_rows), app.views.lens <-> tuned (app.views.lens_cells), train.monitor <->
+    """Circles broken so far: probes.entropy -> rows.stats -> rows.qk -> heads -> entropy (the rows
+    in probes.rows.head_types), app.views.lens <-> tuned (app.views.lens_cells), train.monitor <->
     monitor_hf / records (the Monitor in train.monitor.core), the guard <-> the Monitor (the guard
     plugs in through train.monitor.plugins; train.values below both), the guard's run <-> its
     settings, planning and rates (train.guard.evidence)."""

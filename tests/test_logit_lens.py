@@ -18,7 +18,7 @@ from models.checkpoint import save_snapshot
 from models.tokenizers import CharTokenizer
 from probes import logit_lens
 from probes.common import ProbeInputError
-from probes.lens_stats import FinalDistribution, layer_stats
+from probes.lens.stats import FinalDistribution, layer_stats
 from probes.logit_lens import LogitLens
 
 TEXT = "the quick brown fox jumps over the lazy dog, then the dog sleeps."

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from nanogpt_ref import GPT, GPTConfig, save_like_nanogpt
 
 from models.checkpoint import load_checkpoint, read_metrics
-from probes.update_report import parameter_group
+from probes.update_parts.report import parameter_group
 from probes.updates import rms
 from train.monitor import Monitor
 

@@ -102,7 +102,7 @@ def test_a_weight_starting_at_zero_is_not_frozen_at_the_first_update(tmp_path):
     # the zero output projection stops the gradient of the layer before it: it does not move
     assert first["mlp.0.weight"]["g"] == 0.0 and first["mlp.0.weight"]["u"] == 0.0
     assert first["mlp.2.weight"]["u"] is None and first["mlp.2.weight"]["w"] > 0  # moved off zero
-    from probes.update_report import UpdateReport
+    from probes.update_parts.report import UpdateReport
     flags = UpdateReport.from_table(first).flags
     assert flags["mlp.2.weight"] == ["from zero"]
     found = diagnose(tmp_path / "run").findings

@@ -41,9 +41,10 @@ def test_distribution_metadata(pyproject: dict) -> None:
 
 
 def test_packages_models_probes_and_train(pyproject: dict) -> None:
-    assert sorted(pyproject["tool"]["setuptools"]["packages"]) == ["models", "models.store", "probes", "probes.doctor",
-                                                                   "probes.patching", "scratchscope", "train",
-                                                                   "train.guard", "train.monitor", "train.sweep"]
+    assert sorted(pyproject["tool"]["setuptools"]["packages"]) == [
+        "models", "models.store", "probes", "probes.development_parts", "probes.doctor", "probes.lens", "probes.patching",
+        "probes.rows", "probes.sources", "probes.sweep_parts", "probes.update_parts", "scratchscope", "train",
+        "train.guard", "train.monitor", "train.sweep"]
 
 
 def test_optional_parts_are_extras_that_dev_installs(pyproject: dict) -> None:
@@ -123,6 +124,8 @@ print(sorted({{m.split(".")[0] for m in sys.modules}} & {{"models", "probes", "t
     ("probes", ["models", "probes"]),
     ("probes.doctor", ["models", "probes"]),
     ("probes.patching", ["models", "probes"]),
+    ("probes.development_parts", ["probes"]),
+    *[(f"probes.{part}", ["models", "probes"]) for part in ("lens", "rows", "sources", "sweep_parts", "update_parts")],
 ])
 def test_imports_run_one_way(package: str, allowed: list[str]) -> None:
     out = subprocess.run([sys.executable, "-c", LAYER_CHECK.format(package=package)],

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from models import build_model, get_preset
+from models.cli import run_cli
 from probes import common
 from probes.sources import source_of
 
@@ -85,10 +86,10 @@ def test_run_cli_turns_value_errors_into_one_line_and_exit_2(capsys):
     def body():
         raise ValueError("token id 99 is outside the vocabulary [0, 65)\nsecond line")
 
-    assert common.run_cli(body) == 2
+    assert run_cli(body) == 2
     err = capsys.readouterr().err
     assert err == "error: token id 99 is outside the vocabulary [0, 65)\n"
-    assert common.run_cli(lambda: None) == 0
+    assert run_cli(lambda: None) == 0
 
 
 def test_unreadable_text_file_and_bad_batch_size_are_input_errors(tmp_path):

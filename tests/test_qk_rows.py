@@ -16,8 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models import build_model, get_preset
-from probes import degenerate, entropy, qk_rows, row_stats
+from probes import degenerate, entropy
 from probes.common import ProbeInputError
+from probes.rows import qk as rows_qk, stats as rows_stats
 
 
 def random_model(preset: str = "tiny_shakespeare_gpt_small", seed: int = 0, **overrides):
@@ -47,7 +48,7 @@ def assert_same_sums(a: entropy.PatternStats, b: entropy.PatternStats, atol: flo
 def test_qk_route_equals_pattern_route(seed, batch, pos, qk_gain):
     """Random weights with W_Q scaled from 0 (uniform heads) to 30x (near one-hot): equal sums,
     blockwise with evidence and, for entropy alone, from the fused kernel (its float32
-    cancellation sends the near one-hot rows the exact way: `qk_rows.rows_to_redo`).
+    cancellation sends the near one-hot rows the exact way: `probes.rows.qk.rows_to_redo`).
 
     Both routes run the model on its explicit attention path here, so that they reduce the same
     q, k and pattern: at 30x gain the fused kernel's last-bit differences in layer 0 grow through
@@ -71,8 +72,8 @@ def test_blocks_and_chunks_cover_every_row(monkeypatch):
     model = random_model(n_ctx=32)
     tokens = torch.randint(0, model.cfg.d_vocab, (3, 32), generator=torch.Generator().manual_seed(1))
     whole = entropy.collect_stats(model, tokens, route="qk")
-    monkeypatch.setattr(qk_rows, "QUERY_BLOCK", 5)
-    monkeypatch.setattr(qk_rows, "CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(rows_qk, "QUERY_BLOCK", 5)
+    monkeypatch.setattr(rows_qk, "CHUNK_ELEMENTS", 1)
     small_blocks, pattern = both_routes(model, tokens)
     assert_same_sums(small_blocks, pattern)
     assert_same_sums(small_blocks, whole)
@@ -84,7 +85,7 @@ def test_hand_set_scores_give_the_formula():
     c, n = 3.0, 6
     q = torch.zeros(1, n, 1, n)
     q[0, :, 0, :] = torch.eye(n) * math.sqrt(c)
-    rows = qk_rows.qk_row_stats(q, q.clone(), scale=1.0)
+    rows = rows_qk.qk_row_stats(q, q.clone(), scale=1.0)
     for i in range(n):
         p_self, p_other = math.exp(c) / (math.exp(c) + i), 1 / (math.exp(c) + i)
         expected = -(p_self * math.log(p_self) + i * p_other * math.log(p_other))
@@ -101,7 +102,7 @@ def test_huge_scores_keep_entropy_exact():
     n = 8
     q = torch.zeros(1, n, 1, n)
     q[0, :, 0, :] = torch.eye(n) * 100.0  # s_ii = 1e4
-    rows = qk_rows.qk_row_stats(q, q.clone(), scale=1.0)
+    rows = rows_qk.qk_row_stats(q, q.clone(), scale=1.0)
     assert rows["entropy"].abs().max().item() < 1e-6
 
 
@@ -121,7 +122,7 @@ def test_auto_takes_qk_for_long_windows_on_our_models_and_the_results_match_run(
     model = random_model()
     tokens = torch.randint(0, model.cfg.d_vocab, (4, model.cfg.n_ctx), generator=torch.Generator().manual_seed(5))
     assert entropy.collect_stats(model, tokens).route == "pattern"  # 16 tokens: the pattern is cheap
-    monkeypatch.setattr(row_stats, "QK_MIN_CONTEXT", 8)
+    monkeypatch.setattr(rows_stats, "QK_MIN_CONTEXT", 8)
     assert entropy.collect_stats(model, tokens).route == "qk"
     auto, pattern = entropy.run(model, tokens, per_position=True), entropy.run(model, tokens, route="pattern",
                                                                               per_position=True)
@@ -141,8 +142,8 @@ def test_a_pattern_that_is_not_softmax_qk_falls_back(monkeypatch):
     for block in model.blocks:
         block.attention.scale *= 3.0
     tokens = torch.randint(0, model.cfg.d_vocab, (2, 10), generator=torch.Generator().manual_seed(4))
-    assert qk_rows.qk_path_scale(model, tokens, [0, 1]) is None
-    monkeypatch.setattr(row_stats, "QK_MIN_CONTEXT", 0)
+    assert rows_qk.qk_path_scale(model, tokens, [0, 1]) is None
+    monkeypatch.setattr(rows_stats, "QK_MIN_CONTEXT", 0)
     auto = entropy.collect_stats(model, tokens)
     assert auto.route == "pattern"
     assert_same_sums(auto, entropy.collect_stats(model, tokens, route="pattern"))
@@ -153,7 +154,7 @@ def test_a_pattern_that_is_not_softmax_qk_falls_back(monkeypatch):
 
 
 def test_qk_route_keeps_the_model_on_its_fused_path(monkeypatch):
-    monkeypatch.setattr(row_stats, "QK_MIN_CONTEXT", 0)
+    monkeypatch.setattr(rows_stats, "QK_MIN_CONTEXT", 0)
     model = random_model()
     calls = []
     for block in model.blocks:
@@ -178,7 +179,7 @@ def test_bridge_pattern_is_checked_not_assumed(positions, route, monkeypatch):
     if positions == "rotary":
         cfg.update(positional_embedding_type="rotary", rotary_dim=8)
     bridge = TransformerBridge.boot_native(cfg).eval()
-    monkeypatch.setattr(row_stats, "QK_MIN_CONTEXT", 0)
+    monkeypatch.setattr(rows_stats, "QK_MIN_CONTEXT", 0)
     tokens = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(7))
     auto, pattern = entropy.collect_stats(bridge, tokens), entropy.collect_stats(bridge, tokens, route="pattern")
     assert auto.route == route

@@ -57,7 +57,7 @@ def written_paths() -> list[tuple[str, str]]:
     tuned lens trained (beside its snapshot unless --lens), and the paths the README's Python
     hands to save_snapshot, save_pretrained, Monitor and HFCallback."""
     from models.store.run import is_run_dir, latest_snapshot
-    from probes.tuned_lens_file import lens_paths
+    from probes.lens.tuned_file import lens_paths
 
     found = []
     for line in shell_lines():

@@ -190,7 +190,7 @@ def test_the_induction_run_forms_induction_heads_in_layer_1():
     after = scores[snapshots[-1]]
     assert after[1].max() > 0.5 and after[0].max() < 0.5 * after[1].max()
     # the score is causal: ablated alone, an induction head of layer 1 costs the repeat's second half loss
-    from probes.phase_ablation import CONFIRM_RISE, confirm_induction
+    from probes.development_parts.phase_ablation import CONFIRM_RISE, confirm_induction
     found = confirm_induction(snap.model, (repeat, 16), after.tolist())
     assert {tuple(c["head"]) for c in found} == {(1, h) for h in range(4) if after[1, h] >= 0.3}
     assert max(c["loss_rise"] for c in found) > CONFIRM_RISE

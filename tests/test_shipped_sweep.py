@@ -12,7 +12,7 @@ import pytest
 from models.checkpoint import list_snapshots, read_metrics
 from models.store.run import read_run_json
 from probes import sweep as probe_sweep
-from probes.sweep_stats import lr_sensitivity, run_outcome, stable_range, unstable
+from probes.sweep_parts.stats import lr_sensitivity, run_outcome, stable_range, unstable
 
 SWEEP = Path(__file__).resolve().parent.parent / "checkpoints" / "sweep_qk_norm"
 BOOK = json.loads((SWEEP / "sweep.json").read_text(encoding="utf-8"))

@@ -14,8 +14,8 @@ import torch
 
 from gpt_kit import nanochat_gpt, tokens
 from probes import degenerate, entropy
-from probes.hooked_source import config_windows
 from probes.sources import source_of
+from probes.sources.hooked import config_windows
 
 transformers = pytest.importorskip("transformers")
 

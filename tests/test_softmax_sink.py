@@ -1,4 +1,4 @@
-"""Entropy from the model's own attention call (`Attention.softmax_sink`, `qk_rows.SoftmaxSink`):
+"""Entropy from the model's own attention call (`Attention.softmax_sink`, `probes.rows.qk.SoftmaxSink`):
 the layer's fused call carries k through the softmax beside v, so the probe needs no second
 kernel call. The layer's output is unchanged, the statistics are the paper's (logsumexp of the
 scores, sum_j p_ij k_j), the probe's numbers equal the pattern route's, and no sink outlives
@@ -11,7 +11,8 @@ import torch
 
 from models import build_model, get_preset
 from models.attention import FLASH_CPU
-from probes import entropy, qk_rows
+from probes import entropy
+from probes.rows import qk as rows_qk
 
 needs_flash = pytest.mark.skipif(FLASH_CPU is None, reason="this torch has no fused CPU kernel")
 
@@ -71,8 +72,8 @@ def test_the_sink_route_gives_the_pattern_routes_entropy(qk_gain, monkeypatch):
     model = random_model(seed=1, qk_gain=qk_gain, n_ctx=48)
     tokens = tokens_for(model, 3, 48, seed=1)
     handed = []
-    original = qk_rows.SoftmaxSink.__call__
-    monkeypatch.setattr(qk_rows.SoftmaxSink, "__call__",
+    original = rows_qk.SoftmaxSink.__call__
+    monkeypatch.setattr(rows_qk.SoftmaxSink, "__call__",
                         lambda self, q, k, lse, wk: handed.append(lse is not None) or original(self, q, k, lse, wk))
     via_sink = entropy.collect_stats(model, tokens, route="qk", evidence=False)
     assert via_sink.route == "qk" and handed == [True] * model.cfg.n_layers  # one window batch
@@ -102,8 +103,8 @@ def test_without_the_kernel_the_sink_gets_none_and_the_numbers_hold(monkeypatch)
     model = random_model(n_ctx=24).double()
     tokens = tokens_for(model, 2, 24, seed=2)
     handed = []
-    original = qk_rows.SoftmaxSink.__call__
-    monkeypatch.setattr(qk_rows.SoftmaxSink, "__call__",
+    original = rows_qk.SoftmaxSink.__call__
+    monkeypatch.setattr(rows_qk.SoftmaxSink, "__call__",
                         lambda self, q, k, lse, wk: handed.append(lse) or original(self, q, k, lse, wk))
     for patch_op in (False, True):
         if patch_op:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from probes import diagnose, sweep as probe_sweep
-from probes.sweep_stats import lr_sensitivity, stable_range
+from probes.sweep_parts.stats import lr_sensitivity, stable_range
 from test_train import tiny_text
 from train.sweep.cli import main
 

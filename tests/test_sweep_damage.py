@@ -13,7 +13,7 @@ import pytest
 
 from app_kit import open_app
 from probes import sweep as probe_sweep
-from probes.sweep_file import SweepFileError, check_sweep
+from probes.sweep_parts.file import SweepFileError, check_sweep
 from train.sweep.cli import main as sweep_main
 
 SHIPPED = Path(__file__).resolve().parent.parent / "checkpoints" / "sweep_qk_norm" / "sweep.json"

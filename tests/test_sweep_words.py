@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from probes import sweep as probe_sweep
-from probes.sweep_stats import variant_summary
+from probes.sweep_parts.stats import variant_summary
 
 
 def run(lr, final, verdict, diverged_at=None, init=4.0):

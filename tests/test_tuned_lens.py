@@ -19,8 +19,8 @@ from models.store.run import is_run_dir, latest_snapshot
 from models.tokenizers import CharTokenizer
 from probes import logit_lens, tuned_lens
 from probes.common import ProbeInputError, sample_windows
+from probes.lens.tuned_file import has_lens, lens_paths
 from probes.tuned_lens import TunedLens, fit, training_batches
-from probes.tuned_lens_file import has_lens, lens_paths
 
 REPO = Path(__file__).resolve().parent.parent
 GPT = REPO / "checkpoints" / "shakespeare_gpt"

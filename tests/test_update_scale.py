@@ -21,7 +21,7 @@ from torch import nn
 from probes.doctor.diagnosis import run as diagnose
 from probes.doctor.signals import later_half_medians
 from probes.doctor.update_scale import MUON_LR, adjusted_table
-from probes.update_report import UpdateReport
+from probes.update_parts.report import UpdateReport
 from train.monitor import Monitor
 from train.monitor.optimizer_kinds import optimizer_kinds
 

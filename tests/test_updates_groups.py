@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from probes import updates
-from probes.update_report import parameter_group
+from probes.update_parts.report import parameter_group
 
 
 def test_groups_spread_and_flags_by_hand():

@@ -16,7 +16,7 @@ from torch import nn
 from models import build_model, get_preset
 from models.packed_heads import named_rows
 from probes import updates
-from probes.update_report import parameter_group
+from probes.update_parts.report import parameter_group
 
 
 def double_model(preset: str = "transformer4_rms_small", seed: int = 0) -> nn.Module:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from train.data import Corpus, evaluate
-from probes.update_report import UpdateReport, layout_groups_of
+from probes.update_parts.report import UpdateReport, layout_groups_of
 from models.store.run import read_run_json, trim_metrics, write_run_json  # noqa: F401 (trim_metrics re-exported)
 from train.config import DistInfo
 from train.guard import Guard

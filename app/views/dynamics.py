@@ -13,7 +13,7 @@ from app.logs import history_only
 from app.views import doctor, live, signals
 from app.views.common import Selection, page, scroll_to, show
 from probes.timeline import uniform_series_entropy
-from probes.update_report import GROUPS
+from probes.update_parts.report import GROUPS
 
 
 @page("Training dynamics", "When did each head collapse or diverge, and which parameters barely move?",

@@ -43,7 +43,7 @@ def render(sel: Selection) -> None:
     show(charts.per_layer_line(kl, "KL(final || layer)", "run", "KL to the final layer, per layer"), stretch=True)
     warm.before_first_model()  # the charts above are sent: the model loads behind them
     snap = data.snapshot(sel.snapshot, sel.run.preset)
-    from probes.attention_source import hooked  # torch: imported once a model is loaded, not with the page
+    from probes.sources.attention import hooked  # torch: imported once a model is loaded, not with the page
     if not hooked(snap.model):  # nanochat's GPT: its lens reads its blocks through its own parts
         st.info(f"The tuned lens and direct logit attribution read hook points on a model's heads and MLPs, "
                 f"which {model_name(snap)} has none of: the lens above reads "

@@ -21,7 +21,7 @@ from app.views.common import Selection, first_line, show
 from app.views.controls import curve_controls, smoothed_frame
 from models.store.run import read_run_json
 from probes.timeline import uniform_series_entropy
-from probes.update_report import GROUPS
+from probes.update_parts.report import GROUPS
 
 MEAN_HEAD = "mean of the layer's heads"
 

@@ -3,7 +3,7 @@ Monitor's `save_every`, loaded by `load_checkpoint`.
 
 Loaded without the user's code (the default: it is never imported unless asked), the model is a
 `SavedModel`: the weights under the module's own names and its layout, and no forward; the probes
-read the readings saved with it (`probes.saved_source`), the neighbour tables its `W_E` / `W_U`.
+read the readings saved with it (`probes.sources.saved`), the neighbour tables its `W_E` / `W_U`.
 With `model_code` ("path/to/mygpt.py:GPT", the user's explicit word), the model is rebuilt from
 their code (`models.store.model_code`) and loads the weights strictly: then it runs on any text.
 """

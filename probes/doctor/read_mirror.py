@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from probes.doctor.log_file import Log
-from probes.update_report import GROUPS
+from probes.update_parts.report import GROUPS
 
 __all__ = ["MIRROR", "RUN_KEY", "GroupReport", "key_part", "mirrored_fields", "run_facts", "with_run_facts"]
 

@@ -7,7 +7,7 @@ trained the run at that step), never the `development.json` caches that `python 
 or the app's Development page leave beside the snapshots: opening a page never changes a verdict.
 A run without such records finds nothing here (the readings are optional: not "not checked").
 
-A head's entropy falling sharply (`probes.phase_changes`) is a collapse only where it fell to half
+A head's entropy falling sharply (`probes.development_parts.phase_changes`) is a collapse only where it fell to half
 its value or less: the head then spreads its attention over no more than about the square root of
 the keys it spread it over before (normalised entropy H / ln k halved); a fall from 0.92 to 0.84 is
 a head sharpening, as healthy heads do. A collapse that comes with a head taking a role at the same
@@ -25,10 +25,10 @@ import math
 import statistics
 from typing import Any
 
+from probes.development_parts.phase_changes import phase_changes
 from probes.doctor.finding import ZHAI, Finding, rule
 from probes.doctor.run_history import RunHistory
 from probes.doctor.thresholds import DoctorThresholds
-from probes.phase_changes import phase_changes
 
 __all__ = ["development_readings", "head_phases"]
 

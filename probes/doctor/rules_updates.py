@@ -16,7 +16,7 @@ from probes.doctor.signals import later_half_medians, update_report
 from probes.doctor.thresholds import DoctorThresholds
 from probes.doctor.update_scale import optimizer_evidence
 from probes.timeline import stayed_from
-from probes.update_report import TARGET_BAND, UpdateReport
+from probes.update_parts.report import TARGET_BAND, UpdateReport
 
 __all__ = ["update_ratios"]
 

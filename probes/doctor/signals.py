@@ -15,7 +15,7 @@ from probes.doctor.run_history import RunHistory, as_float, is_finite
 from probes.doctor.thresholds import DoctorThresholds
 from probes.doctor.update_scale import adjusted_table
 from probes.timeline import uniform_series_entropy
-from probes.update_report import UpdateReport, layout_groups_of
+from probes.update_parts.report import UpdateReport, layout_groups_of
 
 __all__ = ["first_nonfinite", "growth_signals", "layer_values", "max_group_log10_u", "max_value",
            "skipped_steps", "update_report"]

@@ -51,11 +51,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from probes.update_report import group_of, layout_groups_of
+from probes.update_parts.report import group_of, layout_groups_of
 
 __all__ = ["AUX_ADAM_LR", "MUON_LR", "adjusted_table", "kinds_of", "optimizer_evidence"]
 
-REFERENCE = -3.0  # makemore's healthy log10 u: the centre of probes.update_report.TARGET_BAND
+REFERENCE = -3.0  # makemore's healthy log10 u: the centre of probes.update_parts.report.TARGET_BAND
 MUON_LR = math.sqrt(1e-3 * 0.05)  # the geometric middle of Muon's published rates (~0.007)
 SHIFT = {"adafactor": 0.5}  # orders above makemore's band where an optimizer's healthy u sits
 SAME_AS_ADAM = ("sgd", "adam", "adamw", "lion", "muon_rms")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from probes.common import no_tokenizer, print_json, refused, run_cli, sample_only
+from probes.cli import run_probe
+from probes.common import no_tokenizer, refused, sample_only
 from probes.patching_args import patching_parser as build_parser
 
 
@@ -18,22 +19,16 @@ def runnable(args: Any) -> Any:
     return snap
 
 
-def show(result: Any, as_json: bool) -> int:
-    print_json(result.to_dict()) if as_json else print(result.format())
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
-    def body() -> int:
-        args = build_parser().parse_args(argv)
-        from probes.patching.runner import run
-        snap = runnable(args)
-        if snap.tokenizer is None:
-            no_tokenizer(snap)
-        result = run(snap.model, args.clean, args.corrupt, answer=args.answer, wrong=args.wrong, what=args.what,
-                     by_position=args.by_position, method=args.method,
-                     direction="noise" if args.noise else "denoise", batch=args.batch, atp_star=args.atp_star,
-                     tokenizer=snap.tokenizer)
-        return show(result, args.json)
+    return run_probe(build_parser, argv, from_args)
 
-    return run_cli(body)
+
+def from_args(args: Any) -> Any:
+    from probes.patching.runner import run
+    snap = runnable(args)
+    if snap.tokenizer is None:
+        no_tokenizer(snap)
+    return run(snap.model, args.clean, args.corrupt, answer=args.answer, wrong=args.wrong, what=args.what,
+               by_position=args.by_position, method=args.method,
+               direction="noise" if args.noise else "denoise", batch=args.batch, atp_star=args.atp_star,
+               tokenizer=snap.tokenizer)

@@ -1,7 +1,7 @@
 """Which optimizer updates each parameter, for the doctor's update-ratio rules: a Muon step has a
 set size by design, so its u is judged against what Muon makes (`probes.doctor.update_scale`), not
 against makemore's band for SGD and Adam. Written into run.json once, by the names the g/w/u
-table uses (`probes.update_rows.named_trainable`: a packed q/k/v as its rows).
+table uses (`probes.update_parts.rows.named_trainable`: a packed q/k/v as its rows).
 
 Told per parameter group, from what the optimizer says of itself: nanochat's MuonAdamW puts
 `kind: 'muon' | 'adamw'` on each group, Keller Jordan's MuonWithAuxAdam `use_muon: True | False`;
@@ -50,7 +50,7 @@ def optimizer_kinds(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
     """{"optimizer_kinds": {name: kind}, "muon_shapes": {name: [rows, cols]}} for run.json, keyed
     by the g/w/u table's names; {} when one optimizer of one kind updates everything (the
     run's `train.optimizer` says it; a Muon's shapes are written even then)."""
-    from probes.update_rows import named_trainable
+    from probes.update_parts.rows import named_trainable
 
     kind_of: dict[int, tuple[str, torch.Tensor]] = {}  # storage -> (kind, the parameter)
     for group in optimizer.param_groups:

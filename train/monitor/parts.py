@@ -255,8 +255,8 @@ def hyperparameters(settings: dict[str, Any]) -> dict[str, Any]:
 
 def param_groups_json(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
     """Each param group's hyperparameters, its parameter count and the doctor's groups its
-    weights fall in (`probes.update_report.parameter_group`), in the optimizer's order."""
-    from probes.update_report import parameter_group
+    weights fall in (`probes.update_parts.report.parameter_group`), in the optimizer's order."""
+    from probes.update_parts.report import parameter_group
     from probes.updates import strip_wrapper_prefix
 
     names = {id(p): strip_wrapper_prefix(n) for n, p in model.named_parameters()}

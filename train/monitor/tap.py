@@ -320,9 +320,9 @@ def first_line(err: BaseException) -> str:
 
 
 def groups_by_layout(model: nn.Module, eval_tokens: torch.Tensor) -> dict[str, str]:
-    """Each parameter's g/w/u group from the layout found (`probes.update_groups`); {} where it
+    """Each parameter's g/w/u group from the layout found (`probes.update_parts.groups`); {} where it
     cannot be found, as where the tap reads no attention (the name patterns judge then)."""
-    from probes.update_groups import parameter_groups
+    from probes.update_parts.groups import parameter_groups
     try:
         return parameter_groups(model, eval_tokens.to(next(model.parameters()).device))
     except (ValueError, RuntimeError, IndexError) as err:  # TapError is a ValueError

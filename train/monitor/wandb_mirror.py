@@ -37,7 +37,7 @@ from probes.doctor.read_mirror import MIRROR, RUN_KEY, key_part
 from probes.doctor.log_file import is_number
 from probes.doctor.read_wandb import MIRROR_STEP
 from probes.doctor.update_scale import adjusted_table
-from probes.update_report import UpdateReport, layout_groups_of
+from probes.update_parts.report import UpdateReport, layout_groups_of
 
 log = logging.getLogger("train.monitor")
 

@@ -1,5 +1,5 @@
 """SWEEP_DIR/sweep.json, kept by the sweep's driver (the only writer): the grid, one entry per run
-(status, exit code, and what `probes.sweep_stats.run_outcome` reads from the run's own files) and
+(status, exit code, and what `probes.sweep_parts.stats.run_outcome` reads from the run's own files) and
 per variant its LR sensitivity and widest stable range. Rewritten atomically whenever a run starts
 or ends, so a sweep still running, interrupted or killed is readable as far as it got."""
 
@@ -15,8 +15,8 @@ from typing import Any
 
 from models.store.files import dumps_json, read_json_object, write_bytes_atomic
 from models.store.run import CheckpointError
-from probes.sweep_file import check_sweep
-from probes.sweep_stats import SWEEP_FILE, run_finished, run_outcome, variant_summary
+from probes.sweep_parts.file import check_sweep
+from probes.sweep_parts.stats import SWEEP_FILE, run_finished, run_outcome, variant_summary
 from train.run_lock import lock_holder
 from train.sweep.grid import Grid, Point
 

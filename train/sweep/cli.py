@@ -27,7 +27,7 @@ from typing import Any
 
 from models.cli import EXIT_INTERRUPTED, POSITIVE_INT, Parser, path_text, path_type, run_cli
 from probes.sweep import range_text
-from probes.sweep_stats import SWEEP_FILE
+from probes.sweep_parts.stats import SWEEP_FILE
 from train.args import build_parser as train_parser
 from train.sweep.book import Job, SweepBook, read_book
 from train.sweep.grid import Grid, parse_rates, parse_vary

@@ -26,9 +26,9 @@ import torch
 
 from models.tap import AttentionCall, StopTap, TapError, tap_forward
 from models.tap_inputs import context_of
-from probes.attention_source import AttentionSource, ModelDims, Reduce, checked_device, stop_after
 from probes.errors import ProbeInputError
-from probes.hooked_source import config_windows
+from probes.sources.attention import AttentionSource, ModelDims, Reduce, checked_device, stop_after
+from probes.sources.hooked import config_windows
 
 PROBE_LEN = 8  # tokens of the window the one check reads a model's shape from
 FAILURES = (TypeError, IndexError, RuntimeError, ValueError, KeyError, AttributeError)  # a forward's own

@@ -1,9 +1,9 @@
 """Per-row attention statistics summed per head, and the runner that collects them in one pass.
 
 `collect_stats(model, tokens)` hooks each wanted layer and reduces it inside the hook, either from
-hook_pattern (`PatternStats.update`) or blockwise from hook_q / hook_k (`probes.qk_rows`), so no
+hook_pattern (`PatternStats.update`) or blockwise from hook_q / hook_k (`probes.rows.qk`), so no
 pattern outlives its layer; on a model without our hook points, each layer's pattern comes from
-the attention tap (`probes.tapped_source`, `models.tap`) or any other attention source inside its
+the attention tap (`probes.sources.tapped`, `models.tap`) or any other attention source inside its
 own call. The forward pass
 stops once the last wanted layer is reduced: nothing after it (later blocks, the unembedding) is
 needed. `probes.entropy` and
@@ -17,13 +17,13 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from probes.attention_source import AttentionSource, visible_keys
 from probes.common import ProbeInputError, StopForward, progress_bar  # noqa: F401 (StopForward re-exported)
-from probes.hooked_source import HookedSource
-from probes.sources import source_of
-from probes.head_rows import first_position_rows, previous_token_rows
-from probes.qk_rows import (CHUNK_ELEMENTS, QUERY_BLOCK, qk_hooks, qk_path_scale, qk_row_stats,
+from probes.rows.head_types import first_position_rows, previous_token_rows
+from probes.rows.qk import (CHUNK_ELEMENTS, QUERY_BLOCK, qk_hooks, qk_path_scale, qk_row_stats,
                             softmax_sinks)
+from probes.sources import source_of
+from probes.sources.attention import AttentionSource, visible_keys
+from probes.sources.hooked import HookedSource
 
 EPS = 1e-10  # the series' eps inside the log
 # CHUNK_ELEMENTS bounds the hook's temporary; QUERY_BLOCK query rows go at once (rows a..b-1 of a
@@ -84,7 +84,7 @@ class PatternStats:
     evidence: bool = True  # also max probability, first / diagonal / sub-diagonal mass
     sliding: dict[int, int] = field(default_factory=dict)  # layer -> sliding window (the source's windows)
     route: str = "pattern"  # how the rows were reduced: "qk" (hook_q/hook_k), "pattern" or "tap"
-    fused: bool = True  # entropy-only q/k rows may come from the fused kernel (`probes.qk_rows`)
+    fused: bool = True  # entropy-only q/k rows may come from the fused kernel (`probes.rows.qk`)
     reduced: int = 0  # layers reduced in the current forward pass
     rows: int = 0
     multi_rows: int = 0
@@ -133,7 +133,7 @@ class PatternStats:
 
     def update_qk(self, layer: int, q: torch.Tensor, k: torch.Tensor, scale: float,
                   softmax: tuple | None = None) -> None:
-        """Add one layer from its q and k [batch pos head d_head] (`probes.qk_rows`: the pattern
+        """Add one layer from its q and k [batch pos head d_head] (`probes.rows.qk`: the pattern
         softmax(q k^T / scale + causal mask) is reduced block by block, never formed; `softmax`,
         the model's own fused call's (lse, sum p k) where a sink received them)."""
         if not self.sums:
@@ -198,13 +198,13 @@ def collect_stats(model: Any, tokens: torch.Tensor | Iterable[torch.Tensor], *,
     last wanted layer is reduced.
 
     At hook points (`collect_hooked`), `route` picks how: "qk" reduces each layer from hook_q /
-    hook_k (`probes.qk_rows`: no [batch head n n] tensor, the model stays on its fused attention
+    hook_k (`probes.rows.qk`: no [batch head n n] tensor, the model stays on its fused attention
     path); "pattern" from hook_pattern; "auto" takes "qk" when a check on a short window shows
     that the model's pattern is softmax(q k^T / scale + causal mask), "pattern" otherwise, for
     windows of at most QK_MIN_CONTEXT tokens (there the model's explicit path costs little and
     the pattern route is the faster: `benchmarks/bench_entropy.py`) and for a model with sliding
     windows. `fused` lets entropy-only q/k rows come from the fused attention kernel
-    (`qk_rows.fused_row_entropy`: up to ~4e-6 per row, a head's mean within ~1e-7; pass False
+    (`probes.rows.qk.fused_row_entropy`: up to ~4e-6 per row, a head's mean within ~1e-7; pass False
     where single rows are reported, to get the blockwise ones). Any other source hands each
     layer's pattern to `PatternStats.update` (`collect_read`)."""
     if route not in ROUTES:

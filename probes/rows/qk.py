@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from probes.head_rows import first_position_rows, previous_token_rows  # the head-type definitions
+from probes.rows.head_types import first_position_rows, previous_token_rows  # the head-type definitions
 
 CHUNK_ELEMENTS = 1 << 22  # bound on a block's temporary: 16 MB of float32
 QUERY_BLOCK = 64

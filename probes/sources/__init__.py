@@ -1,4 +1,8 @@
-"""`source_of(model, tokens)`: the one attention source a probe run reads (`probes.attention_source`),
+"""The attention sources a probe reads a model through, one module per kind: `hooked` (our hook points
+and a TransformerBridge's), `tapped` (any other module, through the tap), `saved` (a snapshot's
+saved readings), all `attention.AttentionSource`s. Here, the chooser:
+
+`source_of(model, tokens)`: the one attention source a probe run reads (`probes.sources.attention`),
 made from what the runner was given: an `AttentionSource` itself (a saved snapshot's readings, or
 the one a CLI already made) passes through; ours and a TransformerBridge read at their hook points
 (`HookedSource`); any other module through the tap (`TappedSource`: `tokens`, [batch pos] ids or a
@@ -13,11 +17,11 @@ from typing import Any
 import torch
 
 from models.store.any_model import SavedModel
-from probes.attention_source import AttentionSource, has_lens_cfg
 from probes.errors import ProbeInputError
-from probes.hooked_source import HookedSource
-from probes.saved_source import SavedSource
-from probes.tapped_source import TappedSource
+from probes.sources.attention import AttentionSource, has_lens_cfg
+from probes.sources.hooked import HookedSource
+from probes.sources.saved import SavedSource
+from probes.sources.tapped import TappedSource
 
 
 def source_of(model: Any, tokens: Any = None, context: int | None = None) -> AttentionSource:

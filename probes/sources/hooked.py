@@ -17,9 +17,9 @@ from typing import Any, ContextManager, Iterable
 import torch
 
 from models.tap import StopTap
-from probes.attention_source import AttentionSource, ModelDims, Reduce, checked_device, hooked, stop_after
 from probes.common import eval_mode
 from probes.errors import ProbeInputError
+from probes.sources.attention import AttentionSource, ModelDims, Reduce, checked_device, hooked, stop_after
 
 
 def config_windows(config: Any, n_layers: int) -> dict[int, int]:

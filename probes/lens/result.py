@@ -10,7 +10,7 @@ import torch
 
 from models.cli import to_jsonable
 from models.tokenizers import token_piece
-from probes.lens_stats import LayerStats
+from probes.lens.stats import LayerStats
 
 __all__ = ["LogitLensResult", "NOT_FINITE"]
 

@@ -73,7 +73,7 @@ def parameter_group(name: str) -> str:
 
 def group_of(name: str, layout_groups: Mapping[str, str] | None = None) -> str:
     """The group the run's layout gave the parameter (run.json's `model.parameter_groups`, which
-    the Monitor writes for a model it read through the tap: `probes.update_groups`), else its
+    the Monitor writes for a model it read through the tap: `probes.update_parts.groups`), else its
     name's (`parameter_group`)."""
     group = (layout_groups or {}).get(name)
     return group if group in GROUPS else parameter_group(name)

@@ -7,8 +7,8 @@ once and knows its dims, device and sliding windows; the probe then reads patter
     for batch in attn.batches(tokens, 16):       # [batch pos] windows of at most n_ctx, on attn.device
         attn.each_layer_pattern(batch, [0, 1], reduce)   # reduce(layer, pattern [batch head q k])
 
-Kinds (each one class): `probes.hooked_source.HookedSource` (our hook points and a
-TransformerBridge's, `blocks.{l}.attn.hook_pattern`), `probes.tapped_source.TappedSource` (any
+Kinds (each one class): `probes.sources.hooked.HookedSource` (our hook points and a
+TransformerBridge's, `blocks.{l}.attn.hook_pattern`), `probes.sources.tapped.TappedSource` (any
 other module mapping [batch pos] ids to logits, through `models.tap`); a saved snapshot's
 readings (patterns recorded at save time on a fixed sample of tokens, for a model whose code is
 not at hand) is one more subclass: set `name`, `dims`, `device`, `windows` in `__init__`,

@@ -32,7 +32,7 @@ class Inputs:
 
     @property
     def key(self) -> str:
-        from probes.development_cache import READING_VERSION
+        from probes.development_parts.cache import READING_VERSION
 
         # the tokens themselves, not the words naming them (a path seen from another directory)
         digest = hashlib.sha256(f"v{READING_VERSION}".encode() + (self.source.encode() if self.saved else b""))

@@ -1,6 +1,6 @@
 """Which g/w/u group each parameter of a model we never rebuilt belongs to, from the layout the
 Monitor found rather than from its names: run.json's `model.parameter_groups` ({name: group}, the
-names as the g/w/u table writes them), which `probes.update_report` reads before its name patterns.
+names as the g/w/u table writes them), which `probes.update_parts.report` reads before its name patterns.
 
 From one eval forward on the eval tokens:
 - embeddings: the tables `models.layout.find_layout` saw read the ids and the positions;
@@ -25,8 +25,8 @@ from torch import nn
 
 from models.layout import Layout, find_layout
 from models.tap import tap_forward
-from probes.update_report import parameter_group
-from probes.update_rows import named_trainable
+from probes.update_parts.report import parameter_group
+from probes.update_parts.rows import named_trainable
 
 __all__ = ["parameter_groups"]
 

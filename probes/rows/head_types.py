@@ -1,7 +1,7 @@
 """The two per-row readings of an attention pattern that define head types: the mass on the
 previous token and on the first position. `probes.heads` scores previous-token and sink heads
-with them; `probes.degenerate`'s "previous" and "sink" evidence (`probes.row_stats`, and
-`probes.qk_rows` on patterns it rebuilds block by block) reads the same numbers. Below all of
+with them; `probes.degenerate`'s "previous" and "sink" evidence (`probes.rows.stats`, and
+`probes.rows.qk` on patterns it rebuilds block by block) reads the same numbers. Below all of
 them, so that each imports these one way.
 """
 

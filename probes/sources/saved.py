@@ -2,7 +2,7 @@
 its logit lens on a fixed sample of the eval tokens, read at save time) as the probes read it,
 where the model's code is not at hand (`models.store.any_model.SavedModel`).
 
-- `SavedSource`: the fourth kind of attention source (`probes.attention_source`): its dims, the
+- `SavedSource`: the fourth kind of attention source (`probes.sources.attention`): its dims, the
   windows the Monitor saw, and the patterns of any batch whose rows are rows of the saved sample
   or of the saved random repeat (or their first positions: a causal pattern of the first n
   positions is the saved one's first n rows and keys). With no tokens, `batches` hands back the
@@ -20,9 +20,9 @@ from typing import Any, Iterable
 import torch
 
 from models.store.any_model import SavedModel
-from probes.attention_source import AttentionSource, ModelDims, Reduce, stop_after
 from probes.common import refused
 from probes.errors import ProbeInputError
+from probes.sources.attention import AttentionSource, ModelDims, Reduce, stop_after
 
 __all__ = ["SavedSource", "saved_lens", "saved_lens_result"]
 
@@ -93,7 +93,7 @@ def saved_lens_result(model: SavedModel, tokens: Any, *, k: int = 5, include_mid
                       batch_size: int = 16, source: str | None = None) -> Any:
     """`probes.logit_lens.run`'s result from the lens the snapshot saved (tokens None: its sample)."""
     from probes.common import as_batches, model_tokenizer, text_ids
-    from probes.lens_result import LogitLensResult
+    from probes.lens.result import LogitLensResult
 
     if include_mid:
         raise ProbeInputError(f"{model.architecture}'s snapshot saved the lens after each block only (leave out --mid)")
@@ -110,7 +110,7 @@ def saved_lens_result(model: SavedModel, tokens: Any, *, k: int = 5, include_mid
 
 def saved_lens(model: SavedModel, batches: list[torch.Tensor], k: int) -> list[tuple[torch.Tensor, list[Any]]]:
     """(tokens, [LayerStats per point]) per batch from the lens saved for its rows."""
-    from probes.lens_stats import LayerStats
+    from probes.lens.stats import LayerStats
 
     readings, info = model.readings(), model.meta["readings"]
     lens = info.get("lens")
