@@ -1,14 +1,16 @@
 """The loop of benchmarks/bench_guard.py: one case (benchmarks/guard_cases.py) trained in one arm
 (benchmarks/guard_arms.py), our plain loop (forward, backward, the arm's check, step, schedule, the
-arm's look); the hf kind in a Trainer (benchmarks/guard_hf.py), the phase kind on its own model and
-data (benchmarks/guard_phase.py). The benchmark's files import one way: bench_guard -> guard_loop ->
+arm's look) over the case's `Recipe`: ours and the Llama-style GPT on Tiny Shakespeare, the phase
+kind on its own model and data (benchmarks/guard_phase.py); the hf kind in a Trainer
+(benchmarks/guard_hf.py). The benchmark's files import one way: bench_guard -> guard_loop ->
 guard_hf -> guard_arms -> guard_cases -> guard_phase.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from guard_arms import WATCHERS
 from guard_cases import Case, Outcome, batch, build, build_llama, optimizer_and_schedule, val_loss, weights_hash
@@ -18,34 +20,58 @@ from guard_phase import build_phase, phase_batch, phase_eval_tokens, phase_loss,
 GUARDED_ARMS = ("guard", "guard_loss", "guard_check", "monitor")  # arms that run a Monitor or a guard
 
 
+@dataclass
+class Recipe:
+    """What a case trains: the model, its optimizer and schedule, the loss of each step's batch, the
+    held-out loss, and the Monitor's eval tokens where the arm's own (Shakespeare windows) do not fit."""
+
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    loss_at: Callable[[int], Any]  # step -> the batch's loss (a scalar tensor)
+    val: Callable[[], float]
+    eval_tokens: Any = None
+
+
+def recipe(case: Case, seed: int, steps: int) -> Recipe:
+    """The case's model (seeded), optimizer, batches and held-out loss."""
+    import torch.nn.functional as F
+
+    if case.family == "phase":
+        model = build_phase(seed)
+        optimizer, scheduler = phase_optimizer(model, case.lr)
+        return Recipe(model, optimizer, scheduler, lambda step: phase_loss(model, *phase_batch(seed, step)),
+                      lambda: phase_val(model), phase_eval_tokens())
+    model = build_llama(seed) if case.family == "llama" else build(seed)
+    optimizer, scheduler = optimizer_and_schedule(case, model, steps)
+
+    def loss_at(step: int) -> Any:
+        x, y = batch(case, seed, step, steps)
+        return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+    return Recipe(model, optimizer, scheduler, loss_at, lambda: val_loss(model, case))
+
+
 def train(case: Case, arm: str, seed: int, steps: int, options: dict[str, Any] | None = None,
           keep_state: bool = False) -> Outcome:
     """One run of `case` in `arm` (our loop; the hf kind in a Trainer); its Outcome."""
     import time
 
     import torch
-    import torch.nn.functional as F
 
     if case.family == "hf":
         return train_hf(case, arm, seed, steps, options)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    phase = case.family == "phase"
-    model = build_phase(seed) if phase else build_llama(seed) if case.family == "llama" else build(seed)
-    optimizer, scheduler = phase_optimizer(model, case.lr) if phase else optimizer_and_schedule(case, model, steps)
-    value_of = (lambda: phase_val(model)) if phase else (lambda: val_loss(model, case))
-    out = Outcome(case, arm, seed, init_val=value_of(), final_val=math.nan)
+    r = recipe(case, seed, steps)
+    model, optimizer = r.model, r.optimizer
+    out = Outcome(case, arm, seed, init_val=r.val(), final_val=math.nan)
     options = dict(options or {})
-    if phase and arm in GUARDED_ARMS:
-        options["tokens"] = phase_eval_tokens()  # the repetition model's own held-out rows
+    if r.eval_tokens is not None and arm in GUARDED_ARMS:
+        options["tokens"] = r.eval_tokens
     watcher = WATCHERS[arm](model, optimizer, options)
     lowest = math.inf
     for step in range(steps):
-        if phase:
-            loss = phase_loss(model, *phase_batch(seed, step))
-        else:
-            x, y = batch(case, seed, step, steps)
-            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss = r.loss_at(step)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         value = loss.item()
@@ -53,11 +79,11 @@ def train(case: Case, arm: str, seed: int, steps: int, options: dict[str, Any] |
         lowest = min(lowest, value)
         if watcher.before_step(step, value):
             optimizer.step()
-        scheduler.step()
+        r.scheduler.step()
         if watcher.after_step(step, value):
             break  # the arm stopped the run
     out.seconds = time.perf_counter() - t0
-    out.final_val = value_of()
+    out.final_val = r.val()
     watcher.report(out)
     out.weights = weights_hash(model)
     out.state_bytes = sum(t.numel() * t.element_size() for t in model.parameters()) + sum(
