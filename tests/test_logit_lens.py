@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from models import TransformerConfig, build_model, get_preset
 from models.checkpoint import save_snapshot
 from models.tokenizers import CharTokenizer
+from models_kit import build, rand_tokens
 from probes import logit_lens
 from probes.common import ProbeInputError
 from probes.lens.stats import FinalDistribution, layer_stats
@@ -23,16 +24,6 @@ from probes.logit_lens import LogitLens
 
 TEXT = "the quick brown fox jumps over the lazy dog, then the dog sleeps."
 LN2, LN3 = math.log(2), math.log(3)
-
-
-def build(cfg: TransformerConfig, seed: int = 0):
-    torch.manual_seed(seed)
-    return build_model(cfg).eval()
-
-
-def tokens_for(cfg, batch: int = 2, pos: int | None = None, seed: int = 1) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, cfg.d_vocab, (batch, pos or cfg.n_ctx), generator=gen)
 
 
 VARIANTS = {
@@ -50,7 +41,7 @@ VARIANTS = {
 @pytest.mark.parametrize("include_mid", [False, True])
 def test_last_layer_equals_model_logits(name, include_mid):
     cfg = VARIANTS[name]
-    model, tokens = build(cfg), tokens_for(cfg)
+    model, tokens = build(cfg), rand_tokens(cfg)
     lens = LogitLens(model, include_mid)
     assert lens.labels[0] == "embed" and lens.labels[-1] == f"{cfg.n_layers - 1}_post"
     assert len(lens.labels) == 1 + cfg.n_layers * (2 if include_mid else 1)
@@ -69,7 +60,7 @@ def test_last_layer_equals_model_logits(name, include_mid):
 def test_train_mode_model_is_run_in_eval_and_restored():
     cfg = VARIANTS["final LayerNorm separate"]  # dropout 0.2
     model = build_model(cfg).train()
-    result = logit_lens.run(model, tokens_for(cfg))
+    result = logit_lens.run(model, rand_tokens(cfg))
     assert model.training and result.readout_error <= 1e-5
 
 
@@ -205,7 +196,7 @@ class ZeroTranslatorLens(LogitLens):
 def test_a_subclass_overrides_decode_only():
     cfg = VARIANTS["no-final-norm separate (series)"]
     model = build(cfg)
-    result = logit_lens.run(model, tokens_for(cfg), lens=ZeroTranslatorLens(model))
+    result = logit_lens.run(model, rand_tokens(cfg), lens=ZeroTranslatorLens(model))
     # zero logits -> uniform: CE = ln V at every layer, and the last layer no longer reads out
     assert result.cross_entropy == pytest.approx([math.log(cfg.d_vocab)] * len(result.layers), abs=1e-5)
     assert result.readout_error > 1e-3
