@@ -220,7 +220,7 @@ class Attention(nn.Module):
             return self.sdpa(qh, kh, vh)
         d = vh.shape[-1]
         # q' = [q | 0] and k' = v' = [k | v]: q'.k' = q.k, and one tensor serves as keys and values
-        # (one copy fewer than padding k as well)
+        # (one copy fewer than padding k as well); q' zeroes only its padding (F.pad fills it all)
         padded_q = qh.new_empty(*qh.shape[:-1], 2 * d)  # [batch head pos 2*d]
         padded_q[..., d:].zero_()
         padded_q[..., :d].copy_(qh)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("train.guard")
 
-__all__ = ["GuardPlugin", "check_update", "guard_plugin", "guard_settings", "hook_guard", "monitor_log", "stop_line"]
+__all__ = ["GuardPlugin", "guard_plugin", "stop_line"]  # the rest are the plugin's parts
 
 
 class GuardPlugin:
